@@ -1,1 +1,2 @@
+//! Placeholder entry point while the bench tool is being written.
 fn main() {}
