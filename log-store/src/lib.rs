@@ -1,1 +1,34 @@
-//! placeholder
+//! `log_store`: a segmented, memory-mapped append log of pre-framed SSE records, shared by many
+//! streams, with a pure resume planner. It knows nothing about sockets, HTTP or io_uring: it
+//! hands out byte slices ([`LogSlice`]) that a driver points its sends at.
+//!
+//! # Layout
+//! - [`event_id`]: the textual event ID `{epoch:016x}-{stream}-{seq}`, strict parse and format.
+//! - [`options`]: [`LogOptions`] (every limit, with units) and [`FsyncPolicy`].
+//! - `frame` (private): SSE framing of one event into bytes, done once at append.
+//! - `format` (private): byte layout of segment headers, record entries and the checkpoint
+//!   (see `DESIGN.md`); pure encode/decode.
+//! - `mmap` (private): the only module with `unsafe` — the mapped segment memory and its
+//!   write token, plus `posix_fallocate`.
+//! - [`log`]: [`Log`] — open/recover, append, group-commit sync, read, retention.
+//! - [`resume`]: the pure resume planner (decision table), no I/O.
+//!
+//! A [`Log`] has exactly one writer (the owning thread). It is `Send`, not `Sync`.
+//! Readers get [`LogSlice`]s that keep their segment mapped (and its file on disk) for as long
+//! as they live, even across retention.
+
+pub mod event_id;
+mod format;
+mod frame;
+pub mod log;
+mod mmap;
+pub mod options;
+pub mod resume;
+
+pub use event_id::{Epoch, EventId, EventIdError, Seq, StreamId};
+pub use log::{
+    AppendError, Appended, Bounds, Log, LogSlice, OpenError, ReadBatch, ReadError, RetentionError,
+    RetentionReport, SyncError, SyncReport,
+};
+pub use options::{FsyncPolicy, FsyncPolicyError, LogOptions, LogOptionsError};
+pub use resume::{ResumeInput, ResumePlan, WindowView, plan_resume};

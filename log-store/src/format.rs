@@ -1,0 +1,345 @@
+//! On-disk byte layout (see `DESIGN.md`): the 64-byte segment header, the 32-byte record entry
+//! and the checkpoint file. Little-endian fixed-width fields, CRC32C checksums. Pure encode and
+//! decode over byte slices; no I/O and no knowledge of the log's state.
+#![forbid(unsafe_code)]
+
+use crate::event_id::{Epoch, Seq, StreamId};
+
+/// Segment header magic.
+pub(crate) const SEGMENT_MAGIC: [u8; 8] = *b"SSELOGSG";
+/// Checkpoint magic.
+pub(crate) const CHECKPOINT_MAGIC: [u8; 8] = *b"SSELOGCK";
+pub(crate) const FORMAT_VERSION: u32 = 1;
+pub(crate) const HEADER_BYTES: usize = 64;
+pub(crate) const ENTRY_BYTES: usize = 32;
+/// Header + one record entry + the seal entry always reserved for rolling.
+pub(crate) const SEGMENT_OVERHEAD_BYTES: usize = HEADER_BYTES + 2 * ENTRY_BYTES;
+/// Stream names are at most this long (UTF-8 bytes).
+pub const STREAM_NAME_BYTES_MAX: usize = 1024;
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+/// Decoded segment header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Header {
+    pub epoch: Epoch,
+    pub number: u64,
+    pub segment_bytes: u64,
+    pub created_unix_ms: u64,
+}
+
+/// Why a header did not decode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeaderError {
+    /// Every byte is zero: the segment file was created but its header never reached the disk.
+    Blank,
+    BadMagic,
+    BadChecksum,
+    UnsupportedVersion(u32),
+    BadHeaderBytes(u32),
+}
+
+impl Header {
+    pub(crate) fn encode(&self) -> [u8; HEADER_BYTES] {
+        let mut b = [0u8; HEADER_BYTES];
+        b[0..8].copy_from_slice(&SEGMENT_MAGIC);
+        b[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        b[12..16].copy_from_slice(&(HEADER_BYTES as u32).to_le_bytes());
+        b[16..24].copy_from_slice(&self.epoch.0.to_le_bytes());
+        b[24..32].copy_from_slice(&self.number.to_le_bytes());
+        b[32..40].copy_from_slice(&self.segment_bytes.to_le_bytes());
+        b[40..48].copy_from_slice(&self.created_unix_ms.to_le_bytes());
+        let crc = crc32c::crc32c(&b[0..60]);
+        b[60..64].copy_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    /// The header's CRC: the chain seed of the segment's first entry.
+    pub(crate) fn crc(b: &[u8]) -> u32 {
+        u32_at(b, 60)
+    }
+
+    pub(crate) fn decode(b: &[u8]) -> Result<Header, HeaderError> {
+        let b = &b[..HEADER_BYTES];
+        if b.iter().all(|&x| x == 0) {
+            return Err(HeaderError::Blank);
+        }
+        if b[0..8] != SEGMENT_MAGIC {
+            return Err(HeaderError::BadMagic);
+        }
+        if crc32c::crc32c(&b[0..60]) != u32_at(b, 60) {
+            return Err(HeaderError::BadChecksum);
+        }
+        let version = u32_at(b, 8);
+        if version != FORMAT_VERSION {
+            return Err(HeaderError::UnsupportedVersion(version));
+        }
+        let hb = u32_at(b, 12);
+        if hb as usize != HEADER_BYTES {
+            return Err(HeaderError::BadHeaderBytes(hb));
+        }
+        Ok(Header {
+            epoch: Epoch(u64_at(b, 16)),
+            number: u64_at(b, 24),
+            segment_bytes: u64_at(b, 32),
+            created_unix_ms: u64_at(b, 40),
+        })
+    }
+}
+
+/// What a record entry describes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// Payload = framed SSE bytes of event (`stream`, `seq`).
+    Event = 1,
+    /// Payload = UTF-8 name of new stream `stream`; `seq` = 0.
+    StreamName = 2,
+    /// Last entry of a sealed segment; `seq` = number of entries before it; no payload.
+    Seal = 3,
+}
+
+/// One record entry (32 bytes, stored downward from the end of the segment).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Entry {
+    pub len: u32,
+    pub data_off: u32,
+    pub stream: StreamId,
+    pub seq: Seq,
+    pub timestamp_ms: u64,
+    pub kind: Kind,
+}
+
+/// Why an entry did not decode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryError {
+    BadChecksum,
+    BadKind(u8),
+    BadFlags(u8),
+}
+
+const TIMESTAMP_MASK: u64 = (1 << 48) - 1;
+
+impl Entry {
+    /// Encodes the entry. Its CRC32C is seeded with the previous entry's CRC (`chain`; the
+    /// header CRC for the first entry) and covers entry bytes 4..32 followed by `payload`, so a
+    /// stale entry left behind by a crash never validates after a different predecessor.
+    pub(crate) fn encode(&self, chain: u32, payload: &[u8]) -> [u8; ENTRY_BYTES] {
+        let mut b = [0u8; ENTRY_BYTES];
+        b[4..8].copy_from_slice(&self.len.to_le_bytes());
+        b[8..12].copy_from_slice(&self.data_off.to_le_bytes());
+        b[12..16].copy_from_slice(&self.stream.0.to_le_bytes());
+        b[16..24].copy_from_slice(&self.seq.to_le_bytes());
+        let tail = (self.timestamp_ms & TIMESTAMP_MASK) | ((self.kind as u64) << 48);
+        b[24..32].copy_from_slice(&tail.to_le_bytes());
+        let crc = crc32c::crc32c_append(crc32c::crc32c_append(chain, &b[4..32]), payload);
+        b[0..4].copy_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    /// The stored CRC of an encoded entry (the chain value for the next entry).
+    pub(crate) fn crc(b: &[u8]) -> u32 {
+        u32_at(b, 0)
+    }
+
+    /// Decodes the fixed fields only (no checksum check): the caller bounds-checks `len` and
+    /// `data_off` before handing the payload to [`Entry::verify`].
+    pub(crate) fn decode_fields(b: &[u8]) -> Result<Entry, EntryError> {
+        let tail = u64_at(b, 24);
+        let kind = match (tail >> 48) as u8 {
+            1 => Kind::Event,
+            2 => Kind::StreamName,
+            3 => Kind::Seal,
+            k => return Err(EntryError::BadKind(k)),
+        };
+        let flags = (tail >> 56) as u8;
+        if flags != 0 {
+            return Err(EntryError::BadFlags(flags));
+        }
+        Ok(Entry {
+            len: u32_at(b, 4),
+            data_off: u32_at(b, 8),
+            stream: StreamId(u32_at(b, 12)),
+            seq: u64_at(b, 16),
+            timestamp_ms: tail & TIMESTAMP_MASK,
+            kind,
+        })
+    }
+
+    pub(crate) fn verify(b: &[u8], chain: u32, payload: &[u8]) -> Result<(), EntryError> {
+        let crc = crc32c::crc32c_append(crc32c::crc32c_append(chain, &b[4..32]), payload);
+        if crc == u32_at(b, 0) {
+            Ok(())
+        } else {
+            Err(EntryError::BadChecksum)
+        }
+    }
+}
+
+/// One stream in the checkpoint (its id is its position).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct CheckpointStream {
+    pub name: String,
+    pub floor: Seq,
+    pub tail: Seq,
+}
+
+/// The checkpoint file: written (tmp + fsync + rename + fsync dir) before retention deletes
+/// segments, so stream names and tails outlive the segments that held them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Checkpoint {
+    pub epoch: Epoch,
+    /// Segments numbered below this are deleted (or awaiting deletion).
+    pub first_live_segment: u64,
+    pub streams: Vec<CheckpointStream>,
+}
+
+/// Why the checkpoint did not decode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CheckpointError {
+    TooShort,
+    BadMagic,
+    BadChecksum,
+    UnsupportedVersion(u32),
+    Malformed(&'static str),
+}
+
+impl Checkpoint {
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(40 + self.streams.len() * 24);
+        b.extend_from_slice(&CHECKPOINT_MAGIC);
+        b.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        b.extend_from_slice(&0u32.to_le_bytes());
+        b.extend_from_slice(&self.epoch.0.to_le_bytes());
+        b.extend_from_slice(&self.first_live_segment.to_le_bytes());
+        b.extend_from_slice(&(self.streams.len() as u32).to_le_bytes());
+        for s in &self.streams {
+            b.extend_from_slice(&s.floor.to_le_bytes());
+            b.extend_from_slice(&s.tail.to_le_bytes());
+            b.extend_from_slice(&(s.name.len() as u16).to_le_bytes());
+            b.extend_from_slice(s.name.as_bytes());
+        }
+        let crc = crc32c::crc32c(&b);
+        b.extend_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    pub(crate) fn decode(b: &[u8]) -> Result<Checkpoint, CheckpointError> {
+        if b.len() < 40 {
+            return Err(CheckpointError::TooShort);
+        }
+        if b[0..8] != CHECKPOINT_MAGIC {
+            return Err(CheckpointError::BadMagic);
+        }
+        let (body, crc) = b.split_at(b.len() - 4);
+        if crc32c::crc32c(body) != u32_at(crc, 0) {
+            return Err(CheckpointError::BadChecksum);
+        }
+        let version = u32_at(b, 8);
+        if version != FORMAT_VERSION {
+            return Err(CheckpointError::UnsupportedVersion(version));
+        }
+        let epoch = Epoch(u64_at(b, 16));
+        let first_live_segment = u64_at(b, 24);
+        let count = u32_at(b, 32) as usize;
+        let mut at = 36;
+        let mut streams = Vec::with_capacity(count.min(body.len() / 18));
+        for _ in 0..count {
+            if at + 18 > body.len() {
+                return Err(CheckpointError::Malformed("stream entry truncated"));
+            }
+            let floor = u64_at(body, at);
+            let tail = u64_at(body, at + 8);
+            let n = u16::from_le_bytes([body[at + 16], body[at + 17]]) as usize;
+            at += 18;
+            if at + n > body.len() {
+                return Err(CheckpointError::Malformed("stream name truncated"));
+            }
+            let name = std::str::from_utf8(&body[at..at + n])
+                .map_err(|_| CheckpointError::Malformed("stream name not UTF-8"))?
+                .to_owned();
+            at += n;
+            if floor == 0 || floor > tail + 1 {
+                return Err(CheckpointError::Malformed("floor outside [1, tail + 1]"));
+            }
+            streams.push(CheckpointStream { name, floor, tail });
+        }
+        if at != body.len() {
+            return Err(CheckpointError::Malformed("trailing bytes"));
+        }
+        Ok(Checkpoint {
+            epoch,
+            first_live_segment,
+            streams,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_round_trip_and_damage() {
+        let h = Header {
+            epoch: Epoch(9),
+            number: 3,
+            segment_bytes: 65536,
+            created_unix_ms: 1_700_000_000_000,
+        };
+        let mut b = h.encode();
+        assert_eq!(Header::decode(&b), Ok(h));
+        b[20] ^= 1;
+        assert_eq!(Header::decode(&b), Err(HeaderError::BadChecksum));
+        assert_eq!(Header::decode(&[0u8; 64]), Err(HeaderError::Blank));
+    }
+
+    #[test]
+    fn entry_round_trip_and_damage() {
+        let e = Entry {
+            len: 5,
+            data_off: 64,
+            stream: StreamId(4),
+            seq: 77,
+            timestamp_ms: 123,
+            kind: Kind::Event,
+        };
+        let b = e.encode(7, b"hello");
+        assert_eq!(Entry::decode_fields(&b), Ok(e));
+        assert_eq!(Entry::verify(&b, 7, b"hello"), Ok(()));
+        assert_eq!(Entry::verify(&b, 8, b"hello"), Err(EntryError::BadChecksum));
+        assert_eq!(Entry::verify(&b, 7, b"hellp"), Err(EntryError::BadChecksum));
+        let mut c = b;
+        c[16] ^= 1;
+        assert_eq!(Entry::verify(&c, 7, b"hello"), Err(EntryError::BadChecksum));
+    }
+
+    #[test]
+    fn checkpoint_round_trip_and_damage() {
+        let c = Checkpoint {
+            epoch: Epoch(5),
+            first_live_segment: 2,
+            streams: vec![
+                CheckpointStream {
+                    name: "a".into(),
+                    floor: 3,
+                    tail: 9,
+                },
+                CheckpointStream {
+                    name: "ünï".into(),
+                    floor: 1,
+                    tail: 0,
+                },
+            ],
+        };
+        let mut b = c.encode();
+        assert_eq!(Checkpoint::decode(&b), Ok(c));
+        b[40] ^= 1;
+        assert_eq!(Checkpoint::decode(&b), Err(CheckpointError::BadChecksum));
+        assert_eq!(Checkpoint::decode(&b[..10]), Err(CheckpointError::TooShort));
+    }
+}

@@ -1,0 +1,1122 @@
+//! The log: open (create or recover), append with SSE framing, group-commit sync, reads as
+//! mapped slices, retention. One writer (`&mut self`); readers hold [`LogSlice`]s that pin their
+//! segment. It does not frame anything but SSE events, knows nothing about sockets, and never
+//! touches mapped memory except through `crate::mmap` (this module has no `unsafe`).
+//!
+//! Invariants (asserted where cheap):
+//! - per stream, `1 <= floor <= visible_tail + 1 <= tail + 1`, and the index holds exactly the
+//!   locations of `floor..=tail`, in order;
+//! - segments are numbered contiguously; only the last one (the active one) is written;
+//! - the bytes of every indexed record are frozen (immutable) in their segment's mapping.
+#![forbid(unsafe_code)]
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::fs::{self, File};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crate::event_id::{Epoch, EventId, Seq, StreamId};
+use crate::format::{Checkpoint, CheckpointStream, ENTRY_BYTES, Entry, HEADER_BYTES, Header, Kind};
+pub use crate::format::{CheckpointError, EntryError, HeaderError, STREAM_NAME_BYTES_MAX};
+use crate::frame;
+use crate::mmap::{self, SharedMap, WriteToken};
+use crate::options::{FsyncPolicy, LogOptions, LogOptionsError};
+
+const CHECKPOINT_FILE: &str = "checkpoint";
+const CHECKPOINT_TMP_FILE: &str = "checkpoint.tmp";
+const LOCK_FILE: &str = "LOCK";
+const SEGMENT_SUFFIX: &str = ".seg";
+
+// ---------------------------------------------------------------------------------------------
+// Public types
+// ---------------------------------------------------------------------------------------------
+
+/// A stream's retained range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    /// First retained sequence (1 when nothing was ever deleted); `tail + 1` when empty.
+    pub floor: Seq,
+    /// Last appended sequence (0 = none yet).
+    pub tail: Seq,
+    /// Last sequence readers may see: durable under the fsync policy (`== tail` for `Never`).
+    pub visible_tail: Seq,
+}
+
+/// Result of a successful append.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Appended {
+    pub id: EventId,
+    /// Already durable (and visible) under the policy: always true for `Never`, false otherwise
+    /// (it becomes durable at the `poll_sync`/`sync_now` that reports its stream advanced).
+    pub durable: bool,
+}
+
+/// Streams whose visible tail advanced in one sync.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SyncReport {
+    pub advanced: Vec<(StreamId, Seq)>,
+}
+
+/// What one retention pass deleted.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RetentionReport {
+    pub segments_deleted: usize,
+    pub bytes_deleted: u64,
+    /// Streams whose floor moved, with the new floor.
+    pub floors_advanced: Vec<(StreamId, Seq)>,
+}
+
+/// What recovery found at open.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    /// True when the directory held no log and a new one (new epoch) was created.
+    pub created: bool,
+    pub segments_scanned: usize,
+    pub records_recovered: u64,
+    /// Bytes of record payload and entries verified.
+    pub bytes_scanned: u64,
+    /// Byte offset (of the first bad entry) where the active segment's torn tail was cut.
+    pub torn_tail_offset: Option<u64>,
+    /// Segment files below the checkpoint's first live segment, deleted at open.
+    pub stale_segments_deleted: usize,
+    /// Streams whose checkpointed tail was not found on disk (power loss under `Never`); their
+    /// floor was moved past the checkpointed tail so the lost range reads as truncated.
+    pub streams_behind_checkpoint: Vec<StreamId>,
+}
+
+/// Why a read was refused. `read(from = visible_tail + 1)` is not an error (empty batch).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadError {
+    UnknownStream,
+    /// `requested` is below the retained floor: those events were deleted.
+    Truncated {
+        requested: Seq,
+        floor: Seq,
+        tail: Seq,
+    },
+    /// `requested` is beyond `visible_tail + 1` (`tail` here is the visible tail).
+    BeyondTail {
+        requested: Seq,
+        tail: Seq,
+    },
+}
+
+/// A run of framed SSE bytes inside a mapped segment; pins the segment (mapped, file present)
+/// while it or a clone lives. `as_bytes()` is stable for the slice's lifetime.
+#[derive(Clone)]
+pub struct LogSlice {
+    seg: Arc<Segment>,
+    off: u32,
+    len: u32,
+    first_seq: Seq,
+    last_seq: Seq,
+}
+
+/// Up to `bytes_max` bytes of one stream's records `first..=last` (empty when `last < first`).
+#[derive(Debug, Clone)]
+pub struct ReadBatch {
+    pub slices: Vec<LogSlice>,
+    pub first: Seq,
+    pub last: Seq,
+    /// Framed length of each record `first..=last`.
+    pub record_lens: Vec<u32>,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Errors
+// ---------------------------------------------------------------------------------------------
+
+/// Why `Log::open` failed. Nothing is deleted or rewritten when it fails, except what recovery
+/// is documented to repair (a torn tail of the active segment, a blank last segment, stale
+/// segments below the checkpoint).
+#[derive(Debug)]
+pub enum OpenError {
+    Options(LogOptionsError),
+    Io {
+        path: PathBuf,
+        source: io::Error,
+    },
+    /// Another `Log` holds the directory's lock.
+    Locked {
+        path: PathBuf,
+    },
+    Random(getrandom::Error),
+    Checkpoint {
+        path: PathBuf,
+        reason: CheckpointError,
+    },
+    /// A segment file's size is not a valid segment size.
+    BadSegmentSize {
+        path: PathBuf,
+        bytes: u64,
+    },
+    BadHeader {
+        path: PathBuf,
+        reason: HeaderError,
+    },
+    /// A header field disagrees with the file name, the file size or the log's epoch.
+    HeaderMismatch {
+        path: PathBuf,
+        field: &'static str,
+        expected: u64,
+        found: u64,
+    },
+    /// Segment numbers are not contiguous from the first live one.
+    MissingSegment {
+        number: u64,
+    },
+    /// A bad record inside a sealed segment (or a semantically impossible one anywhere).
+    Corrupt {
+        path: PathBuf,
+        offset: u64,
+        reason: CorruptReason,
+    },
+}
+
+/// What exactly is wrong at `OpenError::Corrupt`'s offset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CorruptReason {
+    Entry(EntryError),
+    /// The entry's payload range does not fit between the data area and the entry.
+    OutOfBounds {
+        data_off: u32,
+        len: u32,
+    },
+    /// The entry's payload does not start where the previous one ended.
+    DataOffset {
+        expected: u32,
+        found: u32,
+    },
+    UnknownStream(StreamId),
+    SequenceGap {
+        stream: StreamId,
+        expected: Seq,
+        found: Seq,
+    },
+    StreamIdGap {
+        expected: u32,
+        found: u32,
+    },
+    StreamNameMismatch(StreamId),
+    StreamNameInvalid,
+    BadSeal {
+        expected: u64,
+        found: u64,
+    },
+    /// A segment that is not the last one has no seal entry.
+    NotSealed,
+}
+
+/// Why an append (or `create_stream`) failed. Nothing was appended when it fails.
+#[derive(Debug)]
+pub enum AppendError {
+    UnknownStream(StreamId),
+    /// The event type contains CR or LF.
+    EventTypeHasLineBreak,
+    /// The data is not UTF-8 (SSE streams are UTF-8).
+    DataNotUtf8 {
+        valid_up_to: usize,
+    },
+    RecordTooLarge {
+        framed_bytes: usize,
+        record_bytes_max: u32,
+    },
+    /// Empty, longer than `STREAM_NAME_BYTES_MAX`, or containing a control character.
+    StreamNameInvalid(&'static str),
+    TooManyStreams,
+    /// No space for a new segment (`posix_fallocate` said ENOSPC). Retry after retention.
+    DiskFull,
+    /// An fsync failed earlier; the log refuses writes (reopen to recover from disk).
+    Poisoned,
+    Io(io::Error),
+}
+
+/// Why a sync failed. After a failed fsync the log is poisoned (the kernel may have dropped the
+/// dirty pages, so retrying could report success for lost data).
+#[derive(Debug)]
+pub enum SyncError {
+    Io(io::Error),
+    Poisoned,
+}
+
+/// Why a retention pass failed. Nothing was deleted when it fails.
+#[derive(Debug)]
+pub enum RetentionError {
+    Sync(SyncError),
+    Io { path: PathBuf, source: io::Error },
+}
+
+macro_rules! impl_error {
+    ($t:ty) => {
+        impl std::error::Error for $t {}
+    };
+}
+impl_error!(OpenError);
+impl_error!(AppendError);
+impl_error!(SyncError);
+impl_error!(RetentionError);
+impl_error!(ReadError);
+
+impl fmt::Display for OpenError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OpenError::Options(e) => write!(f, "bad log options: {e}"),
+            OpenError::Io { path, source } => write!(f, "{}: {source}", path.display()),
+            OpenError::Locked { path } => write!(f, "{} is locked by another log", path.display()),
+            OpenError::Random(e) => write!(f, "cannot draw a random epoch: {e}"),
+            OpenError::Checkpoint { path, reason } => {
+                write!(f, "{}: bad checkpoint: {reason:?}", path.display())
+            }
+            OpenError::BadSegmentSize { path, bytes } => {
+                write!(f, "{}: segment size {bytes} is invalid", path.display())
+            }
+            OpenError::BadHeader { path, reason } => {
+                write!(f, "{}: bad segment header: {reason:?}", path.display())
+            }
+            OpenError::HeaderMismatch {
+                path,
+                field,
+                expected,
+                found,
+            } => write!(
+                f,
+                "{}: header {field} is {found}, expected {expected}",
+                path.display()
+            ),
+            OpenError::MissingSegment { number } => write!(f, "segment {number} is missing"),
+            OpenError::Corrupt {
+                path,
+                offset,
+                reason,
+            } => {
+                write!(
+                    f,
+                    "{}: corrupt record at byte {offset}: {reason:?}",
+                    path.display()
+                )
+            }
+        }
+    }
+}
+
+impl fmt::Display for AppendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AppendError::UnknownStream(s) => write!(f, "unknown stream {s}"),
+            AppendError::EventTypeHasLineBreak => write!(f, "event type contains CR or LF"),
+            AppendError::DataNotUtf8 { valid_up_to } => {
+                write!(
+                    f,
+                    "event data is not UTF-8 (valid up to byte {valid_up_to})"
+                )
+            }
+            AppendError::RecordTooLarge {
+                framed_bytes,
+                record_bytes_max,
+            } => write!(
+                f,
+                "framed record of {framed_bytes} bytes exceeds record_bytes_max {record_bytes_max}"
+            ),
+            AppendError::StreamNameInvalid(why) => write!(f, "invalid stream name: {why}"),
+            AppendError::TooManyStreams => write!(f, "too many streams"),
+            AppendError::DiskFull => write!(f, "disk full: cannot allocate a new segment"),
+            AppendError::Poisoned => write!(f, "log is poisoned by an earlier fsync failure"),
+            AppendError::Io(e) => write!(f, "log write failed: {e}"),
+        }
+    }
+}
+
+impl fmt::Display for SyncError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SyncError::Io(e) => write!(f, "fsync failed: {e}"),
+            SyncError::Poisoned => write!(f, "log is poisoned by an earlier fsync failure"),
+        }
+    }
+}
+
+impl fmt::Display for RetentionError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RetentionError::Sync(e) => write!(f, "retention: {e}"),
+            RetentionError::Io { path, source } => {
+                write!(f, "retention: {}: {source}", path.display())
+            }
+        }
+    }
+}
+
+impl fmt::Display for ReadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ReadError::UnknownStream => write!(f, "unknown stream"),
+            ReadError::Truncated {
+                requested,
+                floor,
+                tail,
+            } => write!(
+                f,
+                "sequence {requested} was deleted (retained {floor}..={tail})"
+            ),
+            ReadError::BeyondTail { requested, tail } => {
+                write!(f, "sequence {requested} is beyond the tail {tail}")
+            }
+        }
+    }
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> OpenError + '_ {
+    move |source| OpenError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Segments
+// ---------------------------------------------------------------------------------------------
+
+/// One segment file and its mapping. Dropped (unmapped, and unlinked if retention removed it)
+/// when the last `Arc` — the log's or a `LogSlice`'s — goes.
+#[derive(Debug)]
+struct Segment {
+    number: u64,
+    path: PathBuf,
+    map: SharedMap,
+    unlink_on_drop: AtomicBool,
+    _file: File,
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        if self.unlink_on_drop.load(Ordering::Acquire) {
+            // A failure leaves a file below the checkpoint's first live segment; the next open
+            // deletes it. Nothing else can be done from a destructor.
+            let _ = fs::remove_file(&self.path);
+        }
+    }
+}
+
+#[derive(Debug)]
+struct SegMeta {
+    seg: Arc<Segment>,
+    bytes: u64,
+    newest_ts_ms: u64,
+    /// Streams with at least one event in this segment.
+    streams: Vec<StreamId>,
+}
+
+/// Write state of the last segment.
+#[derive(Debug)]
+struct Active {
+    tok: WriteToken,
+    data_end: usize,
+    entry_low: usize,
+    entries: u64,
+    sealed: bool,
+    /// CRC of the last entry written (the header's CRC before the first): the next entry's seed.
+    chain: u32,
+}
+
+/// Location of one record: segment number (low 32 bits), offset, framed length.
+#[derive(Debug, Clone, Copy)]
+struct Loc {
+    seg: u32,
+    off: u32,
+    len: u32,
+}
+
+#[derive(Debug)]
+struct StreamState {
+    name: Box<str>,
+    floor: Seq,
+    tail: Seq,
+    visible: Seq,
+    /// Locations of `floor..=tail`.
+    index: VecDeque<Loc>,
+    /// Number of the last segment this stream's `SegMeta::streams` lists it in.
+    last_seg: Option<u64>,
+    dirty: bool,
+}
+
+impl StreamState {
+    fn new(name: Box<str>, floor: Seq, tail: Seq) -> StreamState {
+        StreamState {
+            name,
+            floor,
+            tail,
+            visible: tail,
+            index: VecDeque::new(),
+            last_seg: None,
+            dirty: false,
+        }
+    }
+
+    fn bounds(&self) -> Bounds {
+        Bounds {
+            floor: self.floor,
+            tail: self.tail,
+            visible_tail: self.visible,
+        }
+    }
+}
+
+fn segment_path(dir: &Path, number: u64) -> PathBuf {
+    dir.join(format!("{number:020}{SEGMENT_SUFFIX}"))
+}
+
+fn now_unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+/// Creates, preallocates, maps and stamps segment `number`.
+fn create_segment(
+    dir: &Path,
+    epoch: Epoch,
+    number: u64,
+    bytes: u64,
+    durable: bool,
+) -> Result<(SegMeta, Active), AppendError> {
+    let path = segment_path(dir, number);
+    let file = File::options()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&path)
+        .map_err(AppendError::Io)?;
+    if let Err(e) = mmap::fallocate(&file, bytes) {
+        let _ = fs::remove_file(&path);
+        return Err(if e.raw_os_error() == Some(libc::ENOSPC) {
+            AppendError::DiskFull
+        } else {
+            AppendError::Io(e)
+        });
+    }
+    let (map, mut tok) = SharedMap::map(&file, bytes as usize, true).map_err(AppendError::Io)?;
+    let header = Header {
+        epoch,
+        number,
+        segment_bytes: bytes,
+        created_unix_ms: now_unix_ms(SystemTime::now()),
+    };
+    let header_bytes = header.encode();
+    map.private_mut(&mut tok, 0, HEADER_BYTES)
+        .copy_from_slice(&header_bytes);
+    map.freeze(&mut tok, HEADER_BYTES);
+    if durable {
+        map.flush().map_err(AppendError::Io)?;
+        sync_dir(dir).map_err(AppendError::Io)?;
+    }
+    let seg = Arc::new(Segment {
+        number,
+        path,
+        map,
+        unlink_on_drop: AtomicBool::new(false),
+        _file: file,
+    });
+    let meta = SegMeta {
+        seg,
+        bytes,
+        newest_ts_ms: 0,
+        streams: Vec::new(),
+    };
+    let active = Active {
+        tok,
+        data_end: HEADER_BYTES,
+        entry_low: bytes as usize,
+        entries: 0,
+        sealed: false,
+        chain: Header::crc(&header_bytes),
+    };
+    Ok((meta, active))
+}
+
+// ---------------------------------------------------------------------------------------------
+// The log
+// ---------------------------------------------------------------------------------------------
+
+/// A segmented append log of pre-framed SSE records shared by many streams.
+pub struct Log {
+    dir: PathBuf,
+    opts: LogOptions,
+    epoch: Epoch,
+    segs: VecDeque<SegMeta>,
+    active: Active,
+    streams: Vec<StreamState>,
+    by_name: HashMap<Box<str>, StreamId>,
+    /// Streams with appends not yet visible (policies other than `Never`).
+    dirty: Vec<StreamId>,
+    /// When the oldest unsynced write happened.
+    unsynced_since: Option<Instant>,
+    /// Something was written since the last flush (any policy).
+    unflushed: bool,
+    poisoned: bool,
+    recovery: RecoveryReport,
+    _lock: File,
+}
+
+impl fmt::Debug for Log {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Log")
+            .field("dir", &self.dir)
+            .field("epoch", &self.epoch)
+            .field("segments", &self.segs.len())
+            .field("streams", &self.streams.len())
+            .field("poisoned", &self.poisoned)
+            .finish()
+    }
+}
+
+impl Log {
+    /// Opens the log in `dir`: creates it (new random epoch) when the directory holds no log,
+    /// else recovers it (see DESIGN.md "Recovery").
+    pub fn open(dir: &Path, opts: LogOptions) -> Result<Log, OpenError> {
+        opts.validate().map_err(OpenError::Options)?;
+        crate::log::recover::open(dir, opts)
+    }
+
+    pub fn epoch(&self) -> Epoch {
+        self.epoch
+    }
+
+    pub fn options(&self) -> &LogOptions {
+        &self.opts
+    }
+
+    /// What recovery found when this log was opened.
+    pub fn recovery(&self) -> &RecoveryReport {
+        &self.recovery
+    }
+
+    pub fn stream_id(&self, name: &str) -> Option<StreamId> {
+        self.by_name.get(name).copied()
+    }
+
+    pub fn stream_name(&self, id: StreamId) -> Option<&str> {
+        self.streams.get(id.0 as usize).map(|s| &*s.name)
+    }
+
+    pub fn stream_count(&self) -> usize {
+        self.streams.len()
+    }
+
+    pub fn streams(&self) -> impl Iterator<Item = (StreamId, &str, Bounds)> + '_ {
+        self.streams
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (StreamId(i as u32), &*s.name, s.bounds()))
+    }
+
+    pub fn bounds(&self, stream: StreamId) -> Option<Bounds> {
+        self.streams.get(stream.0 as usize).map(StreamState::bounds)
+    }
+
+    /// Creates the stream `name` (idempotent: an existing name returns its id).
+    pub fn create_stream(&mut self, name: &str) -> Result<StreamId, AppendError> {
+        if let Some(&id) = self.by_name.get(name) {
+            return Ok(id);
+        }
+        if self.poisoned {
+            return Err(AppendError::Poisoned);
+        }
+        validate_stream_name(name)?;
+        let id = u32::try_from(self.streams.len()).map_err(|_| AppendError::TooManyStreams)?;
+        if id == u32::MAX {
+            return Err(AppendError::TooManyStreams);
+        }
+        let id = StreamId(id);
+        self.ensure_room(name.len())?;
+        let ts = now_unix_ms(SystemTime::now());
+        self.write_record(Kind::StreamName, id, 0, ts, name.len(), |buf| {
+            buf.copy_from_slice(name.as_bytes())
+        });
+        self.streams.push(StreamState::new(name.into(), 1, 0));
+        self.by_name.insert(name.into(), id);
+        Ok(id)
+    }
+
+    /// Frames the event as SSE once and appends it to `stream`.
+    pub fn append(
+        &mut self,
+        stream: StreamId,
+        event_type: Option<&str>,
+        data: &[u8],
+    ) -> Result<Appended, AppendError> {
+        if self.poisoned {
+            return Err(AppendError::Poisoned);
+        }
+        let st = self
+            .streams
+            .get(stream.0 as usize)
+            .ok_or(AppendError::UnknownStream(stream))?;
+        if let Some(t) = event_type
+            && t.bytes().any(|b| b == b'\r' || b == b'\n')
+        {
+            return Err(AppendError::EventTypeHasLineBreak);
+        }
+        if let Err(e) = std::str::from_utf8(data) {
+            return Err(AppendError::DataNotUtf8 {
+                valid_up_to: e.valid_up_to(),
+            });
+        }
+        let seq = st.tail + 1;
+        let id = EventId {
+            epoch: self.epoch,
+            stream,
+            seq,
+        };
+        let framed_bytes = frame::framed_len(&id, event_type, data);
+        if framed_bytes > self.opts.record_bytes_max as usize {
+            return Err(AppendError::RecordTooLarge {
+                framed_bytes,
+                record_bytes_max: self.opts.record_bytes_max,
+            });
+        }
+        self.ensure_room(framed_bytes)?;
+        let ts = now_unix_ms(SystemTime::now());
+        let loc = self.write_record(Kind::Event, stream, seq, ts, framed_bytes, |buf| {
+            frame::write_frame(buf, &id, event_type, data)
+        });
+        let meta = self.segs.back_mut().expect("active segment");
+        let seg_number = meta.seg.number;
+        let st = &mut self.streams[stream.0 as usize];
+        if st.last_seg != Some(seg_number) {
+            st.last_seg = Some(seg_number);
+            meta.streams.push(stream);
+        }
+        st.index.push_back(loc);
+        st.tail = seq;
+        let durable = if self.opts.fsync == FsyncPolicy::Never {
+            st.visible = seq;
+            true
+        } else {
+            if !st.dirty {
+                st.dirty = true;
+                self.dirty.push(stream);
+            }
+            false
+        };
+        debug_assert_eq!(st.index.len() as u64, st.tail + 1 - st.floor);
+        Ok(Appended { id, durable })
+    }
+
+    /// Group commit: performs the fsync the policy requires now (`Always`: if anything is
+    /// unsynced; `Interval`: if the oldest unsynced write is `interval_ms` old; `Never`:
+    /// nothing) and reports the streams whose visible tail advanced.
+    pub fn poll_sync(&mut self, now: Instant) -> Result<SyncReport, SyncError> {
+        match self.next_sync_deadline() {
+            Some(deadline) if now >= deadline => self.sync_now(),
+            _ => Ok(SyncReport::default()),
+        }
+    }
+
+    /// Flushes everything written so far (any policy) and makes it visible.
+    pub fn sync_now(&mut self) -> Result<SyncReport, SyncError> {
+        if self.poisoned {
+            return Err(SyncError::Poisoned);
+        }
+        if self.unflushed {
+            if let Err(e) = self.segs.back().expect("active segment").seg.map.flush() {
+                self.poisoned = true;
+                return Err(SyncError::Io(e));
+            }
+            self.unflushed = false;
+        }
+        self.unsynced_since = None;
+        let mut report = SyncReport {
+            advanced: Vec::with_capacity(self.dirty.len()),
+        };
+        for id in self.dirty.drain(..) {
+            let st = &mut self.streams[id.0 as usize];
+            st.dirty = false;
+            st.visible = st.tail;
+            report.advanced.push((id, st.tail));
+        }
+        Ok(report)
+    }
+
+    /// When `poll_sync` next has work (for reactor timers); `None` when it has none.
+    pub fn next_sync_deadline(&self) -> Option<Instant> {
+        let since = self.unsynced_since?;
+        match self.opts.fsync {
+            FsyncPolicy::Never => None,
+            FsyncPolicy::Always => Some(since),
+            FsyncPolicy::Interval { interval_ms } => {
+                Some(since + Duration::from_millis(interval_ms))
+            }
+        }
+    }
+
+    /// Up to `bytes_max` bytes (at least one whole record) of `stream`'s records from `from`
+    /// through the visible tail, as mapped slices; records adjacent in a segment are coalesced.
+    /// `from = 0` means from the first event (sequence 1).
+    pub fn read(
+        &self,
+        stream: StreamId,
+        from: Seq,
+        bytes_max: usize,
+    ) -> Result<ReadBatch, ReadError> {
+        let st = self
+            .streams
+            .get(stream.0 as usize)
+            .ok_or(ReadError::UnknownStream)?;
+        let from = self.check_from(st, from)?;
+        let mut batch = ReadBatch {
+            slices: Vec::new(),
+            first: from,
+            last: from - 1,
+            record_lens: Vec::new(),
+        };
+        if from > st.visible {
+            return Ok(batch);
+        }
+        let start = (from - st.floor) as usize;
+        let end = (st.visible + 1 - st.floor) as usize;
+        let mut total = 0usize;
+        let mut run: Option<(Loc, Seq)> = None;
+        for (i, loc) in st.index.range(start..end).enumerate() {
+            let len = loc.len as usize;
+            if total > 0 && total + len > bytes_max {
+                break;
+            }
+            total += len;
+            batch.record_lens.push(loc.len);
+            let seq = from + i as u64;
+            match &mut run {
+                Some((r, _)) if r.seg == loc.seg && r.off + r.len == loc.off => r.len += loc.len,
+                _ => {
+                    if let Some((r, first)) = run.take() {
+                        batch.slices.push(self.slice(r, first, seq - 1));
+                    }
+                    run = Some((*loc, seq));
+                }
+            }
+            batch.last = seq;
+        }
+        if let Some((r, first)) = run {
+            batch.slices.push(self.slice(r, first, batch.last));
+        }
+        Ok(batch)
+    }
+
+    /// Framed bytes of one visible record.
+    pub fn record(&self, stream: StreamId, seq: Seq) -> Result<LogSlice, ReadError> {
+        let st = self
+            .streams
+            .get(stream.0 as usize)
+            .ok_or(ReadError::UnknownStream)?;
+        let seq = self.check_from(st, seq)?;
+        if seq > st.visible {
+            return Err(ReadError::BeyondTail {
+                requested: seq,
+                tail: st.visible,
+            });
+        }
+        Ok(self.slice(st.index[(seq - st.floor) as usize], seq, seq))
+    }
+
+    /// Deletes whole sealed segments, oldest first, while the log exceeds `retain_bytes` or the
+    /// oldest sealed segment's newest record is older than `retain_secs`; advances floors.
+    /// Writes the checkpoint (after making every append durable) before deleting anything.
+    pub fn enforce_retention(
+        &mut self,
+        now: SystemTime,
+    ) -> Result<RetentionReport, RetentionError> {
+        let now_ms = now_unix_ms(now);
+        let mut total: u64 = self.segs.iter().map(|m| m.bytes).sum();
+        let mut k = 0;
+        while k + 1 < self.segs.len() {
+            let m = &self.segs[k];
+            let by_bytes = self.opts.retain_bytes.is_some_and(|r| total > r);
+            let by_age = self
+                .opts
+                .retain_secs
+                .is_some_and(|s| m.newest_ts_ms.saturating_add(s.saturating_mul(1000)) < now_ms);
+            if !(by_bytes || by_age) {
+                break;
+            }
+            total -= m.bytes;
+            k += 1;
+        }
+        if k == 0 {
+            return Ok(RetentionReport::default());
+        }
+        // Tails in the checkpoint must be durable, or a crash could leave a checkpointed tail
+        // above what the disk holds.
+        if self.opts.fsync != FsyncPolicy::Never {
+            self.sync_now().map_err(RetentionError::Sync)?;
+        }
+        let first_number = self.segs[0].seg.number;
+        let first_live = self.segs[k].seg.number;
+        let doomed = |loc: &Loc| (loc.seg.wrapping_sub(first_number as u32) as u64) < k as u64;
+        let mut moves: Vec<(StreamId, u64)> = Vec::new();
+        let mut seen = vec![false; self.streams.len()];
+        for m in self.segs.range(..k) {
+            for &id in &m.streams {
+                if std::mem::replace(&mut seen[id.0 as usize], true) {
+                    continue;
+                }
+                let st = &self.streams[id.0 as usize];
+                let n = st.index.iter().take_while(|l| doomed(l)).count() as u64;
+                if n > 0 {
+                    moves.push((id, n));
+                }
+            }
+        }
+        let mut ckpt = Checkpoint {
+            epoch: self.epoch,
+            first_live_segment: first_live,
+            streams: self
+                .streams
+                .iter()
+                .map(|s| CheckpointStream {
+                    name: s.name.to_string(),
+                    floor: s.floor,
+                    tail: s.tail,
+                })
+                .collect(),
+        };
+        for &(id, n) in &moves {
+            ckpt.streams[id.0 as usize].floor += n;
+        }
+        self.write_checkpoint(&ckpt)?;
+        let mut report = RetentionReport::default();
+        for &(id, n) in &moves {
+            let st = &mut self.streams[id.0 as usize];
+            st.index.drain(..n as usize);
+            st.floor += n;
+            assert!(st.floor <= st.visible + 1, "floor passed the visible tail");
+            report.floors_advanced.push((id, st.floor));
+        }
+        for _ in 0..k {
+            let m = self.segs.pop_front().expect("k < len");
+            m.seg.unlink_on_drop.store(true, Ordering::Release);
+            report.segments_deleted += 1;
+            report.bytes_deleted += m.bytes;
+        }
+        Ok(report)
+    }
+
+    // ----- internals -----
+
+    fn check_from(&self, st: &StreamState, from: Seq) -> Result<Seq, ReadError> {
+        let from = from.max(1);
+        debug_assert!(st.floor <= st.visible + 1);
+        if from < st.floor {
+            return Err(ReadError::Truncated {
+                requested: from,
+                floor: st.floor,
+                tail: st.visible,
+            });
+        }
+        if from > st.visible + 1 {
+            return Err(ReadError::BeyondTail {
+                requested: from,
+                tail: st.visible,
+            });
+        }
+        Ok(from)
+    }
+
+    fn slice(&self, loc: Loc, first_seq: Seq, last_seq: Seq) -> LogSlice {
+        let first_number = self.segs[0].seg.number;
+        let idx = loc.seg.wrapping_sub(first_number as u32) as usize;
+        let seg = Arc::clone(&self.segs[idx].seg);
+        debug_assert_eq!(seg.number as u32, loc.seg);
+        LogSlice {
+            seg,
+            off: loc.off,
+            len: loc.len,
+            first_seq,
+            last_seq,
+        }
+    }
+
+    /// Makes room for a record of `payload` bytes in the active segment, rolling if needed.
+    fn ensure_room(&mut self, payload: usize) -> Result<(), AppendError> {
+        let a = &self.active;
+        // One entry for the record plus one always reserved for the seal.
+        if !a.sealed && a.data_end + payload + 2 * ENTRY_BYTES <= a.entry_low {
+            return Ok(());
+        }
+        self.roll()?;
+        let a = &self.active;
+        assert!(
+            a.data_end + payload + 2 * ENTRY_BYTES <= a.entry_low,
+            "record larger than segment"
+        );
+        Ok(())
+    }
+
+    fn roll(&mut self) -> Result<(), AppendError> {
+        let durable = self.opts.fsync != FsyncPolicy::Never;
+        if !self.active.sealed {
+            let entries = self.active.entries;
+            self.write_record(Kind::Seal, StreamId(u32::MAX), entries, 0, 0, |_| {});
+            self.active.sealed = true;
+            if durable {
+                // Everything in the sealed segment becomes durable now; its streams stay dirty
+                // until the next sync (conservative: visibility only moves in sync_now).
+                if let Err(e) = self.segs.back().expect("active").seg.map.flush() {
+                    self.poisoned = true;
+                    return Err(AppendError::Io(e));
+                }
+            }
+        }
+        let number = self.segs.back().expect("active").seg.number + 1;
+        let (meta, active) = create_segment(
+            &self.dir,
+            self.epoch,
+            number,
+            self.opts.segment_bytes,
+            durable,
+        )?;
+        self.segs.push_back(meta);
+        self.active = active;
+        // The new segment's header is flushed (if durable); nothing in it is unflushed yet,
+        // but keep `unflushed` as is for records of the old one under `Never`.
+        Ok(())
+    }
+
+    /// Writes payload + entry into the active segment (room already ensured) and freezes the
+    /// payload. Returns the payload's location.
+    fn write_record(
+        &mut self,
+        kind: Kind,
+        stream: StreamId,
+        seq: Seq,
+        timestamp_ms: u64,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]),
+    ) -> Loc {
+        let meta = self.segs.back_mut().expect("active segment");
+        let map = &meta.seg.map;
+        let a = &mut self.active;
+        let off = a.data_end;
+        let entry_off = a.entry_low - ENTRY_BYTES;
+        assert!(off + len <= entry_off, "record overlaps the entry area");
+        fill(map.private_mut(&mut a.tok, off, len));
+        let entry = Entry {
+            len: len as u32,
+            data_off: off as u32,
+            stream,
+            seq,
+            timestamp_ms,
+            kind,
+        }
+        .encode(a.chain, map.read_private(&a.tok, off, len));
+        a.chain = Entry::crc(&entry);
+        map.private_mut(&mut a.tok, entry_off, ENTRY_BYTES)
+            .copy_from_slice(&entry);
+        a.entry_low = entry_off;
+        a.data_end = off + len;
+        a.entries += 1;
+        map.freeze(&mut a.tok, a.data_end);
+        if timestamp_ms > meta.newest_ts_ms {
+            meta.newest_ts_ms = timestamp_ms;
+        }
+        self.unflushed = true;
+        if self.opts.fsync != FsyncPolicy::Never && self.unsynced_since.is_none() {
+            self.unsynced_since = Some(Instant::now());
+        }
+        Loc {
+            seg: meta.seg.number as u32,
+            off: off as u32,
+            len: len as u32,
+        }
+    }
+
+    fn write_checkpoint(&self, ckpt: &Checkpoint) -> Result<(), RetentionError> {
+        let tmp = self.dir.join(CHECKPOINT_TMP_FILE);
+        let dst = self.dir.join(CHECKPOINT_FILE);
+        let err = |path: &Path| {
+            let path = path.to_owned();
+            move |source| RetentionError::Io { path, source }
+        };
+        {
+            let mut f = File::create(&tmp).map_err(err(&tmp))?;
+            io::Write::write_all(&mut f, &ckpt.encode()).map_err(err(&tmp))?;
+            f.sync_all().map_err(err(&tmp))?;
+        }
+        fs::rename(&tmp, &dst).map_err(err(&dst))?;
+        sync_dir(&self.dir).map_err(err(&self.dir))?;
+        Ok(())
+    }
+}
+
+fn validate_stream_name(name: &str) -> Result<(), AppendError> {
+    if name.is_empty() {
+        return Err(AppendError::StreamNameInvalid("empty"));
+    }
+    if name.len() > STREAM_NAME_BYTES_MAX {
+        return Err(AppendError::StreamNameInvalid(
+            "longer than STREAM_NAME_BYTES_MAX bytes",
+        ));
+    }
+    if name.chars().any(char::is_control) {
+        return Err(AppendError::StreamNameInvalid(
+            "contains a control character",
+        ));
+    }
+    Ok(())
+}
+
+impl LogSlice {
+    pub fn as_bytes(&self) -> &[u8] {
+        self.seg
+            .map
+            .read_frozen(self.off as usize, self.len as usize)
+    }
+    pub fn first_seq(&self) -> Seq {
+        self.first_seq
+    }
+    pub fn last_seq(&self) -> Seq {
+        self.last_seq
+    }
+    pub fn len(&self) -> usize {
+        self.len as usize
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    pub fn as_ptr(&self) -> *const u8 {
+        self.as_bytes().as_ptr()
+    }
+    /// Number of the segment this slice points into (diagnostics).
+    pub fn segment_number(&self) -> u64 {
+        self.seg.number
+    }
+}
+
+impl fmt::Debug for LogSlice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LogSlice")
+            .field("segment", &self.seg.number)
+            .field("off", &self.off)
+            .field("len", &self.len)
+            .field("seqs", &(self.first_seq..=self.last_seq))
+            .finish()
+    }
+}
+
+impl ReadBatch {
+    pub fn is_empty(&self) -> bool {
+        self.last < self.first
+    }
+    /// Total framed bytes in the batch.
+    pub fn bytes(&self) -> usize {
+        self.slices.iter().map(LogSlice::len).sum()
+    }
+}
+
+mod recover;

@@ -1,0 +1,474 @@
+//! Opening a log directory: create a new log (fresh random epoch), or recover an existing one —
+//! load the checkpoint, delete stale segments below it, scan every segment in order verifying
+//! chained CRCs, cut the torn tail of the last (active) segment, refuse damage anywhere else,
+//! and rebuild stream names, indexes, floors and tails. No appends happen here.
+#![forbid(unsafe_code)]
+
+use std::os::unix::fs::FileExt;
+
+use super::*;
+use crate::options::{SEGMENT_BYTES_MAX, SEGMENT_BYTES_MIN};
+
+pub(super) fn open(dir: &Path, opts: LogOptions) -> Result<Log, OpenError> {
+    fs::create_dir_all(dir).map_err(io_err(dir))?;
+    let lock_path = dir.join(LOCK_FILE);
+    let lock = File::options()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&lock_path)
+        .map_err(io_err(&lock_path))?;
+    match lock.try_lock() {
+        Ok(()) => {}
+        Err(fs::TryLockError::WouldBlock) => {
+            return Err(OpenError::Locked {
+                path: dir.to_owned(),
+            });
+        }
+        Err(fs::TryLockError::Error(e)) => return Err(io_err(&lock_path)(e)),
+    }
+    let mut report = RecoveryReport::default();
+
+    let tmp = dir.join(CHECKPOINT_TMP_FILE);
+    match fs::remove_file(&tmp) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(io_err(&tmp)(e)),
+        _ => {}
+    }
+    let ckpt_path = dir.join(CHECKPOINT_FILE);
+    let ckpt = match fs::read(&ckpt_path) {
+        Ok(b) => Some(
+            Checkpoint::decode(&b).map_err(|reason| OpenError::Checkpoint {
+                path: ckpt_path.clone(),
+                reason,
+            })?,
+        ),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        Err(e) => return Err(io_err(&ckpt_path)(e)),
+    };
+
+    let mut numbers = list_segments(dir)?;
+    let first_live = ckpt.as_ref().map_or(0, |c| c.first_live_segment);
+    let mut live = Vec::with_capacity(numbers.len());
+    for n in numbers.drain(..) {
+        if n < first_live {
+            // Retention checkpointed its deletion but the file outlived it (a reader still held
+            // it, or the process stopped first).
+            let p = segment_path(dir, n);
+            fs::remove_file(&p).map_err(io_err(&p))?;
+            report.stale_segments_deleted += 1;
+        } else {
+            live.push(n);
+        }
+    }
+    let mut numbers = live;
+    // A crash while creating the last segment leaves it blank (no header, no entry): remove it.
+    if let Some(&last) = numbers.last()
+        && segment_is_blank(&segment_path(dir, last))?
+    {
+        let p = segment_path(dir, last);
+        fs::remove_file(&p).map_err(io_err(&p))?;
+        sync_dir(dir).map_err(io_err(dir))?;
+        numbers.pop();
+    }
+    if numbers.is_empty() {
+        if ckpt.is_some() {
+            return Err(OpenError::MissingSegment { number: first_live });
+        }
+        return create_new(dir, opts, lock, report);
+    }
+    if numbers[0] != first_live {
+        return Err(OpenError::MissingSegment { number: first_live });
+    }
+    for w in numbers.windows(2) {
+        if w[1] != w[0] + 1 {
+            return Err(OpenError::MissingSegment { number: w[0] + 1 });
+        }
+    }
+
+    let mut scan = Scan {
+        epoch: ckpt.as_ref().map(|c| c.epoch),
+        streams: Vec::new(),
+        by_name: HashMap::new(),
+        report,
+    };
+    let mut ckpt_tails = Vec::new();
+    if let Some(c) = &ckpt {
+        for (i, s) in c.streams.iter().enumerate() {
+            let name: Box<str> = s.name.as_str().into();
+            // During the scan `tail` is "last indexed": the first retained record must be `floor`.
+            scan.streams
+                .push(StreamState::new(name.clone(), s.floor, s.floor - 1));
+            scan.by_name.insert(name, StreamId(i as u32));
+            ckpt_tails.push(s.tail);
+        }
+    }
+
+    let mut segs = VecDeque::with_capacity(numbers.len());
+    let mut active = None;
+    for (pos, &number) in numbers.iter().enumerate() {
+        let last = pos + 1 == numbers.len();
+        let (meta, tail) = scan.segment(dir, number, last)?;
+        segs.push_back(meta);
+        if last {
+            active = Some(tail);
+        }
+    }
+    let Scan {
+        epoch,
+        mut streams,
+        by_name,
+        mut report,
+    } = scan;
+    let epoch = epoch.expect("at least one segment was scanned");
+
+    for (i, &ckpt_tail) in ckpt_tails.iter().enumerate() {
+        let st = &mut streams[i];
+        if st.tail < ckpt_tail {
+            // The checkpoint saw records the disk lost (power loss under `Never`). Sequences up
+            // to `ckpt_tail` may have been seen by readers: never reuse them, and serve nothing
+            // of the stream's present records as if it were contiguous with them.
+            st.index.clear();
+            st.floor = ckpt_tail + 1;
+            st.tail = ckpt_tail;
+            report.streams_behind_checkpoint.push(StreamId(i as u32));
+        }
+    }
+    for st in &mut streams {
+        st.visible = st.tail;
+        debug_assert_eq!(st.index.len() as u64, st.tail + 1 - st.floor);
+    }
+
+    let (active, sealed_last) = active.expect("last segment scanned");
+    let mut log = Log {
+        dir: dir.to_owned(),
+        opts,
+        epoch,
+        segs,
+        active,
+        streams,
+        by_name,
+        dirty: Vec::new(),
+        unsynced_since: None,
+        unflushed: true,
+        poisoned: false,
+        recovery: RecoveryReport::default(),
+        _lock: lock,
+    };
+    // Whatever recovery found is made durable now, so it may be shown to readers at once.
+    log.sync_now().map_err(|e| match e {
+        SyncError::Io(source) => OpenError::Io {
+            path: dir.to_owned(),
+            source,
+        },
+        SyncError::Poisoned => unreachable!("fresh log is not poisoned"),
+    })?;
+    if sealed_last {
+        log.roll().map_err(|e| append_to_open(dir, e))?;
+    }
+    log.recovery = report;
+    Ok(log)
+}
+
+fn append_to_open(dir: &Path, e: AppendError) -> OpenError {
+    let source = match e {
+        AppendError::Io(e) => e,
+        AppendError::DiskFull => io::Error::from_raw_os_error(libc::ENOSPC),
+        other => io::Error::other(other.to_string()),
+    };
+    OpenError::Io {
+        path: dir.to_owned(),
+        source,
+    }
+}
+
+fn create_new(
+    dir: &Path,
+    opts: LogOptions,
+    lock: File,
+    mut report: RecoveryReport,
+) -> Result<Log, OpenError> {
+    let mut raw = [0u8; 8];
+    getrandom::fill(&mut raw).map_err(OpenError::Random)?;
+    let epoch = Epoch(u64::from_le_bytes(raw).max(1));
+    let (meta, active) = create_segment(dir, epoch, 0, opts.segment_bytes, true)
+        .map_err(|e| append_to_open(dir, e))?;
+    report.created = true;
+    Ok(Log {
+        dir: dir.to_owned(),
+        opts,
+        epoch,
+        segs: VecDeque::from([meta]),
+        active,
+        streams: Vec::new(),
+        by_name: HashMap::new(),
+        dirty: Vec::new(),
+        unsynced_since: None,
+        unflushed: false,
+        poisoned: false,
+        recovery: report,
+        _lock: lock,
+    })
+}
+
+/// Segment numbers present in `dir`, ascending. Other files are ignored.
+fn list_segments(dir: &Path) -> Result<Vec<u64>, OpenError> {
+    let mut numbers = Vec::new();
+    for entry in fs::read_dir(dir).map_err(io_err(dir))? {
+        let entry = entry.map_err(io_err(dir))?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let Some(stem) = name.strip_suffix(SEGMENT_SUFFIX) else {
+            continue;
+        };
+        if stem.len() == 20
+            && stem.bytes().all(|b| b.is_ascii_digit())
+            && let Ok(n) = stem.parse::<u64>()
+        {
+            numbers.push(n);
+        }
+    }
+    numbers.sort_unstable();
+    Ok(numbers)
+}
+
+/// True when the file has no header and no first entry (all zero, or shorter than both).
+fn segment_is_blank(path: &Path) -> Result<bool, OpenError> {
+    let f = File::open(path).map_err(io_err(path))?;
+    let len = f.metadata().map_err(io_err(path))?.len();
+    let mut head = [0u8; HEADER_BYTES];
+    let n = f.read_at(&mut head, 0).map_err(io_err(path))?;
+    if head[..n].iter().any(|&b| b != 0) {
+        return Ok(false);
+    }
+    if len >= (HEADER_BYTES + ENTRY_BYTES) as u64 {
+        let mut slot = [0u8; ENTRY_BYTES];
+        f.read_exact_at(&mut slot, len - ENTRY_BYTES as u64)
+            .map_err(io_err(path))?;
+        if slot.iter().any(|&b| b != 0) {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+struct Scan {
+    epoch: Option<Epoch>,
+    streams: Vec<StreamState>,
+    by_name: HashMap<Box<str>, StreamId>,
+    report: RecoveryReport,
+}
+
+impl Scan {
+    /// Scans one segment; returns its metadata and its write state (+ whether it is sealed).
+    fn segment(
+        &mut self,
+        dir: &Path,
+        number: u64,
+        last: bool,
+    ) -> Result<(SegMeta, (Active, bool)), OpenError> {
+        let path = segment_path(dir, number);
+        let file = File::options()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(io_err(&path))?;
+        let bytes = file.metadata().map_err(io_err(&path))?.len();
+        if !(SEGMENT_BYTES_MIN..=SEGMENT_BYTES_MAX).contains(&bytes) || !bytes.is_multiple_of(4096) {
+            return Err(OpenError::BadSegmentSize { path, bytes });
+        }
+        let (map, mut tok) = SharedMap::map(&file, bytes as usize, false).map_err(io_err(&path))?;
+        let header_bytes = map.read_private(&tok, 0, HEADER_BYTES);
+        let header = Header::decode(header_bytes).map_err(|reason| OpenError::BadHeader {
+            path: path.clone(),
+            reason,
+        })?;
+        let mut chain = Header::crc(header_bytes);
+        let mismatch = |field, expected: u64, found: u64| OpenError::HeaderMismatch {
+            path: path.clone(),
+            field,
+            expected,
+            found,
+        };
+        if header.number != number {
+            return Err(mismatch("number", number, header.number));
+        }
+        if header.segment_bytes != bytes {
+            return Err(mismatch("segment_bytes", bytes, header.segment_bytes));
+        }
+        match self.epoch {
+            Some(e) if e != header.epoch => return Err(mismatch("epoch", e.0, header.epoch.0)),
+            _ => self.epoch = Some(header.epoch),
+        }
+        map.freeze(&mut tok, HEADER_BYTES);
+
+        let len = bytes as usize;
+        let mut data_end = HEADER_BYTES;
+        let mut entries: u64 = 0;
+        let mut sealed = false;
+        let mut torn_at = None;
+        let mut newest_ts_ms = 0;
+        let mut seg_streams = Vec::new();
+        self.report.segments_scanned += 1;
+        loop {
+            let slot = match len.checked_sub(ENTRY_BYTES * (entries as usize + 1)) {
+                Some(s) if s >= data_end => s,
+                _ => break,
+            };
+            let eb: [u8; ENTRY_BYTES] = map
+                .read_private(&tok, slot, ENTRY_BYTES)
+                .try_into()
+                .expect("entry size");
+            if eb.iter().all(|&b| b == 0) {
+                break;
+            }
+            let checked = (|| {
+                let e = Entry::decode_fields(&eb).map_err(CorruptReason::Entry)?;
+                if e.data_off as usize != data_end {
+                    return Err(CorruptReason::DataOffset {
+                        expected: data_end as u32,
+                        found: e.data_off,
+                    });
+                }
+                if data_end + e.len as usize > slot {
+                    return Err(CorruptReason::OutOfBounds {
+                        data_off: e.data_off,
+                        len: e.len,
+                    });
+                }
+                let payload = map.read_private(&tok, data_end, e.len as usize);
+                Entry::verify(&eb, chain, payload).map_err(CorruptReason::Entry)?;
+                Ok(e)
+            })();
+            let corrupt = |reason| OpenError::Corrupt {
+                path: path.clone(),
+                offset: slot as u64,
+                reason,
+            };
+            let e = match checked {
+                Ok(e) => e,
+                Err(_) if last => {
+                    torn_at = Some(slot);
+                    break;
+                }
+                Err(reason) => return Err(corrupt(reason)),
+            };
+            let payload_len = e.len as usize;
+            match e.kind {
+                Kind::Event => {
+                    let st = self
+                        .streams
+                        .get_mut(e.stream.0 as usize)
+                        .ok_or(corrupt(CorruptReason::UnknownStream(e.stream)))?;
+                    if e.seq != st.tail + 1 {
+                        return Err(corrupt(CorruptReason::SequenceGap {
+                            stream: e.stream,
+                            expected: st.tail + 1,
+                            found: e.seq,
+                        }));
+                    }
+                    st.index.push_back(Loc {
+                        seg: number as u32,
+                        off: e.data_off,
+                        len: e.len,
+                    });
+                    st.tail = e.seq;
+                    if st.last_seg != Some(number) {
+                        st.last_seg = Some(number);
+                        seg_streams.push(e.stream);
+                    }
+                    newest_ts_ms = newest_ts_ms.max(e.timestamp_ms);
+                    self.report.records_recovered += 1;
+                }
+                Kind::StreamName => {
+                    let payload = map.read_private(&tok, data_end, payload_len);
+                    let name = std::str::from_utf8(payload)
+                        .ok()
+                        .filter(|n| validate_stream_name(n).is_ok())
+                        .ok_or(corrupt(CorruptReason::StreamNameInvalid))?;
+                    let id = e.stream.0 as usize;
+                    if id < self.streams.len() {
+                        if &*self.streams[id].name != name {
+                            return Err(corrupt(CorruptReason::StreamNameMismatch(e.stream)));
+                        }
+                    } else if id == self.streams.len() {
+                        self.streams.push(StreamState::new(name.into(), 1, 0));
+                        self.by_name.insert(name.into(), e.stream);
+                    } else {
+                        return Err(corrupt(CorruptReason::StreamIdGap {
+                            expected: self.streams.len() as u32,
+                            found: e.stream.0,
+                        }));
+                    }
+                }
+                Kind::Seal => {
+                    if e.seq != entries || e.len != 0 {
+                        return Err(corrupt(CorruptReason::BadSeal {
+                            expected: entries,
+                            found: e.seq,
+                        }));
+                    }
+                    sealed = true;
+                }
+            }
+            chain = Entry::crc(&eb);
+            data_end += payload_len;
+            entries += 1;
+            self.report.bytes_scanned += (payload_len + ENTRY_BYTES) as u64;
+            if sealed {
+                break;
+            }
+        }
+        if !last && !sealed {
+            let offset = len.saturating_sub(ENTRY_BYTES * (entries as usize + 1)) as u64;
+            return Err(OpenError::Corrupt {
+                path,
+                offset,
+                reason: CorruptReason::NotSealed,
+            });
+        }
+        let entry_low = len - ENTRY_BYTES * entries as usize;
+        if let Some(torn) = torn_at {
+            // Zero the torn entry and any run of non-zero slots right below it, so the next
+            // open sees a clean end there. (Stale entries further down can never validate: the
+            // CRC chain ties each entry to its predecessor.)
+            let mut slot = torn;
+            loop {
+                let bytes = map.private_mut(&mut tok, slot, ENTRY_BYTES);
+                if bytes.iter().all(|&b| b == 0) {
+                    break;
+                }
+                bytes.fill(0);
+                match slot.checked_sub(ENTRY_BYTES) {
+                    Some(s) if s >= data_end => slot = s,
+                    _ => break,
+                }
+            }
+            map.flush().map_err(io_err(&path))?;
+            self.report.torn_tail_offset = Some(torn as u64);
+        }
+        map.freeze(&mut tok, data_end);
+        let seg = Arc::new(Segment {
+            number,
+            path,
+            map,
+            unlink_on_drop: AtomicBool::new(false),
+            _file: file,
+        });
+        let meta = SegMeta {
+            seg,
+            bytes,
+            newest_ts_ms,
+            streams: seg_streams,
+        };
+        let active = Active {
+            tok,
+            data_end,
+            entry_low,
+            entries,
+            sealed,
+            chain,
+        };
+        Ok((meta, (active, sealed)))
+    }
+}

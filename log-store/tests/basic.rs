@@ -1,0 +1,294 @@
+//! Behaviour tests of `Log` through its public API: append/read/coalescing, bounds, reopen,
+//! visibility under each fsync policy, retention with pinned slices, input validation.
+#![forbid(unsafe_code)]
+
+use std::time::{Duration, Instant, SystemTime};
+
+use log_store::{AppendError, Bounds, EventId, FsyncPolicy, Log, LogOptions, ReadError, StreamId};
+
+fn opts(segment_bytes: u64) -> LogOptions {
+    LogOptions {
+        segment_bytes,
+        record_bytes_max: 16 * 1024,
+        ..LogOptions::default()
+    }
+}
+
+fn frame(log: &Log, s: StreamId, seq: u64, data: &str) -> String {
+    let id = EventId {
+        epoch: log.epoch(),
+        stream: s,
+        seq,
+    };
+    format!("id: {id}\ndata: {data}\n\n")
+}
+
+#[test]
+fn append_read_coalesce_and_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = Log::open(dir.path(), opts(65536)).unwrap();
+    assert!(log.recovery().created);
+    let a = log.create_stream("a").unwrap();
+    let b = log.create_stream("b").unwrap();
+    assert_eq!(log.create_stream("a").unwrap(), a);
+    assert_eq!(log.stream_name(b), Some("b"));
+    assert_eq!(
+        log.bounds(a),
+        Some(Bounds {
+            floor: 1,
+            tail: 0,
+            visible_tail: 0
+        })
+    );
+    // a1 a2 b1 a3: a1,a2 adjacent; a3 separate.
+    for (s, d) in [(a, "1"), (a, "2"), (b, "x"), (a, "3")] {
+        let r = log.append(s, None, d.as_bytes()).unwrap();
+        assert!(r.durable);
+    }
+    let batch = log.read(a, 1, usize::MAX).unwrap();
+    assert_eq!((batch.first, batch.last), (1, 3));
+    assert_eq!(batch.slices.len(), 2, "a1+a2 coalesced, a3 separate");
+    assert_eq!(
+        (batch.slices[0].first_seq(), batch.slices[0].last_seq()),
+        (1, 2)
+    );
+    let text: String = batch
+        .slices
+        .iter()
+        .map(|s| std::str::from_utf8(s.as_bytes()).unwrap())
+        .collect();
+    assert_eq!(
+        text,
+        [
+            frame(&log, a, 1, "1"),
+            frame(&log, a, 2, "2"),
+            frame(&log, a, 3, "3")
+        ]
+        .concat()
+    );
+    assert_eq!(batch.record_lens.iter().sum::<u32>() as usize, text.len());
+    // bytes_max: at least one record, then whole records only.
+    let one = log.read(a, 1, 1).unwrap();
+    assert_eq!((one.first, one.last), (1, 1));
+    // caught up / beyond / unknown
+    let caught_up = log.read(a, 4, 100).unwrap();
+    assert!(caught_up.is_empty() && caught_up.slices.is_empty());
+    assert_eq!(
+        log.read(a, 5, 100).unwrap_err(),
+        ReadError::BeyondTail {
+            requested: 5,
+            tail: 3
+        }
+    );
+    assert_eq!(
+        log.read(StreamId(9), 1, 100).unwrap_err(),
+        ReadError::UnknownStream
+    );
+    assert_eq!(
+        log.record(b, 1).unwrap().as_bytes(),
+        frame(&log, b, 1, "x").as_bytes()
+    );
+    let epoch = log.epoch();
+    drop(log);
+
+    let mut log = Log::open(dir.path(), opts(65536)).unwrap();
+    assert!(!log.recovery().created);
+    assert_eq!(log.epoch(), epoch);
+    assert_eq!(log.stream_id("b"), Some(b));
+    assert_eq!(
+        log.bounds(a),
+        Some(Bounds {
+            floor: 1,
+            tail: 3,
+            visible_tail: 3
+        })
+    );
+    let r = log.append(a, Some("ev"), b"4").unwrap();
+    assert_eq!(r.id.seq, 4);
+    let text = String::from_utf8(log.record(a, 4).unwrap().as_bytes().to_vec()).unwrap();
+    assert_eq!(text, format!("id: {}\nevent: ev\ndata: 4\n\n", r.id));
+}
+
+#[test]
+fn second_open_is_locked() {
+    let dir = tempfile::tempdir().unwrap();
+    let _log = Log::open(dir.path(), opts(65536)).unwrap();
+    assert!(matches!(
+        Log::open(dir.path(), opts(65536)),
+        Err(log_store::OpenError::Locked { .. })
+    ));
+}
+
+#[test]
+fn rejects_bad_input_without_appending() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = Log::open(
+        dir.path(),
+        LogOptions {
+            record_bytes_max: 200,
+            ..opts(65536)
+        },
+    )
+    .unwrap();
+    let a = log.create_stream("a").unwrap();
+    assert!(matches!(
+        log.append(a, Some("x\ny"), b"d"),
+        Err(AppendError::EventTypeHasLineBreak)
+    ));
+    assert!(matches!(
+        log.append(a, None, b"\xff"),
+        Err(AppendError::DataNotUtf8 { valid_up_to: 0 })
+    ));
+    assert!(matches!(
+        log.append(a, None, &[b'x'; 300]),
+        Err(AppendError::RecordTooLarge {
+            record_bytes_max: 200,
+            ..
+        })
+    ));
+    assert!(matches!(
+        log.append(StreamId(5), None, b"d"),
+        Err(AppendError::UnknownStream(_))
+    ));
+    assert!(matches!(
+        log.create_stream(""),
+        Err(AppendError::StreamNameInvalid(_))
+    ));
+    assert!(matches!(
+        log.create_stream("a\nb"),
+        Err(AppendError::StreamNameInvalid(_))
+    ));
+    assert_eq!(log.bounds(a).unwrap().tail, 0);
+    assert_eq!(log.append(a, None, b"ok").unwrap().id.seq, 1);
+}
+
+#[test]
+fn visibility_follows_fsync_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = LogOptions {
+        fsync: FsyncPolicy::Interval { interval_ms: 50 },
+        ..opts(65536)
+    };
+    let t0 = Instant::now();
+    let mut log = Log::open(dir.path(), o).unwrap();
+    let a = log.create_stream("a").unwrap();
+    let r = log.append(a, None, b"1").unwrap();
+    assert!(!r.durable);
+    assert_eq!(
+        log.bounds(a).unwrap(),
+        Bounds {
+            floor: 1,
+            tail: 1,
+            visible_tail: 0
+        }
+    );
+    assert!(
+        log.read(a, 1, 100).unwrap().is_empty(),
+        "unsynced record is invisible"
+    );
+    let deadline = log.next_sync_deadline().unwrap();
+    assert!(deadline >= t0 + Duration::from_millis(50));
+    assert!(
+        log.poll_sync(deadline - Duration::from_millis(1))
+            .unwrap()
+            .advanced
+            .is_empty()
+    );
+    assert_eq!(log.poll_sync(deadline).unwrap().advanced, vec![(a, 1)]);
+    assert_eq!(log.bounds(a).unwrap().visible_tail, 1);
+    assert_eq!(log.next_sync_deadline(), None);
+    drop(log);
+
+    let o = LogOptions {
+        fsync: FsyncPolicy::Always,
+        ..opts(65536)
+    };
+    let mut log = Log::open(dir.path(), o).unwrap();
+    let b = log.create_stream("b").unwrap();
+    for _ in 0..3 {
+        log.append(a, None, b"x").unwrap();
+        log.append(b, None, b"y").unwrap();
+    }
+    assert_eq!(log.bounds(a).unwrap().visible_tail, 1);
+    let mut adv = log.poll_sync(Instant::now()).unwrap().advanced;
+    adv.sort();
+    assert_eq!(adv, vec![(a, 4), (b, 3)]);
+}
+
+#[test]
+fn retention_advances_floors_and_pinned_slices_survive() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = LogOptions {
+        retain_bytes: Some(2 * 65536),
+        ..opts(65536)
+    };
+    let mut log = Log::open(dir.path(), o).unwrap();
+    let a = log.create_stream("a").unwrap();
+    let b = log.create_stream("b").unwrap();
+    let payload = "p".repeat(1000);
+    // Fill segments 0 and 1 and start 2; b's only record lives in segment 0.
+    for n in 1..=10_000u64 {
+        let r = log.append(a, None, payload.as_bytes()).unwrap();
+        if n == 1 {
+            log.append(b, None, b"only").unwrap();
+        }
+        if log.record(a, r.id.seq).unwrap().segment_number() == 2 {
+            break;
+        }
+    }
+    assert_eq!(
+        log.record(a, log.bounds(a).unwrap().tail)
+            .unwrap()
+            .segment_number(),
+        2
+    );
+    let pinned = log.read(a, 1, usize::MAX).unwrap();
+    let pinned_first = pinned.slices[0].clone();
+    let expect = pinned_first.as_bytes().to_vec();
+    let seg0 = dir.path().join(format!("{:020}.seg", 0));
+    assert!(seg0.exists());
+    let report = log.enforce_retention(SystemTime::now()).unwrap();
+    assert!(report.segments_deleted >= 1, "{report:?}");
+    let fa = log.bounds(a).unwrap().floor;
+    assert!(fa > 1);
+    assert_eq!(
+        log.bounds(b).unwrap(),
+        Bounds {
+            floor: 2,
+            tail: 1,
+            visible_tail: 1
+        }
+    );
+    assert_eq!(
+        log.read(a, 1, 10).unwrap_err(),
+        ReadError::Truncated {
+            requested: 1,
+            floor: fa,
+            tail: log.bounds(a).unwrap().tail
+        }
+    );
+    // The slice still reads the deleted segment's bytes, and its file is still there.
+    assert!(seg0.exists(), "file kept while a slice pins it");
+    assert_eq!(pinned_first.as_bytes(), &expect[..]);
+    drop(pinned);
+    drop(pinned_first);
+    assert!(!seg0.exists(), "file unlinked when the last guard dropped");
+    // Floors and tails survive reopen via the checkpoint (b has no record left at all).
+    let (ba, bb) = (log.bounds(a).unwrap(), log.bounds(b).unwrap());
+    drop(log);
+    let mut log = Log::open(
+        dir.path(),
+        LogOptions {
+            retain_bytes: Some(2 * 65536),
+            ..opts(65536)
+        },
+    )
+    .unwrap();
+    assert_eq!(log.bounds(a).unwrap(), ba);
+    assert_eq!(log.bounds(b).unwrap(), bb);
+    assert_eq!(
+        log.append(b, None, b"next").unwrap().id.seq,
+        2,
+        "sequence never reused"
+    );
+}
