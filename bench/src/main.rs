@@ -1,2 +1,462 @@
-//! Placeholder entry point while the bench tool is being written.
-fn main() {}
+//! The `bench` command line: parses flags into a scenario, runs it with the `bench` library and
+//! prints a table (or JSON). Exit status: 0 clean, 1 invariant violations (gaps, duplicates,
+//! reorders, undelivered events, failed subscribers, publish errors), 2 the run could not be
+//! carried out (bad flags, target down), 3 the scenario is not implemented yet (`mcp`).
+//!
+//! It contains no protocol logic; see the library's modules for that.
+#![forbid(unsafe_code)]
+
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+use bench::load::{self, LoadConfig};
+use bench::probe::{self, ProbeConfig};
+use bench::procstat;
+use bench::report::Report;
+use bench::target::{IdStyle, PublishStyle, UrlTemplate};
+
+/// Load generator and gap/duplicate checker for SSE pub/sub servers (the gateway, nginx+nchan).
+///
+/// Every scenario checks, per subscriber, that events arrive contiguous, gap-free and
+/// duplicate-free (an explicit truncation notice — HTTP 410 or `event: truncated` — is counted
+/// as explicit, not as a gap). Exit status: 0 clean, 1 violations, 2 run failed, 3 scenario
+/// not implemented yet.
+#[derive(Debug, Parser)]
+#[command(name = "bench", version)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// S streams × K subscribers; N events per stream published at a rate or as fast as possible.
+    Fanout {
+        #[command(flatten)]
+        common: Common,
+        #[command(flatten)]
+        load: Load,
+    },
+    /// Like fanout, but subscribers are cut at random points (mid-event included) and resume
+    /// with Last-Event-ID; reports resume latency (cut → first event).
+    ResumeStorm {
+        #[command(flatten)]
+        common: Common,
+        #[command(flatten)]
+        load: Load,
+        /// Subscriber connections cut per second.
+        #[arg(long, default_value_t = 200.0)]
+        cuts_per_sec: f64,
+    },
+    /// Fast subscribers beside slow ones reading at 1/divisor of the production rate; runs a
+    /// baseline without slow subscribers first and compares fast subscribers' latency.
+    Slow {
+        #[command(flatten)]
+        common: Common,
+        #[command(flatten)]
+        load: Load,
+        /// Slow subscribers per stream (added to --subscribers-per-stream fast ones).
+        #[arg(long, default_value_t = 10)]
+        slow_subscribers_per_stream: usize,
+        /// Slow subscribers read at publish rate / this.
+        #[arg(long, default_value_t = 20)]
+        slow_rate_divisor: u32,
+        /// Skip the baseline run without slow subscribers.
+        #[arg(long)]
+        no_baseline: bool,
+    },
+    /// C idle subscribers held open; reports server memory per connection from /proc.
+    Idle {
+        #[command(flatten)]
+        common: Common,
+        /// Idle subscriber connections to open.
+        #[arg(long, default_value_t = 1000)]
+        connections: usize,
+        /// Streams they spread over.
+        #[arg(long, default_value_t = 100)]
+        streams: usize,
+        /// Seconds to hold the connections once all are up.
+        #[arg(long, default_value_t = 5.0)]
+        hold_secs: f64,
+        /// Source addresses 127.0.0.1..=127.0.0.N to spread over (0 = one per 20,000 connections).
+        #[arg(long, default_value_t = 0)]
+        source_addrs: u8,
+    },
+    /// NOT YET IMPLEMENTED: needs the gateway's MCP front (issue 4). Exits with status 3.
+    Mcp {
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Publish N events, then resume from an early (possibly no longer retained) ID and report
+    /// whether the server answers explicitly (410 / `event: truncated`) or skips silently.
+    GapProbe {
+        #[command(flatten)]
+        common: Common,
+        /// Events to publish before resuming.
+        #[arg(long, default_value_t = 200)]
+        events: u64,
+        /// Payload bytes per event.
+        #[arg(long, default_value_t = 256)]
+        payload_bytes: usize,
+        /// Resume with the ID of this event (0-based publish counter).
+        #[arg(long, default_value_t = 0)]
+        resume_after_counter: u64,
+        /// Extra query for the resume request, e.g. `on_truncated=earliest`.
+        #[arg(long)]
+        resume_query: Option<String>,
+        /// Per-step timeout.
+        #[arg(long, default_value_t = 5.0)]
+        timeout_secs: f64,
+    },
+}
+
+#[derive(Debug, Args)]
+struct Common {
+    /// Publish URL template ({stream} is replaced by the stream name).
+    #[arg(
+        long,
+        default_value = "http://127.0.0.1:8080/v1/streams/{stream}/events"
+    )]
+    publish_url: String,
+    /// Subscribe URL template.
+    #[arg(long, default_value = "http://127.0.0.1:8080/v1/streams/{stream}")]
+    subscribe_url: String,
+    /// How to publish.
+    #[arg(long, value_enum, default_value_t = PublishStyle::Gateway)]
+    publish_style: PublishStyle,
+    /// How to read event IDs (gateway: the ID's sequence is checked too).
+    #[arg(long, value_enum, default_value_t = IdStyle::Gateway)]
+    id_style: IdStyle,
+    /// Server pids to read CPU and memory from (comma-separated or repeated).
+    #[arg(long, value_delimiter = ',')]
+    target_pid: Vec<u32>,
+    /// Also include the direct children of each --target-pid (nginx workers).
+    #[arg(long)]
+    target_children: bool,
+    /// Label for the report (e.g. "gateway", "nchan").
+    #[arg(long, default_value = "target")]
+    label: String,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Stream name prefix (default: unique per run, so streams start empty).
+    #[arg(long)]
+    stream_prefix: Option<String>,
+    /// Seed for random choices (cut points).
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Seconds for all subscribers to connect and get their 200 headers.
+    #[arg(long, default_value_t = 20.0)]
+    connect_secs_max: f64,
+    /// Subscriber connects in progress at once.
+    #[arg(long, default_value_t = 256)]
+    connects_inflight_max: usize,
+    /// Largest response header block accepted.
+    #[arg(long, default_value_t = 16384)]
+    header_bytes_max: usize,
+    /// Reconnects allowed per subscriber.
+    #[arg(long, default_value_t = 100_000)]
+    reconnects_max: u32,
+}
+
+#[derive(Debug, Args)]
+struct Load {
+    /// Streams.
+    #[arg(long, default_value_t = 1)]
+    streams: usize,
+    /// (Fast) subscribers per stream.
+    #[arg(long, default_value_t = 100)]
+    subscribers_per_stream: usize,
+    /// Events to publish per stream.
+    #[arg(long, default_value_t = 20_000)]
+    events_per_stream: u64,
+    /// Payload bytes per event (at least 34).
+    #[arg(long, default_value_t = 256)]
+    payload_bytes: usize,
+    /// Total publish rate; 0 = as fast as the pipelines allow.
+    #[arg(long, default_value_t = 0)]
+    rate_events_per_sec: u64,
+    /// Publisher connections (each stream is published on exactly one, in order).
+    #[arg(long, default_value_t = 1)]
+    publishers: usize,
+    /// Requests in flight per publisher connection (HTTP/1.1 pipelining).
+    #[arg(long, default_value_t = 32)]
+    pipeline_depth: usize,
+    /// Events per publish request (gateway batch form; 1 = one event per request).
+    #[arg(long, default_value_t = 1)]
+    batch_events: usize,
+    /// Stop publishing after this many seconds even if events remain.
+    #[arg(long, default_value_t = 15.0)]
+    publish_secs_max: f64,
+    /// After publishing, wait at most this long for subscribers to receive everything.
+    #[arg(long, default_value_t = 5.0)]
+    drain_secs_max: f64,
+}
+
+fn target_pids(c: &Common) -> Vec<u32> {
+    let mut pids = c.target_pid.clone();
+    if c.target_children {
+        for &p in &c.target_pid {
+            pids.extend(procstat::children_of(p));
+        }
+    }
+    pids.sort_unstable();
+    pids.dedup();
+    pids
+}
+
+fn unique_prefix() -> String {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!("b{:x}s", (t as u64) ^ u64::from(std::process::id()))
+}
+
+fn base_config(c: &Common) -> Result<LoadConfig, String> {
+    let publish = UrlTemplate::parse(&c.publish_url).map_err(|e| format!("--publish-url: {e}"))?;
+    let subscribe =
+        UrlTemplate::parse(&c.subscribe_url).map_err(|e| format!("--subscribe-url: {e}"))?;
+    Ok(LoadConfig {
+        publish,
+        subscribe,
+        publish_style: c.publish_style,
+        id_style: c.id_style,
+        stream_prefix: c.stream_prefix.clone().unwrap_or_else(unique_prefix),
+        streams: 1,
+        subscribers_per_stream: 1,
+        slow_subscribers_per_stream: 0,
+        slow_rate_divisor: 20,
+        events_per_stream: 0,
+        payload_bytes: 256,
+        rate_events_per_sec: 0,
+        publishers: 1,
+        pipeline_depth: 1,
+        batch_events: 1,
+        publish_secs_max: 15.0,
+        drain_secs_max: 5.0,
+        connect_secs_max: c.connect_secs_max,
+        idle_hold_secs: None,
+        cuts_per_sec: 0.0,
+        source_addrs: 1,
+        connects_inflight_max: c.connects_inflight_max,
+        header_bytes_max: c.header_bytes_max,
+        reconnects_max: c.reconnects_max,
+        target_pids: target_pids(c),
+        seed: c.seed,
+    })
+}
+
+fn with_load(mut cfg: LoadConfig, l: &Load) -> LoadConfig {
+    cfg.streams = l.streams;
+    cfg.subscribers_per_stream = l.subscribers_per_stream;
+    cfg.events_per_stream = l.events_per_stream;
+    cfg.payload_bytes = l.payload_bytes;
+    cfg.rate_events_per_sec = l.rate_events_per_sec;
+    cfg.publishers = l.publishers.min(l.streams.max(1));
+    cfg.pipeline_depth = l.pipeline_depth;
+    cfg.batch_events = l.batch_events;
+    cfg.publish_secs_max = l.publish_secs_max;
+    cfg.drain_secs_max = l.drain_secs_max;
+    cfg
+}
+
+enum Outcome {
+    Reports(Vec<Report>, Option<String>),
+    Probe(probe::ProbeReport),
+}
+
+fn run(cmd: &Cmd) -> Result<(Outcome, bool), String> {
+    let one = |scenario: &str, label: &str, cfg: &LoadConfig| -> Result<Report, String> {
+        let r = load::run(cfg).map_err(|e| e.to_string())?;
+        Ok(Report::new(scenario, label, &r))
+    };
+    match cmd {
+        Cmd::Fanout { common, load } => {
+            let cfg = with_load(base_config(common)?, load);
+            Ok((
+                Outcome::Reports(vec![one("fanout", &common.label, &cfg)?], None),
+                common.json,
+            ))
+        }
+        Cmd::ResumeStorm {
+            common,
+            load,
+            cuts_per_sec,
+        } => {
+            let mut cfg = with_load(base_config(common)?, load);
+            cfg.cuts_per_sec = *cuts_per_sec;
+            Ok((
+                Outcome::Reports(vec![one("resume-storm", &common.label, &cfg)?], None),
+                common.json,
+            ))
+        }
+        Cmd::Slow {
+            common,
+            load,
+            slow_subscribers_per_stream,
+            slow_rate_divisor,
+            no_baseline,
+        } => {
+            let base = with_load(base_config(common)?, load);
+            let mut reports = Vec::new();
+            if !no_baseline {
+                let mut b = base.clone();
+                b.stream_prefix.push('a');
+                reports.push(one("slow-baseline", &common.label, &b)?);
+            }
+            let mut s = base;
+            s.stream_prefix.push('b');
+            s.slow_subscribers_per_stream = *slow_subscribers_per_stream;
+            s.slow_rate_divisor = *slow_rate_divisor;
+            reports.push(one("slow", &common.label, &s)?);
+            let note = (reports.len() == 2 && reports[0].latency.p99_us > 0.0).then(|| {
+                format!(
+                    "fast subscribers' p99 with slow ones / without: {:.0} us / {:.0} us = {:.2}",
+                    reports[1].latency.p99_us,
+                    reports[0].latency.p99_us,
+                    reports[1].latency.p99_us / reports[0].latency.p99_us
+                )
+            });
+            Ok((Outcome::Reports(reports, note), common.json))
+        }
+        Cmd::Idle {
+            common,
+            connections,
+            streams,
+            hold_secs,
+            source_addrs,
+        } => {
+            let mut cfg = base_config(common)?;
+            let streams = (*streams).clamp(1, (*connections).max(1));
+            cfg.streams = streams;
+            cfg.subscribers_per_stream = connections.div_ceil(streams);
+            cfg.idle_hold_secs = Some(*hold_secs);
+            cfg.source_addrs = if *source_addrs == 0 {
+                u8::try_from(connections.div_ceil(20_000))
+                    .unwrap_or(u8::MAX)
+                    .max(1)
+            } else {
+                *source_addrs
+            };
+            let limit = load::raise_nofile((connections + 1024) as u64);
+            if (limit as usize) < connections + 64 {
+                eprintln!(
+                    "warning: RLIMIT_NOFILE is {limit}, below the {connections} connections asked for"
+                );
+            }
+            Ok((
+                Outcome::Reports(vec![one("idle", &common.label, &cfg)?], None),
+                common.json,
+            ))
+        }
+        Cmd::Mcp { .. } => Err(
+            "not yet implemented: the mcp scenario needs the gateway's MCP front (issue 4)".into(),
+        ),
+        Cmd::GapProbe {
+            common,
+            events,
+            payload_bytes,
+            resume_after_counter,
+            resume_query,
+            timeout_secs,
+        } => {
+            let base = base_config(common)?;
+            let cfg = ProbeConfig {
+                publish: base.publish,
+                subscribe: base.subscribe,
+                stream: format!("{}probe", base.stream_prefix),
+                events: *events,
+                payload_bytes: *payload_bytes,
+                resume_after_counter: *resume_after_counter,
+                timeout_secs: *timeout_secs,
+                resume_query: resume_query.clone(),
+            };
+            Ok((
+                Outcome::Probe(probe::run(&cfg, &common.label)?),
+                common.json,
+            ))
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if matches!(cli.cmd, Cmd::Mcp { .. }) {
+        eprintln!(
+            "bench mcp: not yet implemented: needs the gateway's MCP front (issue 4); nothing was measured"
+        );
+        return ExitCode::from(3);
+    }
+    let (outcome, json) = match run(&cli.cmd) {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("bench: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match outcome {
+        Outcome::Reports(reports, note) => {
+            let violations: u64 = reports.iter().map(|r| r.violations).sum();
+            if json {
+                let v = serde_json::json!({ "reports": reports, "note": note });
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&v).expect("reports serialise")
+                );
+            } else {
+                for r in &reports {
+                    print!("{}", r.table());
+                }
+                if let Some(n) = note {
+                    println!("{n}");
+                }
+            }
+            if violations > 0 {
+                eprintln!("bench: {violations} invariant violation(s)");
+                return ExitCode::from(1);
+            }
+            ExitCode::SUCCESS
+        }
+        Outcome::Probe(p) => {
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&p).expect("probe report serialises")
+                );
+            } else {
+                println!("== gap-probe [{}]", p.label);
+                println!(
+                    "  published {} events; resumed with the ID of event {} ({})",
+                    p.published, p.resume_after_counter, p.resume_id
+                );
+                let verdict = match &p.outcome {
+                    probe::ProbeOutcome::Gone { body } => format!("EXPLICIT: HTTP 410 {body}"),
+                    probe::ProbeOutcome::TruncatedEvent { data, next_counter } => {
+                        format!("EXPLICIT: event: truncated {data} then event {next_counter:?}")
+                    }
+                    probe::ProbeOutcome::Contiguous => {
+                        "contiguous: the next event followed (history still retained)".into()
+                    }
+                    probe::ProbeOutcome::SilentGap {
+                        expected_counter,
+                        first_counter,
+                        missing,
+                    } => {
+                        format!(
+                            "SILENT GAP: expected event {expected_counter}, got {first_counter} with no notice ({missing} events skipped)"
+                        )
+                    }
+                    probe::ProbeOutcome::Other(s) => format!("other: {s}"),
+                };
+                println!("  outcome: {verdict}");
+            }
+            if p.outcome.is_ok() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }
+    }
+}

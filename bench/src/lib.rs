@@ -1,0 +1,24 @@
+//! The `bench` library: load generation and invariant checking for SSE pub/sub servers (the
+//! gateway, and nginx + nchan for comparison), used by the `bench` binary and its tests.
+//!
+//! # Layout
+//! - Pure cores (no sockets, no clock): [`sse`] (streaming SSE parser), [`chunked`] (chunked
+//!   transfer decoding), [`payload`] (counter + timestamp payloads), [`checker`] (per-subscriber
+//!   gap/duplicate/reorder checker), [`target`] (URL templates, ID styles), [`procstat`]
+//!   parsing, [`report`] (table and JSON).
+//! - Thin drivers: [`load`] (one mio/epoll loop for publishers and subscribers) and [`probe`]
+//!   (a blocking too-old-ID probe).
+//!
+//! Invariant: bench talks to the server only over the wire (and reads its `/proc` figures);
+//! it links nothing of the gateway. There is no `unsafe` code in this crate.
+#![forbid(unsafe_code)]
+
+pub mod checker;
+pub mod chunked;
+pub mod load;
+pub mod payload;
+pub mod probe;
+pub mod procstat;
+pub mod report;
+pub mod sse;
+pub mod target;

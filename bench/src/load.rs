@@ -1,0 +1,1431 @@
+//! The load driver: one thread, one mio (epoll) loop, publisher connections with keep-alive and
+//! pipelining, subscriber connections parsed by the pure SSE/chunked/checker code.
+//!
+//! It owns sockets and the clock; it decides nothing about correctness (that is `checker`).
+//! Hot-path rule: no allocation per event — requests are appended to a reused buffer, reads go
+//! to one shared scratch buffer, and per-connection parser state is fixed-size. Allocation
+//! happens only per connection (request bytes, header buffer) and on error paths.
+
+use std::collections::VecDeque;
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use mio::net::TcpStream;
+use mio::{Events, Interest, Poll, Token};
+
+use crate::checker::{CheckCounts, Checker};
+use crate::chunked::Dechunker;
+use crate::payload::{PAYLOAD_HEADER_BYTES, parse_payload, write_payload};
+use crate::procstat::{self, ProcSample};
+use crate::sse::{Event, SseParser};
+use crate::target::{IdStyle, PublishStyle, UrlTemplate, gateway_seq};
+
+/// Bytes of SSE framing per event beyond the payload, used to size slow readers' byte rate.
+const WIRE_OVERHEAD_BYTES: usize = 64;
+/// Size of the shared read buffer.
+const SCRATCH_BYTES: usize = 256 * 1024;
+/// Size of a publisher's response buffer.
+const PUB_RBUF_BYTES: usize = 64 * 1024;
+
+/// Everything a run needs; built by the CLI from flags (each limit has a flag and a default).
+#[derive(Debug, Clone)]
+pub struct LoadConfig {
+    pub publish: UrlTemplate,
+    pub subscribe: UrlTemplate,
+    pub publish_style: PublishStyle,
+    pub id_style: IdStyle,
+    /// Stream names are `<prefix><index>`; the prefix is unique per run so streams start empty.
+    pub stream_prefix: String,
+    pub streams: usize,
+    pub subscribers_per_stream: usize,
+    /// Extra subscribers per stream that read at 1/`slow_rate_divisor` of the production rate.
+    pub slow_subscribers_per_stream: usize,
+    pub slow_rate_divisor: u32,
+    pub events_per_stream: u64,
+    pub payload_bytes: usize,
+    /// 0 = as fast as the pipelines allow.
+    pub rate_events_per_sec: u64,
+    pub publishers: usize,
+    pub pipeline_depth: usize,
+    pub batch_events: usize,
+    pub publish_secs_max: f64,
+    pub drain_secs_max: f64,
+    pub connect_secs_max: f64,
+    /// Idle mode: no publishing; hold connections this long after all are up.
+    pub idle_hold_secs: Option<f64>,
+    /// Resume storm: connections cut per second (0 = none).
+    pub cuts_per_sec: f64,
+    /// Spread subscriber source addresses over 127.0.0.1 ..= 127.0.0.<n> (1 = no bind).
+    pub source_addrs: u8,
+    pub connects_inflight_max: usize,
+    pub header_bytes_max: usize,
+    pub reconnects_max: u32,
+    pub target_pids: Vec<u32>,
+    pub seed: u64,
+}
+
+/// Server figures over the measured window.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct ServerFigures {
+    pub cpu_secs: f64,
+    pub rss_start_kib: u64,
+    pub rss_end_kib: u64,
+    pub rss_peak_sampled_kib: u64,
+    pub hwm_kib: u64,
+}
+
+/// What a run observed.
+#[derive(Debug)]
+pub struct LoadResult {
+    pub fast: CheckCounts,
+    pub slow: CheckCounts,
+    pub subscribers: usize,
+    pub subscribers_up: usize,
+    pub subscriber_failures: u64,
+    pub published: u64,
+    pub publish_errors: u64,
+    pub publish_secs: f64,
+    pub window_secs: f64,
+    pub slow_backlog_events: u64,
+    pub latency_fast_ns: Histogram<u64>,
+    pub latency_slow_ns: Histogram<u64>,
+    pub resume_ns: Histogram<u64>,
+    pub cuts: u64,
+    pub server_closes: u64,
+    pub reconnects: u64,
+    pub http_410: u64,
+    pub server: Option<ServerFigures>,
+    /// Idle mode: server RSS before any subscriber connected and once all were up.
+    pub idle_rss_before_kib: Option<u64>,
+    pub idle_rss_after_kib: Option<u64>,
+    pub errors: Vec<String>,
+}
+
+/// Why a run could not be carried out (as opposed to what it observed).
+#[derive(Debug)]
+pub enum LoadError {
+    /// The configuration is inconsistent.
+    Config(String),
+    /// The event loop failed.
+    Io(std::io::Error),
+    /// A target process could not be read.
+    Proc(procstat::ProcError),
+    /// Subscribers could not all be connected in time.
+    ConnectTimeout {
+        up: usize,
+        wanted: usize,
+        first_error: String,
+    },
+    /// A publisher failed (connection refused, reset).
+    Publisher(String),
+}
+
+impl std::fmt::Display for LoadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LoadError::Config(s) => write!(f, "bad configuration: {s}"),
+            LoadError::Io(e) => write!(f, "event loop: {e}"),
+            LoadError::Proc(e) => write!(f, "{e}"),
+            LoadError::ConnectTimeout {
+                up,
+                wanted,
+                first_error,
+            } => {
+                write!(
+                    f,
+                    "only {up} of {wanted} subscribers connected in time; first error: {first_error}"
+                )
+            }
+            LoadError::Publisher(s) => write!(f, "publisher: {s}"),
+        }
+    }
+}
+
+impl From<std::io::Error> for LoadError {
+    fn from(e: std::io::Error) -> Self {
+        LoadError::Io(e)
+    }
+}
+
+/// Open a non-blocking TCP connection, optionally bound to `src` first. The bind picks the
+/// ephemeral port (rustix has no IP_BIND_ADDRESS_NO_PORT), so each source address gives about
+/// one ephemeral port range (~28k) of connections: spread many connections over addresses.
+pub fn connect_from(src: Option<Ipv4Addr>, dst: SocketAddr) -> std::io::Result<TcpStream> {
+    use rustix::net::{AddressFamily, SocketFlags, SocketType, sockopt};
+    let fd = rustix::net::socket_with(
+        AddressFamily::INET,
+        SocketType::STREAM,
+        SocketFlags::NONBLOCK | SocketFlags::CLOEXEC,
+        None,
+    )?;
+    sockopt::set_tcp_nodelay(&fd, true)?;
+    if let Some(ip) = src {
+        rustix::net::bind(&fd, &SocketAddrV4::new(ip, 0))?;
+    }
+    match rustix::net::connect(&fd, &dst) {
+        Ok(()) | Err(rustix::io::Errno::INPROGRESS) => {}
+        Err(e) => return Err(e.into()),
+    }
+    Ok(TcpStream::from_std(std::net::TcpStream::from(fd)))
+}
+
+/// Raise `RLIMIT_NOFILE` to at least `wanted` (soft and hard; raising the hard limit needs
+/// CAP_SYS_RESOURCE). Returns the soft limit in effect afterwards.
+pub fn raise_nofile(wanted: u64) -> u64 {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let cur = getrlimit(Resource::Nofile);
+    let have = cur.current.unwrap_or(u64::MAX);
+    if have >= wanted {
+        return have;
+    }
+    let hard = cur.maximum.unwrap_or(u64::MAX);
+    let want_hard = hard.max(wanted);
+    if setrlimit(
+        Resource::Nofile,
+        Rlimit {
+            current: Some(wanted),
+            maximum: Some(want_hard),
+        },
+    )
+    .is_ok()
+    {
+        return wanted;
+    }
+    let _ = setrlimit(
+        Resource::Nofile,
+        Rlimit {
+            current: Some(hard),
+            maximum: Some(hard),
+        },
+    );
+    getrlimit(Resource::Nofile).current.unwrap_or(u64::MAX)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SubPhase {
+    Down,
+    Connecting,
+    Requesting,
+    Headers,
+    Streaming,
+    /// Finished for good: explicit 410, failure, or reconnect budget exhausted.
+    Over,
+}
+
+#[derive(Debug)]
+struct Sub {
+    stream: u32,
+    slow: bool,
+    sock: Option<TcpStream>,
+    phase: SubPhase,
+    phase_since: Instant,
+    req: Vec<u8>,
+    req_off: usize,
+    hdr: Vec<u8>,
+    chunked: Option<Dechunker>,
+    sse: SseParser,
+    checker: Checker,
+    /// Resume storm: close after this many more body bytes.
+    cut_after_bytes: Option<usize>,
+    /// Set when reconnecting after a cut with events known to be pending: resume latency is
+    /// measured from here to the first event.
+    resume_started: Option<Instant>,
+    slow_budget_bytes: f64,
+    reconnects: u32,
+    failed: bool,
+    up_once: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RespState {
+    Head,
+    Body(usize),
+    Chunked,
+}
+
+#[derive(Debug)]
+struct Pub {
+    sock: TcpStream,
+    connected: bool,
+    streams: Vec<u32>,
+    rr: usize,
+    wbuf: Vec<u8>,
+    woff: usize,
+    inflight: usize,
+    rbuf: Vec<u8>,
+    rlen: usize,
+    resp: RespState,
+    dechunk: Dechunker,
+    status: u16,
+}
+
+/// Counters and histograms shared by all connections of a run.
+#[derive(Debug)]
+struct Ctx {
+    origin: Instant,
+    id_style: IdStyle,
+    latency_fast: Histogram<u64>,
+    latency_slow: Histogram<u64>,
+    resume: Histogram<u64>,
+    server_closes: u64,
+    reconnects: u64,
+    http_410: u64,
+    subscriber_failures: u64,
+    publish_errors: u64,
+    published: u64,
+    responses: u64,
+    errors: Vec<String>,
+    /// Subscribers to reconnect (resume) before any first-time connect.
+    reconnect_queue: VecDeque<usize>,
+    rng: Rng,
+}
+
+impl Ctx {
+    fn error(&mut self, msg: String) {
+        if self.errors.len() < 16 {
+            self.errors.push(msg);
+        }
+    }
+}
+
+fn new_hist() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 120_000_000_000, 3).expect("static histogram bounds are valid")
+}
+
+/// xorshift64*: a small deterministic generator (seeded from the CLI) for cut points.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Self(seed | 1)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        if n == 0 { 0 } else { self.next_u64() % n }
+    }
+}
+
+/// The stream name for index `i`.
+pub fn stream_name(prefix: &str, i: usize) -> String {
+    format!("{prefix}{i}")
+}
+
+fn build_sub_request(cfg: &LoadConfig, stream: &str, last_id: &[u8], out: &mut Vec<u8>) {
+    out.clear();
+    out.extend_from_slice(b"GET ");
+    cfg.subscribe.render_path(stream, out);
+    out.extend_from_slice(b" HTTP/1.1\r\nHost: ");
+    out.extend_from_slice(cfg.subscribe.host_header.as_bytes());
+    out.extend_from_slice(b"\r\nAccept: text/event-stream\r\nCache-Control: no-cache\r\n");
+    if !last_id.is_empty() {
+        out.extend_from_slice(b"Last-Event-ID: ");
+        out.extend_from_slice(last_id);
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Run one load phase.
+pub fn run(cfg: &LoadConfig) -> Result<LoadResult, LoadError> {
+    if cfg.payload_bytes < PAYLOAD_HEADER_BYTES {
+        return Err(LoadError::Config(format!(
+            "--payload-bytes must be at least {PAYLOAD_HEADER_BYTES}"
+        )));
+    }
+    if cfg.batch_events > 1 && cfg.publish_style == PublishStyle::Nchan {
+        return Err(LoadError::Config(
+            "nchan has no batch publish form: use --batch-events 1".into(),
+        ));
+    }
+    if cfg.batch_events > 1 {
+        return Err(LoadError::Config(
+            "--batch-events > 1 needs the gateway's batch form, not wired yet".into(),
+        ));
+    }
+    if cfg.slow_subscribers_per_stream > 0 && cfg.rate_events_per_sec == 0 {
+        return Err(LoadError::Config(
+            "slow subscribers read at a fraction of the publish rate: set --rate-events-per-sec"
+                .into(),
+        ));
+    }
+    if cfg.idle_hold_secs.is_none() && (cfg.publishers == 0 || cfg.pipeline_depth == 0) {
+        return Err(LoadError::Config(
+            "--publishers and --pipeline-depth must be at least 1".into(),
+        ));
+    }
+    let origin = Instant::now();
+    let subs_per_stream = cfg.subscribers_per_stream + cfg.slow_subscribers_per_stream;
+    let nsubs = cfg.streams * subs_per_stream;
+    raise_nofile((nsubs + cfg.publishers + 256) as u64);
+    let mut poll = Poll::new()?;
+    let mut events = Events::with_capacity(4096);
+    let mut scratch = vec![0u8; SCRATCH_BYTES];
+    let names: Vec<String> = (0..cfg.streams)
+        .map(|i| stream_name(&cfg.stream_prefix, i))
+        .collect();
+    let mut ctx = Ctx {
+        origin,
+        id_style: cfg.id_style,
+        latency_fast: new_hist(),
+        latency_slow: new_hist(),
+        resume: new_hist(),
+        server_closes: 0,
+        reconnects: 0,
+        http_410: 0,
+        subscriber_failures: 0,
+        publish_errors: 0,
+        published: 0,
+        responses: 0,
+        errors: Vec::new(),
+        reconnect_queue: VecDeque::new(),
+        rng: Rng::new(cfg.seed),
+    };
+    let mut subs: Vec<Sub> = (0..nsubs)
+        .map(|i| Sub {
+            stream: (i / subs_per_stream) as u32,
+            slow: i % subs_per_stream >= cfg.subscribers_per_stream,
+            sock: None,
+            phase: SubPhase::Down,
+            phase_since: origin,
+            req: Vec::new(),
+            req_off: 0,
+            hdr: Vec::new(),
+            chunked: None,
+            sse: SseParser::new(),
+            checker: Checker::new(0),
+            cut_after_bytes: None,
+            resume_started: None,
+            slow_budget_bytes: 0.0,
+            reconnects: 0,
+            failed: false,
+            up_once: false,
+        })
+        .collect();
+    let mut connect_queue: VecDeque<usize> = (0..nsubs).collect();
+    let mut connecting = 0usize;
+    let sample = |pids: &[u32]| -> Result<Option<ProcSample>, LoadError> {
+        if pids.is_empty() {
+            Ok(None)
+        } else {
+            procstat::sample(pids).map(Some).map_err(LoadError::Proc)
+        }
+    };
+    let before_connect = sample(&cfg.target_pids)?;
+
+    // Phase 1: connect every subscriber and wait for its 200 headers.
+    let connect_deadline = origin + Duration::from_secs_f64(cfg.connect_secs_max);
+    loop {
+        start_connects(
+            cfg,
+            &names,
+            &mut subs,
+            &mut connect_queue,
+            &mut connecting,
+            &poll,
+            &mut ctx,
+            Instant::now(),
+        );
+        let up = subs
+            .iter()
+            .filter(|s| s.phase == SubPhase::Streaming)
+            .count();
+        if up == nsubs {
+            break;
+        }
+        let failed = subs.iter().filter(|s| s.phase == SubPhase::Over).count();
+        let now = Instant::now();
+        if now > connect_deadline
+            || (failed > 0 && cfg.idle_hold_secs.is_none())
+            || (up + failed == nsubs)
+        {
+            if cfg.idle_hold_secs.is_some() {
+                break; // idle reports what it reached
+            }
+            let first_error = ctx
+                .errors
+                .first()
+                .cloned()
+                .unwrap_or_else(|| "timeout".into());
+            return Err(LoadError::ConnectTimeout {
+                up,
+                wanted: nsubs,
+                first_error,
+            });
+        }
+        poll.poll(&mut events, Some(Duration::from_millis(5)))?;
+        let now = Instant::now();
+        for ev in events.iter() {
+            let i = ev.token().0;
+            if i < subs.len() {
+                handle_sub_event(
+                    cfg,
+                    &mut subs[i],
+                    ev,
+                    &poll,
+                    Token(i),
+                    &mut ctx,
+                    &mut scratch,
+                    &mut connecting,
+                    now,
+                    Phase::Connect,
+                );
+            }
+        }
+        check_connect_timeouts(cfg, &mut subs, &mut connecting, &mut ctx, &poll, now);
+    }
+    let subscribers_up = subs
+        .iter()
+        .filter(|s| s.phase == SubPhase::Streaming)
+        .count();
+
+    if let Some(hold) = cfg.idle_hold_secs {
+        let after_connect = sample(&cfg.target_pids)?;
+        let hold_until = Instant::now() + Duration::from_secs_f64(hold);
+        let mut peak = after_connect.map(|s| s.rss_kib).unwrap_or(0);
+        let mut last_sample = Instant::now();
+        while Instant::now() < hold_until {
+            poll.poll(&mut events, Some(Duration::from_millis(50)))?;
+            let now = Instant::now();
+            for ev in events.iter() {
+                let i = ev.token().0;
+                if i < subs.len() {
+                    handle_sub_event(
+                        cfg,
+                        &mut subs[i],
+                        ev,
+                        &poll,
+                        Token(i),
+                        &mut ctx,
+                        &mut scratch,
+                        &mut connecting,
+                        now,
+                        Phase::Idle,
+                    );
+                }
+            }
+            if now.duration_since(last_sample) > Duration::from_millis(250) {
+                last_sample = now;
+                if let Some(s) = sample(&cfg.target_pids)? {
+                    peak = peak.max(s.rss_kib);
+                }
+            }
+        }
+        let end = sample(&cfg.target_pids)?;
+        let still_up = subs
+            .iter()
+            .filter(|s| s.phase == SubPhase::Streaming)
+            .count();
+        let mut fast = CheckCounts::default();
+        for s in &subs {
+            fast.add(s.checker.counts());
+        }
+        let server = match (before_connect, end) {
+            (Some(b), Some(e)) => Some(ServerFigures {
+                cpu_secs: (e.cpu_ticks - b.cpu_ticks) as f64 / procstat::ticks_per_second() as f64,
+                rss_start_kib: b.rss_kib,
+                rss_end_kib: e.rss_kib,
+                rss_peak_sampled_kib: peak,
+                hwm_kib: e.hwm_kib,
+            }),
+            _ => None,
+        };
+        if still_up < subscribers_up {
+            ctx.error(format!(
+                "{} idle subscribers were closed during the hold",
+                subscribers_up - still_up
+            ));
+        }
+        return Ok(LoadResult {
+            fast,
+            slow: CheckCounts::default(),
+            subscribers: nsubs,
+            subscribers_up: still_up,
+            subscriber_failures: ctx.subscriber_failures,
+            published: 0,
+            publish_errors: 0,
+            publish_secs: 0.0,
+            window_secs: hold,
+            slow_backlog_events: 0,
+            latency_fast_ns: ctx.latency_fast,
+            latency_slow_ns: ctx.latency_slow,
+            resume_ns: ctx.resume,
+            cuts: 0,
+            server_closes: ctx.server_closes,
+            reconnects: ctx.reconnects,
+            http_410: ctx.http_410,
+            server,
+            idle_rss_before_kib: before_connect.map(|s| s.rss_kib),
+            idle_rss_after_kib: after_connect.map(|s| s.rss_kib),
+            errors: ctx.errors,
+        });
+    }
+
+    // Phase 2: publishers.
+    let mut pubs = Vec::with_capacity(cfg.publishers);
+    for p in 0..cfg.publishers {
+        let mut sock = connect_from(None, cfg.publish.addr)
+            .map_err(|e| LoadError::Publisher(format!("connect {}: {e}", cfg.publish.addr)))?;
+        poll.registry().register(
+            &mut sock,
+            Token(nsubs + p),
+            Interest::READABLE | Interest::WRITABLE,
+        )?;
+        let streams: Vec<u32> = (0..cfg.streams as u32)
+            .filter(|s| *s as usize % cfg.publishers == p)
+            .collect();
+        pubs.push(Pub {
+            sock,
+            connected: false,
+            streams,
+            rr: 0,
+            wbuf: Vec::with_capacity(cfg.pipeline_depth * (cfg.payload_bytes + 256)),
+            woff: 0,
+            inflight: 0,
+            rbuf: vec![0; PUB_RBUF_BYTES],
+            rlen: 0,
+            resp: RespState::Head,
+            dechunk: Dechunker::new(),
+            status: 0,
+        });
+    }
+    // Per-stream request heads, built once: "POST <path> HTTP/1.1\r\nHost: ..\r\nContent-Length: ".
+    let heads: Vec<Vec<u8>> = names
+        .iter()
+        .map(|n| {
+            let mut h = b"POST ".to_vec();
+            cfg.publish.render_path(n, &mut h);
+            h.extend_from_slice(b" HTTP/1.1\r\nHost: ");
+            h.extend_from_slice(cfg.publish.host_header.as_bytes());
+            h.extend_from_slice(b"\r\nContent-Type: application/octet-stream\r\nContent-Length: ");
+            h
+        })
+        .collect();
+    let mut counters = vec![0u64; cfg.streams];
+    let start_sample = sample(&cfg.target_pids)?;
+    let mut peak_rss = start_sample.map(|s| s.rss_kib).unwrap_or(0);
+    let window_start = Instant::now();
+    let publish_deadline = window_start + Duration::from_secs_f64(cfg.publish_secs_max);
+    let total_events = cfg.events_per_stream * cfg.streams as u64;
+    let mut publish_end: Option<Instant> = None;
+    let mut drain_deadline: Option<Instant> = None;
+    let mut cuts = 0u64;
+    let mut last_slow_tick = window_start;
+    let mut last_sample = window_start;
+    let mut last_done_check = window_start;
+    let slow_bytes_per_sec = if cfg.slow_subscribers_per_stream > 0 {
+        cfg.rate_events_per_sec as f64 / cfg.streams as f64
+            * (cfg.payload_bytes + WIRE_OVERHEAD_BYTES) as f64
+            / f64::from(cfg.slow_rate_divisor.max(1))
+    } else {
+        0.0
+    };
+    let window_end;
+    loop {
+        let now = Instant::now();
+        let publishing = publish_end.is_none();
+        // Publish: fill pipelines up to depth within the rate budget.
+        if publishing {
+            let stop = now >= publish_deadline || ctx.published >= total_events;
+            if stop {
+                if pubs.iter().all(|p| p.inflight == 0) {
+                    publish_end = Some(now);
+                    drain_deadline = Some(now + Duration::from_secs_f64(cfg.drain_secs_max));
+                }
+            } else {
+                let allowed = if cfg.rate_events_per_sec == 0 {
+                    u64::MAX
+                } else {
+                    (now.duration_since(window_start).as_secs_f64()
+                        * cfg.rate_events_per_sec as f64) as u64
+                        + 1
+                };
+                for (pi, p) in pubs.iter_mut().enumerate() {
+                    if !p.connected {
+                        continue;
+                    }
+                    fill_publisher(cfg, p, &heads, &mut counters, &mut ctx, allowed, now);
+                    flush_publisher(p)
+                        .map_err(|e| LoadError::Publisher(format!("publisher {pi} write: {e}")))?;
+                }
+            }
+        }
+        // Resume storm: schedule cuts.
+        if cfg.cuts_per_sec > 0.0 && publishing {
+            let due = (now.duration_since(window_start).as_secs_f64() * cfg.cuts_per_sec) as u64;
+            let mut tries = 0;
+            while cuts < due && tries < 64 {
+                tries += 1;
+                let i = ctx.rng.below(nsubs as u64) as usize;
+                let s = &mut subs[i];
+                if s.phase == SubPhase::Streaming
+                    && s.cut_after_bytes.is_none()
+                    && s.checker.counts().events > 0
+                    && !s.slow
+                {
+                    s.cut_after_bytes = Some(usize::MAX); // decided at the next read (random point)
+                    cuts += 1;
+                }
+            }
+        }
+        // Slow readers: read their budget on a timer.
+        if slow_bytes_per_sec > 0.0
+            && now.duration_since(last_slow_tick) >= Duration::from_millis(10)
+        {
+            let dt = now.duration_since(last_slow_tick).as_secs_f64();
+            last_slow_tick = now;
+            for (i, s) in subs.iter_mut().enumerate() {
+                if s.slow && s.phase == SubPhase::Streaming {
+                    s.slow_budget_bytes =
+                        (s.slow_budget_bytes + slow_bytes_per_sec * dt).min(SCRATCH_BYTES as f64);
+                    sub_read(
+                        cfg,
+                        s,
+                        &poll,
+                        Token(i),
+                        &mut ctx,
+                        &mut scratch,
+                        &mut connecting,
+                        now,
+                    );
+                }
+            }
+        }
+        start_connects(
+            cfg,
+            &names,
+            &mut subs,
+            &mut connect_queue,
+            &mut connecting,
+            &poll,
+            &mut ctx,
+            now,
+        );
+        if now.duration_since(last_sample) >= Duration::from_millis(200) {
+            last_sample = now;
+            check_connect_timeouts(cfg, &mut subs, &mut connecting, &mut ctx, &poll, now);
+            if let Some(s) = sample(&cfg.target_pids)? {
+                peak_rss = peak_rss.max(s.rss_kib);
+            }
+        }
+        // Drain: every fast subscriber has everything that was published (or is over).
+        if let Some(dd) = drain_deadline
+            && now.duration_since(last_done_check) >= Duration::from_millis(5)
+        {
+            last_done_check = now;
+            let done = subs.iter().all(|s| {
+                s.slow
+                    || s.phase == SubPhase::Over
+                    || s.checker.expected() >= counters[s.stream as usize]
+            });
+            if done || now >= dd {
+                window_end = now;
+                break;
+            }
+        }
+        let timeout = if publishing && cfg.rate_events_per_sec > 0 {
+            Duration::from_micros(200)
+        } else {
+            Duration::from_millis(2)
+        };
+        poll.poll(&mut events, Some(timeout))?;
+        let now = Instant::now();
+        for ev in events.iter() {
+            let i = ev.token().0;
+            if i < nsubs {
+                handle_sub_event(
+                    cfg,
+                    &mut subs[i],
+                    ev,
+                    &poll,
+                    Token(i),
+                    &mut ctx,
+                    &mut scratch,
+                    &mut connecting,
+                    now,
+                    Phase::Load,
+                );
+            } else {
+                let p = &mut pubs[i - nsubs];
+                if ev.is_writable() && !p.connected {
+                    if let Some(e) = p.sock.take_error()? {
+                        return Err(LoadError::Publisher(format!(
+                            "connect {}: {e}",
+                            cfg.publish.addr
+                        )));
+                    }
+                    if p.sock.peer_addr().is_ok() {
+                        p.connected = true;
+                    }
+                }
+                if p.connected && ev.is_writable() {
+                    flush_publisher(p).map_err(|e| LoadError::Publisher(format!("write: {e}")))?;
+                }
+                if ev.is_readable() || ev.is_read_closed() {
+                    read_publisher(p, &mut ctx).map_err(LoadError::Publisher)?;
+                    if publish_end.is_none() && p.connected {
+                        let allowed = if cfg.rate_events_per_sec == 0 {
+                            u64::MAX
+                        } else {
+                            (now.duration_since(window_start).as_secs_f64()
+                                * cfg.rate_events_per_sec as f64) as u64
+                                + 1
+                        };
+                        if now < publish_deadline {
+                            fill_publisher(cfg, p, &heads, &mut counters, &mut ctx, allowed, now);
+                            flush_publisher(p)
+                                .map_err(|e| LoadError::Publisher(format!("write: {e}")))?;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let end_sample = sample(&cfg.target_pids)?;
+    let mut fast = CheckCounts::default();
+    let mut slow = CheckCounts::default();
+    let mut slow_backlog = 0;
+    for s in subs.iter_mut() {
+        let published = counters[s.stream as usize];
+        let explicit = s.checker.counts().explicit_truncations > 0;
+        s.checker.handle_end(published, s.slow || explicit);
+        if s.slow {
+            slow_backlog += published.saturating_sub(s.checker.expected());
+            slow.add(s.checker.counts());
+        } else {
+            fast.add(s.checker.counts());
+        }
+    }
+    let server = match (start_sample, end_sample) {
+        (Some(b), Some(e)) => Some(ServerFigures {
+            cpu_secs: (e.cpu_ticks - b.cpu_ticks) as f64 / procstat::ticks_per_second() as f64,
+            rss_start_kib: b.rss_kib,
+            rss_end_kib: e.rss_kib,
+            rss_peak_sampled_kib: peak_rss.max(e.rss_kib),
+            hwm_kib: e.hwm_kib,
+        }),
+        _ => None,
+    };
+    Ok(LoadResult {
+        fast,
+        slow,
+        subscribers: nsubs,
+        subscribers_up,
+        subscriber_failures: ctx.subscriber_failures,
+        published: ctx.published,
+        publish_errors: ctx.publish_errors,
+        publish_secs: publish_end
+            .unwrap_or(window_end)
+            .duration_since(window_start)
+            .as_secs_f64(),
+        window_secs: window_end.duration_since(window_start).as_secs_f64(),
+        slow_backlog_events: slow_backlog,
+        latency_fast_ns: ctx.latency_fast,
+        latency_slow_ns: ctx.latency_slow,
+        resume_ns: ctx.resume,
+        cuts,
+        server_closes: ctx.server_closes,
+        reconnects: ctx.reconnects,
+        http_410: ctx.http_410,
+        server,
+        idle_rss_before_kib: None,
+        idle_rss_after_kib: None,
+        errors: ctx.errors,
+    })
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Connect,
+    Load,
+    Idle,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn start_connects(
+    cfg: &LoadConfig,
+    names: &[String],
+    subs: &mut [Sub],
+    queue: &mut VecDeque<usize>,
+    connecting: &mut usize,
+    poll: &Poll,
+    ctx: &mut Ctx,
+    now: Instant,
+) {
+    while *connecting < cfg.connects_inflight_max {
+        let Some(i) = ctx
+            .reconnect_queue
+            .pop_front()
+            .or_else(|| queue.pop_front())
+        else {
+            break;
+        };
+        let s = &mut subs[i];
+        let src = (cfg.source_addrs > 1)
+            .then(|| Ipv4Addr::new(127, 0, 0, 1 + (i % cfg.source_addrs as usize) as u8));
+        match connect_from(src, cfg.subscribe.addr) {
+            Ok(mut sock) => {
+                if let Err(e) = poll.registry().register(
+                    &mut sock,
+                    Token(i),
+                    Interest::READABLE | Interest::WRITABLE,
+                ) {
+                    fail_sub(s, ctx, format!("register: {e}"));
+                    continue;
+                }
+                build_sub_request(cfg, &names[s.stream as usize], s.sse.last_id(), &mut s.req);
+                s.req_off = 0;
+                s.sock = Some(sock);
+                s.phase = SubPhase::Connecting;
+                s.phase_since = now;
+                *connecting += 1;
+            }
+            Err(e) => fail_sub(
+                s,
+                ctx,
+                format!("connect {} from {src:?}: {e}", cfg.subscribe.addr),
+            ),
+        }
+    }
+}
+
+fn fail_sub(s: &mut Sub, ctx: &mut Ctx, msg: String) {
+    s.phase = SubPhase::Over;
+    s.failed = true;
+    s.sock = None;
+    ctx.subscriber_failures += 1;
+    ctx.error(msg);
+}
+
+fn check_connect_timeouts(
+    cfg: &LoadConfig,
+    subs: &mut [Sub],
+    connecting: &mut usize,
+    ctx: &mut Ctx,
+    poll: &Poll,
+    now: Instant,
+) {
+    let limit = Duration::from_secs_f64(cfg.connect_secs_max);
+    for s in subs.iter_mut() {
+        if matches!(
+            s.phase,
+            SubPhase::Connecting | SubPhase::Requesting | SubPhase::Headers
+        ) && now.duration_since(s.phase_since) > limit
+        {
+            if let Some(mut sock) = s.sock.take() {
+                let _ = poll.registry().deregister(&mut sock);
+            }
+            *connecting -= 1;
+            fail_sub(
+                s,
+                ctx,
+                format!(
+                    "subscriber of stream {} not streaming after {:.1} s",
+                    s.stream,
+                    limit.as_secs_f64()
+                ),
+            );
+        }
+    }
+}
+
+/// Close a subscriber's socket; reconnect (resume from its last ID) unless the budget is spent.
+fn close_sub(
+    cfg: &LoadConfig,
+    s: &mut Sub,
+    poll: &Poll,
+    connecting: &mut usize,
+    ctx: &mut Ctx,
+    reconnect: bool,
+) {
+    if let Some(mut sock) = s.sock.take() {
+        let _ = poll.registry().deregister(&mut sock);
+    }
+    if matches!(
+        s.phase,
+        SubPhase::Connecting | SubPhase::Requesting | SubPhase::Headers
+    ) {
+        *connecting -= 1;
+    }
+    s.phase = SubPhase::Down;
+    if !reconnect {
+        s.phase = SubPhase::Over;
+        return;
+    }
+    if s.reconnects >= cfg.reconnects_max {
+        fail_sub(
+            s,
+            ctx,
+            format!(
+                "subscriber of stream {} exceeded --reconnects-max",
+                s.stream
+            ),
+        );
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn handle_sub_event(
+    cfg: &LoadConfig,
+    s: &mut Sub,
+    ev: &mio::event::Event,
+    poll: &Poll,
+    token: Token,
+    ctx: &mut Ctx,
+    scratch: &mut [u8],
+    connecting: &mut usize,
+    now: Instant,
+    phase: Phase,
+) {
+    if s.phase == SubPhase::Connecting && (ev.is_writable() || ev.is_error()) {
+        let Some(sock) = s.sock.as_mut() else { return };
+        match sock.take_error() {
+            Ok(Some(e)) | Err(e) => {
+                *connecting -= 1;
+                let _ = poll.registry().deregister(sock);
+                fail_sub(s, ctx, format!("connect {}: {e}", cfg.subscribe.addr));
+                return;
+            }
+            Ok(None) => {}
+        }
+        if sock.peer_addr().is_err() {
+            return; // spurious wake-up; still connecting
+        }
+        s.phase = SubPhase::Requesting;
+    }
+    if s.phase == SubPhase::Requesting {
+        let Some(sock) = s.sock.as_mut() else { return };
+        while s.req_off < s.req.len() {
+            match sock.write(&s.req[s.req_off..]) {
+                Ok(n) => s.req_off += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+                Err(e) => {
+                    ctx.error(format!("subscribe request write: {e}"));
+                    close_sub(cfg, s, poll, connecting, ctx, phase == Phase::Load);
+                    return;
+                }
+            }
+        }
+        s.phase = SubPhase::Headers;
+        s.hdr.clear();
+    }
+    if matches!(s.phase, SubPhase::Headers | SubPhase::Streaming)
+        && (ev.is_readable() || ev.is_read_closed())
+        && !(s.slow && s.phase == SubPhase::Streaming)
+    {
+        sub_read(cfg, s, poll, token, ctx, scratch, connecting, now);
+    }
+}
+
+/// Read what is available (slow readers: within their byte budget) and process it.
+#[allow(clippy::too_many_arguments)]
+fn sub_read(
+    cfg: &LoadConfig,
+    s: &mut Sub,
+    poll: &Poll,
+    token: Token,
+    ctx: &mut Ctx,
+    scratch: &mut [u8],
+    connecting: &mut usize,
+    now: Instant,
+) {
+    loop {
+        let mut want = scratch.len();
+        if s.slow && s.phase == SubPhase::Streaming {
+            want = want.min(s.slow_budget_bytes as usize);
+            if want == 0 {
+                return;
+            }
+        }
+        let Some(sock) = s.sock.as_mut() else { return };
+        let n = match sock.read(&mut scratch[..want]) {
+            Ok(0) => {
+                ctx.server_closes += 1;
+                let again = s.phase == SubPhase::Streaming;
+                if !again {
+                    ctx.error(format!(
+                        "stream {}: server closed before response headers",
+                        s.stream
+                    ));
+                }
+                close_sub(cfg, s, poll, connecting, ctx, again);
+                if s.phase == SubPhase::Down {
+                    s.reconnects += 1;
+                    ctx.reconnects += 1;
+                    requeue(s, token, ctx);
+                } else if !again {
+                    s.failed = true;
+                    ctx.subscriber_failures += 1;
+                }
+                return;
+            }
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                ctx.server_closes += 1;
+                ctx.error(format!("stream {}: read: {e}", s.stream));
+                let again = s.phase == SubPhase::Streaming;
+                close_sub(cfg, s, poll, connecting, ctx, again);
+                if s.phase == SubPhase::Down {
+                    s.reconnects += 1;
+                    ctx.reconnects += 1;
+                    requeue(s, token, ctx);
+                }
+                return;
+            }
+        };
+        if s.slow && s.phase == SubPhase::Streaming {
+            s.slow_budget_bytes -= n as f64;
+        }
+        let mut body = &scratch[..n];
+        if s.phase == SubPhase::Headers {
+            match take_headers(s, body, cfg.header_bytes_max) {
+                HeaderOutcome::Partial => {
+                    if n < want {
+                        return;
+                    }
+                    continue;
+                }
+                HeaderOutcome::Ok { consumed } => {
+                    *connecting -= 1;
+                    s.phase = SubPhase::Streaming;
+                    s.phase_since = now;
+                    s.up_once = true;
+                    body = &body[consumed..];
+                }
+                HeaderOutcome::Gone => {
+                    ctx.http_410 += 1;
+                    s.checker.handle_truncation();
+                    *connecting -= 1;
+                    s.phase = SubPhase::Over;
+                    if let Some(mut sock) = s.sock.take() {
+                        let _ = poll.registry().deregister(&mut sock);
+                    }
+                    return;
+                }
+                HeaderOutcome::Bad(msg) => {
+                    *connecting -= 1;
+                    if let Some(mut sock) = s.sock.take() {
+                        let _ = poll.registry().deregister(&mut sock);
+                    }
+                    fail_sub(s, ctx, format!("stream {}: {msg}", s.stream));
+                    return;
+                }
+            }
+        }
+        // Resume storm: cut at a random point inside this read (often mid-event).
+        let mut cut_now = false;
+        if let Some(left) = s.cut_after_bytes {
+            let left = if left == usize::MAX && !body.is_empty() {
+                ctx.rng.below(body.len() as u64) as usize
+            } else {
+                left
+            };
+            if left < body.len() {
+                body = &body[..left];
+                cut_now = true;
+            } else {
+                s.cut_after_bytes = Some(left - body.len());
+            }
+        }
+        process_body(s, body, ctx, now);
+        if s.phase == SubPhase::Over {
+            return;
+        }
+        if cut_now {
+            s.cut_after_bytes = None;
+            close_sub(cfg, s, poll, connecting, ctx, true);
+            if s.phase == SubPhase::Down {
+                s.reconnects += 1;
+                s.resume_started = Some(Instant::now());
+                requeue(s, token, ctx);
+            }
+            return;
+        }
+        if n < want {
+            return;
+        }
+    }
+}
+
+/// Queue a closed subscriber for reconnection with `Last-Event-ID` (its last complete event);
+/// `start_connects` serves this queue before first-time connects.
+fn requeue(s: &mut Sub, token: Token, ctx: &mut Ctx) {
+    s.sse.reset();
+    s.chunked = None;
+    s.phase = SubPhase::Down;
+    ctx.reconnect_queue.push_back(token.0);
+}
+
+enum HeaderOutcome {
+    Partial,
+    Ok { consumed: usize },
+    Gone,
+    Bad(String),
+}
+
+fn take_headers(s: &mut Sub, bytes: &[u8], header_bytes_max: usize) -> HeaderOutcome {
+    let prev = s.hdr.len();
+    s.hdr.extend_from_slice(bytes);
+    let mut headers = [httparse::EMPTY_HEADER; 32];
+    let mut resp = httparse::Response::new(&mut headers);
+    match resp.parse(&s.hdr) {
+        Ok(httparse::Status::Partial) => {
+            if s.hdr.len() > header_bytes_max {
+                HeaderOutcome::Bad(format!(
+                    "response headers exceed --header-bytes-max {header_bytes_max}"
+                ))
+            } else {
+                HeaderOutcome::Partial
+            }
+        }
+        Ok(httparse::Status::Complete(len)) => {
+            let code = resp.code.unwrap_or(0);
+            let chunked = resp.headers.iter().any(|h| {
+                h.name.eq_ignore_ascii_case("transfer-encoding")
+                    && h.value
+                        .windows(7)
+                        .any(|w| w.eq_ignore_ascii_case(b"chunked"))
+            });
+            let out = match code {
+                200 => {
+                    s.chunked = chunked.then(Dechunker::new);
+                    HeaderOutcome::Ok {
+                        consumed: len - prev,
+                    }
+                }
+                410 => HeaderOutcome::Gone,
+                _ => {
+                    let body = String::from_utf8_lossy(&s.hdr[len..s.hdr.len().min(len + 200)])
+                        .into_owned();
+                    HeaderOutcome::Bad(format!("subscribe answered HTTP {code}: {body}"))
+                }
+            };
+            s.hdr = Vec::new();
+            out
+        }
+        Err(e) => HeaderOutcome::Bad(format!("bad response headers: {e}")),
+    }
+}
+
+fn process_body(s: &mut Sub, body: &[u8], ctx: &mut Ctx, now: Instant) {
+    let now_ns = now.duration_since(ctx.origin).as_nanos() as u64;
+    let Sub {
+        chunked,
+        sse,
+        checker,
+        slow,
+        resume_started,
+        stream,
+        ..
+    } = s;
+    let mut on_event = |ev: Event<'_>| {
+        if let Some(t0) = resume_started.take() {
+            let _ = ctx
+                .resume
+                .record(now.saturating_duration_since(t0).as_nanos().max(1) as u64);
+        }
+        handle_event(ev, checker, ctx, *slow, now_ns);
+    };
+    match chunked {
+        Some(d) => {
+            let mut rest = body;
+            while !rest.is_empty() {
+                match d.feed(rest, &mut |data| sse.feed(data, &mut on_event)) {
+                    Ok(used) => rest = &rest[used..],
+                    Err(e) => {
+                        checker.handle_malformed();
+                        ctx.error(format!("stream {stream}: chunked body: {e}"));
+                        break;
+                    }
+                }
+            }
+        }
+        None => sse.feed(body, &mut on_event),
+    }
+}
+
+fn handle_event(ev: Event<'_>, checker: &mut Checker, ctx: &mut Ctx, slow: bool, now_ns: u64) {
+    if ev.event_type == b"truncated" {
+        checker.handle_truncation();
+        return;
+    }
+    let (counter, t_ns) = match parse_payload(ev.data_prefix) {
+        Ok(v) => v,
+        Err(_) => {
+            checker.handle_malformed();
+            return;
+        }
+    };
+    let seq = match ctx.id_style {
+        IdStyle::Nchan => None,
+        IdStyle::Gateway => match gateway_seq(ev.id) {
+            Ok(v) => Some(v),
+            Err(_) => {
+                checker.handle_bad_id();
+                None
+            }
+        },
+    };
+    checker.handle_event(counter, seq);
+    let lat = now_ns.saturating_sub(t_ns).max(1);
+    let h = if slow {
+        &mut ctx.latency_slow
+    } else {
+        &mut ctx.latency_fast
+    };
+    let _ = h.record(lat.min(h.high()));
+}
+
+fn fill_publisher(
+    cfg: &LoadConfig,
+    p: &mut Pub,
+    heads: &[Vec<u8>],
+    counters: &mut [u64],
+    ctx: &mut Ctx,
+    allowed_total: u64,
+    now: Instant,
+) {
+    let t_ns = now.duration_since(ctx.origin).as_nanos() as u64;
+    let n = p.streams.len();
+    let mut idle_streams = 0;
+    while p.inflight < cfg.pipeline_depth && ctx.published < allowed_total && idle_streams < n {
+        let s = p.streams[p.rr] as usize;
+        p.rr = (p.rr + 1) % n;
+        if counters[s] >= cfg.events_per_stream {
+            idle_streams += 1;
+            continue;
+        }
+        idle_streams = 0;
+        if p.woff > 0 && p.woff == p.wbuf.len() {
+            p.wbuf.clear();
+            p.woff = 0;
+        }
+        p.wbuf.extend_from_slice(&heads[s]);
+        let _ = write!(p.wbuf, "{}\r\n\r\n", cfg.payload_bytes);
+        write_payload(&mut p.wbuf, counters[s], t_ns, cfg.payload_bytes);
+        counters[s] += 1;
+        p.inflight += 1;
+        ctx.published += 1;
+    }
+}
+
+fn flush_publisher(p: &mut Pub) -> std::io::Result<()> {
+    while p.woff < p.wbuf.len() {
+        match p.sock.write(&p.wbuf[p.woff..]) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => p.woff += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    p.wbuf.clear();
+    p.woff = 0;
+    Ok(())
+}
+
+/// Read and account publish responses (status checked; bodies skipped).
+fn read_publisher(p: &mut Pub, ctx: &mut Ctx) -> Result<(), String> {
+    loop {
+        if p.rlen == p.rbuf.len() {
+            return Err("publish response larger than the response buffer".into());
+        }
+        let n = match p.sock.read(&mut p.rbuf[p.rlen..]) {
+            Ok(0) => return Err("server closed the publisher connection".into()),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(format!("publisher read: {e}")),
+        };
+        p.rlen += n;
+        let mut pos = 0;
+        loop {
+            match p.resp {
+                RespState::Head => {
+                    let mut headers = [httparse::EMPTY_HEADER; 32];
+                    let mut resp = httparse::Response::new(&mut headers);
+                    match resp.parse(&p.rbuf[pos..p.rlen]) {
+                        Ok(httparse::Status::Complete(len)) => {
+                            p.status = resp.code.unwrap_or(0);
+                            let mut cl = 0usize;
+                            let mut chunked = false;
+                            for h in resp.headers.iter() {
+                                if h.name.eq_ignore_ascii_case("content-length") {
+                                    cl = std::str::from_utf8(h.value)
+                                        .ok()
+                                        .and_then(|v| v.trim().parse().ok())
+                                        .ok_or("bad Content-Length in publish response")?;
+                                } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+                                    chunked = true;
+                                }
+                            }
+                            pos += len;
+                            p.resp = if chunked {
+                                p.dechunk = Dechunker::new();
+                                RespState::Chunked
+                            } else {
+                                RespState::Body(cl)
+                            };
+                        }
+                        Ok(httparse::Status::Partial) => break,
+                        Err(e) => return Err(format!("bad publish response: {e}")),
+                    }
+                }
+                RespState::Body(left) => {
+                    let take = left.min(p.rlen - pos);
+                    if p.status / 100 != 2 && ctx.errors.len() < 16 {
+                        let body =
+                            String::from_utf8_lossy(&p.rbuf[pos..pos + take.min(200)]).into_owned();
+                        ctx.error(format!("publish answered HTTP {}: {body}", p.status));
+                    }
+                    pos += take;
+                    if take < left {
+                        p.resp = RespState::Body(left - take);
+                        break;
+                    }
+                    complete_response(p, ctx);
+                }
+                RespState::Chunked => {
+                    if pos == p.rlen {
+                        break;
+                    }
+                    let used = p
+                        .dechunk
+                        .feed(&p.rbuf[pos..p.rlen], &mut |_| {})
+                        .map_err(|e| format!("publish response: {e}"))?;
+                    pos += used;
+                    if p.dechunk.is_done() {
+                        complete_response(p, ctx);
+                    } else {
+                        break;
+                    }
+                }
+            }
+        }
+        p.rbuf.copy_within(pos..p.rlen, 0);
+        p.rlen -= pos;
+    }
+}
+
+fn complete_response(p: &mut Pub, ctx: &mut Ctx) {
+    if p.status / 100 != 2 {
+        ctx.publish_errors += 1;
+    }
+    ctx.responses += 1;
+    p.inflight = p
+        .inflight
+        .checked_sub(1)
+        .expect("a response arrived for a request we sent");
+    p.resp = RespState::Head;
+}

@@ -1,0 +1,357 @@
+//! The too-old-ID probe: publish N events to a fresh stream while one subscriber records their
+//! IDs, then resume from an early ID and report what the server does — an explicit answer
+//! (HTTP 410, or an in-band `event: truncated`), a correct replay, or a silent gap.
+//!
+//! Blocking std::net sockets with timeouts: this is a one-shot demonstration, not a load path.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use crate::chunked::Dechunker;
+use crate::payload::{parse_payload, write_payload};
+use crate::sse::SseParser;
+use crate::target::UrlTemplate;
+
+/// What the server answered to the early resume.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub enum ProbeOutcome {
+    /// HTTP 410: explicit.
+    Gone { body: String },
+    /// 200 whose first event is `event: truncated`: explicit.
+    TruncatedEvent {
+        data: String,
+        next_counter: Option<u64>,
+    },
+    /// The resume continued at exactly the next event: the history was still there.
+    Contiguous,
+    /// The resume continued later than the next event with no notice: a silent gap.
+    SilentGap {
+        expected_counter: u64,
+        first_counter: u64,
+        missing: u64,
+    },
+    /// Anything else (other status, no event before the timeout, foreign payloads).
+    Other(String),
+}
+
+impl ProbeOutcome {
+    /// True for outcomes that keep the invariant (explicit or contiguous).
+    pub fn is_ok(&self) -> bool {
+        matches!(
+            self,
+            ProbeOutcome::Gone { .. }
+                | ProbeOutcome::TruncatedEvent { .. }
+                | ProbeOutcome::Contiguous
+        )
+    }
+}
+
+/// The probe's report.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ProbeReport {
+    pub label: String,
+    pub stream: String,
+    pub published: u64,
+    pub resume_after_counter: u64,
+    pub resume_id: String,
+    pub outcome: ProbeOutcome,
+}
+
+/// Probe settings.
+#[derive(Debug, Clone)]
+pub struct ProbeConfig {
+    pub publish: UrlTemplate,
+    pub subscribe: UrlTemplate,
+    pub stream: String,
+    pub events: u64,
+    pub payload_bytes: usize,
+    pub resume_after_counter: u64,
+    pub timeout_secs: f64,
+    /// Extra query appended to the resume request (e.g. `on_truncated=earliest`).
+    pub resume_query: Option<String>,
+}
+
+struct Sub {
+    sock: TcpStream,
+    status: u16,
+    body_start: Vec<u8>,
+    chunked: Option<Dechunker>,
+    sse: SseParser,
+}
+
+fn subscribe(
+    url: &UrlTemplate,
+    stream: &str,
+    last_id: Option<&str>,
+    query: Option<&str>,
+    timeout: Duration,
+) -> Result<Sub, String> {
+    let mut sock = TcpStream::connect_timeout(&url.addr, timeout)
+        .map_err(|e| format!("connect {}: {e}", url.addr))?;
+    sock.set_read_timeout(Some(Duration::from_millis(200)))
+        .map_err(|e| e.to_string())?;
+    let mut req = b"GET ".to_vec();
+    url.render_path(stream, &mut req);
+    if let Some(q) = query {
+        req.push(if url.has_query() { b'&' } else { b'?' });
+        req.extend_from_slice(q.as_bytes());
+    }
+    req.extend_from_slice(
+        format!(
+            " HTTP/1.1\r\nHost: {}\r\nAccept: text/event-stream\r\n",
+            url.host_header
+        )
+        .as_bytes(),
+    );
+    if let Some(id) = last_id {
+        req.extend_from_slice(format!("Last-Event-ID: {id}\r\n").as_bytes());
+    }
+    req.extend_from_slice(b"\r\n");
+    sock.write_all(&req)
+        .map_err(|e| format!("subscribe write: {e}"))?;
+    let deadline = Instant::now() + timeout;
+    let mut buf = Vec::new();
+    let mut tmp = [0u8; 4096];
+    loop {
+        if Instant::now() > deadline {
+            return Err("no response headers before the timeout".into());
+        }
+        match sock.read(&mut tmp) {
+            Ok(0) if buf.is_empty() => return Err("server closed without a response".into()),
+            Ok(n) => buf.extend_from_slice(&tmp[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                continue;
+            }
+            Err(e) => return Err(format!("subscribe read: {e}")),
+        }
+        let mut headers = [httparse::EMPTY_HEADER; 32];
+        let mut resp = httparse::Response::new(&mut headers);
+        if let httparse::Status::Complete(len) =
+            resp.parse(&buf).map_err(|e| format!("bad response: {e}"))?
+        {
+            let chunked = resp
+                .headers
+                .iter()
+                .any(|h| h.name.eq_ignore_ascii_case("transfer-encoding"));
+            return Ok(Sub {
+                status: resp.code.unwrap_or(0),
+                body_start: buf[len..].to_vec(),
+                chunked: chunked.then(Dechunker::new),
+                sock,
+                sse: SseParser::new(),
+            });
+        }
+    }
+}
+
+/// Read events until `stop` says so or the deadline passes. Each event: (id, type, data prefix).
+/// Called per event with (id, event type, data prefix); returns true to stop reading.
+type StopFn<'a> = dyn FnMut(&[u8], &[u8], &[u8]) -> bool + 'a;
+
+fn read_events(sub: &mut Sub, deadline: Instant, stop: &mut StopFn<'_>) -> Result<(), String> {
+    let mut pending = std::mem::take(&mut sub.body_start);
+    let mut tmp = [0u8; 16384];
+    let mut stopped = false;
+    loop {
+        if !pending.is_empty() {
+            let mut on_event = |e: crate::sse::Event<'_>| {
+                if !stopped {
+                    stopped = stop(e.id, e.event_type, e.data_prefix);
+                }
+            };
+            match &mut sub.chunked {
+                Some(d) => {
+                    let mut rest = &pending[..];
+                    while !rest.is_empty() {
+                        let used = d
+                            .feed(rest, &mut |b| sub.sse.feed(b, &mut on_event))
+                            .map_err(|e| e.to_string())?;
+                        rest = &rest[used..];
+                    }
+                }
+                None => sub.sse.feed(&pending, &mut on_event),
+            }
+            pending.clear();
+        }
+        if stopped || Instant::now() > deadline {
+            return Ok(());
+        }
+        match sub.sock.read(&mut tmp) {
+            Ok(0) => return Ok(()),
+            Ok(n) => pending.extend_from_slice(&tmp[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(e) => return Err(format!("read: {e}")),
+        }
+    }
+}
+
+fn publish(
+    url: &UrlTemplate,
+    stream: &str,
+    n: u64,
+    payload_bytes: usize,
+    timeout: Duration,
+) -> Result<(), String> {
+    let mut sock = TcpStream::connect_timeout(&url.addr, timeout)
+        .map_err(|e| format!("connect {}: {e}", url.addr))?;
+    sock.set_read_timeout(Some(timeout))
+        .map_err(|e| e.to_string())?;
+    let mut path = Vec::new();
+    url.render_path(stream, &mut path);
+    let path = String::from_utf8_lossy(&path).into_owned();
+    let mut buf = Vec::new();
+    for c in 0..n {
+        let mut payload = Vec::new();
+        write_payload(&mut payload, c, 0, payload_bytes);
+        let mut req = format!(
+            "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Length: {}\r\n\r\n",
+            url.host_header,
+            payload.len()
+        )
+        .into_bytes();
+        req.extend_from_slice(&payload);
+        sock.write_all(&req)
+            .map_err(|e| format!("publish write: {e}"))?;
+        // One request at a time: read until one complete response.
+        loop {
+            let mut headers = [httparse::EMPTY_HEADER; 32];
+            let mut resp = httparse::Response::new(&mut headers);
+            if let httparse::Status::Complete(len) = resp
+                .parse(&buf)
+                .map_err(|e| format!("bad publish response: {e}"))?
+            {
+                let code = resp.code.unwrap_or(0);
+                let cl: usize = resp
+                    .headers
+                    .iter()
+                    .find(|h| h.name.eq_ignore_ascii_case("content-length"))
+                    .and_then(|h| std::str::from_utf8(h.value).ok()?.trim().parse().ok())
+                    .ok_or("publish response without Content-Length")?;
+                if buf.len() >= len + cl {
+                    if code / 100 != 2 {
+                        return Err(format!(
+                            "publish answered HTTP {code}: {}",
+                            String::from_utf8_lossy(&buf[len..len + cl])
+                        ));
+                    }
+                    buf.drain(..len + cl);
+                    break;
+                }
+            }
+            let mut tmp = [0u8; 4096];
+            match sock.read(&mut tmp) {
+                Ok(0) => return Err("server closed the publisher connection".into()),
+                Ok(k) => buf.extend_from_slice(&tmp[..k]),
+                Err(e) => return Err(format!("publish read: {e}")),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Run the probe.
+pub fn run(cfg: &ProbeConfig, label: &str) -> Result<ProbeReport, String> {
+    if cfg.resume_after_counter + 1 >= cfg.events {
+        return Err("--resume-after-counter must be below --events - 1".into());
+    }
+    let timeout = Duration::from_secs_f64(cfg.timeout_secs);
+    // 1. A recorder subscribed before the first publish sees every event and its ID.
+    let mut rec = subscribe(&cfg.subscribe, &cfg.stream, None, None, timeout)?;
+    if rec.status != 200 {
+        return Err(format!("recorder subscribe answered HTTP {}", rec.status));
+    }
+    publish(
+        &cfg.publish,
+        &cfg.stream,
+        cfg.events,
+        cfg.payload_bytes,
+        timeout,
+    )?;
+    let mut resume_id = None;
+    let mut seen = 0u64;
+    read_events(&mut rec, Instant::now() + timeout, &mut |id, _, data| {
+        if let Ok((c, _)) = parse_payload(data) {
+            seen = seen.max(c + 1);
+            if c == cfg.resume_after_counter {
+                resume_id = Some(String::from_utf8_lossy(id).into_owned());
+            }
+        }
+        seen >= cfg.events
+    })?;
+    drop(rec);
+    let resume_id = resume_id.ok_or_else(|| {
+        format!(
+            "the recorder did not see event {} (saw {seen} of {})",
+            cfg.resume_after_counter, cfg.events
+        )
+    })?;
+    // 2. Resume from that early ID.
+    let mut sub = subscribe(
+        &cfg.subscribe,
+        &cfg.stream,
+        Some(&resume_id),
+        cfg.resume_query.as_deref(),
+        timeout,
+    )?;
+    let outcome = if sub.status == 410 {
+        let mut body = std::mem::take(&mut sub.body_start);
+        let mut tmp = [0u8; 4096];
+        if let Ok(n) = sub.sock.read(&mut tmp) {
+            body.extend_from_slice(&tmp[..n]);
+        }
+        ProbeOutcome::Gone {
+            body: String::from_utf8_lossy(&body).trim().to_string(),
+        }
+    } else if sub.status != 200 {
+        ProbeOutcome::Other(format!("resume answered HTTP {}", sub.status))
+    } else {
+        let expected = cfg.resume_after_counter + 1;
+        let mut first: Option<(Vec<u8>, Vec<u8>)> = None;
+        let mut after_truncated: Option<u64> = None;
+        read_events(&mut sub, Instant::now() + timeout, &mut |_, ty, data| {
+            if first.is_none() {
+                first = Some((ty.to_vec(), data.to_vec()));
+                return ty != b"truncated";
+            }
+            after_truncated = parse_payload(data).ok().map(|(c, _)| c);
+            true
+        })?;
+        match first {
+            None => ProbeOutcome::Other("no event after the resume before the timeout".into()),
+            Some((ty, data)) if ty == b"truncated" => ProbeOutcome::TruncatedEvent {
+                data: String::from_utf8_lossy(&data).into_owned(),
+                next_counter: after_truncated,
+            },
+            Some((_, data)) => match parse_payload(&data) {
+                Ok((c, _)) if c == expected => ProbeOutcome::Contiguous,
+                Ok((c, _)) if c > expected => ProbeOutcome::SilentGap {
+                    expected_counter: expected,
+                    first_counter: c,
+                    missing: c - expected,
+                },
+                Ok((c, _)) => {
+                    ProbeOutcome::Other(format!("resume repeated event {c} (expected {expected})"))
+                }
+                Err(e) => ProbeOutcome::Other(format!("foreign payload: {e:?}")),
+            },
+        }
+    };
+    Ok(ProbeReport {
+        label: label.into(),
+        stream: cfg.stream.clone(),
+        published: cfg.events,
+        resume_after_counter: cfg.resume_after_counter,
+        resume_id,
+        outcome,
+    })
+}

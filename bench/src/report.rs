@@ -1,0 +1,250 @@
+//! Turning a run's observations into the report: figures (events/s, latency percentiles,
+//! server CPU per million delivered events, memory) as a plain-text table and as JSON.
+//!
+//! Pure: takes [`LoadResult`]s, returns values and strings; prints nothing itself.
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+use crate::checker::CheckCounts;
+use crate::load::{LoadResult, ServerFigures};
+
+/// Latency percentiles in microseconds.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Percentiles {
+    pub count: u64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub p999_us: f64,
+    pub max_us: f64,
+}
+
+impl Percentiles {
+    /// From a histogram of nanoseconds.
+    pub fn of(h: &Histogram<u64>) -> Self {
+        if h.is_empty() {
+            return Self::default();
+        }
+        let us = |v: u64| v as f64 / 1000.0;
+        Self {
+            count: h.len(),
+            p50_us: us(h.value_at_quantile(0.50)),
+            p99_us: us(h.value_at_quantile(0.99)),
+            p999_us: us(h.value_at_quantile(0.999)),
+            max_us: us(h.max()),
+        }
+    }
+}
+
+/// Server resource figures over the measured window.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct ServerReport {
+    #[serde(flatten)]
+    pub raw: ServerFigures,
+    /// Server CPU-seconds per million delivered events (None when nothing was delivered).
+    pub cpu_secs_per_million_delivered: Option<f64>,
+    /// Server CPU per delivered event, microseconds.
+    pub cpu_us_per_delivered_event: Option<f64>,
+}
+
+/// One scenario's report.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub scenario: String,
+    pub label: String,
+    pub subscribers: usize,
+    pub subscribers_up: usize,
+    pub subscriber_failures: u64,
+    pub published: u64,
+    pub publish_errors: u64,
+    pub published_per_sec: f64,
+    pub delivered: u64,
+    pub delivered_per_sec: f64,
+    pub window_secs: f64,
+    pub latency: Percentiles,
+    pub latency_slow: Percentiles,
+    pub resume: Percentiles,
+    pub check: CheckCounts,
+    pub check_slow: CheckCounts,
+    pub violations: u64,
+    pub slow_backlog_events: u64,
+    pub cuts: u64,
+    pub server_closes: u64,
+    pub reconnects: u64,
+    pub http_410: u64,
+    pub server: Option<ServerReport>,
+    /// Idle: server RSS growth per connected subscriber, bytes.
+    pub idle_bytes_per_connection: Option<f64>,
+    pub errors: Vec<String>,
+}
+
+impl Report {
+    /// Build from a run.
+    pub fn new(scenario: &str, label: &str, r: &LoadResult) -> Self {
+        let delivered = r.fast.events + r.slow.events;
+        let per_sec = |n: u64, secs: f64| if secs > 0.0 { n as f64 / secs } else { 0.0 };
+        let server = r.server.map(|raw| {
+            let per_m = (delivered > 0).then(|| raw.cpu_secs / delivered as f64 * 1e6);
+            ServerReport {
+                raw,
+                cpu_secs_per_million_delivered: per_m,
+                cpu_us_per_delivered_event: per_m,
+            }
+        });
+        let idle_bytes_per_connection = match (r.idle_rss_before_kib, r.idle_rss_after_kib) {
+            (Some(b), Some(a)) if r.subscribers_up > 0 => {
+                Some((a as f64 - b as f64) * 1024.0 / r.subscribers_up as f64)
+            }
+            _ => None,
+        };
+        let violations =
+            r.fast.violations() + r.slow.violations() + r.subscriber_failures + r.publish_errors;
+        Self {
+            scenario: scenario.into(),
+            label: label.into(),
+            subscribers: r.subscribers,
+            subscribers_up: r.subscribers_up,
+            subscriber_failures: r.subscriber_failures,
+            published: r.published,
+            publish_errors: r.publish_errors,
+            published_per_sec: per_sec(r.published, r.publish_secs),
+            delivered,
+            delivered_per_sec: per_sec(delivered, r.window_secs),
+            window_secs: r.window_secs,
+            latency: Percentiles::of(&r.latency_fast_ns),
+            latency_slow: Percentiles::of(&r.latency_slow_ns),
+            resume: Percentiles::of(&r.resume_ns),
+            check: r.fast,
+            check_slow: r.slow,
+            violations,
+            slow_backlog_events: r.slow_backlog_events,
+            cuts: r.cuts,
+            server_closes: r.server_closes,
+            reconnects: r.reconnects,
+            http_410: r.http_410,
+            server,
+            idle_bytes_per_connection,
+            errors: r.errors.clone(),
+        }
+    }
+
+    /// A plain-text table.
+    pub fn table(&self) -> String {
+        use std::fmt::Write;
+        let mut o = String::new();
+        let _ = writeln!(o, "== {} [{}]", self.scenario, self.label);
+        let mut row = |k: &str, v: String| {
+            let _ = writeln!(o, "  {k:<34} {v}");
+        };
+        row(
+            "subscribers up / wanted",
+            format!("{} / {}", self.subscribers_up, self.subscribers),
+        );
+        if self.published > 0 || self.delivered > 0 {
+            row(
+                "published events (events/s)",
+                format!("{} ({:.0})", self.published, self.published_per_sec),
+            );
+            row(
+                "delivered events (events/s)",
+                format!("{} ({:.0})", self.delivered, self.delivered_per_sec),
+            );
+            row("window s", format!("{:.2}", self.window_secs));
+            let l = &self.latency;
+            row(
+                "latency p50/p99/p99.9/max us",
+                format!(
+                    "{:.0} / {:.0} / {:.0} / {:.0}",
+                    l.p50_us, l.p99_us, l.p999_us, l.max_us
+                ),
+            );
+        }
+        if self.latency_slow.count > 0 {
+            let l = &self.latency_slow;
+            row(
+                "slow: latency p50/p99/max us",
+                format!("{:.0} / {:.0} / {:.0}", l.p50_us, l.p99_us, l.max_us),
+            );
+            row(
+                "slow: backlog events at end",
+                self.slow_backlog_events.to_string(),
+            );
+        }
+        if self.cuts > 0 || self.resume.count > 0 {
+            let r = &self.resume;
+            row(
+                "cuts / resumes measured",
+                format!("{} / {}", self.cuts, r.count),
+            );
+            row(
+                "resume p50/p99/p99.9/max us",
+                format!(
+                    "{:.0} / {:.0} / {:.0} / {:.0}",
+                    r.p50_us, r.p99_us, r.p999_us, r.max_us
+                ),
+            );
+        }
+        if let Some(s) = &self.server {
+            row("server cpu s", format!("{:.2}", s.raw.cpu_secs));
+            if let Some(v) = s.cpu_secs_per_million_delivered {
+                row(
+                    "server cpu s / 1M delivered",
+                    format!("{v:.2} ({v:.2} us/event)"),
+                );
+            }
+            row(
+                "server rss start/end/peak KiB",
+                format!(
+                    "{} / {} / {}",
+                    s.raw.rss_start_kib, s.raw.rss_end_kib, s.raw.rss_peak_sampled_kib
+                ),
+            );
+            row("server VmHWM KiB", s.raw.hwm_kib.to_string());
+        }
+        if let Some(b) = self.idle_bytes_per_connection {
+            row("server bytes per idle connection", format!("{b:.0}"));
+        }
+        let c = &self.check;
+        row(
+            "check events/gaps/missing/dups/reord",
+            format!(
+                "{} / {} / {} / {} / {}",
+                c.events,
+                c.gaps + self.check_slow.gaps,
+                c.missing_events + self.check_slow.missing_events,
+                c.duplicates + self.check_slow.duplicates,
+                c.reorders + self.check_slow.reorders
+            ),
+        );
+        row(
+            "check id-mismatch/malformed/undeliv",
+            format!(
+                "{} / {} / {}",
+                c.id_mismatches + self.check_slow.id_mismatches,
+                c.malformed + self.check_slow.malformed,
+                c.undelivered
+            ),
+        );
+        row(
+            "explicit truncations (410 / in-band)",
+            format!(
+                "{} ({} as 410)",
+                c.explicit_truncations + self.check_slow.explicit_truncations,
+                self.http_410
+            ),
+        );
+        row(
+            "server closes / reconnects",
+            format!("{} / {}", self.server_closes, self.reconnects),
+        );
+        row(
+            "subscriber failures / publish errors",
+            format!("{} / {}", self.subscriber_failures, self.publish_errors),
+        );
+        row("VIOLATIONS", self.violations.to_string());
+        for e in &self.errors {
+            let _ = writeln!(o, "  error: {e}");
+        }
+        o
+    }
+}

@@ -1,0 +1,215 @@
+//! What the bench talks to: URL templates with a `{stream}` placeholder, the publish style and
+//! the event-ID style, so one scenario runs unchanged against the gateway or nginx + nchan.
+//!
+//! Only plain `http://` URLs with an IPv4 literal or `localhost` host are accepted: the bench
+//! runs on loopback and does no DNS or TLS.
+
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+
+/// How events are published.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+pub enum PublishStyle {
+    /// The gateway: `POST` body = event data; batches as newline-delimited JSON (see README).
+    Gateway,
+    /// nchan's publisher location: `POST` body = message; no batch form.
+    Nchan,
+}
+
+/// How event IDs are read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+pub enum IdStyle {
+    /// `<epoch16hex>-<stream>-<seq>`: the sequence is checked beside the payload counter.
+    Gateway,
+    /// nchan's `time:tag`: opaque; only the payload counter is checked.
+    Nchan,
+}
+
+/// Why a URL template is unusable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UrlError {
+    /// Not `http://`.
+    NotHttp,
+    /// The host is not an IPv4 literal or `localhost`.
+    BadHost(String),
+    /// The port is not a number in 1..=65535.
+    BadPort(String),
+    /// A `{...}` placeholder other than `{stream}`, or an unclosed `{`.
+    BadPlaceholder(String),
+}
+
+impl std::fmt::Display for UrlError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            UrlError::NotHttp => write!(f, "URL must start with http://"),
+            UrlError::BadHost(h) => write!(f, "host {h:?} is not an IPv4 literal or localhost"),
+            UrlError::BadPort(p) => write!(f, "port {p:?} is not in 1..=65535"),
+            UrlError::BadPlaceholder(p) => write!(f, "unknown placeholder {p:?} (only {{stream}})"),
+        }
+    }
+}
+
+/// A parsed URL template.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UrlTemplate {
+    /// Where to connect.
+    pub addr: SocketAddr,
+    /// The `Host` header value.
+    pub host_header: String,
+    /// Path and query, split at each `{stream}`.
+    parts: Vec<String>,
+}
+
+impl UrlTemplate {
+    /// Parse `http://host[:port]/path?query` with `{stream}` placeholders anywhere in the path
+    /// or query.
+    pub fn parse(s: &str) -> Result<Self, UrlError> {
+        let rest = s.strip_prefix("http://").ok_or(UrlError::NotHttp)?;
+        let (authority, path) = match rest.find('/') {
+            Some(i) => (&rest[..i], &rest[i..]),
+            None => (rest, "/"),
+        };
+        let (host, port) = match authority.rsplit_once(':') {
+            Some((h, p)) => (
+                h,
+                p.parse::<u16>()
+                    .ok()
+                    .filter(|&p| p > 0)
+                    .ok_or_else(|| UrlError::BadPort(p.to_string()))?,
+            ),
+            None => (authority, 80),
+        };
+        let ip: Ipv4Addr = if host == "localhost" {
+            Ipv4Addr::LOCALHOST
+        } else {
+            host.parse()
+                .map_err(|_| UrlError::BadHost(host.to_string()))?
+        };
+        let mut parts = Vec::new();
+        let mut cur = String::new();
+        let mut it = path;
+        while let Some(open) = it.find('{') {
+            cur.push_str(&it[..open]);
+            let close = it[open..]
+                .find('}')
+                .ok_or_else(|| UrlError::BadPlaceholder(it[open..].to_string()))?
+                + open;
+            let name = &it[open..=close];
+            if name != "{stream}" {
+                return Err(UrlError::BadPlaceholder(name.to_string()));
+            }
+            parts.push(std::mem::take(&mut cur));
+            it = &it[close + 1..];
+        }
+        cur.push_str(it);
+        parts.push(cur);
+        Ok(Self {
+            addr: SocketAddr::V4(SocketAddrV4::new(ip, port)),
+            host_header: authority.to_string(),
+            parts,
+        })
+    }
+
+    /// Append the path and query for `stream` to `out`.
+    pub fn render_path(&self, stream: &str, out: &mut Vec<u8>) {
+        for (i, p) in self.parts.iter().enumerate() {
+            if i > 0 {
+                out.extend_from_slice(stream.as_bytes());
+            }
+            out.extend_from_slice(p.as_bytes());
+        }
+    }
+
+    /// True when the rendered path has a query string already.
+    pub fn has_query(&self) -> bool {
+        self.parts.iter().any(|p| p.contains('?'))
+    }
+}
+
+/// Why an event ID could not be read for its sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdError {
+    /// Not `<epoch>-<stream>-<seq>`.
+    Shape,
+    /// The sequence is not a decimal u64.
+    Seq,
+}
+
+/// The sequence of a gateway ID `<epoch16hex>-<stream>-<seq>` (the stream may contain `-`).
+pub fn gateway_seq(id: &[u8]) -> Result<u64, IdError> {
+    let dash = id.iter().rposition(|&b| b == b'-').ok_or(IdError::Shape)?;
+    let first = id.iter().position(|&b| b == b'-').ok_or(IdError::Shape)?;
+    if first == dash || first != 16 {
+        return Err(IdError::Shape);
+    }
+    let digits = &id[dash + 1..];
+    if digits.is_empty() || digits.len() > 20 {
+        return Err(IdError::Seq);
+    }
+    let mut v: u64 = 0;
+    for &b in digits {
+        if !b.is_ascii_digit() {
+            return Err(IdError::Seq);
+        }
+        v = v
+            .checked_mul(10)
+            .and_then(|v| v.checked_add(u64::from(b - b'0')))
+            .ok_or(IdError::Seq)?;
+    }
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn templates_render_in_path_and_query() {
+        let t = UrlTemplate::parse("http://127.0.0.1:8080/v1/streams/{stream}/events").unwrap();
+        assert_eq!(t.addr, "127.0.0.1:8080".parse().unwrap());
+        assert_eq!(t.host_header, "127.0.0.1:8080");
+        let mut out = Vec::new();
+        t.render_path("s7", &mut out);
+        assert_eq!(out, b"/v1/streams/s7/events");
+        assert!(!t.has_query());
+        let n = UrlTemplate::parse("http://localhost:8081/sub?id={stream}&x={stream}").unwrap();
+        let mut out = Vec::new();
+        n.render_path("a", &mut out);
+        assert_eq!(out, b"/sub?id=a&x=a");
+        assert!(n.has_query());
+        let bare = UrlTemplate::parse("http://127.0.0.1").unwrap();
+        assert_eq!(bare.addr.port(), 80);
+        let mut out = Vec::new();
+        bare.render_path("a", &mut out);
+        assert_eq!(out, b"/");
+    }
+
+    #[test]
+    fn bad_templates_are_named() {
+        assert_eq!(UrlTemplate::parse("https://x/"), Err(UrlError::NotHttp));
+        assert_eq!(
+            UrlTemplate::parse("http://example.com/"),
+            Err(UrlError::BadHost("example.com".into()))
+        );
+        assert_eq!(
+            UrlTemplate::parse("http://127.0.0.1:0/"),
+            Err(UrlError::BadPort("0".into()))
+        );
+        assert_eq!(
+            UrlTemplate::parse("http://127.0.0.1:1/{name}"),
+            Err(UrlError::BadPlaceholder("{name}".into()))
+        );
+        assert_eq!(
+            UrlTemplate::parse("http://127.0.0.1:1/{stream"),
+            Err(UrlError::BadPlaceholder("{stream".into()))
+        );
+    }
+
+    #[test]
+    fn gateway_ids() {
+        assert_eq!(gateway_seq(b"00000000000000ab-s1-42"), Ok(42));
+        assert_eq!(gateway_seq(b"00000000000000ab-a-b-c-7"), Ok(7));
+        assert_eq!(gateway_seq(b"1700000000:0"), Err(IdError::Shape));
+        assert_eq!(gateway_seq(b"00000000000000ab-s1-4x"), Err(IdError::Seq));
+        assert_eq!(gateway_seq(b"00000000000000ab-s1-"), Err(IdError::Seq));
+    }
+}
