@@ -558,8 +558,8 @@ pub struct Log {
     dirty: Vec<StreamId>,
     /// When the oldest unsynced write happened.
     unsynced_since: Option<Instant>,
-    /// Something was written since the last flush (any policy).
-    unflushed: bool,
+    /// Number of the oldest segment written since the last flush (any policy).
+    unflushed_from: Option<u64>,
     poisoned: bool,
     recovery: RecoveryReport,
     _lock: File,
@@ -725,12 +725,14 @@ impl Log {
         if self.poisoned {
             return Err(SyncError::Poisoned);
         }
-        if self.unflushed {
-            if let Err(e) = self.segs.back().expect("active segment").seg.map.flush() {
-                self.poisoned = true;
-                return Err(SyncError::Io(e));
+        if let Some(from) = self.unflushed_from {
+            for m in self.segs.iter().filter(|m| m.seg.number >= from) {
+                if let Err(e) = m.seg.map.flush() {
+                    self.poisoned = true;
+                    return Err(SyncError::Io(e));
+                }
             }
-            self.unflushed = false;
+            self.unflushed_from = None;
         }
         self.unsynced_since = None;
         let mut report = SyncReport {
@@ -983,8 +985,8 @@ impl Log {
         )?;
         self.segs.push_back(meta);
         self.active = active;
-        // The new segment's header is flushed (if durable); nothing in it is unflushed yet,
-        // but keep `unflushed` as is for records of the old one under `Never`.
+        // Under `Never` the old segment may still hold unflushed records: `unflushed_from`
+        // keeps pointing at it, so an explicit `sync_now` flushes it too.
         Ok(())
     }
 
@@ -1025,12 +1027,15 @@ impl Log {
         if timestamp_ms > meta.newest_ts_ms {
             meta.newest_ts_ms = timestamp_ms;
         }
-        self.unflushed = true;
+        let number = meta.seg.number;
+        if self.unflushed_from.is_none() {
+            self.unflushed_from = Some(number);
+        }
         if self.opts.fsync != FsyncPolicy::Never && self.unsynced_since.is_none() {
             self.unsynced_since = Some(Instant::now());
         }
         Loc {
-            seg: meta.seg.number as u32,
+            seg: number as u32,
             off: off as u32,
             len: len as u32,
         }

@@ -150,7 +150,7 @@ pub(super) fn open(dir: &Path, opts: LogOptions) -> Result<Log, OpenError> {
         by_name,
         dirty: Vec::new(),
         unsynced_since: None,
-        unflushed: true,
+        unflushed_from: Some(first_live),
         poisoned: false,
         recovery: RecoveryReport::default(),
         _lock: lock,
@@ -204,7 +204,7 @@ fn create_new(
         by_name: HashMap::new(),
         dirty: Vec::new(),
         unsynced_since: None,
-        unflushed: false,
+        unflushed_from: None,
         poisoned: false,
         recovery: report,
         _lock: lock,
@@ -274,7 +274,8 @@ impl Scan {
             .open(&path)
             .map_err(io_err(&path))?;
         let bytes = file.metadata().map_err(io_err(&path))?.len();
-        if !(SEGMENT_BYTES_MIN..=SEGMENT_BYTES_MAX).contains(&bytes) || !bytes.is_multiple_of(4096) {
+        if !(SEGMENT_BYTES_MIN..=SEGMENT_BYTES_MAX).contains(&bytes) || !bytes.is_multiple_of(4096)
+        {
             return Err(OpenError::BadSegmentSize { path, bytes });
         }
         let (map, mut tok) = SharedMap::map(&file, bytes as usize, false).map_err(io_err(&path))?;
@@ -377,7 +378,6 @@ impl Scan {
                         st.last_seg = Some(number);
                         seg_streams.push(e.stream);
                     }
-                    newest_ts_ms = newest_ts_ms.max(e.timestamp_ms);
                     self.report.records_recovered += 1;
                 }
                 Kind::StreamName => {
@@ -410,6 +410,9 @@ impl Scan {
                     }
                     sealed = true;
                 }
+            }
+            if e.kind != Kind::Seal {
+                newest_ts_ms = newest_ts_ms.max(e.timestamp_ms);
             }
             chain = Entry::crc(&eb);
             data_end += payload_len;
