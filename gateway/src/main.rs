@@ -1,1 +1,181 @@
-fn main() {}
+//! The `gateway` binary: parses the CLI, probes io_uring, loads the shard map and opens every
+//! shard's log, binds one SO_REUSEPORT listener per core, starts one pinned reactor thread per
+//! core, prints `listening on <addr>`, and on SIGINT/SIGTERM asks every core to stop
+//! accepting, make its logs durable and close, then exits 0.
+//!
+//! # Layout
+//! - `config`: CLI flags (clap) and their validation.
+//! - `probe`: the io_uring feature probe.
+//! - `http`, `route`, `sse`: pure HTTP/1.1 parsing, routing, SSE framing (bytes in, decisions out).
+//! - `window`: the pure subscriber send-window state machine (ACK-confirmed eviction).
+//! - `shards`: stream → shard → core ownership and the persisted shard count.
+//! - `metrics`: per-core counters and the Prometheus rendering.
+//! - `reactor`: the per-core io_uring driver.
+//! - `sys`: the few direct syscalls.
+
+use std::io::Write as _;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+
+use clap::Parser;
+
+mod config;
+mod http;
+mod metrics;
+mod probe;
+mod reactor;
+mod route;
+mod shards;
+mod sse;
+mod sys;
+mod window;
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// Shard count when the data directory is new and `--shards-on-create` is 0.
+const SHARDS_DEFAULT: u32 = 8;
+
+fn main() {
+    let cfg = config::Config::parse();
+    if let Err(e) = cfg.validate() {
+        eprintln!("gateway: {e}");
+        std::process::exit(2);
+    }
+    let features = match probe::probe() {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("gateway: {e}");
+            std::process::exit(1);
+        }
+    };
+    // A broken invariant in any reactor crashes the whole process loudly; the log recovers.
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        default_hook(info);
+        std::process::abort();
+    }));
+    if let Err(e) = run(cfg, features) {
+        eprintln!("gateway: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
+    let cpus = sys::allowed_cpus();
+    let cores = if cfg.cores == 0 {
+        cpus.len().max(1)
+    } else {
+        cfg.cores
+    };
+    let on_create = if cfg.shards_on_create == 0 {
+        SHARDS_DEFAULT
+    } else {
+        cfg.shards_on_create
+    };
+    let shard_count =
+        shards::load_or_create(&cfg.data_dir, on_create).map_err(|e| e.to_string())?;
+    let opts = log_store::LogOptions {
+        segment_bytes: cfg.segment_bytes,
+        retain_bytes: (cfg.retain_bytes > 0).then_some(cfg.retain_bytes),
+        retain_secs: (cfg.retain_secs > 0).then_some(cfg.retain_secs),
+        fsync: cfg.fsync_policy(),
+        // Framing adds the id line, the event line and "data: " per line of data.
+        record_bytes_max: u32::try_from(cfg.event_bytes_max.saturating_mul(2) + 4096)
+            .unwrap_or(u32::MAX),
+    };
+    let mut logs_per_core: Vec<Vec<(u32, log_store::Log)>> =
+        (0..cores).map(|_| Vec::new()).collect();
+    let mut epochs = Vec::with_capacity(shard_count as usize);
+    for s in 0..shard_count {
+        let dir = shards::shard_dir(&cfg.data_dir, s);
+        let log = log_store::Log::open(&dir, opts.clone())
+            .map_err(|e| format!("opening shard {s} at {}: {e}", dir.display()))?;
+        epochs.push(log.epoch());
+        logs_per_core[shards::core_of_shard(s, cores)].push((s, log));
+    }
+
+    let signals = sys::block_shutdown_signals();
+
+    let listen_cores = if cfg.listen_cores_max == 0 {
+        cores
+    } else {
+        cfg.listen_cores_max.min(cores)
+    };
+    let mut listeners = Vec::with_capacity(listen_cores);
+    let first = sys::listener(cfg.listen, 4096).map_err(|e| format!("bind {}: {e}", cfg.listen))?;
+    let addr = sys::local_addr(first).map_err(|e| e.to_string())?;
+    listeners.push(first);
+    for _ in 1..listen_cores {
+        listeners.push(sys::listener(addr, 4096).map_err(|e| format!("bind {addr}: {e}"))?);
+    }
+
+    let mut txs = Vec::with_capacity(cores);
+    let mut rxs = Vec::with_capacity(cores);
+    let mut eventfds = Vec::with_capacity(cores);
+    for _ in 0..cores {
+        let (tx, rx) = crossbeam::channel::unbounded();
+        txs.push(tx);
+        rxs.push(rx);
+        eventfds.push(sys::eventfd().map_err(|e| format!("eventfd: {e}"))?);
+    }
+    let shared = Arc::new(reactor::Shared {
+        cfg: cfg.clone(),
+        cores,
+        shards: shard_count,
+        handoff_tx: txs,
+        eventfds: eventfds.clone(),
+        metrics: (0..cores)
+            .map(|_| metrics::CoreMetrics::default())
+            .collect(),
+        connections: AtomicUsize::new(0),
+        shutdown: AtomicBool::new(false),
+        epochs,
+        uring_cmd: features.uring_cmd,
+    });
+
+    let (ready_tx, ready_rx) = crossbeam::channel::bounded(cores);
+    let mut threads = Vec::with_capacity(cores);
+    let mut listeners = listeners.into_iter();
+    for (id, (rx, logs)) in rxs.into_iter().zip(logs_per_core).enumerate() {
+        let setup = reactor::CoreSetup {
+            id,
+            cpu: (cfg.cores == 0 || cores <= cpus.len()).then(|| cpus[id % cpus.len()]),
+            listener: listeners.next(),
+            eventfd: eventfds[id],
+            rx,
+            logs,
+        };
+        let shared = shared.clone();
+        let ready_tx = ready_tx.clone();
+        let t = std::thread::Builder::new()
+            .name(format!("core-{id}"))
+            .spawn(move || {
+                reactor::run_core(setup, shared, |r| {
+                    let _ = ready_tx.send(r);
+                })
+            })
+            .map_err(|e| format!("spawn core {id}: {e}"))?;
+        threads.push(t);
+    }
+    for _ in 0..cores {
+        match ready_rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(e),
+            Err(_) => return Err("a core thread exited during start".into()),
+        }
+    }
+    println!("listening on {addr}");
+    let _ = std::io::stdout().flush();
+
+    let sig = sys::wait_signal(&signals);
+    eprintln!("gateway: signal {sig}: shutting down");
+    shared.shutdown.store(true, Relaxed);
+    for &fd in &eventfds {
+        sys::eventfd_wake(fd);
+    }
+    for t in threads {
+        let _ = t.join();
+    }
+    Ok(())
+}

@@ -1,0 +1,381 @@
+//! Pure HTTP/1.1 request-head parsing (httparse) with limits, and response serialization.
+//! Bytes in, decisions out: no sockets, no clock, no io_uring. The driver calls
+//! [`parse_head`] on its read buffer, decides the body limit from the route, waits until
+//! `head_len + content_length` bytes are buffered, and serializes answers with [`response`] /
+//! [`error_response`]. Chunked request bodies are refused with 411 (send Content-Length).
+#![forbid(unsafe_code)]
+
+use std::fmt::Write as _;
+
+/// Limits on a request head; each is a CLI flag.
+#[derive(Debug, Clone, Copy)]
+pub struct HeadLimits {
+    /// Bytes of request line + headers + the blank line.
+    pub header_bytes_max: usize,
+    /// Header fields.
+    pub header_count_max: usize,
+}
+
+/// Request methods the gateway distinguishes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Method {
+    Get,
+    Head,
+    Post,
+    /// Anything else (answered 405 by the router).
+    Other,
+}
+
+/// The parsed head of one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Head {
+    pub method: Method,
+    /// Path part of the request target (before `?`).
+    pub path: String,
+    /// Query part (after `?`, without it), possibly empty.
+    pub query: String,
+    /// Bytes of the head including the terminating blank line.
+    pub head_len: usize,
+    /// Declared body length (0 when absent).
+    pub content_length: u64,
+    /// `Content-Length` was present.
+    pub has_content_length: bool,
+    /// The client wants the connection closed after this response (HTTP/1.0 or `Connection: close`).
+    pub close: bool,
+    /// `Expect: 100-continue` was sent.
+    pub expect_continue: bool,
+    pub last_event_id: Option<String>,
+    pub accept: Option<String>,
+    /// `Event-Type` header: the SSE `event:` field of a single publish.
+    pub event_type: Option<String>,
+}
+
+/// A request the gateway refuses, with the status it deserves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HttpError {
+    /// Request line longer than the header limit → 414.
+    UriTooLong,
+    /// Head longer than `header_bytes_max` → 431.
+    HeadTooLarge,
+    /// More than `header_count_max` fields → 431.
+    TooManyHeaders,
+    /// `Transfer-Encoding` present (chunked bodies unsupported) → 411.
+    ChunkedUnsupported,
+    /// `Content-Length` repeated with different values, or not a number → 400.
+    BadContentLength,
+    /// A header value that is not valid UTF-8 where we need text → 400.
+    BadHeaderValue(&'static str),
+    /// httparse rejected the syntax → 400.
+    Malformed(&'static str),
+    /// Not HTTP/1.0 or 1.1 → 505.
+    Version,
+}
+
+impl HttpError {
+    /// Status code, short machine code and human message for the JSON error body.
+    pub fn status(&self) -> (u16, &'static str, String) {
+        match self {
+            HttpError::UriTooLong => (414, "uri_too_long", "request line too long".into()),
+            HttpError::HeadTooLarge => (
+                431,
+                "headers_too_large",
+                "request head exceeds --header-bytes-max".into(),
+            ),
+            HttpError::TooManyHeaders => (
+                431,
+                "too_many_headers",
+                "more header fields than --header-count-max".into(),
+            ),
+            HttpError::ChunkedUnsupported => (
+                411,
+                "length_required",
+                "Transfer-Encoding is not supported; send a Content-Length body".into(),
+            ),
+            HttpError::BadContentLength => {
+                (400, "bad_content_length", "invalid Content-Length".into())
+            }
+            HttpError::BadHeaderValue(h) => {
+                (400, "bad_header", format!("header {h} is not valid text"))
+            }
+            HttpError::Malformed(what) => (
+                400,
+                "malformed_request",
+                format!("malformed request: {what}"),
+            ),
+            HttpError::Version => (505, "http_version", "only HTTP/1.0 and 1.1".into()),
+        }
+    }
+}
+
+/// Parses one request head at the start of `buf`.
+///
+/// `Ok(None)` means incomplete (read more); it is only returned while `buf` is within the
+/// header limit, so a client cannot make the buffer grow without bound.
+pub fn parse_head(buf: &[u8], limits: &HeadLimits) -> Result<Option<Head>, HttpError> {
+    // Header count: parse into a buffer one larger than allowed, so "too many" is detectable.
+    let mut fields = vec![httparse::EMPTY_HEADER; limits.header_count_max + 1];
+    let mut req = httparse::Request::new(&mut fields);
+    let window = &buf[..buf.len().min(limits.header_bytes_max)];
+    let status = match req.parse(window) {
+        Ok(s) => s,
+        Err(httparse::Error::TooManyHeaders) => return Err(HttpError::TooManyHeaders),
+        Err(e) => return Err(HttpError::Malformed(httparse_error_name(e))),
+    };
+    let head_len = match status {
+        httparse::Status::Complete(n) => n,
+        httparse::Status::Partial => {
+            if buf.len() >= limits.header_bytes_max {
+                if !window.windows(2).any(|w| w == b"\r\n") && !window.contains(&b'\n') {
+                    return Err(HttpError::UriTooLong);
+                }
+                return Err(HttpError::HeadTooLarge);
+            }
+            return Ok(None);
+        }
+    };
+    if req.headers.len() > limits.header_count_max {
+        return Err(HttpError::TooManyHeaders);
+    }
+    let version = req.version.ok_or(HttpError::Malformed("version"))?;
+    if version > 1 {
+        return Err(HttpError::Version);
+    }
+    let method = match req.method.ok_or(HttpError::Malformed("method"))? {
+        "GET" => Method::Get,
+        "HEAD" => Method::Head,
+        "POST" => Method::Post,
+        _ => Method::Other,
+    };
+    let target = req.path.ok_or(HttpError::Malformed("target"))?;
+    let (path, query) = match target.split_once('?') {
+        Some((p, q)) => (p, q),
+        None => (target, ""),
+    };
+    let mut head = Head {
+        method,
+        path: path.to_owned(),
+        query: query.to_owned(),
+        head_len,
+        content_length: 0,
+        has_content_length: false,
+        close: version == 0,
+        expect_continue: false,
+        last_event_id: None,
+        accept: None,
+        event_type: None,
+    };
+    for h in req.headers.iter() {
+        let name = h.name;
+        if name.eq_ignore_ascii_case("content-length") {
+            let v = std::str::from_utf8(h.value).map_err(|_| HttpError::BadContentLength)?;
+            let n = parse_decimal(v.trim()).ok_or(HttpError::BadContentLength)?;
+            if head.has_content_length && head.content_length != n {
+                return Err(HttpError::BadContentLength);
+            }
+            head.content_length = n;
+            head.has_content_length = true;
+        } else if name.eq_ignore_ascii_case("transfer-encoding") {
+            return Err(HttpError::ChunkedUnsupported);
+        } else if name.eq_ignore_ascii_case("connection") {
+            let v = text(h.value, "Connection")?;
+            for token in v.split(',') {
+                let t = token.trim();
+                if t.eq_ignore_ascii_case("close") {
+                    head.close = true;
+                } else if t.eq_ignore_ascii_case("keep-alive") && version == 0 {
+                    head.close = false;
+                }
+            }
+        } else if name.eq_ignore_ascii_case("expect") {
+            head.expect_continue = text(h.value, "Expect")?
+                .trim()
+                .eq_ignore_ascii_case("100-continue");
+        } else if name.eq_ignore_ascii_case("last-event-id") {
+            head.last_event_id = Some(text(h.value, "Last-Event-ID")?.trim().to_owned());
+        } else if name.eq_ignore_ascii_case("accept") {
+            head.accept = Some(text(h.value, "Accept")?.to_owned());
+        } else if name.eq_ignore_ascii_case("event-type") {
+            head.event_type = Some(text(h.value, "Event-Type")?.trim().to_owned());
+        }
+    }
+    Ok(Some(head))
+}
+
+fn text<'a>(v: &'a [u8], name: &'static str) -> Result<&'a str, HttpError> {
+    std::str::from_utf8(v).map_err(|_| HttpError::BadHeaderValue(name))
+}
+
+/// Strict decimal: digits only, no sign, no overflow, at most 19 digits.
+pub fn parse_decimal(s: &str) -> Option<u64> {
+    if s.is_empty() || s.len() > 19 || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok()
+}
+
+fn httparse_error_name(e: httparse::Error) -> &'static str {
+    match e {
+        httparse::Error::HeaderName => "header name",
+        httparse::Error::HeaderValue => "header value",
+        httparse::Error::NewLine => "line ending",
+        httparse::Error::Status => "status",
+        httparse::Error::Token => "token",
+        httparse::Error::TooManyHeaders => "too many headers",
+        httparse::Error::Version => "version",
+    }
+}
+
+/// Reason phrase of the statuses the gateway emits.
+pub fn reason(status: u16) -> &'static str {
+    match status {
+        100 => "Continue",
+        200 => "OK",
+        201 => "Created",
+        400 => "Bad Request",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        406 => "Not Acceptable",
+        408 => "Request Timeout",
+        410 => "Gone",
+        411 => "Length Required",
+        413 => "Content Too Large",
+        414 => "URI Too Long",
+        429 => "Too Many Requests",
+        431 => "Request Header Fields Too Large",
+        500 => "Internal Server Error",
+        503 => "Service Unavailable",
+        505 => "HTTP Version Not Supported",
+        507 => "Insufficient Storage",
+        _ => "Unknown",
+    }
+}
+
+/// A complete response with a Content-Length body.
+pub fn response(status: u16, content_type: &str, body: &[u8], close: bool) -> Vec<u8> {
+    let mut out = String::with_capacity(128 + body.len());
+    let _ = write!(
+        out,
+        "HTTP/1.1 {status} {}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n",
+        reason(status),
+        body.len()
+    );
+    if status == 405 {
+        out.push_str("Allow: GET, POST\r\n");
+    }
+    out.push_str(if close {
+        "Connection: close\r\n\r\n"
+    } else {
+        "Connection: keep-alive\r\n\r\n"
+    });
+    let mut bytes = out.into_bytes();
+    bytes.extend_from_slice(body);
+    bytes
+}
+
+/// A short JSON error: `{"error":"<code>","message":"<message>"}`.
+pub fn error_response(status: u16, code: &str, message: &str, close: bool) -> Vec<u8> {
+    let body = serde_json::json!({ "error": code, "message": message }).to_string();
+    response(status, "application/json", body.as_bytes(), close)
+}
+
+/// A JSON response from an already serialized body.
+pub fn json_response(status: u16, body: &serde_json::Value, close: bool) -> Vec<u8> {
+    response(
+        status,
+        "application/json",
+        body.to_string().as_bytes(),
+        close,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const L: HeadLimits = HeadLimits {
+        header_bytes_max: 256,
+        header_count_max: 4,
+    };
+
+    #[test]
+    fn parses_get_with_query_and_headers() {
+        let r = b"GET /v1/streams/a?from=earliest HTTP/1.1\r\nAccept: text/event-stream\r\nLast-Event-ID: x-1-2\r\n\r\nrest";
+        let h = parse_head(r, &L).unwrap().unwrap();
+        assert_eq!(h.method, Method::Get);
+        assert_eq!(h.path, "/v1/streams/a");
+        assert_eq!(h.query, "from=earliest");
+        assert_eq!(h.last_event_id.as_deref(), Some("x-1-2"));
+        assert_eq!(h.accept.as_deref(), Some("text/event-stream"));
+        assert_eq!(&r[h.head_len..], b"rest");
+        assert!(!h.close);
+    }
+
+    #[test]
+    fn incomplete_is_not_an_error() {
+        assert_eq!(parse_head(b"GET / HTTP/1.1\r\nHost: x\r\n", &L), Ok(None));
+        assert_eq!(parse_head(b"", &L), Ok(None));
+    }
+
+    #[test]
+    fn limits() {
+        let mut big = b"GET / HTTP/1.1\r\nX: ".to_vec();
+        big.resize(300, b'a');
+        assert_eq!(parse_head(&big, &L), Err(HttpError::HeadTooLarge));
+        let mut line = b"GET /".to_vec();
+        line.resize(300, b'a');
+        assert_eq!(parse_head(&line, &L), Err(HttpError::UriTooLong));
+        let many = b"GET / HTTP/1.1\r\nA: 1\r\nB: 1\r\nC: 1\r\nD: 1\r\nE: 1\r\n\r\n";
+        assert_eq!(parse_head(many, &L), Err(HttpError::TooManyHeaders));
+    }
+
+    #[test]
+    fn bodies() {
+        let h = parse_head(b"POST /x HTTP/1.1\r\nContent-Length: 12\r\n\r\n", &L)
+            .unwrap()
+            .unwrap();
+        assert_eq!((h.content_length, h.has_content_length), (12, true));
+        assert_eq!(
+            parse_head(
+                b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n",
+                &L
+            ),
+            Err(HttpError::ChunkedUnsupported)
+        );
+        for bad in ["-1", "1x", "", "99999999999999999999"] {
+            let r = format!("POST /x HTTP/1.1\r\nContent-Length: {bad}\r\n\r\n");
+            assert_eq!(
+                parse_head(r.as_bytes(), &L),
+                Err(HttpError::BadContentLength),
+                "{bad}"
+            );
+        }
+        let twice = b"POST /x HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n";
+        assert_eq!(parse_head(twice, &L), Err(HttpError::BadContentLength));
+    }
+
+    #[test]
+    fn connection_semantics() {
+        let h = parse_head(b"GET / HTTP/1.0\r\n\r\n", &L).unwrap().unwrap();
+        assert!(h.close);
+        let h = parse_head(b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n", &L)
+            .unwrap()
+            .unwrap();
+        assert!(h.close);
+        assert!(matches!(
+            parse_head(b"GARBAGE\r\n\r\n", &L),
+            Err(HttpError::Malformed(_))
+        ));
+    }
+
+    #[test]
+    fn responses_have_length_and_json() {
+        let r = error_response(413, "too_large", "x", true);
+        let s = String::from_utf8(r).unwrap();
+        assert!(s.starts_with("HTTP/1.1 413 Content Too Large\r\n"));
+        let body = s.split("\r\n\r\n").nth(1).unwrap();
+        assert!(s.contains(&format!("Content-Length: {}\r\n", body.len())));
+        let v: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(v["error"], "too_large");
+        assert!(s.contains("Connection: close"));
+    }
+}

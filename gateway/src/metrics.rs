@@ -1,0 +1,193 @@
+//! Process-wide counters, one block of atomics per core, and their Prometheus text rendering.
+//! Cores write only their own block (relaxed atomics); `/metrics` reads all of them. Per-stream
+//! floors/tails are published by each core as a pre-rendered snapshot it refreshes on its
+//! timer, because a log may only be touched by its owning core.
+#![forbid(unsafe_code)]
+
+use std::fmt::Write as _;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// Resume classes counted in `/metrics` (the planner's cases plus fresh subscriptions).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResumeClass {
+    Aligned,
+    Replay,
+    UpToDate,
+    Truncated,
+    BeyondTail,
+    WrongEpoch,
+    OtherStream,
+}
+
+impl ResumeClass {
+    pub const ALL: [ResumeClass; 7] = [
+        ResumeClass::Aligned,
+        ResumeClass::Replay,
+        ResumeClass::UpToDate,
+        ResumeClass::Truncated,
+        ResumeClass::BeyondTail,
+        ResumeClass::WrongEpoch,
+        ResumeClass::OtherStream,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            ResumeClass::Aligned => "aligned",
+            ResumeClass::Replay => "replay",
+            ResumeClass::UpToDate => "up_to_date",
+            ResumeClass::Truncated => "truncated",
+            ResumeClass::BeyondTail => "beyond_tail",
+            ResumeClass::WrongEpoch => "wrong_epoch",
+            ResumeClass::OtherStream => "other_stream",
+        }
+    }
+}
+
+/// Counters of one core.
+#[derive(Debug, Default)]
+pub struct CoreMetrics {
+    pub connections: AtomicU64,
+    pub subscribers: AtomicU64,
+    pub accepted_total: AtomicU64,
+    pub handoffs_out_total: AtomicU64,
+    pub handoffs_in_total: AtomicU64,
+    pub requests_total: AtomicU64,
+    pub events_appended_total: AtomicU64,
+    pub events_sent_total: AtomicU64,
+    pub events_confirmed_total: AtomicU64,
+    pub bytes_sent_total: AtomicU64,
+    pub bytes_confirmed_total: AtomicU64,
+    pub truncated_closes_total: AtomicU64,
+    pub lagging_closes_total: AtomicU64,
+    pub inflight_bytes: AtomicU64,
+    pub lag_events_max: AtomicU64,
+    pub parked_windows: AtomicU64,
+    /// ACK confirmations received as SO_TIMESTAMPING TX_ACK completions.
+    pub tx_ack_timestamps_total: AtomicU64,
+    /// Subscribers that fell back to SIOCOUTQ accounting.
+    pub outq_fallbacks_total: AtomicU64,
+    pub resumes: [AtomicU64; 7],
+    /// Pre-rendered `gateway_stream_*` lines for this core's streams.
+    pub streams_snapshot: Mutex<String>,
+}
+
+impl CoreMetrics {
+    pub fn resume(&self, class: ResumeClass) {
+        let i = ResumeClass::ALL
+            .iter()
+            .position(|c| *c == class)
+            .expect("listed");
+        self.resumes[i].fetch_add(1, Relaxed);
+    }
+}
+
+/// Selects one counter of a core's block.
+type Field = fn(&CoreMetrics) -> &AtomicU64;
+
+/// Renders all cores' counters as Prometheus text exposition format.
+pub fn render(cores: &[CoreMetrics]) -> String {
+    let mut out = String::with_capacity(4096);
+    let scalar: [(&str, &str, Field); 18] = [
+        ("gateway_connections", "gauge", |m| &m.connections),
+        ("gateway_subscribers", "gauge", |m| &m.subscribers),
+        ("gateway_accepted_total", "counter", |m| &m.accepted_total),
+        ("gateway_handoffs_out_total", "counter", |m| {
+            &m.handoffs_out_total
+        }),
+        ("gateway_handoffs_in_total", "counter", |m| {
+            &m.handoffs_in_total
+        }),
+        ("gateway_requests_total", "counter", |m| &m.requests_total),
+        ("gateway_events_appended_total", "counter", |m| {
+            &m.events_appended_total
+        }),
+        ("gateway_events_sent_total", "counter", |m| {
+            &m.events_sent_total
+        }),
+        ("gateway_events_confirmed_total", "counter", |m| {
+            &m.events_confirmed_total
+        }),
+        ("gateway_bytes_sent_total", "counter", |m| {
+            &m.bytes_sent_total
+        }),
+        ("gateway_bytes_confirmed_total", "counter", |m| {
+            &m.bytes_confirmed_total
+        }),
+        ("gateway_truncated_closes_total", "counter", |m| {
+            &m.truncated_closes_total
+        }),
+        ("gateway_lagging_closes_total", "counter", |m| {
+            &m.lagging_closes_total
+        }),
+        ("gateway_inflight_bytes", "gauge", |m| &m.inflight_bytes),
+        ("gateway_lag_events_max", "gauge", |m| &m.lag_events_max),
+        ("gateway_parked_windows", "gauge", |m| &m.parked_windows),
+        ("gateway_tx_ack_timestamps_total", "counter", |m| {
+            &m.tx_ack_timestamps_total
+        }),
+        ("gateway_outq_fallbacks_total", "counter", |m| {
+            &m.outq_fallbacks_total
+        }),
+    ];
+    for (name, kind, get) in scalar {
+        let _ = writeln!(out, "# TYPE {name} {kind}");
+        for (c, m) in cores.iter().enumerate() {
+            let _ = writeln!(out, "{name}{{core=\"{c}\"}} {}", get(m).load(Relaxed));
+        }
+    }
+    let _ = writeln!(out, "# TYPE gateway_resumes_total counter");
+    for (c, m) in cores.iter().enumerate() {
+        for (i, class) in ResumeClass::ALL.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "gateway_resumes_total{{core=\"{c}\",class=\"{}\"}} {}",
+                class.label(),
+                m.resumes[i].load(Relaxed)
+            );
+        }
+    }
+    let _ = writeln!(out, "# TYPE gateway_stream_floor gauge");
+    let _ = writeln!(out, "# TYPE gateway_stream_tail gauge");
+    let _ = writeln!(out, "# TYPE gateway_stream_visible_tail gauge");
+    for m in cores {
+        out.push_str(&m.streams_snapshot.lock().expect("metrics lock"));
+    }
+    out
+}
+
+/// One stream's bounds as snapshot lines.
+pub fn stream_lines(out: &mut String, shard: u32, name: &str, floor: u64, tail: u64, vis: u64) {
+    for (metric, v) in [
+        ("gateway_stream_floor", floor),
+        ("gateway_stream_tail", tail),
+        ("gateway_stream_visible_tail", vis),
+    ] {
+        let _ = writeln!(out, "{metric}{{shard=\"{shard}\",stream=\"{name}\"}} {v}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_every_core_and_class() {
+        let cores: Vec<CoreMetrics> = (0..2).map(|_| CoreMetrics::default()).collect();
+        cores[1].events_appended_total.fetch_add(5, Relaxed);
+        cores[0].resume(ResumeClass::Aligned);
+        stream_lines(
+            &mut cores[0].streams_snapshot.lock().unwrap(),
+            3,
+            "s",
+            1,
+            9,
+            8,
+        );
+        let t = render(&cores);
+        assert!(t.contains("gateway_events_appended_total{core=\"1\"} 5\n"));
+        assert!(t.contains("gateway_resumes_total{core=\"0\",class=\"aligned\"} 1\n"));
+        assert!(t.contains("gateway_resumes_total{core=\"1\",class=\"other_stream\"} 0\n"));
+        assert!(t.contains("gateway_stream_tail{shard=\"3\",stream=\"s\"} 9\n"));
+    }
+}

@@ -1,0 +1,1597 @@
+//! The per-core reactor: one thread per core, pinned, each with its own io_uring
+//! (SINGLE_ISSUER + DEFER_TASKRUN, 32-byte CQEs), its own SO_REUSEPORT listener with multishot
+//! accept, an eventfd read for cross-core handoffs and shutdown, and the connections and shard
+//! logs it owns. It is the thin driver: HTTP decisions come from `http`/`route`, the
+//! subscriber window from `window`, resume decisions from `log_store::resume`.
+//!
+//! Operations in flight are keyed by `user_data = slot << 32 | generation << 8 | op`; a
+//! connection slot owns the fd and every buffer an operation points at until that operation's
+//! completion arrives (a closing connection shuts the socket down, cancels, and waits for the
+//! buffer-owning completions before it closes the fd and frees the slot; a completion whose
+//! generation no longer matches is stale and ignored).
+
+use std::collections::{HashMap, VecDeque};
+use std::os::fd::RawFd;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use std::time::{Duration, Instant, SystemTime};
+
+use crossbeam::channel::{Receiver, Sender};
+use io_uring::{IoUring, cqueue, opcode, squeue, types};
+use log_store::{Bounds, Epoch, EventId, Log, LogSlice, ReadError, ResumePlan, Seq, StreamId};
+
+use crate::config::Config;
+use crate::http::{self, HeadLimits};
+use crate::metrics::{self, CoreMetrics, ResumeClass};
+use crate::route::{self, OnTruncated, Route};
+use crate::shards;
+use crate::sse::{self, TruncatedReason};
+use crate::sys;
+use crate::window::{Chunk, ParkedEvent, Run, Window};
+
+/// State shared by all cores (read-mostly).
+#[derive(Debug)]
+pub struct Shared {
+    pub cfg: Config,
+    pub cores: usize,
+    pub shards: u32,
+    pub handoff_tx: Vec<Sender<Handoff>>,
+    pub eventfds: Vec<RawFd>,
+    pub metrics: Vec<CoreMetrics>,
+    pub connections: AtomicUsize,
+    pub shutdown: AtomicBool,
+    /// Every shard's log epoch, so an ID of another shard is named "another stream".
+    pub epochs: Vec<Epoch>,
+    pub uring_cmd: bool,
+}
+
+/// A connection moving to the core that owns its stream: the fd and the bytes read so far.
+#[derive(Debug)]
+pub struct Handoff {
+    pub fd: RawFd,
+    pub bytes: Vec<u8>,
+}
+
+/// What one core thread is given at start.
+#[derive(Debug)]
+pub struct CoreSetup {
+    pub id: usize,
+    pub cpu: Option<usize>,
+    pub listener: Option<RawFd>,
+    pub eventfd: RawFd,
+    pub rx: Receiver<Handoff>,
+    pub logs: Vec<(u32, Log)>,
+}
+
+const OP_ACCEPT: u8 = 1;
+const OP_EVENTFD: u8 = 2;
+const OP_RECV: u8 = 3;
+const OP_SEND: u8 = 4;
+const OP_POLL: u8 = 5;
+const OP_TXTS: u8 = 6;
+const OP_CANCEL: u8 = 7;
+
+const F_RECV: u8 = 1;
+const F_SEND: u8 = 2;
+const F_POLL: u8 = 4;
+const F_TXTS: u8 = 8;
+/// Operations that point at connection memory (or whose fd use we must see end) before the
+/// fd may be closed and the slot reused. The TX timestamp command carries no buffer: its late
+/// completions are recognized as stale by generation.
+const F_OWNING: u8 = F_RECV | F_SEND | F_POLL;
+
+const SOCKET_URING_OP_TX_TIMESTAMP: u32 = 4;
+const SCM_TSTAMP_ACK: u32 = 2;
+const IORING_TIMESTAMP_TYPE_SHIFT: u32 = 17;
+const IOV_MAX_PER_SEND: usize = 1024;
+const PARKED_PER_STREAM_MAX: usize = 64;
+const RECV_BYTES_MIN: usize = 4096;
+const TICK: Duration = Duration::from_millis(100);
+
+fn ud(slot: u32, gen_: u32, op: u8) -> u64 {
+    (u64::from(slot) << 32) | (u64::from(gen_ & 0xff_ffff) << 8) | u64::from(op)
+}
+
+fn ud_split(u: u64) -> (u32, u32, u8) {
+    ((u >> 32) as u32, ((u >> 8) & 0xff_ffff) as u32, u as u8)
+}
+
+/// Bytes a subscriber window points at: a mapped log slice, or gateway-made framing.
+#[derive(Clone, Debug)]
+enum Bytes {
+    Log(LogSlice),
+    Owned(Rc<[u8]>),
+    Static(&'static [u8]),
+}
+
+impl Chunk for Bytes {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Bytes::Log(s) => s.as_bytes(),
+            Bytes::Owned(b) => b,
+            Bytes::Static(b) => b,
+        }
+    }
+}
+
+type StreamKey = (u32, StreamId);
+
+/// How a subscriber learns which bytes the peer ACKed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AckMode {
+    TxTimestamps,
+    Outq,
+}
+
+#[derive(Debug)]
+struct Sub {
+    key: StreamKey,
+    window: Window<Bytes>,
+    /// Next sequence to read from the log.
+    cursor: Seq,
+    ack: AckMode,
+    /// `event: truncated` queued; close once it is sent.
+    finishing: bool,
+    last_write: Instant,
+    iov: Vec<libc::iovec>,
+    msg: libc::msghdr,
+}
+
+#[derive(Debug)]
+enum State {
+    /// Reading / answering ordinary requests.
+    Http,
+    /// A publish waits for durability before its answer.
+    AwaitDurable,
+    Sub(Box<Sub>),
+}
+
+#[derive(Debug)]
+struct Conn {
+    fd: RawFd,
+    inflight: u8,
+    closing: bool,
+    rbuf: Vec<u8>,
+    rlen: usize,
+    wbuf: Vec<u8>,
+    woff: usize,
+    close_after_write: bool,
+    sent_continue: bool,
+    state: State,
+    idle_since: Instant,
+    head_started: Option<Instant>,
+}
+
+#[derive(Debug)]
+struct Slot {
+    gen_: u32,
+    conn: Option<Conn>,
+}
+
+#[derive(Debug)]
+struct Parked {
+    head: Seq,
+    last: Seq,
+    events: Vec<ParkedEvent<Bytes>>,
+    expires: Instant,
+}
+
+#[derive(Debug)]
+struct PendingPub {
+    slot: u32,
+    gen_: u32,
+    key: StreamKey,
+    seq: Seq,
+    response: Vec<u8>,
+}
+
+/// One core's reactor.
+struct Core {
+    id: usize,
+    shared: Arc<Shared>,
+    ring: IoUring<squeue::Entry, cqueue::Entry32>,
+    listener: Option<RawFd>,
+    efd: RawFd,
+    efd_buf: Box<u64>,
+    rx: Receiver<Handoff>,
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    logs: HashMap<u32, Log>,
+    subs: HashMap<StreamKey, Vec<(u32, u32)>>,
+    parked: HashMap<StreamKey, VecDeque<Parked>>,
+    pending: Vec<PendingPub>,
+    touched: Vec<StreamKey>,
+    appended_shards: Vec<u32>,
+    now: Instant,
+    next_tick: Instant,
+    next_retention: Instant,
+    shutting_down: Option<Instant>,
+    limits: HeadLimits,
+}
+
+/// Why a core could not start.
+#[derive(Debug)]
+pub enum CoreError {
+    Ring(std::io::Error),
+}
+
+/// Runs one core until shutdown. `ready` is called once the ring is armed.
+pub fn run_core(setup: CoreSetup, shared: Arc<Shared>, ready: impl FnOnce(Result<(), String>)) {
+    if let Some(cpu) = setup.cpu
+        && let Err(e) = sys::pin_to_cpu(cpu)
+    {
+        eprintln!(
+            "core {}: cannot pin to cpu {cpu}: {e} (continuing unpinned)",
+            setup.id
+        );
+    }
+    let ring = match build_ring(shared.cfg.connections_max) {
+        Ok(r) => r,
+        Err(CoreError::Ring(e)) => {
+            ready(Err(format!(
+                "core {}: io_uring setup failed: {e}",
+                setup.id
+            )));
+            return;
+        }
+    };
+    let now = Instant::now();
+    let limits = HeadLimits {
+        header_bytes_max: shared.cfg.header_bytes_max,
+        header_count_max: shared.cfg.header_count_max,
+    };
+    let mut core = Core {
+        id: setup.id,
+        shared,
+        ring,
+        listener: setup.listener,
+        efd: setup.eventfd,
+        efd_buf: Box::new(0),
+        rx: setup.rx,
+        slots: Vec::new(),
+        free: Vec::new(),
+        logs: setup.logs.into_iter().collect(),
+        subs: HashMap::new(),
+        parked: HashMap::new(),
+        pending: Vec::new(),
+        touched: Vec::new(),
+        appended_shards: Vec::new(),
+        now,
+        next_tick: now + TICK,
+        next_retention: now,
+        shutting_down: None,
+        limits,
+    };
+    core.arm_accept();
+    core.arm_eventfd();
+    ready(Ok(()));
+    core.run();
+}
+
+fn build_ring(
+    connections_max: usize,
+) -> Result<IoUring<squeue::Entry, cqueue::Entry32>, CoreError> {
+    let entries = 1024u32;
+    // Per connection at most: recv, send, poll, timestamp command (+ its many CQEs), cancel.
+    let cq = (connections_max.saturating_mul(4) as u32).clamp(4096, 1 << 16);
+    let mut b = IoUring::<squeue::Entry, cqueue::Entry32>::builder();
+    b.setup_single_issuer()
+        .setup_defer_taskrun()
+        .setup_cqsize(cq);
+    match b.build(entries) {
+        Ok(r) => Ok(r),
+        Err(_) => {
+            let mut b = IoUring::<squeue::Entry, cqueue::Entry32>::builder();
+            b.setup_coop_taskrun().setup_cqsize(cq);
+            b.build(entries).map_err(CoreError::Ring)
+        }
+    }
+}
+
+impl Core {
+    fn m(&self) -> &CoreMetrics {
+        &self.shared.metrics[self.id]
+    }
+
+    /// Queues a submission.
+    ///
+    /// # Safety
+    /// Every buffer and iovec the entry points at must stay valid and unmoved until its
+    /// completion is reaped.
+    unsafe fn push(&mut self, e: squeue::Entry) {
+        for _ in 0..2 {
+            // SAFETY: forwarded from the caller's contract.
+            if unsafe { self.ring.submission().push(&e) }.is_ok() {
+                return;
+            }
+            self.ring.submit().expect("io_uring submit");
+        }
+        panic!("submission queue stays full after submit");
+    }
+
+    fn arm_accept(&mut self) {
+        if let Some(l) = self.listener {
+            let e = opcode::AcceptMulti::new(types::Fd(l))
+                .flags(libc::SOCK_CLOEXEC)
+                .build()
+                .user_data(ud(0, 0, OP_ACCEPT));
+            // SAFETY: multishot accept points at no memory of ours.
+            unsafe { self.push(e) };
+        }
+    }
+
+    fn arm_eventfd(&mut self) {
+        let ptr: *mut u64 = &mut *self.efd_buf;
+        let e = opcode::Read::new(types::Fd(self.efd), ptr.cast(), 8)
+            .build()
+            .user_data(ud(0, 0, OP_EVENTFD));
+        // SAFETY: `efd_buf` is a Box owned by the core, which outlives the ring's use of it
+        // (the core and its ring are dropped together after the loop ends), and it is not
+        // touched until this read completes.
+        unsafe { self.push(e) };
+    }
+
+    fn run(&mut self) {
+        let mut cqes: Vec<(u64, i32, u32)> = Vec::with_capacity(4096);
+        loop {
+            let wait = self.wait_duration();
+            let ts = types::Timespec::new()
+                .sec(wait.as_secs())
+                .nsec(wait.subsec_nanos());
+            let args = types::SubmitArgs::new().timespec(&ts);
+            match self.ring.submitter().submit_with_args(1, &args) {
+                Ok(_) => {}
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::ETIME | libc::EINTR | libc::EBUSY)
+                    ) => {}
+                Err(e) => panic!("io_uring_enter: {e}"),
+            }
+            self.now = Instant::now();
+            cqes.clear();
+            cqes.extend(
+                self.ring
+                    .completion()
+                    .map(|c| (c.user_data(), c.result(), c.flags())),
+            );
+            for &(u, res, flags) in &cqes {
+                self.handle_cqe(u, res, flags);
+            }
+            self.after_turn();
+            if self.now >= self.next_tick {
+                self.tick();
+                self.next_tick = self.now + TICK;
+            }
+            if let Some(deadline) = self.shutting_down
+                && (self.live_connections() == 0 || self.now >= deadline)
+            {
+                break;
+            }
+        }
+        for log in self.logs.values_mut() {
+            if let Err(e) = log.sync_now() {
+                eprintln!("core {}: final sync failed: {e:?}", self.id);
+            }
+        }
+    }
+
+    fn live_connections(&self) -> usize {
+        self.slots.iter().filter(|s| s.conn.is_some()).count()
+    }
+
+    fn wait_duration(&self) -> Duration {
+        let mut until = self.next_tick;
+        for log in self.logs.values() {
+            if let Some(d) = log.next_sync_deadline() {
+                until = until.min(d);
+            }
+        }
+        until
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_micros(50))
+    }
+
+    // ---- completions ----
+
+    fn handle_cqe(&mut self, u: u64, res: i32, flags: u32) {
+        let (slot, gen_, op) = ud_split(u);
+        match op {
+            OP_ACCEPT => self.on_accept(res, flags),
+            OP_EVENTFD => self.on_eventfd(res),
+            OP_CANCEL => {}
+            _ => {
+                let Some(conn) = self.conn_mut(slot, gen_) else {
+                    return; // stale: the slot was reused (only buffer-free ops can be late)
+                };
+                let bit = match op {
+                    OP_RECV => F_RECV,
+                    OP_SEND => F_SEND,
+                    OP_POLL => F_POLL,
+                    OP_TXTS => F_TXTS,
+                    _ => unreachable!("unknown op {op}"),
+                };
+                if !(op == OP_TXTS && cqueue::more(flags)) {
+                    conn.inflight &= !bit;
+                }
+                let closing = conn.closing;
+                if closing {
+                    self.maybe_free(slot);
+                    return;
+                }
+                match op {
+                    OP_RECV => self.on_recv(slot, res),
+                    OP_SEND => self.on_send(slot, res),
+                    OP_POLL => self.pump(slot),
+                    OP_TXTS => self.on_tx_timestamp(slot, res, flags),
+                    _ => unreachable!(),
+                }
+            }
+        }
+    }
+
+    fn conn_mut(&mut self, slot: u32, gen_: u32) -> Option<&mut Conn> {
+        let s = self.slots.get_mut(slot as usize)?;
+        if s.gen_ & 0xff_ffff != gen_ {
+            return None;
+        }
+        s.conn.as_mut()
+    }
+
+    fn conn(&mut self, slot: u32) -> &mut Conn {
+        self.slots[slot as usize].conn.as_mut().expect("live slot")
+    }
+
+    fn gen_of(&self, slot: u32) -> u32 {
+        self.slots[slot as usize].gen_ & 0xff_ffff
+    }
+
+    fn on_accept(&mut self, res: i32, flags: u32) {
+        if !cqueue::more(flags) && self.shutting_down.is_none() && self.listener.is_some() {
+            self.arm_accept();
+        }
+        if res < 0 {
+            if res != -libc::ECANCELED {
+                eprintln!(
+                    "core {}: accept: {}",
+                    self.id,
+                    std::io::Error::from_raw_os_error(-res)
+                );
+            }
+            return;
+        }
+        let fd = res;
+        self.m().accepted_total.fetch_add(1, Relaxed);
+        if self.shutting_down.is_some() {
+            sys::close(fd);
+            return;
+        }
+        let total = self.shared.connections.fetch_add(1, Relaxed) + 1;
+        if total > self.shared.cfg.connections_max {
+            self.shared.connections.fetch_sub(1, Relaxed);
+            let body = http::error_response(
+                503,
+                "too_many_connections",
+                "the gateway is at --connections-max; retry later",
+                true,
+            );
+            sys::send_now(fd, &body);
+            sys::close(fd);
+            return;
+        }
+        let _ = sys::set_nodelay(fd);
+        let slot = self.insert_conn(fd, Vec::new());
+        self.arm_recv(slot);
+    }
+
+    fn insert_conn(&mut self, fd: RawFd, bytes: Vec<u8>) -> u32 {
+        let rlen = bytes.len();
+        let mut rbuf = bytes;
+        rbuf.resize(rlen.max(RECV_BYTES_MIN), 0);
+        let conn = Conn {
+            fd,
+            inflight: 0,
+            closing: false,
+            rbuf,
+            rlen,
+            wbuf: Vec::new(),
+            woff: 0,
+            close_after_write: false,
+            sent_continue: false,
+            state: State::Http,
+            idle_since: self.now,
+            head_started: (rlen > 0).then_some(self.now),
+        };
+        self.m().connections.fetch_add(1, Relaxed);
+        if let Some(slot) = self.free.pop() {
+            let s = &mut self.slots[slot as usize];
+            s.gen_ = s.gen_.wrapping_add(1);
+            s.conn = Some(conn);
+            slot
+        } else {
+            self.slots.push(Slot {
+                gen_: 0,
+                conn: Some(conn),
+            });
+            (self.slots.len() - 1) as u32
+        }
+    }
+
+    fn on_eventfd(&mut self, res: i32) {
+        if res < 0 && res != -libc::EAGAIN {
+            eprintln!("core {}: eventfd read: {res}", self.id);
+        }
+        if self.shared.shutdown.load(Relaxed) {
+            self.begin_shutdown();
+        } else {
+            self.arm_eventfd();
+        }
+        while let Ok(h) = self.rx.try_recv() {
+            self.m().handoffs_in_total.fetch_add(1, Relaxed);
+            if self.shutting_down.is_some() {
+                sys::close(h.fd);
+                self.shared.connections.fetch_sub(1, Relaxed);
+                continue;
+            }
+            let slot = self.insert_conn(h.fd, h.bytes);
+            self.process_http(slot);
+        }
+    }
+
+    fn arm_recv(&mut self, slot: u32) {
+        let gen_ = self.gen_of(slot);
+        let conn = self.conn(slot);
+        debug_assert_eq!(conn.inflight & F_RECV, 0);
+        if conn.rlen == conn.rbuf.len() {
+            return; // full: the caller decides (limit errors are raised before this)
+        }
+        let ptr = conn.rbuf[conn.rlen..].as_mut_ptr();
+        let len = (conn.rbuf.len() - conn.rlen) as u32;
+        let fd = conn.fd;
+        conn.inflight |= F_RECV;
+        let e = opcode::Recv::new(types::Fd(fd), ptr, len)
+            .build()
+            .user_data(ud(slot, gen_, OP_RECV));
+        // SAFETY: `rbuf[rlen..]` belongs to the connection slot, which is neither freed nor
+        // resized while F_RECV is set (maybe_free and the resize sites check inflight).
+        unsafe { self.push(e) };
+    }
+
+    fn on_recv(&mut self, slot: u32, res: i32) {
+        if res <= 0 {
+            self.close_conn(slot);
+            return;
+        }
+        let now = self.now;
+        let conn = self.conn(slot);
+        if let State::Sub(_) = conn.state {
+            // A subscriber has nothing more to say; discard and keep watching for EOF.
+            conn.rlen = 0;
+            self.arm_recv(slot);
+            return;
+        }
+        conn.rlen += res as usize;
+        conn.idle_since = now;
+        if conn.head_started.is_none() {
+            conn.head_started = Some(now);
+        }
+        self.process_http(slot);
+    }
+
+    fn send_response(&mut self, slot: u32, bytes: Vec<u8>, close: bool) {
+        let conn = self.conn(slot);
+        debug_assert_eq!(conn.inflight & F_SEND, 0);
+        conn.wbuf = bytes;
+        conn.woff = 0;
+        conn.close_after_write |= close;
+        self.submit_wbuf(slot);
+    }
+
+    fn submit_wbuf(&mut self, slot: u32) {
+        let gen_ = self.gen_of(slot);
+        let conn = self.conn(slot);
+        let ptr = conn.wbuf[conn.woff..].as_ptr();
+        let len = (conn.wbuf.len() - conn.woff) as u32;
+        let fd = conn.fd;
+        conn.inflight |= F_SEND;
+        let e = opcode::Send::new(types::Fd(fd), ptr, len)
+            .flags(libc::MSG_NOSIGNAL)
+            .build()
+            .user_data(ud(slot, gen_, OP_SEND));
+        // SAFETY: `wbuf` belongs to the connection slot and is not replaced or freed while
+        // F_SEND is set (send_response asserts no send is in flight; maybe_free waits).
+        unsafe { self.push(e) };
+    }
+
+    fn on_send(&mut self, slot: u32, res: i32) {
+        if res < 0 {
+            self.close_conn(slot);
+            return;
+        }
+        let now = self.now;
+        let conn = self.conn(slot);
+        if let State::Sub(_) = conn.state {
+            self.on_sub_sent(slot, res as u64);
+            return;
+        }
+        conn.woff += res as usize;
+        if conn.woff < conn.wbuf.len() {
+            self.submit_wbuf(slot);
+            return;
+        }
+        conn.wbuf = Vec::new();
+        conn.woff = 0;
+        conn.idle_since = now;
+        if conn.close_after_write || self.shutting_down.is_some() {
+            self.close_conn(slot);
+            return;
+        }
+        // Pipelining: the next buffered request, if any.
+        self.process_http(slot);
+    }
+
+    // ---- HTTP ----
+
+    fn process_http(&mut self, slot: u32) {
+        let limits = self.limits;
+        let cfg_event = self.shared.cfg.event_bytes_max;
+        let cfg_batch = self.shared.cfg.batch_bytes_max;
+        let conn = self.conn(slot);
+        if conn.closing || !matches!(conn.state, State::Http) || conn.inflight & F_SEND != 0 {
+            return;
+        }
+        let head = match http::parse_head(&conn.rbuf[..conn.rlen], &limits) {
+            Ok(Some(h)) => h,
+            Ok(None) => {
+                if conn.rlen == 0 {
+                    conn.head_started = None;
+                }
+                if conn.inflight & F_RECV == 0 {
+                    if conn.rbuf.len() < limits.header_bytes_max {
+                        let n = limits.header_bytes_max.max(RECV_BYTES_MIN);
+                        conn.rbuf.resize(n, 0);
+                    }
+                    self.arm_recv(slot);
+                }
+                return;
+            }
+            Err(e) => {
+                let (status, code, msg) = e.status();
+                self.error(slot, status, code, &msg, true);
+                return;
+            }
+        };
+        let route = match route::route(&head) {
+            Ok(r) => r,
+            Err(e) => {
+                let (status, code, msg) = e.status();
+                let close = head.close || status == 411;
+                // The body (if any) was not read: only keep the connection if there is none.
+                let close = close || head.content_length > 0;
+                self.error(slot, status, code, &msg, close);
+                return;
+            }
+        };
+        let body_max = match route {
+            Route::Publish { .. } => cfg_event,
+            Route::PublishBatch { .. } => cfg_batch,
+            _ => 0,
+        };
+        if head.content_length > body_max as u64 {
+            let (code, msg) = if body_max == 0 {
+                ("body_not_allowed", "this request takes no body".to_string())
+            } else {
+                (
+                    "body_too_large",
+                    format!(
+                        "body of {} bytes exceeds the limit of {body_max}",
+                        head.content_length
+                    ),
+                )
+            };
+            self.error(slot, 413, code, &msg, true);
+            return;
+        }
+        let total = head.head_len + head.content_length as usize;
+        if conn.rlen < total {
+            if conn.rbuf.len() < total && conn.inflight & F_RECV == 0 {
+                conn.rbuf.resize(total, 0);
+            }
+            if head.expect_continue && !conn.sent_continue {
+                conn.sent_continue = true;
+                self.send_response(slot, b"HTTP/1.1 100 Continue\r\n\r\n".to_vec(), false);
+            }
+            let conn = self.conn(slot);
+            if conn.inflight & F_RECV == 0 {
+                self.arm_recv(slot);
+            }
+            return;
+        }
+        // A whole request is buffered.
+        self.m().requests_total.fetch_add(1, Relaxed);
+        if let Some(stream) = route.stream() {
+            let owner = shards::core_of_shard(
+                shards::shard_of(stream, self.shared.shards),
+                self.shared.cores,
+            );
+            if owner != self.id {
+                self.handoff(slot, owner);
+                return;
+            }
+        }
+        let now = self.now;
+        let conn = self.conn(slot);
+        let body = conn.rbuf[head.head_len..total].to_vec();
+        conn.rbuf.copy_within(total..conn.rlen, 0);
+        conn.rlen -= total;
+        conn.sent_continue = false;
+        conn.head_started = (conn.rlen > 0).then_some(now);
+        let close = head.close;
+        match route {
+            Route::Healthz => {
+                let b = http::json_response(200, &serde_json::json!({"status": "ok"}), close);
+                self.send_response(slot, b, close);
+            }
+            Route::Metrics => {
+                let text = metrics::render(&self.shared.metrics);
+                let b = http::response(200, "text/plain; version=0.0.4", text.as_bytes(), close);
+                self.send_response(slot, b, close);
+            }
+            Route::Publish { stream } => {
+                let ev = head.event_type.filter(|t| !t.is_empty());
+                self.publish(slot, &stream, vec![(ev, body)], close, false);
+            }
+            Route::PublishBatch { stream } => match route::parse_batch(&body, cfg_event) {
+                Ok(events) => {
+                    let evs = events
+                        .into_iter()
+                        .map(|e| (e.event, e.data.into_bytes()))
+                        .collect();
+                    self.publish(slot, &stream, evs, close, true);
+                }
+                Err(e) => {
+                    let (status, code, msg) = e.status();
+                    self.error(slot, status, code, &msg, close);
+                }
+            },
+            Route::Subscribe { stream, q } => self.subscribe(slot, &stream, q),
+        }
+    }
+
+    fn error(&mut self, slot: u32, status: u16, code: &str, msg: &str, close: bool) {
+        let b = http::error_response(status, code, msg, close);
+        self.send_response(slot, b, close);
+    }
+
+    fn handoff(&mut self, slot: u32, owner: usize) {
+        let conn = self.slots[slot as usize].conn.take().expect("live");
+        assert_eq!(
+            conn.inflight, 0,
+            "a handed-off connection has no operation in flight"
+        );
+        self.free.push(slot);
+        self.m().connections.fetch_sub(1, Relaxed);
+        self.m().handoffs_out_total.fetch_add(1, Relaxed);
+        let mut bytes = conn.rbuf;
+        bytes.truncate(conn.rlen);
+        let fd = conn.fd;
+        if self.shared.handoff_tx[owner]
+            .send(Handoff { fd, bytes })
+            .is_err()
+        {
+            sys::close(fd);
+            self.shared.connections.fetch_sub(1, Relaxed);
+            return;
+        }
+        sys::eventfd_wake(self.shared.eventfds[owner]);
+    }
+
+    fn shard_of(&self, stream: &str) -> u32 {
+        shards::shard_of(stream, self.shared.shards)
+    }
+
+    // ---- publish ----
+
+    fn publish(
+        &mut self,
+        slot: u32,
+        stream: &str,
+        events: Vec<(Option<String>, Vec<u8>)>,
+        close: bool,
+        batch: bool,
+    ) {
+        for (ev, data) in &events {
+            if std::str::from_utf8(data).is_err() {
+                self.error(slot, 400, "bad_data", "event data must be UTF-8", close);
+                return;
+            }
+            if ev.as_deref().is_some_and(|t| t.contains(['\r', '\n'])) {
+                self.error(
+                    slot,
+                    400,
+                    "bad_event_type",
+                    "event type must not contain CR or LF",
+                    close,
+                );
+                return;
+            }
+        }
+        let shard = self.shard_of(stream);
+        let log = self
+            .logs
+            .get_mut(&shard)
+            .expect("owner core holds the shard");
+        let sid = match log.create_stream(stream) {
+            Ok(s) => s,
+            Err(e) => {
+                let (status, code) = append_status(&e);
+                self.error(slot, status, code, &e.to_string(), close);
+                return;
+            }
+        };
+        let mut ids = Vec::with_capacity(events.len());
+        let mut all_durable = true;
+        let mut last_seq = 0;
+        for (ev, data) in &events {
+            match log.append(sid, ev.as_deref(), data) {
+                Ok(a) => {
+                    all_durable &= a.durable;
+                    last_seq = a.id.seq;
+                    ids.push(a.id.to_string());
+                }
+                Err(e) => {
+                    // Events before this one of a batch are in the log; say which.
+                    let (status, code) = append_status(&e);
+                    let body = serde_json::json!({
+                        "error": code, "message": e.to_string(), "appended_ids": ids,
+                    });
+                    self.record_appends(shard, sid, ids.len());
+                    let b = http::json_response(status, &body, close);
+                    self.send_response(slot, b, close);
+                    return;
+                }
+            }
+        }
+        self.record_appends(shard, sid, ids.len());
+        let body = if batch {
+            serde_json::json!({ "ids": ids })
+        } else {
+            serde_json::json!({ "id": ids[0] })
+        };
+        let response = http::json_response(201, &body, close);
+        if all_durable {
+            self.send_response(slot, response, close);
+        } else {
+            let gen_ = self.gen_of(slot);
+            let conn = self.conn(slot);
+            conn.state = State::AwaitDurable;
+            conn.close_after_write |= close;
+            self.pending.push(PendingPub {
+                slot,
+                gen_,
+                key: (shard, sid),
+                seq: last_seq,
+                response,
+            });
+        }
+    }
+
+    fn record_appends(&mut self, shard: u32, sid: StreamId, n: usize) {
+        if n == 0 {
+            return;
+        }
+        self.m().events_appended_total.fetch_add(n as u64, Relaxed);
+        if !self.appended_shards.contains(&shard) {
+            self.appended_shards.push(shard);
+        }
+        self.touched.push((shard, sid));
+    }
+
+    /// Group commit once per turn, answer publishes that became durable, wake subscribers.
+    fn after_turn(&mut self) {
+        let now = self.now;
+        let mut shards: Vec<u32> = std::mem::take(&mut self.appended_shards);
+        for (&s, log) in &self.logs {
+            if !shards.contains(&s) && log.next_sync_deadline().is_some_and(|d| d <= now) {
+                shards.push(s);
+            }
+        }
+        for s in shards {
+            let log = self.logs.get_mut(&s).expect("own shard");
+            match log.poll_sync(now) {
+                Ok(report) => {
+                    for (sid, _) in report.advanced.iter() {
+                        self.touched.push((s, *sid));
+                    }
+                }
+                Err(e) => eprintln!("core {}: sync of shard {s} failed: {e:?}", self.id),
+            }
+        }
+        if self.touched.is_empty() {
+            return;
+        }
+        let mut touched = std::mem::take(&mut self.touched);
+        touched.sort_unstable_by_key(|(s, id)| (*s, id.0));
+        touched.dedup();
+        self.complete_pending(&touched);
+        for key in &touched {
+            let subs = self.subs.get(key).cloned().unwrap_or_default();
+            for (slot, gen_) in subs {
+                if self.conn_mut(slot, gen_).is_some() {
+                    self.pump(slot);
+                }
+            }
+        }
+        touched.clear();
+        self.touched = touched;
+    }
+
+    fn complete_pending(&mut self, touched: &[StreamKey]) {
+        if self.pending.is_empty() {
+            return;
+        }
+        let mut i = 0;
+        while i < self.pending.len() {
+            let p = &self.pending[i];
+            let visible = touched
+                .contains(&p.key)
+                .then(|| self.logs[&p.key.0].bounds(p.key.1))
+                .flatten()
+                .map_or(0, |b| b.visible_tail);
+            if visible >= p.seq {
+                let p = self.pending.swap_remove(i);
+                if let Some(conn) = self.conn_mut(p.slot, p.gen_)
+                    && !conn.closing
+                {
+                    conn.state = State::Http;
+                    let close = conn.close_after_write;
+                    self.send_response(p.slot, p.response, close);
+                }
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    // ---- subscribe ----
+
+    fn subscribe(&mut self, slot: u32, stream: &str, q: route::SubscribeQuery) {
+        let shard = self.shard_of(stream);
+        let retry_ms = self.shared.cfg.retry_ms;
+        let log = self
+            .logs
+            .get_mut(&shard)
+            .expect("owner core holds the shard");
+        // Subscribing creates the stream: subscribers commonly connect before the first publish.
+        let sid = match log.create_stream(stream) {
+            Ok(s) => s,
+            Err(e) => {
+                let (status, code) = append_status(&e);
+                self.error(slot, status, code, &e.to_string(), true);
+                return;
+            }
+        };
+        let key = (shard, sid);
+        let bounds = log.bounds(sid).expect("stream exists");
+        let epoch = log.epoch();
+        let mut preamble = sse::subscribe_head(retry_ms);
+        let mut aligned: Option<Vec<ParkedEvent<Bytes>>> = None;
+        let cursor = match q.last_event_id.as_deref() {
+            None => match q.from {
+                route::From::Earliest => bounds.floor,
+                route::From::Latest => bounds.visible_tail + 1,
+            },
+            Some(raw) => {
+                let requested: EventId = match raw.parse() {
+                    Ok(id) => id,
+                    Err(e) => {
+                        let msg = format!("Last-Event-ID {raw:?} is not an event ID: {e:?}");
+                        self.error(slot, 400, "bad_last_event_id", &msg, true);
+                        return;
+                    }
+                };
+                let plan = self.plan(key, epoch, bounds, requested);
+                match plan {
+                    ResumePlan::Aligned {
+                        window_from,
+                        window_to,
+                        then_log_from,
+                    } => {
+                        self.m().resume(ResumeClass::Aligned);
+                        let parked = self.take_parked(key, window_from);
+                        let evs: Vec<_> = parked
+                            .into_iter()
+                            .filter(|e| e.seq >= window_from && e.seq <= window_to)
+                            .collect();
+                        assert!(
+                            evs.first().is_some_and(|e| e.seq == window_from)
+                                && evs.last().is_some_and(|e| e.seq == window_to)
+                                && evs.len() as u64 == window_to - window_from + 1,
+                            "aligned plan must be backed by the parked window"
+                        );
+                        aligned = Some(evs);
+                        then_log_from
+                    }
+                    ResumePlan::Replay { from } => {
+                        self.m().resume(ResumeClass::Replay);
+                        from
+                    }
+                    ResumePlan::UpToDate { from } => {
+                        self.m().resume(ResumeClass::UpToDate);
+                        from
+                    }
+                    ResumePlan::Truncated {
+                        requested,
+                        floor,
+                        tail,
+                    } => {
+                        self.m().resume(ResumeClass::Truncated);
+                        let json =
+                            sse::truncated_json(TruncatedReason::Truncated, requested, floor, tail);
+                        match q.on_truncated {
+                            OnTruncated::Error => {
+                                let b =
+                                    http::response(410, "application/json", json.as_bytes(), true);
+                                self.send_response(slot, b, true);
+                                return;
+                            }
+                            OnTruncated::Earliest => {
+                                preamble.extend_from_slice(&sse::truncated_event(&json));
+                                floor
+                            }
+                            OnTruncated::Latest => {
+                                preamble.extend_from_slice(&sse::truncated_event(&json));
+                                bounds.visible_tail + 1
+                            }
+                        }
+                    }
+                    ResumePlan::BeyondTail { requested, tail } => {
+                        self.m().resume(ResumeClass::BeyondTail);
+                        let body = serde_json::json!({
+                            "error": "beyond_tail",
+                            "message": "Last-Event-ID is beyond the stream's tail",
+                            "requested": requested, "tail": tail,
+                        });
+                        self.send_response(slot, http::json_response(400, &body, true), true);
+                        return;
+                    }
+                    ResumePlan::WrongEpoch { got, expected } => {
+                        self.m().resume(ResumeClass::WrongEpoch);
+                        let body = serde_json::json!({
+                            "error": "wrong_epoch",
+                            "message": "Last-Event-ID belongs to another incarnation of this log",
+                            "got": format!("{:016x}", got.0), "expected": format!("{:016x}", expected.0),
+                        });
+                        self.send_response(slot, http::json_response(400, &body, true), true);
+                        return;
+                    }
+                    ResumePlan::OtherStream { got, expected } => {
+                        self.m().resume(ResumeClass::OtherStream);
+                        let body = serde_json::json!({
+                            "error": "other_stream",
+                            "message": "Last-Event-ID belongs to another stream",
+                            "got": got.0, "expected": expected.0,
+                        });
+                        self.send_response(slot, http::json_response(400, &body, true), true);
+                        return;
+                    }
+                }
+            }
+        };
+        self.become_subscriber(slot, key, cursor, preamble, aligned);
+    }
+
+    fn plan(
+        &mut self,
+        key: StreamKey,
+        epoch: Epoch,
+        bounds: Bounds,
+        requested: EventId,
+    ) -> ResumePlan {
+        let now = self.now;
+        let parked = self.parked.get_mut(&key);
+        let window = parked.and_then(|list| {
+            list.retain(|p| p.expires > now);
+            let want = requested.seq.checked_add(1)?;
+            list.iter()
+                .find(|p| p.head == want)
+                .or_else(|| list.back())
+                .map(|p| log_store::WindowView {
+                    epoch,
+                    stream: key.1,
+                    head: p.head,
+                    last: p.last,
+                    contiguous: true,
+                })
+        });
+        let input = log_store::ResumeInput {
+            log_epoch: epoch,
+            stream: key.1,
+            bounds,
+            requested,
+            window,
+            known_epochs: &self.shared.epochs,
+        };
+        log_store::plan_resume(&input)
+    }
+
+    fn take_parked(&mut self, key: StreamKey, head: Seq) -> Vec<ParkedEvent<Bytes>> {
+        let list = self
+            .parked
+            .get_mut(&key)
+            .expect("aligned implies a parked window");
+        let i = list
+            .iter()
+            .position(|p| p.head == head)
+            .expect("aligned implies a parked window with that head");
+        let p = list.remove(i).expect("index valid");
+        self.m().parked_windows.fetch_sub(1, Relaxed);
+        p.events
+    }
+
+    fn become_subscriber(
+        &mut self,
+        slot: u32,
+        key: StreamKey,
+        cursor: Seq,
+        preamble: Vec<u8>,
+        aligned: Option<Vec<ParkedEvent<Bytes>>>,
+    ) {
+        let lowat = self.shared.cfg.notsent_lowat_bytes;
+        let want_ts = self.shared.uring_cmd && !self.shared.cfg.no_tx_timestamps;
+        let now = self.now;
+        let gen_ = self.gen_of(slot);
+        let conn = self.conn(slot);
+        let fd = conn.fd;
+        let _ = sys::set_notsent_lowat(fd, lowat);
+        // Byte 0 of the window is the first byte written after this option is set: nothing is
+        // in flight on this connection now (requests are answered one at a time).
+        let ack = if want_ts && sys::enable_tx_ack_timestamps(fd).is_ok() {
+            AckMode::TxTimestamps
+        } else {
+            AckMode::Outq
+        };
+        let mut window = Window::new();
+        window.push_bytes(Run::whole(Bytes::Owned(preamble.into())));
+        match aligned {
+            Some(evs) => window.push_parked(evs),
+            None => window.expect_next(cursor),
+        }
+        let sub = Sub {
+            key,
+            window,
+            cursor,
+            ack,
+            finishing: false,
+            last_write: now,
+            iov: Vec::with_capacity(64),
+            // SAFETY: msghdr is plain data; all-zero is a valid empty header.
+            msg: unsafe { std::mem::zeroed() },
+        };
+        conn.state = State::Sub(Box::new(sub));
+        conn.rlen = 0;
+        conn.rbuf.truncate(512);
+        conn.rbuf.shrink_to_fit();
+        self.subs.entry(key).or_default().push((slot, gen_));
+        self.m().subscribers.fetch_add(1, Relaxed);
+        if ack == AckMode::TxTimestamps {
+            let conn = self.conn(slot);
+            conn.inflight |= F_TXTS;
+            let e = opcode::UringCmd16::new(types::Fd(fd), SOCKET_URING_OP_TX_TIMESTAMP)
+                .build()
+                .user_data(ud(slot, gen_, OP_TXTS));
+            // SAFETY: the command points at no memory of ours.
+            unsafe { self.push(e) };
+        }
+        if self.conn(slot).inflight & F_RECV == 0 {
+            self.arm_recv(slot);
+        }
+        self.pump(slot);
+    }
+
+    /// Moves a subscriber forward: refills its window from the log (up to the visible tail)
+    /// and hands all unsent bytes to the kernel in one sendmsg, unless a send or a POLLOUT
+    /// wait is already in flight.
+    fn pump(&mut self, slot: u32) {
+        let lag_max = self.shared.cfg.lag_events_max;
+        let send_max = self.shared.cfg.send_bytes_max;
+        let now = self.now;
+        let gen_ = self.gen_of(slot);
+        let Some(conn) = self.slots[slot as usize].conn.as_mut() else {
+            return;
+        };
+        if conn.closing || conn.inflight & (F_SEND | F_POLL) != 0 {
+            return;
+        }
+        let fd = conn.fd;
+        let State::Sub(sub) = &mut conn.state else {
+            return;
+        };
+        let m = &self.shared.metrics[self.id];
+        if !sub.finishing {
+            let log = &self.logs[&sub.key.0];
+            let b = log.bounds(sub.key.1).expect("subscribed stream exists");
+            let behind = b.tail.saturating_sub(sub.cursor.saturating_sub(1));
+            let unsent = sub.window.unsent_bytes() as usize;
+            if behind > lag_max {
+                let json =
+                    sse::truncated_json(TruncatedReason::Lagging, sub.cursor, b.floor, b.tail);
+                sub.window
+                    .push_bytes(Run::whole(Bytes::Owned(sse::truncated_event(&json).into())));
+                sub.finishing = true;
+                m.lagging_closes_total.fetch_add(1, Relaxed);
+            } else if unsent < send_max && sub.cursor <= b.visible_tail {
+                match log.read(sub.key.1, sub.cursor, send_max - unsent) {
+                    Ok(batch) => {
+                        if !batch.record_lens.is_empty() {
+                            assert_eq!(batch.first, sub.cursor, "log read starts at the cursor");
+                            let chunks = batch.slices.into_iter().map(Bytes::Log).collect();
+                            sub.window
+                                .push_events(batch.first, chunks, &batch.record_lens);
+                            sub.cursor = batch.last + 1;
+                        }
+                    }
+                    Err(ReadError::Truncated {
+                        requested,
+                        floor,
+                        tail,
+                    }) => {
+                        let json =
+                            sse::truncated_json(TruncatedReason::Truncated, requested, floor, tail);
+                        sub.window.push_bytes(Run::whole(Bytes::Owned(
+                            sse::truncated_event(&json).into(),
+                        )));
+                        sub.finishing = true;
+                        m.truncated_closes_total.fetch_add(1, Relaxed);
+                    }
+                    Err(e) => panic!("read of a subscribed stream failed: {e:?}"),
+                }
+            }
+        }
+        if sub.window.unsent_bytes() == 0 {
+            if sub.finishing {
+                self.close_conn(slot);
+            }
+            return;
+        }
+        sub.iov.clear();
+        let iov = &mut sub.iov;
+        sub.window.for_each_unsent(IOV_MAX_PER_SEND, send_max, |s| {
+            iov.push(libc::iovec {
+                iov_base: s.as_ptr() as *mut libc::c_void,
+                iov_len: s.len(),
+            });
+        });
+        sub.msg.msg_iov = sub.iov.as_mut_ptr();
+        sub.msg.msg_iovlen = sub.iov.len();
+        sub.last_write = now;
+        let msg: *const libc::msghdr = &sub.msg;
+        conn.inflight |= F_SEND;
+        let e = opcode::SendMsg::new(types::Fd(fd), msg)
+            .flags(libc::MSG_NOSIGNAL as u32)
+            .build()
+            .user_data(ud(slot, gen_, OP_SEND));
+        // SAFETY: the msghdr and iovec array live in the boxed `Sub` of this slot, and every
+        // iovec points into a chunk held by the window (a LogSlice keeps its segment mapped).
+        // While F_SEND is set: the Sub is not dropped (close waits for F_SEND before freeing),
+        // `iov`/`msg` are not modified (pump returns early), and the window releases no run at
+        // or after `sent` (eviction stops at `acked <= sent`).
+        unsafe { self.push(e) };
+    }
+
+    fn on_sub_sent(&mut self, slot: u32, n: u64) {
+        let conn = self.conn(slot);
+        let fd = conn.fd;
+        let State::Sub(sub) = &mut conn.state else {
+            unreachable!("checked by caller")
+        };
+        let before = sub.window.sent();
+        let requested: u64 = sub.iov.iter().map(|v| v.iov_len as u64).sum();
+        let sent_events = sub.window.events_ending_within(before, before + n);
+        let mut confirmed = sub.window.on_sent(n);
+        let acked_before = sub.window.acked();
+        if sub.ack == AckMode::Outq
+            && let Ok(q) = sys::outq_bytes(fd)
+        {
+            confirmed += sub
+                .window
+                .on_acked(crate::window::acked_from_outq(sub.window.sent(), q));
+        }
+        let acked_bytes = sub.window.acked() - acked_before;
+        let partial = n < requested;
+        let m = &self.shared.metrics[self.id];
+        m.bytes_confirmed_total.fetch_add(acked_bytes, Relaxed);
+        m.bytes_sent_total.fetch_add(n, Relaxed);
+        m.events_sent_total.fetch_add(sent_events as u64, Relaxed);
+        m.events_confirmed_total
+            .fetch_add(confirmed as u64, Relaxed);
+        if partial {
+            // The socket is above TCP_NOTSENT_LOWAT: wait until it drains below it; the rest
+            // of the backlog stays in the log meanwhile.
+            let gen_ = self.gen_of(slot);
+            let conn = self.conn(slot);
+            conn.inflight |= F_POLL;
+            let e = opcode::PollAdd::new(types::Fd(fd), libc::POLLOUT as u32)
+                .build()
+                .user_data(ud(slot, gen_, OP_POLL));
+            // SAFETY: poll points at no memory of ours.
+            unsafe { self.push(e) };
+        } else {
+            self.pump(slot);
+        }
+    }
+
+    fn on_tx_timestamp(&mut self, slot: u32, res: i32, flags: u32) {
+        let gen_ = self.gen_of(slot);
+        let conn = self.slots[slot as usize].conn.as_mut().expect("live");
+        let fd = conn.fd;
+        let more = cqueue::more(flags);
+        let State::Sub(sub) = &mut conn.state else {
+            return;
+        };
+        if res < 0 {
+            // Not supported on this socket/kernel (or the command ended): fall back to
+            // SIOCOUTQ accounting for this connection.
+            sub.ack = AckMode::Outq;
+            self.shared.metrics[self.id]
+                .outq_fallbacks_total
+                .fetch_add(1, Relaxed);
+            return;
+        }
+        let kind = flags >> IORING_TIMESTAMP_TYPE_SHIFT;
+        if kind == SCM_TSTAMP_ACK {
+            self.shared.metrics[self.id]
+                .tx_ack_timestamps_total
+                .fetch_add(1, Relaxed);
+            let acked = crate::window::acked_from_tskey(res as u32, sub.window.queued());
+            let before = sub.window.acked();
+            let confirmed = sub.window.on_acked(acked);
+            let bytes = sub.window.acked() - before;
+            let m = &self.shared.metrics[self.id];
+            m.events_confirmed_total
+                .fetch_add(confirmed as u64, Relaxed);
+            m.bytes_confirmed_total.fetch_add(bytes, Relaxed);
+        }
+        if !more {
+            conn.inflight |= F_TXTS;
+            let e = opcode::UringCmd16::new(types::Fd(fd), SOCKET_URING_OP_TX_TIMESTAMP)
+                .build()
+                .user_data(ud(slot, gen_, OP_TXTS));
+            // SAFETY: the command points at no memory of ours.
+            unsafe { self.push(e) };
+        }
+    }
+
+    // ---- closing ----
+
+    fn close_conn(&mut self, slot: u32) {
+        let grace = Duration::from_secs(self.shared.cfg.resume_grace_secs);
+        let now = self.now;
+        let conn = self.conn(slot);
+        if conn.closing {
+            return;
+        }
+        conn.closing = true;
+        let fd = conn.fd;
+        let inflight = conn.inflight;
+        if let State::Sub(sub) = &mut conn.state {
+            let key = sub.key;
+            let events = sub.window.take_events();
+            if let Some(list) = self.subs.get_mut(&key) {
+                list.retain(|(s, _)| *s != slot);
+            }
+            self.shared.metrics[self.id]
+                .subscribers
+                .fetch_sub(1, Relaxed);
+            if !events.is_empty() && grace > Duration::ZERO && self.shutting_down.is_none() {
+                let list = self.parked.entry(key).or_default();
+                list.push_back(Parked {
+                    head: events[0].seq,
+                    last: events[events.len() - 1].seq,
+                    events,
+                    expires: now + grace,
+                });
+                self.shared.metrics[self.id]
+                    .parked_windows
+                    .fetch_add(1, Relaxed);
+                if list.len() > PARKED_PER_STREAM_MAX {
+                    list.pop_front();
+                    self.shared.metrics[self.id]
+                        .parked_windows
+                        .fetch_sub(1, Relaxed);
+                }
+            }
+        }
+        sys::shutdown(fd);
+        if inflight != 0 {
+            let e = opcode::AsyncCancel2::new(types::CancelBuilder::fd(types::Fd(fd)).all())
+                .build()
+                .user_data(ud(0, 0, OP_CANCEL));
+            // SAFETY: cancel points at no memory of ours.
+            unsafe { self.push(e) };
+        }
+        self.maybe_free(slot);
+    }
+
+    fn maybe_free(&mut self, slot: u32) {
+        let s = &mut self.slots[slot as usize];
+        let conn = s.conn.as_ref().expect("live");
+        if !conn.closing || conn.inflight & F_OWNING != 0 {
+            return;
+        }
+        let conn = s.conn.take().expect("live");
+        sys::close(conn.fd);
+        self.free.push(slot);
+        self.shared.connections.fetch_sub(1, Relaxed);
+        self.m().connections.fetch_sub(1, Relaxed);
+    }
+
+    // ---- timers ----
+
+    fn tick(&mut self) {
+        let now = self.now;
+        let cfg = &self.shared.cfg;
+        let idle = Duration::from_secs(cfg.idle_timeout_secs);
+        let header = Duration::from_secs(cfg.header_timeout_secs);
+        let keepalive = Duration::from_secs(cfg.keepalive_secs);
+        let mut to_close = Vec::new();
+        let mut to_pump = Vec::new();
+        let mut timeouts = Vec::new();
+        let (mut inflight_bytes, mut lag_max) = (0u64, 0u64);
+        for (i, s) in self.slots.iter_mut().enumerate() {
+            let Some(conn) = s.conn.as_mut() else {
+                continue;
+            };
+            if conn.closing {
+                continue;
+            }
+            match &mut conn.state {
+                State::Http => {
+                    if conn.inflight & F_SEND != 0 {
+                        continue;
+                    }
+                    if let Some(t) = conn.head_started
+                        && now.duration_since(t) >= header
+                    {
+                        timeouts.push(i as u32);
+                    } else if conn.head_started.is_none()
+                        && now.duration_since(conn.idle_since) >= idle
+                    {
+                        to_close.push(i as u32);
+                    }
+                }
+                State::AwaitDurable => {}
+                State::Sub(sub) => {
+                    if sub.ack == AckMode::Outq
+                        && sub.window.unconfirmed_bytes() > 0
+                        && let Ok(q) = sys::outq_bytes(conn.fd)
+                    {
+                        let before = sub.window.acked();
+                        let c = sub
+                            .window
+                            .on_acked(crate::window::acked_from_outq(sub.window.sent(), q));
+                        let m = &self.shared.metrics[self.id];
+                        m.events_confirmed_total.fetch_add(c as u64, Relaxed);
+                        m.bytes_confirmed_total
+                            .fetch_add(sub.window.acked() - before, Relaxed);
+                    }
+                    inflight_bytes += sub.window.unconfirmed_bytes();
+                    if let Some(b) = self.logs[&sub.key.0].bounds(sub.key.1) {
+                        lag_max = lag_max.max(b.tail.saturating_sub(sub.cursor.saturating_sub(1)));
+                    }
+                    if conn.inflight & (F_SEND | F_POLL) == 0
+                        && sub.window.unsent_bytes() == 0
+                        && now.duration_since(sub.last_write) >= keepalive
+                    {
+                        sub.window
+                            .push_bytes(Run::whole(Bytes::Static(sse::KEEPALIVE)));
+                    }
+                    to_pump.push(i as u32);
+                }
+            }
+        }
+        let m = &self.shared.metrics[self.id];
+        m.inflight_bytes.store(inflight_bytes, Relaxed);
+        m.lag_events_max.store(lag_max, Relaxed);
+        for slot in timeouts {
+            self.error(
+                slot,
+                408,
+                "request_timeout",
+                "request head not completed within --header-timeout-secs",
+                true,
+            );
+        }
+        for slot in to_close {
+            self.close_conn(slot);
+        }
+        for slot in to_pump {
+            self.pump(slot);
+        }
+        // Parked windows past their grace period.
+        let mut expired = 0;
+        for list in self.parked.values_mut() {
+            let before = list.len();
+            list.retain(|p| p.expires > now);
+            expired += before - list.len();
+        }
+        self.m().parked_windows.fetch_sub(expired as u64, Relaxed);
+        if now >= self.next_retention {
+            self.next_retention = now + Duration::from_secs(1);
+            let wall = SystemTime::now();
+            for (s, log) in self.logs.iter_mut() {
+                if let Err(e) = log.enforce_retention(wall) {
+                    eprintln!("core {}: retention on shard {s}: {e:?}", self.id);
+                }
+            }
+            self.snapshot_streams();
+        }
+        if self.shared.shutdown.load(Relaxed) && self.shutting_down.is_none() {
+            self.begin_shutdown();
+        }
+    }
+
+    fn snapshot_streams(&mut self) {
+        let mut out = String::new();
+        let mut shards: Vec<_> = self.logs.keys().copied().collect();
+        shards.sort_unstable();
+        for s in shards {
+            for (_, name, b) in self.logs[&s].streams() {
+                metrics::stream_lines(&mut out, s, name, b.floor, b.tail, b.visible_tail);
+            }
+        }
+        *self.m().streams_snapshot.lock().expect("metrics lock") = out;
+    }
+
+    /// Stop accepting, make everything durable, answer waiting publishes, close the rest.
+    fn begin_shutdown(&mut self) {
+        if self.shutting_down.is_some() {
+            return;
+        }
+        self.shutting_down = Some(self.now + Duration::from_secs(3));
+        if let Some(l) = self.listener.take() {
+            let e = opcode::AsyncCancel2::new(types::CancelBuilder::fd(types::Fd(l)).all())
+                .build()
+                .user_data(ud(0, 0, OP_CANCEL));
+            // SAFETY: cancel points at no memory of ours.
+            unsafe { self.push(e) };
+            sys::close(l);
+        }
+        let mut touched = Vec::new();
+        for (&s, log) in self.logs.iter_mut() {
+            match log.sync_now() {
+                Ok(r) => touched.extend(r.advanced.iter().map(|(sid, _)| (s, *sid))),
+                Err(e) => eprintln!("core {}: shutdown sync of shard {s}: {e:?}", self.id),
+            }
+        }
+        touched.extend(self.pending.iter().map(|p| p.key));
+        touched.sort_unstable_by_key(|(s, id)| (*s, id.0));
+        touched.dedup();
+        self.complete_pending(&touched);
+        for i in 0..self.slots.len() as u32 {
+            let Some(conn) = self.slots[i as usize].conn.as_mut() else {
+                continue;
+            };
+            if conn.inflight & F_SEND != 0 && matches!(conn.state, State::Http) {
+                conn.close_after_write = true;
+            } else if !conn.closing {
+                self.close_conn(i);
+            }
+        }
+    }
+}
+
+/// Status and code for a failed append or stream creation.
+fn append_status(e: &log_store::AppendError) -> (u16, &'static str) {
+    use log_store::AppendError as E;
+    match e {
+        E::DiskFull => (507, "insufficient_storage"),
+        E::RecordTooLarge { .. } => (413, "event_too_large"),
+        E::EventTypeHasLineBreak => (400, "bad_event_type"),
+        E::DataNotUtf8 { .. } => (400, "bad_data"),
+        E::StreamNameInvalid(_) => (400, "bad_stream_name"),
+        E::TooManyStreams => (507, "too_many_streams"),
+        _ => (500, "append_failed"),
+    }
+}

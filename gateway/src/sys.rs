@@ -1,0 +1,244 @@
+//! Thin, checked wrappers over the few Linux syscalls the gateway makes outside io_uring:
+//! listener sockets (SO_REUSEPORT), socket options (TCP_NODELAY, TCP_NOTSENT_LOWAT,
+//! SO_TIMESTAMPING), SIOCOUTQ, eventfd, CPU pinning, signal masks, shutdown/close. Each
+//! `unsafe` block is a single libc call on plain values or on memory owned by the caller for
+//! the duration of the call. Nothing here knows about HTTP or the log.
+
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::RawFd;
+
+fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+fn setsockopt_int(
+    fd: RawFd,
+    level: libc::c_int,
+    name: libc::c_int,
+    v: libc::c_int,
+) -> io::Result<()> {
+    // SAFETY: `v` lives on the stack for the duration of the call and its size is passed.
+    cvt(unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            (&raw const v).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    })
+    .map(drop)
+}
+
+/// Creates a listening IPv4/IPv6 TCP socket with SO_REUSEPORT (so each core binds its own).
+pub fn listener(addr: SocketAddr, backlog: i32) -> io::Result<RawFd> {
+    let family = if addr.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    };
+    // SAFETY: plain syscall with constant arguments.
+    let fd = cvt(unsafe { libc::socket(family, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) })?;
+    let res = (|| {
+        setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1)?;
+        setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_REUSEPORT, 1)?;
+        let (storage, len) = sockaddr(addr);
+        // SAFETY: `storage` is a valid sockaddr of `len` bytes living across the call.
+        cvt(unsafe { libc::bind(fd, (&raw const storage).cast(), len) })?;
+        // SAFETY: plain syscall on an fd we own.
+        cvt(unsafe { libc::listen(fd, backlog) })?;
+        Ok(())
+    })();
+    match res {
+        Ok(()) => Ok(fd),
+        Err(e) => {
+            close(fd);
+            Err(e)
+        }
+    }
+}
+
+/// The address a socket is bound to.
+pub fn local_addr(fd: RawFd) -> io::Result<SocketAddr> {
+    // SAFETY: sockaddr_storage is plain data; all-zero is a valid value.
+    let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut len = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    // SAFETY: `storage`/`len` are valid for writes of the passed size.
+    cvt(unsafe { libc::getsockname(fd, (&raw mut storage).cast(), &mut len) })?;
+    match i32::from(storage.ss_family) {
+        libc::AF_INET => {
+            // SAFETY: the kernel wrote a sockaddr_in (family AF_INET) into the storage.
+            let a: libc::sockaddr_in = unsafe { *(&raw const storage).cast() };
+            Ok(SocketAddr::from((
+                u32::from_be(a.sin_addr.s_addr).to_be_bytes(),
+                u16::from_be(a.sin_port),
+            )))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the kernel wrote a sockaddr_in6 (family AF_INET6) into the storage.
+            let a: libc::sockaddr_in6 = unsafe { *(&raw const storage).cast() };
+            Ok(SocketAddr::from((
+                a.sin6_addr.s6_addr,
+                u16::from_be(a.sin6_port),
+            )))
+        }
+        _ => Err(io::Error::other("unknown address family")),
+    }
+}
+
+fn sockaddr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: sockaddr_storage is plain data; all-zero is a valid value.
+    let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    match addr {
+        SocketAddr::V4(a) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: a.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_be_bytes(a.ip().octets()).to_be(),
+                },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in.
+            unsafe { (&raw mut storage).cast::<libc::sockaddr_in>().write(sin) };
+            (storage, size_of::<libc::sockaddr_in>() as libc::socklen_t)
+        }
+        SocketAddr::V6(a) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: a.port().to_be(),
+                sin6_flowinfo: a.flowinfo(),
+                sin6_addr: libc::in6_addr {
+                    s6_addr: a.ip().octets(),
+                },
+                sin6_scope_id: a.scope_id(),
+            };
+            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in6.
+            unsafe { (&raw mut storage).cast::<libc::sockaddr_in6>().write(sin6) };
+            (storage, size_of::<libc::sockaddr_in6>() as libc::socklen_t)
+        }
+    }
+}
+
+/// TCP_NODELAY on: responses and batched event sends go out at once.
+pub fn set_nodelay(fd: RawFd) -> io::Result<()> {
+    setsockopt_int(fd, libc::IPPROTO_TCP, libc::TCP_NODELAY, 1)
+}
+
+/// TCP_NOTSENT_LOWAT: the socket reports writable only while unsent bytes are below `bytes`.
+pub fn set_notsent_lowat(fd: RawFd, bytes: u32) -> io::Result<()> {
+    setsockopt_int(
+        fd,
+        libc::IPPROTO_TCP,
+        libc::TCP_NOTSENT_LOWAT,
+        bytes.min(i32::MAX as u32) as libc::c_int,
+    )
+}
+
+/// `SO_TIMESTAMPING` (asm-generic value; `libc` exposes only the flag constants).
+const SO_TIMESTAMPING: libc::c_int = 37;
+
+/// Enables TX ACK timestamps keyed by TCP byte offset (counted from the next byte written).
+pub fn enable_tx_ack_timestamps(fd: RawFd) -> io::Result<()> {
+    let flags = libc::SOF_TIMESTAMPING_TX_ACK
+        | libc::SOF_TIMESTAMPING_SOFTWARE
+        | libc::SOF_TIMESTAMPING_OPT_ID
+        | libc::SOF_TIMESTAMPING_OPT_ID_TCP
+        | libc::SOF_TIMESTAMPING_OPT_TSONLY;
+    setsockopt_int(fd, libc::SOL_SOCKET, SO_TIMESTAMPING, flags as libc::c_int)
+}
+
+/// SIOCOUTQ: bytes in the socket's send queue not yet acknowledged by the peer (unsent + unacked).
+pub fn outq_bytes(fd: RawFd) -> io::Result<u64> {
+    let mut v: libc::c_int = 0;
+    // SAFETY: TIOCOUTQ (== SIOCOUTQ) writes one c_int to the pointer, which is valid.
+    cvt(unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut v) })?;
+    Ok(v.max(0) as u64)
+}
+
+/// A non-blocking, close-on-exec eventfd.
+pub fn eventfd() -> io::Result<RawFd> {
+    // SAFETY: plain syscall with constant arguments.
+    cvt(unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) })
+}
+
+/// Adds 1 to an eventfd (wakes the ring that has a read armed on it).
+pub fn eventfd_wake(fd: RawFd) {
+    let one: u64 = 1;
+    // SAFETY: writes 8 bytes from a stack value that outlives the call. A full counter
+    // (EAGAIN) already means "wake", so the result is deliberately ignored.
+    let _ = unsafe { libc::write(fd, (&raw const one).cast(), 8) };
+}
+
+/// Best-effort immediate send of a small response on a fresh socket (used to refuse a
+/// connection above --connections-max without allocating any per-connection state).
+pub fn send_now(fd: RawFd, bytes: &[u8]) {
+    // SAFETY: `bytes` is valid for reads of its length during the call.
+    let _ = unsafe { libc::send(fd, bytes.as_ptr().cast(), bytes.len(), libc::MSG_DONTWAIT) };
+}
+
+/// shutdown(SHUT_RDWR): queued data is still sent, then FIN; wakes pending recv/poll.
+pub fn shutdown(fd: RawFd) {
+    // SAFETY: plain syscall on an fd we own; errors (ENOTCONN) are irrelevant here.
+    let _ = unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+}
+
+/// close(2), ignoring errors (the fd is gone either way on Linux).
+pub fn close(fd: RawFd) {
+    // SAFETY: the caller owns `fd` and no io_uring operation still refers to it by number
+    // (the kernel keeps its own file reference for in-flight operations anyway).
+    let _ = unsafe { libc::close(fd) };
+}
+
+/// Pins the calling thread to one CPU.
+pub fn pin_to_cpu(cpu: usize) -> io::Result<()> {
+    // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: CPU_SET writes one bit inside `set`; `cpu` < CPU_SETSIZE is checked by libc.
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: `set` is a valid cpu_set_t of the passed size; pid 0 = calling thread.
+    cvt(unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) }).map(drop)
+}
+
+/// CPUs this process may run on, in order.
+pub fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is valid for writes of the passed size.
+    if unsafe { libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set) } != 0 {
+        return (0..std::thread::available_parallelism().map_or(1, |n| n.get())).collect();
+    }
+    (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: CPU_ISSET reads one bit of the initialized `set`; c < CPU_SETSIZE.
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .collect()
+}
+
+/// Blocks SIGINT and SIGTERM in the calling thread (inherited by threads it spawns) and
+/// returns the set, for [`wait_signal`].
+pub fn block_shutdown_signals() -> libc::sigset_t {
+    // SAFETY: sigset_t is plain data; sigemptyset initializes it.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid sigset_t for the call to write.
+    unsafe { libc::sigemptyset(&mut set) };
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: `set` is an initialized sigset_t; `sig` is a valid signal number.
+        unsafe { libc::sigaddset(&mut set, sig) };
+    }
+    // SAFETY: `set` is initialized; a null old-mask pointer is allowed.
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+    set
+}
+
+/// Waits for one of the blocked signals; returns its number.
+pub fn wait_signal(set: &libc::sigset_t) -> i32 {
+    let mut sig: libc::c_int = 0;
+    // SAFETY: `set` is an initialized sigset_t, `sig` is valid for writes.
+    unsafe { libc::sigwait(set, &mut sig) };
+    sig
+}

@@ -1,0 +1,494 @@
+//! The subscriber send window: a pure state machine over byte offsets and sequence numbers.
+//!
+//! A subscriber connection's outgoing byte stream is numbered from 0 (the first byte written
+//! after TX timestamping was enabled on the socket). The window holds, in order, the byte runs
+//! queued for that connection (pointers into shared chunks — mapped log slices — never
+//! copies) and the events they carry, each with its `[start, end)` byte range. Three offsets
+//! advance monotonically: `queued >= sent >= acked`.
+//!
+//! - `sent` moves on a send completion (the kernel took the bytes: *not* delivery).
+//! - `acked` moves only on a confirmed peer ACK (TX_ACK timestamp key or `SIOCOUTQ`
+//!   accounting), and is clamped to `sent` so a run that an in-flight send points into is
+//!   never released.
+//! - An event leaves the window only when `acked >= end`: eviction is tied to confirmed
+//!   completions, never to the send result.
+//!
+//! After a disconnect the unconfirmed events ([`Window::take_events`]) are parked for
+//! `--resume-grace-secs`; the resume planner may serve them (Aligned) only when their head is
+//! exactly N+1. This module knows nothing of sockets, io_uring or the log.
+#![forbid(unsafe_code)]
+
+use std::collections::VecDeque;
+
+/// Shared, immutable bytes a run points into (a mapped log slice, a static preamble, ...).
+/// `bytes()` must return the same address and length for the chunk's whole lifetime.
+pub trait Chunk: Clone {
+    fn bytes(&self) -> &[u8];
+}
+
+/// A run of bytes: `chunk.bytes()[off..off + len]`.
+#[derive(Debug, Clone)]
+pub struct Run<C> {
+    pub chunk: C,
+    pub off: usize,
+    pub len: usize,
+}
+
+impl<C: Chunk> Run<C> {
+    /// The whole chunk.
+    pub fn whole(chunk: C) -> Self {
+        let len = chunk.bytes().len();
+        Run { chunk, off: 0, len }
+    }
+
+    /// The bytes of the run.
+    pub fn bytes(&self) -> &[u8] {
+        &self.chunk.bytes()[self.off..self.off + self.len]
+    }
+}
+
+/// One event in the window: its sequence and byte range in the connection's stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WinEvent {
+    pub seq: u64,
+    pub start: u64,
+    pub end: u64,
+}
+
+/// The window of one subscriber connection.
+#[derive(Debug)]
+pub struct Window<C> {
+    runs: VecDeque<Run<C>>,
+    /// Byte offset of the first byte of `runs[0]`.
+    runs_start: u64,
+    events: VecDeque<WinEvent>,
+    queued: u64,
+    sent: u64,
+    acked: u64,
+    /// Highest ACK reported, possibly ahead of `sent` (a send CQE not yet processed).
+    ack_hint: u64,
+    /// Sequence of the last event ever pushed (0 = none), for the contiguity assertion.
+    last_pushed: u64,
+}
+
+impl<C: Chunk> Default for Window<C> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<C: Chunk> Window<C> {
+    pub fn new() -> Self {
+        Window {
+            runs: VecDeque::new(),
+            runs_start: 0,
+            events: VecDeque::new(),
+            queued: 0,
+            sent: 0,
+            acked: 0,
+            ack_hint: 0,
+            last_pushed: 0,
+        }
+    }
+
+    /// Queues bytes that are not an event (response head, `retry:`, keep-alive comments,
+    /// `event: truncated`).
+    pub fn push_bytes(&mut self, run: Run<C>) {
+        if run.len == 0 {
+            return;
+        }
+        self.queued += run.len as u64;
+        self.runs.push_back(run);
+    }
+
+    /// Queues events `first..first + record_lens.len()` whose framed bytes are exactly the
+    /// concatenation of `chunks` (as the log returns them, adjacent records coalesced).
+    ///
+    /// Panics if the bytes and lengths disagree or the sequence is not contiguous with the
+    /// previous push: either would be a silent gap or duplicate.
+    pub fn push_events(&mut self, first: u64, chunks: Vec<C>, record_lens: &[u32]) {
+        let total: u64 = chunks.iter().map(|c| c.bytes().len() as u64).sum();
+        let lens: u64 = record_lens.iter().map(|&l| u64::from(l)).sum();
+        assert_eq!(total, lens, "record lengths must cover the chunks exactly");
+        if self.last_pushed != 0 {
+            assert_eq!(
+                first,
+                self.last_pushed + 1,
+                "window events must be contiguous"
+            );
+        }
+        let mut start = self.queued;
+        for (i, &len) in record_lens.iter().enumerate() {
+            let end = start + u64::from(len);
+            self.events.push_back(WinEvent {
+                seq: first + i as u64,
+                start,
+                end,
+            });
+            start = end;
+        }
+        if !record_lens.is_empty() {
+            self.last_pushed = first + record_lens.len() as u64 - 1;
+        }
+        for c in chunks {
+            self.push_bytes(Run::whole(c));
+        }
+    }
+
+    /// Queues events taken from a parked window (an Aligned resume), rebased onto this
+    /// connection's byte stream.
+    pub fn push_parked(&mut self, parked: Vec<ParkedEvent<C>>) {
+        for ev in parked {
+            if self.last_pushed != 0 {
+                assert_eq!(
+                    ev.seq,
+                    self.last_pushed + 1,
+                    "window events must be contiguous"
+                );
+            }
+            let len: u64 = ev.runs.iter().map(|r| r.len as u64).sum();
+            self.events.push_back(WinEvent {
+                seq: ev.seq,
+                start: self.queued,
+                end: self.queued + len,
+            });
+            self.last_pushed = ev.seq;
+            for r in ev.runs {
+                self.push_bytes(r);
+            }
+        }
+    }
+
+    /// Declares that the next event pushed must be `seq` (after a resume that skipped ahead).
+    pub fn expect_next(&mut self, seq: u64) {
+        assert!(self.events.is_empty() || self.last_pushed + 1 == seq);
+        self.last_pushed = seq.saturating_sub(1);
+    }
+
+    /// Bytes queued but not yet taken by the kernel.
+    pub fn unsent_bytes(&self) -> u64 {
+        self.queued - self.sent
+    }
+
+    /// Bytes taken by the kernel but not confirmed by the peer's ACK.
+    pub fn unconfirmed_bytes(&self) -> u64 {
+        self.sent - self.acked
+    }
+
+    pub fn sent(&self) -> u64 {
+        self.sent
+    }
+
+    pub fn acked(&self) -> u64 {
+        self.acked
+    }
+
+    pub fn queued(&self) -> u64 {
+        self.queued
+    }
+
+    /// First unconfirmed event.
+    #[cfg(test)]
+    pub fn head(&self) -> Option<u64> {
+        self.events.front().map(|e| e.seq)
+    }
+
+    /// Events still in the window whose last byte lies in `(lo, hi]` (for "events sent"
+    /// accounting: call with the old and new `sent` before the send is applied).
+    pub fn events_ending_within(&self, lo: u64, hi: u64) -> usize {
+        let a = self.events.partition_point(|e| e.end <= lo);
+        let b = self.events.partition_point(|e| e.end <= hi);
+        b - a
+    }
+
+    /// The unsent bytes from `sent`, as at most `iov_max` slices totalling at most `bytes_max`
+    /// (the first slice is cut to `bytes_max` if it alone exceeds it). Calls `f` per slice.
+    pub fn for_each_unsent(&self, iov_max: usize, bytes_max: usize, mut f: impl FnMut(&[u8])) {
+        let mut pos = self.runs_start;
+        let (mut n, mut bytes) = (0usize, 0usize);
+        for run in &self.runs {
+            let run_end = pos + run.len as u64;
+            if run_end > self.sent {
+                let skip = self.sent.saturating_sub(pos) as usize;
+                let b = &run.bytes()[skip..];
+                let take = b.len().min(bytes_max - bytes);
+                if take == 0 || n == iov_max {
+                    return;
+                }
+                f(&b[..take]);
+                n += 1;
+                bytes += take;
+            }
+            pos = run_end;
+        }
+    }
+
+    /// The kernel took `n` more bytes (a send completion's result). Returns how many events
+    /// an ACK reported earlier (ahead of this completion) now confirms.
+    pub fn on_sent(&mut self, n: u64) -> usize {
+        assert!(
+            self.sent + n <= self.queued,
+            "kernel took more than was queued"
+        );
+        self.sent += n;
+        let hint = self.ack_hint;
+        self.apply_ack(hint)
+    }
+
+    /// The peer confirmed bytes `[0, acked_total)`. Returns how many events this confirmed.
+    /// Values not ahead of the current ACK are ignored (ACKs may be reported out of order).
+    pub fn on_acked(&mut self, acked_total: u64) -> usize {
+        self.ack_hint = self.ack_hint.max(acked_total);
+        self.apply_ack(self.ack_hint)
+    }
+
+    fn apply_ack(&mut self, hint: u64) -> usize {
+        let acked = hint.min(self.sent);
+        if acked <= self.acked {
+            return 0;
+        }
+        self.acked = acked;
+        let mut confirmed = 0;
+        while self.events.front().is_some_and(|e| e.end <= acked) {
+            self.events.pop_front();
+            confirmed += 1;
+        }
+        while let Some(r) = self.runs.front() {
+            let end = self.runs_start + r.len as u64;
+            if end > acked {
+                break;
+            }
+            self.runs_start = end;
+            self.runs.pop_front();
+        }
+        confirmed
+    }
+
+    /// Takes the unconfirmed events with their byte runs (for parking on disconnect).
+    pub fn take_events(&mut self) -> Vec<ParkedEvent<C>> {
+        let mut out = Vec::with_capacity(self.events.len());
+        for ev in &self.events {
+            out.push(ParkedEvent {
+                seq: ev.seq,
+                runs: self.runs_between(ev.start, ev.end),
+            });
+        }
+        self.events.clear();
+        out
+    }
+
+    fn runs_between(&self, start: u64, end: u64) -> Vec<Run<C>> {
+        let mut out = Vec::new();
+        let mut pos = self.runs_start;
+        for r in &self.runs {
+            let (rs, re) = (pos, pos + r.len as u64);
+            pos = re;
+            if re <= start {
+                continue;
+            }
+            if rs >= end {
+                break;
+            }
+            let from = start.max(rs);
+            let to = end.min(re);
+            out.push(Run {
+                chunk: r.chunk.clone(),
+                off: r.off + (from - rs) as usize,
+                len: (to - from) as usize,
+            });
+        }
+        debug_assert_eq!(
+            out.iter().map(|r| r.len as u64).sum::<u64>(),
+            end - start,
+            "runs must cover every unconfirmed event"
+        );
+        out
+    }
+}
+
+/// An unconfirmed event kept after a disconnect: its sequence and exact framed bytes.
+#[derive(Debug, Clone)]
+pub struct ParkedEvent<C> {
+    pub seq: u64,
+    pub runs: Vec<Run<C>>,
+}
+
+/// Rebuilds the 64-bit byte offset of the last byte of an ACKed send from the 32-bit TX
+/// timestamp key (`SOF_TIMESTAMPING_OPT_ID_TCP`: offset of the send's last byte, wrapping at
+/// 2^32) and returns the number of bytes the ACK confirms (`offset + 1`). `queued` bounds the
+/// answer from above (the kernel cannot have written more than was ever queued).
+pub fn acked_from_tskey(key: u32, queued: u64) -> u64 {
+    if queued == 0 {
+        return 0;
+    }
+    let top = queued - 1;
+    let mut k = (top & !0xffff_ffff) | u64::from(key);
+    if k > top {
+        if k < 1 << 32 {
+            return 0;
+        }
+        k -= 1 << 32;
+    }
+    k + 1
+}
+
+/// Bytes confirmed by the peer from `SIOCOUTQ` accounting: what we know the kernel took minus
+/// what it still holds (unsent + unacknowledged). Conservative when a send is in flight.
+pub fn acked_from_outq(sent: u64, outq: u64) -> u64 {
+    sent.saturating_sub(outq)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::rc::Rc;
+
+    #[derive(Clone, Debug)]
+    struct B(Rc<Vec<u8>>);
+    impl Chunk for B {
+        fn bytes(&self) -> &[u8] {
+            &self.0
+        }
+    }
+    fn b(s: &[u8]) -> B {
+        B(Rc::new(s.to_vec()))
+    }
+    fn unsent(w: &Window<B>) -> Vec<u8> {
+        let mut v = Vec::new();
+        w.for_each_unsent(usize::MAX, usize::MAX, |s| v.extend_from_slice(s));
+        v
+    }
+
+    #[test]
+    fn eviction_only_on_ack_not_on_send() {
+        let mut w: Window<B> = Window::new();
+        w.push_bytes(Run::whole(b(b"HEAD")));
+        w.push_events(1, vec![b(b"aaabb"), b(b"c")], &[3, 2, 1]);
+        assert_eq!(unsent(&w), b"HEADaaabbc");
+        assert_eq!(w.on_sent(10), 0);
+        assert_eq!(w.head(), Some(1), "a send completion confirms nothing");
+        assert_eq!(w.on_acked(6), 0, "event 1 ends at 7");
+        assert_eq!(w.on_acked(7), 1);
+        assert_eq!(w.head(), Some(2));
+        assert_eq!(w.on_acked(5), 0, "stale ACK ignored");
+        assert_eq!(w.on_acked(10), 2);
+        assert_eq!(w.head(), None);
+    }
+
+    #[test]
+    fn ack_ahead_of_send_completion_is_clamped() {
+        let mut w: Window<B> = Window::new();
+        w.push_events(1, vec![b(b"aabb")], &[2, 2]);
+        assert_eq!(w.on_acked(4), 0, "nothing sent yet");
+        assert_eq!(w.acked(), 0);
+        assert_eq!(w.on_sent(2), 1);
+        assert_eq!(w.acked(), 2);
+        assert_eq!(w.head(), Some(2));
+        w.on_sent(2);
+        assert_eq!(w.head(), None);
+    }
+
+    #[test]
+    fn partial_sends_continue_from_exact_byte() {
+        let mut w: Window<B> = Window::new();
+        w.push_events(1, vec![b(b"abc"), b(b"defg")], &[3, 4]);
+        w.on_sent(4);
+        assert_eq!(unsent(&w), b"efg");
+        let mut parts = Vec::new();
+        w.for_each_unsent(1, 2, |s| parts.push(s.to_vec()));
+        assert_eq!(parts, vec![b"ef".to_vec()]);
+    }
+
+    #[test]
+    fn parked_events_rebase_exactly() {
+        let mut w: Window<B> = Window::new();
+        w.push_bytes(Run::whole(b(b"H")));
+        w.push_events(5, vec![b(b"xxyyyz")], &[2, 3, 1]);
+        w.on_sent(7);
+        w.on_acked(3); // event 5 confirmed
+        let parked = w.take_events();
+        assert_eq!(parked.iter().map(|p| p.seq).collect::<Vec<_>>(), vec![6, 7]);
+        let mut w2: Window<B> = Window::new();
+        w2.push_bytes(Run::whole(b(b"NEWHEAD")));
+        w2.push_parked(parked);
+        w2.push_events(8, vec![b(b"q")], &[1]);
+        assert_eq!(unsent(&w2), b"NEWHEADyyyzq");
+        assert_eq!(w2.head(), Some(6));
+    }
+
+    #[test]
+    #[should_panic(expected = "contiguous")]
+    fn gap_is_an_assertion() {
+        let mut w: Window<B> = Window::new();
+        w.push_events(1, vec![b(b"a")], &[1]);
+        w.push_events(3, vec![b(b"a")], &[1]);
+    }
+
+    #[test]
+    fn tskey_reconstruction() {
+        assert_eq!(acked_from_tskey(9, 10), 10);
+        assert_eq!(acked_from_tskey(4, 10), 5);
+        assert_eq!(acked_from_tskey(20, 10), 0, "key beyond anything queued");
+        let q = (1u64 << 32) + 100;
+        assert_eq!(acked_from_tskey(50, q), (1 << 32) + 51);
+        assert_eq!(acked_from_tskey(u32::MAX, q), 1 << 32);
+        assert_eq!(acked_from_outq(100, 30), 70);
+        assert_eq!(acked_from_outq(10, 30), 0);
+    }
+
+    proptest! {
+        /// Random pushes, partial sends and ACKs: events leave strictly in order, only when
+        /// the ACK covers their last byte, and the parked remainder is byte-exact.
+        #[test]
+        fn model(ops in proptest::collection::vec((0u8..4, 1usize..50), 1..200)) {
+            let mut w: Window<B> = Window::new();
+            let mut stream: Vec<u8> = Vec::new();
+            let mut ends: Vec<(u64, u64, u64)> = Vec::new(); // (seq, start, end)
+            let mut next_seq = 1u64;
+            let mut confirmed = 0u64;
+            for (op, n) in ops {
+                match op {
+                    0 => {
+                        let lens: Vec<u32> = (0..(n % 4 + 1)).map(|i| (i as u32 % 3) + 1).collect();
+                        let bytes: Vec<u8> = (0..lens.iter().sum::<u32>()).map(|i| (next_seq as u8).wrapping_add(i as u8)).collect();
+                        let mut s = stream.len() as u64;
+                        for (i, &l) in lens.iter().enumerate() {
+                            ends.push((next_seq + i as u64, s, s + u64::from(l)));
+                            s += u64::from(l);
+                        }
+                        stream.extend_from_slice(&bytes);
+                        w.push_events(next_seq, vec![b(&bytes)], &lens);
+                        next_seq += lens.len() as u64;
+                    }
+                    1 => { let k = (n as u64).min(w.unsent_bytes()); w.on_sent(k); }
+                    2 => {
+                        // A real ACK never covers bytes the kernel was not given.
+                        let target = (w.acked() + n as u64).min(w.sent());
+                        let c = w.on_acked(target) as u64;
+                        confirmed += c;
+                        let expect = ends.iter().filter(|e| e.2 <= target).count() as u64;
+                        prop_assert_eq!(confirmed, expect);
+                    }
+                    _ => {
+                        w.push_bytes(Run::whole(b(b":\n")));
+                        stream.extend_from_slice(b":\n");
+                    }
+                }
+                let mut u = Vec::new();
+                w.for_each_unsent(usize::MAX, usize::MAX, |s| u.extend_from_slice(s));
+                prop_assert_eq!(&u[..], &stream[w.sent() as usize..]);
+            }
+            let head = w.head();
+            let parked = w.take_events();
+            let left: Vec<_> = ends.iter().filter(|e| e.2 > w.acked()).collect();
+            prop_assert_eq!(parked.len(), left.len());
+            prop_assert_eq!(head, left.first().map(|e| e.0));
+            for (p, e) in parked.iter().zip(left) {
+                prop_assert_eq!(p.seq, e.0);
+                let bytes: Vec<u8> = p.runs.iter().flat_map(|r| r.bytes().to_vec()).collect();
+                prop_assert_eq!(&bytes[..], &stream[e.1 as usize..e.2 as usize]);
+            }
+        }
+    }
+}
