@@ -1,0 +1,322 @@
+//! End-to-end over loopback: the bench's load driver against a tiny in-process SSE pub/sub
+//! server (std::net, thread per connection) that can be told to misbehave — skip or repeat an
+//! event — so the checker provably catches injected gaps and duplicates, and stays quiet when
+//! the server is correct (including cut-and-resume with Last-Event-ID and chunked bodies).
+//!
+//! Small sizes, short timeouts, loopback only; every thread stops when the server is dropped.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread;
+use std::time::Duration;
+
+use bench::load::{self, LoadConfig};
+use bench::target::{IdStyle, PublishStyle, UrlTemplate};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    None,
+    /// Never send the event at this index (a silent gap).
+    Skip(usize),
+    /// Send the event at this index twice.
+    Repeat(usize),
+    /// Answer every resume (a subscribe with Last-Event-ID) with 410.
+    GoneOnResume,
+    /// Answer every resume with `event: truncated`, then continue this many events later.
+    TruncateOnResume(usize),
+}
+
+struct Shared {
+    log: Mutex<HashMap<String, Vec<Vec<u8>>>>,
+    cv: Condvar,
+    stop: AtomicBool,
+    fault: Fault,
+    chunked: bool,
+}
+
+struct TestServer {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        self.shared.cv.notify_all();
+        let _ = TcpStream::connect(self.addr); // unblock accept
+    }
+}
+
+fn start_server(fault: Fault, chunked: bool) -> TestServer {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let shared = Arc::new(Shared {
+        log: Mutex::new(HashMap::new()),
+        cv: Condvar::new(),
+        stop: AtomicBool::new(false),
+        fault,
+        chunked,
+    });
+    let sh = shared.clone();
+    thread::spawn(move || {
+        for conn in listener.incoming() {
+            if sh.stop.load(Ordering::SeqCst) {
+                break;
+            }
+            let Ok(conn) = conn else { continue };
+            let sh = sh.clone();
+            thread::spawn(move || {
+                let _ = serve(conn, &sh);
+            });
+        }
+    });
+    TestServer { addr, shared }
+}
+
+fn stream_of(path: &str) -> String {
+    path.split("id=")
+        .nth(1)
+        .unwrap_or("")
+        .split('&')
+        .next()
+        .unwrap_or("")
+        .to_string()
+}
+
+fn serve(conn: TcpStream, sh: &Shared) -> std::io::Result<()> {
+    conn.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let mut w = conn.try_clone()?;
+    let mut r = BufReader::new(conn);
+    loop {
+        let mut line = String::new();
+        if r.read_line(&mut line)? == 0 {
+            return Ok(());
+        }
+        let mut parts = line.split_whitespace();
+        let method = parts.next().unwrap_or("").to_string();
+        let path = parts.next().unwrap_or("").to_string();
+        let mut content_length = 0usize;
+        let mut last_id: Option<u64> = None;
+        loop {
+            let mut h = String::new();
+            r.read_line(&mut h)?;
+            let h = h.trim_end();
+            if h.is_empty() {
+                break;
+            }
+            let (k, v) = h.split_once(':').unwrap_or((h, ""));
+            match k.to_ascii_lowercase().as_str() {
+                "content-length" => content_length = v.trim().parse().unwrap_or(0),
+                "last-event-id" => {
+                    last_id = v.trim().rsplit('-').next().and_then(|s| s.parse().ok())
+                }
+                _ => {}
+            }
+        }
+        let stream = stream_of(&path);
+        if method == "POST" {
+            let mut body = vec![0; content_length];
+            r.read_exact(&mut body)?;
+            sh.log.lock().unwrap().entry(stream).or_default().push(body);
+            sh.cv.notify_all();
+            w.write_all(b"HTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\nok")?;
+            continue;
+        }
+        if sh.fault == Fault::GoneOnResume && last_id.is_some() {
+            w.write_all(b"HTTP/1.1 410 Gone\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")?;
+            return Ok(());
+        }
+        let te = if sh.chunked {
+            "Transfer-Encoding: chunked\r\n"
+        } else {
+            ""
+        };
+        w.write_all(
+            format!("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n{te}\r\n").as_bytes(),
+        )?;
+        // IDs are gateway-shaped: <epoch16hex>-<stream>-<seq>, seq = index + 1.
+        let mut next = last_id.map(|s| s as usize).unwrap_or(0);
+        let send = |w: &mut TcpStream, text: &[u8]| -> std::io::Result<()> {
+            if sh.chunked {
+                w.write_all(format!("{:x}\r\n", text.len()).as_bytes())?;
+                w.write_all(text)?;
+                w.write_all(b"\r\n")
+            } else {
+                w.write_all(text)
+            }
+        };
+        send(&mut w, b": hello\n\n")?;
+        if let (Fault::TruncateOnResume(skip), Some(_)) = (sh.fault, last_id) {
+            send(&mut w, b"event: truncated\ndata: {\"floor\":1}\n\n")?;
+            next += skip;
+        }
+        loop {
+            let batch: Vec<(usize, Vec<u8>)> = {
+                let mut log = sh.log.lock().unwrap();
+                loop {
+                    if sh.stop.load(Ordering::SeqCst) {
+                        return Ok(());
+                    }
+                    let have = log.get(&stream).map(|v| v.len()).unwrap_or(0);
+                    if have > next {
+                        break;
+                    }
+                    log = sh
+                        .cv
+                        .wait_timeout(log, Duration::from_millis(50))
+                        .unwrap()
+                        .0;
+                }
+                let events = &log[&stream];
+                (next..events.len())
+                    .map(|i| (i, events[i].clone()))
+                    .collect()
+            };
+            for (i, data) in batch {
+                next = i + 1;
+                if sh.fault == Fault::Skip(i) {
+                    continue;
+                }
+                let reps = if sh.fault == Fault::Repeat(i) { 2 } else { 1 };
+                for _ in 0..reps {
+                    let mut ev = format!("id: 00000000000000aa-{stream}-{}\n", i + 1).into_bytes();
+                    ev.extend_from_slice(b"data: ");
+                    ev.extend_from_slice(&data);
+                    ev.extend_from_slice(b"\n\n");
+                    send(&mut w, &ev)?;
+                }
+            }
+        }
+    }
+}
+
+fn config(addr: SocketAddr, subscribers: usize, events: u64) -> LoadConfig {
+    LoadConfig {
+        publish: UrlTemplate::parse(&format!("http://{addr}/pub?id={{stream}}")).unwrap(),
+        subscribe: UrlTemplate::parse(&format!("http://{addr}/sub?id={{stream}}")).unwrap(),
+        publish_style: PublishStyle::Nchan,
+        id_style: IdStyle::Gateway,
+        stream_prefix: "t".into(),
+        streams: 2,
+        subscribers_per_stream: subscribers,
+        slow_subscribers_per_stream: 0,
+        slow_rate_divisor: 20,
+        events_per_stream: events,
+        payload_bytes: 64,
+        rate_events_per_sec: 0,
+        publishers: 2,
+        pipeline_depth: 8,
+        batch_events: 1,
+        publish_secs_max: 10.0,
+        drain_secs_max: 3.0,
+        connect_secs_max: 5.0,
+        idle_hold_secs: None,
+        cuts_per_sec: 0.0,
+        source_addrs: 1,
+        connects_inflight_max: 64,
+        header_bytes_max: 8192,
+        reconnects_max: 1000,
+        target_pids: vec![std::process::id()],
+        seed: 7,
+    }
+}
+
+#[test]
+fn correct_server_gives_zero_violations() {
+    for chunked in [false, true] {
+        let srv = start_server(Fault::None, chunked);
+        let r = load::run(&config(srv.addr, 3, 200)).unwrap();
+        assert_eq!(r.fast.events, 2 * 3 * 200, "chunked={chunked}");
+        assert_eq!(
+            r.fast.violations(),
+            0,
+            "chunked={chunked}: {:?} {:?}",
+            r.fast,
+            r.errors
+        );
+        assert_eq!(r.published, 400);
+        assert_eq!(r.latency_fast_ns.len(), 1200);
+        assert!(r.server.is_some());
+    }
+}
+
+#[test]
+fn injected_gap_is_caught_per_subscriber() {
+    let srv = start_server(Fault::Skip(50), false);
+    let r = load::run(&config(srv.addr, 3, 100)).unwrap();
+    // Both streams skip index 50, for each of their 3 subscribers.
+    assert_eq!(r.fast.gaps, 6, "{:?}", r.fast);
+    assert_eq!(r.fast.missing_events, 6);
+    assert_eq!(r.fast.duplicates, 0);
+    assert_eq!(r.fast.events, 6 * 99);
+    assert!(r.fast.violations() >= 6);
+}
+
+#[test]
+fn injected_duplicate_is_caught() {
+    let srv = start_server(Fault::Repeat(10), true);
+    let r = load::run(&config(srv.addr, 2, 50)).unwrap();
+    assert_eq!(r.fast.duplicates, 4, "{:?}", r.fast);
+    // The repeated event also repeats its ID's sequence: still in step with the counter.
+    assert_eq!(r.fast.id_mismatches, 0);
+    assert_eq!(r.fast.gaps, 0);
+}
+
+fn storm(cfg: &mut LoadConfig) {
+    cfg.rate_events_per_sec = 6000;
+    cfg.cuts_per_sec = 200.0;
+}
+
+#[test]
+fn gone_on_resume_is_explicit_not_a_gap() {
+    let srv = start_server(Fault::GoneOnResume, false);
+    let mut cfg = config(srv.addr, 4, 1500);
+    storm(&mut cfg);
+    let r = load::run(&cfg).unwrap();
+    assert!(r.http_410 > 0, "no resume was answered 410");
+    assert_eq!(r.fast.explicit_truncations, r.http_410);
+    assert_eq!(r.fast.gaps, 0);
+    // A subscriber that got 410 stopped: its missing tail is explicit, not undelivered.
+    assert_eq!(r.fast.violations(), 0, "{:?} {:?}", r.fast, r.errors);
+}
+
+#[test]
+fn truncation_notice_on_resume_is_explicit_not_a_gap() {
+    let srv = start_server(Fault::TruncateOnResume(5), true);
+    let mut cfg = config(srv.addr, 4, 1500);
+    storm(&mut cfg);
+    let r = load::run(&cfg).unwrap();
+    assert!(r.fast.explicit_truncations > 0);
+    assert!(r.fast.skipped_explicitly > 0);
+    assert_eq!(r.fast.gaps, 0);
+    assert_eq!(r.fast.violations(), 0, "{:?} {:?}", r.fast, r.errors);
+}
+
+#[test]
+fn gap_during_a_resume_storm_is_caught() {
+    // Cuts and resumes must not mask a server that drops an event (here index 1400).
+    let srv = start_server(Fault::Skip(1400), false);
+    let mut cfg = config(srv.addr, 2, 1500);
+    storm(&mut cfg);
+    let r = load::run(&cfg).unwrap();
+    assert!(r.fast.gaps >= 1, "{:?}", r.fast);
+}
+
+#[test]
+fn cut_and_resume_stays_gap_free() {
+    let srv = start_server(Fault::None, false);
+    let mut cfg = config(srv.addr, 4, 3000);
+    storm(&mut cfg);
+    let r = load::run(&cfg).unwrap();
+    assert!(r.cuts > 20, "cuts {}", r.cuts);
+    assert!(
+        r.resume_ns.len() > 20,
+        "resumes measured {}",
+        r.resume_ns.len()
+    );
+    assert_eq!(r.fast.violations(), 0, "{:?} {:?}", r.fast, r.errors);
+    assert_eq!(r.fast.events, 2 * 4 * 3000);
+}
