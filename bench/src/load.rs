@@ -24,6 +24,8 @@ use crate::target::{IdStyle, PublishStyle, UrlTemplate, gateway_seq};
 
 /// Bytes of SSE framing per event beyond the payload, used to size slow readers' byte rate.
 const WIRE_OVERHEAD_BYTES: usize = 64;
+/// An NDJSON batch line is `{"data":"` + payload + `"}` + LF.
+const BATCH_LINE_OVERHEAD: &[u8; 12] = b"{\"data\":\"\"}\n";
 /// Size of the shared read buffer.
 const SCRATCH_BYTES: usize = 256 * 1024;
 /// Size of a publisher's response buffer.
@@ -49,7 +51,11 @@ pub struct LoadConfig {
     pub rate_events_per_sec: u64,
     pub publishers: usize,
     pub pipeline_depth: usize,
+    /// Events per publish request; above 1 the gateway's batch form is used (NDJSON lines of
+    /// `{"data":"<payload>"}` POSTed to `publish_batch`).
     pub batch_events: usize,
+    /// Batch publish URL template (gateway: `.../v1/streams/{stream}/events:batch`).
+    pub publish_batch: Option<UrlTemplate>,
     pub publish_secs_max: f64,
     pub drain_secs_max: f64,
     pub connect_secs_max: f64,
@@ -97,6 +103,8 @@ pub struct LoadResult {
     pub reconnects: u64,
     pub http_410: u64,
     pub server: Option<ServerFigures>,
+    /// CPU-seconds the bench itself used over the window (is the load generator saturated?).
+    pub bench_cpu_secs: f64,
     /// Idle mode: server RSS before any subscriber connected and once all were up.
     pub idle_rss_before_kib: Option<u64>,
     pub idle_rss_after_kib: Option<u64>,
@@ -347,9 +355,9 @@ pub fn run(cfg: &LoadConfig) -> Result<LoadResult, LoadError> {
             "nchan has no batch publish form: use --batch-events 1".into(),
         ));
     }
-    if cfg.batch_events > 1 {
+    if cfg.batch_events > 1 && cfg.publish_batch.is_none() {
         return Err(LoadError::Config(
-            "--batch-events > 1 needs the gateway's batch form, not wired yet".into(),
+            "--batch-events > 1 needs --publish-batch-url".into(),
         ));
     }
     if cfg.slow_subscribers_per_stream > 0 && cfg.rate_events_per_sec == 0 {
@@ -564,6 +572,7 @@ pub fn run(cfg: &LoadConfig) -> Result<LoadResult, LoadError> {
             reconnects: ctx.reconnects,
             http_410: ctx.http_410,
             server,
+            bench_cpu_secs: 0.0,
             idle_rss_before_kib: before_connect.map(|s| s.rss_kib),
             idle_rss_after_kib: after_connect.map(|s| s.rss_kib),
             errors: ctx.errors,
@@ -599,19 +608,27 @@ pub fn run(cfg: &LoadConfig) -> Result<LoadResult, LoadError> {
         });
     }
     // Per-stream request heads, built once: "POST <path> HTTP/1.1\r\nHost: ..\r\nContent-Length: ".
+    let (url, content_type): (&UrlTemplate, &[u8]) = match (&cfg.publish_batch, cfg.batch_events) {
+        (Some(b), 2..) => (b, b"application/x-ndjson"),
+        _ => (&cfg.publish, b"application/octet-stream"),
+    };
     let heads: Vec<Vec<u8>> = names
         .iter()
         .map(|n| {
             let mut h = b"POST ".to_vec();
-            cfg.publish.render_path(n, &mut h);
+            url.render_path(n, &mut h);
             h.extend_from_slice(b" HTTP/1.1\r\nHost: ");
-            h.extend_from_slice(cfg.publish.host_header.as_bytes());
-            h.extend_from_slice(b"\r\nContent-Type: application/octet-stream\r\nContent-Length: ");
+            h.extend_from_slice(url.host_header.as_bytes());
+            h.extend_from_slice(b"\r\nContent-Type: ");
+            h.extend_from_slice(content_type);
+            h.extend_from_slice(b"\r\nContent-Length: ");
             h
         })
         .collect();
     let mut counters = vec![0u64; cfg.streams];
     let start_sample = sample(&cfg.target_pids)?;
+    let me = [std::process::id()];
+    let bench_start = procstat::sample(&me).map_err(LoadError::Proc)?;
     let mut peak_rss = start_sample.map(|s| s.rss_kib).unwrap_or(0);
     let window_start = Instant::now();
     let publish_deadline = window_start + Duration::from_secs_f64(cfg.publish_secs_max);
@@ -791,6 +808,9 @@ pub fn run(cfg: &LoadConfig) -> Result<LoadResult, LoadError> {
         }
     }
     let end_sample = sample(&cfg.target_pids)?;
+    let bench_end = procstat::sample(&me).map_err(LoadError::Proc)?;
+    let bench_cpu_secs =
+        (bench_end.cpu_ticks - bench_start.cpu_ticks) as f64 / procstat::ticks_per_second() as f64;
     let mut fast = CheckCounts::default();
     let mut slow = CheckCounts::default();
     let mut slow_backlog = 0;
@@ -837,6 +857,7 @@ pub fn run(cfg: &LoadConfig) -> Result<LoadResult, LoadError> {
         reconnects: ctx.reconnects,
         http_410: ctx.http_410,
         server,
+        bench_cpu_secs,
         idle_rss_before_kib: None,
         idle_rss_after_kib: None,
         errors: ctx.errors,
@@ -1312,11 +1333,27 @@ fn fill_publisher(
             p.woff = 0;
         }
         p.wbuf.extend_from_slice(&heads[s]);
-        let _ = write!(p.wbuf, "{}\r\n\r\n", cfg.payload_bytes);
-        write_payload(&mut p.wbuf, counters[s], t_ns, cfg.payload_bytes);
-        counters[s] += 1;
+        if cfg.batch_events > 1 {
+            // Our payloads are ASCII without quotes or backslashes: valid JSON strings as-is.
+            let k = (cfg.batch_events as u64)
+                .min(cfg.events_per_stream - counters[s])
+                .min(allowed_total - ctx.published);
+            let line_bytes = cfg.payload_bytes + BATCH_LINE_OVERHEAD.len();
+            let _ = write!(p.wbuf, "{}\r\n\r\n", k as usize * line_bytes);
+            for _ in 0..k {
+                p.wbuf.extend_from_slice(&BATCH_LINE_OVERHEAD[..9]);
+                write_payload(&mut p.wbuf, counters[s], t_ns, cfg.payload_bytes);
+                p.wbuf.extend_from_slice(&BATCH_LINE_OVERHEAD[9..]);
+                counters[s] += 1;
+            }
+            ctx.published += k;
+        } else {
+            let _ = write!(p.wbuf, "{}\r\n\r\n", cfg.payload_bytes);
+            write_payload(&mut p.wbuf, counters[s], t_ns, cfg.payload_bytes);
+            counters[s] += 1;
+            ctx.published += 1;
+        }
         p.inflight += 1;
-        ctx.published += 1;
     }
 }
 

@@ -119,6 +119,12 @@ struct Common {
         default_value = "http://127.0.0.1:8080/v1/streams/{stream}/events"
     )]
     publish_url: String,
+    /// Batch publish URL template (used when --batch-events > 1).
+    #[arg(
+        long,
+        default_value = "http://127.0.0.1:8080/v1/streams/{stream}/events:batch"
+    )]
+    publish_batch_url: String,
     /// Subscribe URL template.
     #[arg(long, default_value = "http://127.0.0.1:8080/v1/streams/{stream}")]
     subscribe_url: String,
@@ -234,6 +240,10 @@ fn base_config(c: &Common) -> Result<LoadConfig, String> {
         publishers: 1,
         pipeline_depth: 1,
         batch_events: 1,
+        publish_batch: Some(
+            UrlTemplate::parse(&c.publish_batch_url)
+                .map_err(|e| format!("--publish-batch-url: {e}"))?,
+        ),
         publish_secs_max: 15.0,
         drain_secs_max: 5.0,
         connect_secs_max: c.connect_secs_max,

@@ -73,6 +73,7 @@ pub struct Report {
     pub reconnects: u64,
     pub http_410: u64,
     pub server: Option<ServerReport>,
+    pub bench_cpu_secs: f64,
     /// Idle: server RSS growth per connected subscriber, bytes.
     pub idle_bytes_per_connection: Option<f64>,
     pub errors: Vec<String>,
@@ -123,6 +124,7 @@ impl Report {
             reconnects: r.reconnects,
             http_410: r.http_410,
             server,
+            bench_cpu_secs: r.bench_cpu_secs,
             idle_bytes_per_connection,
             errors: r.errors.clone(),
         }
@@ -200,6 +202,16 @@ impl Report {
                 ),
             );
             row("server VmHWM KiB", s.raw.hwm_kib.to_string());
+        }
+        if self.window_secs > 0.0 && self.bench_cpu_secs > 0.0 {
+            row(
+                "bench cpu s (share of one core)",
+                format!(
+                    "{:.2} ({:.0}%)",
+                    self.bench_cpu_secs,
+                    100.0 * self.bench_cpu_secs / self.window_secs
+                ),
+            );
         }
         if let Some(b) = self.idle_bytes_per_connection {
             row("server bytes per idle connection", format!("{b:.0}"));

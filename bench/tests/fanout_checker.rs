@@ -210,6 +210,7 @@ fn config(addr: SocketAddr, subscribers: usize, events: u64) -> LoadConfig {
         publishers: 2,
         pipeline_depth: 8,
         batch_events: 1,
+        publish_batch: None,
         publish_secs_max: 10.0,
         drain_secs_max: 3.0,
         connect_secs_max: 5.0,
