@@ -1,0 +1,513 @@
+//! Model-based property test: random operations (stream creation, appends over many streams,
+//! syncs, range reads, resumes through the planner, retention, clean reopen, and crashes that
+//! tear unsynced records off the active segment) run against the real `Log` and a plain
+//! in-memory model. Every read must equal the model's suffix or be the explicit truncation /
+//! beyond-tail error the model predicts; recovery must keep every synced record and drop exactly
+//! a suffix of unsynced ones. `PROPTEST_CASES` overrides the case count (default 24).
+#![forbid(unsafe_code)]
+
+use std::fs;
+use std::path::Path;
+use std::time::SystemTime;
+
+use log_store::resume::{ResumeInput, ResumePlan, WindowView, plan_resume};
+use log_store::{Epoch, EventId, FsyncPolicy, Log, LogOptions, ReadError, StreamId};
+use proptest::prelude::*;
+
+const SEGMENT_BYTES: u64 = 64 * 1024;
+const NAMES: [&str; 6] = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta"];
+
+fn options() -> LogOptions {
+    LogOptions {
+        segment_bytes: SEGMENT_BYTES,
+        retain_bytes: Some(2 * SEGMENT_BYTES),
+        retain_secs: None,
+        fsync: FsyncPolicy::Always,
+        record_bytes_max: 8 * 1024,
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Create(u8),
+    Append {
+        stream: u8,
+        shape: u8,
+        len: u16,
+        typed: bool,
+    },
+    Sync,
+    Read {
+        stream: u8,
+        from: u8,
+        bytes_max: u16,
+    },
+    Resume {
+        stream: u8,
+        n: u8,
+        window: Option<(i8, u8, bool, bool)>,
+    },
+    Retention,
+    Reopen,
+    Crash {
+        tear: u8,
+        flip: bool,
+    },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        2 => any::<u8>().prop_map(Op::Create),
+        24 => (any::<u8>(), any::<u8>(), prop_oneof![0u16..80, 0u16..3000], any::<bool>())
+            .prop_map(|(stream, shape, len, typed)| Op::Append { stream, shape, len, typed }),
+        3 => Just(Op::Sync),
+        5 => (any::<u8>(), any::<u8>(), prop_oneof![1u16..400, 1u16..20000])
+            .prop_map(|(stream, from, bytes_max)| Op::Read { stream, from, bytes_max }),
+        4 => (any::<u8>(), any::<u8>(), proptest::option::of((-2i8..=2, 0u8..4, any::<bool>(), any::<bool>())))
+            .prop_map(|(stream, n, window)| Op::Resume { stream, n, window }),
+        1 => Just(Op::Retention),
+        1 => Just(Op::Reopen),
+        1 => (any::<u8>(), any::<bool>()).prop_map(|(tear, flip)| Op::Crash { tear, flip }),
+    ]
+}
+
+/// Event data of a given shape (plain, with line breaks of every kind, unicode).
+fn data(shape: u8, len: u16, salt: u64) -> String {
+    let base: String = (0..len as u64)
+        .map(|i| (b'a' + ((i + salt) % 26) as u8) as char)
+        .collect();
+    match shape % 4 {
+        0 => base,
+        1 => base
+            .char_indices()
+            .map(|(i, c)| match i % 37 {
+                5 => '\n',
+                11 => '\r',
+                _ => c,
+            })
+            .collect(),
+        2 => format!("{base}\r\n{base}\n"),
+        _ => format!("é{base}✓"),
+    }
+}
+
+/// Independent SSE framing (per the SSE spec's line splitting) for the model.
+fn frame(id: &EventId, typ: Option<&str>, data: &str) -> Vec<u8> {
+    let mut out = format!("id: {id}\n");
+    if let Some(t) = typ {
+        out += &format!("event: {t}\n");
+    }
+    let mut line = String::new();
+    let mut chars = data.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\r' => {
+                if chars.peek() == Some(&'\n') {
+                    chars.next();
+                }
+                out += &format!("data: {line}\n");
+                line.clear();
+            }
+            '\n' => {
+                out += &format!("data: {line}\n");
+                line.clear();
+            }
+            c => line.push(c),
+        }
+    }
+    out += &format!("data: {line}\n\n");
+    out.into_bytes()
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Write {
+    Name(usize),
+    Event(usize),
+}
+
+#[derive(Debug, Default)]
+struct MStream {
+    floor: u64,
+    visible: u64,
+    /// `recs[seq - 1]` = framed bytes (kept even below the floor, for reference).
+    recs: Vec<Vec<u8>>,
+}
+
+#[derive(Debug, Default)]
+struct Model {
+    names: Vec<&'static str>,
+    streams: Vec<MStream>,
+    writes: Vec<Write>,
+    synced: usize,
+}
+
+impl Model {
+    fn sync(&mut self) {
+        self.synced = self.writes.len();
+        for s in &mut self.streams {
+            s.visible = s.recs.len() as u64;
+        }
+    }
+}
+
+/// Reads everything from `from` through the visible tail in small batches.
+fn read_all(log: &Log, s: StreamId, from: u64) -> Result<Vec<u8>, ReadError> {
+    let mut out = Vec::new();
+    let mut next = from;
+    loop {
+        let b = log.read(s, next, 700)?;
+        if b.is_empty() {
+            return Ok(out);
+        }
+        assert_eq!(b.first, next.max(1));
+        for sl in &b.slices {
+            out.extend_from_slice(sl.as_bytes());
+        }
+        next = b.last + 1;
+    }
+}
+
+fn active_segment(dir: &Path) -> std::path::PathBuf {
+    let mut v: Vec<_> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
+        .collect();
+    v.sort();
+    v.pop().unwrap()
+}
+
+fn check_equal(log: &Log, m: &Model) {
+    assert_eq!(log.stream_count(), m.streams.len());
+    for (i, ms) in m.streams.iter().enumerate() {
+        let s = StreamId(i as u32);
+        assert_eq!(log.stream_name(s), Some(m.names[i]));
+        let b = log.bounds(s).unwrap();
+        assert_eq!(
+            (b.floor, b.tail, b.visible_tail),
+            (ms.floor, ms.recs.len() as u64, ms.visible)
+        );
+        let got = read_all(log, s, ms.floor).unwrap();
+        let want: Vec<u8> = ms.recs[(ms.floor - 1) as usize..ms.visible as usize].concat();
+        assert_eq!(got, want, "stream {i} content");
+    }
+}
+
+fn run(ops: Vec<Op>) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = Log::open(dir.path(), options()).unwrap();
+    let epoch = log.epoch();
+    let mut m = Model::default();
+    for (step, op) in ops.into_iter().enumerate() {
+        match op {
+            Op::Create(k) => {
+                let name = NAMES[k as usize % NAMES.len()];
+                let id = log.create_stream(name).unwrap();
+                if let Some(pos) = m.names.iter().position(|n| *n == name) {
+                    assert_eq!(id.0 as usize, pos);
+                } else {
+                    assert_eq!(id.0 as usize, m.names.len());
+                    m.names.push(name);
+                    m.streams.push(MStream {
+                        floor: 1,
+                        visible: 0,
+                        recs: Vec::new(),
+                    });
+                    m.writes.push(Write::Name(id.0 as usize));
+                }
+            }
+            Op::Append {
+                stream,
+                shape,
+                len,
+                typed,
+            } => {
+                if m.streams.is_empty() {
+                    continue;
+                }
+                let si = stream as usize % m.streams.len();
+                let d = data(shape, len, step as u64);
+                let typ = typed.then_some("tick");
+                let r = log.append(StreamId(si as u32), typ, d.as_bytes()).unwrap();
+                let ms = &mut m.streams[si];
+                assert_eq!(
+                    r.id,
+                    EventId {
+                        epoch,
+                        stream: StreamId(si as u32),
+                        seq: ms.recs.len() as u64 + 1
+                    }
+                );
+                assert!(!r.durable);
+                ms.recs.push(frame(&r.id, typ, &d));
+                m.writes.push(Write::Event(si));
+            }
+            Op::Sync => {
+                let mut adv = log.sync_now().unwrap().advanced;
+                adv.sort();
+                let mut want: Vec<(StreamId, u64)> = m
+                    .streams
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, s)| s.visible < s.recs.len() as u64)
+                    .map(|(i, s)| (StreamId(i as u32), s.recs.len() as u64))
+                    .collect();
+                want.sort();
+                assert_eq!(adv, want);
+                m.sync();
+            }
+            Op::Read {
+                stream,
+                from,
+                bytes_max,
+            } => {
+                if m.streams.is_empty() {
+                    continue;
+                }
+                let si = stream as usize % m.streams.len();
+                let ms = &m.streams[si];
+                let from = from as u64 % (ms.recs.len() as u64 + 3);
+                let res = log.read(StreamId(si as u32), from, bytes_max as usize);
+                let f = from.max(1);
+                if f < ms.floor {
+                    assert_eq!(
+                        res.unwrap_err(),
+                        ReadError::Truncated {
+                            requested: f,
+                            floor: ms.floor,
+                            tail: ms.visible
+                        }
+                    );
+                } else if f > ms.visible + 1 {
+                    assert_eq!(
+                        res.unwrap_err(),
+                        ReadError::BeyondTail {
+                            requested: f,
+                            tail: ms.visible
+                        }
+                    );
+                } else {
+                    let b = res.unwrap();
+                    assert_eq!(b.first, f);
+                    let mut want = Vec::new();
+                    let mut lens = Vec::new();
+                    let mut last = f - 1;
+                    for seq in f..=ms.visible {
+                        let r = &ms.recs[seq as usize - 1];
+                        if !want.is_empty() && want.len() + r.len() > bytes_max as usize {
+                            break;
+                        }
+                        want.extend_from_slice(r);
+                        lens.push(r.len() as u32);
+                        last = seq;
+                    }
+                    assert_eq!(b.last, last);
+                    assert_eq!(b.record_lens, lens);
+                    let got: Vec<u8> = b
+                        .slices
+                        .iter()
+                        .flat_map(|s| s.as_bytes().to_vec())
+                        .collect();
+                    assert_eq!(got, want);
+                    let mut expect_first = f;
+                    for s in &b.slices {
+                        assert_eq!(s.first_seq(), expect_first);
+                        assert!(s.last_seq() >= s.first_seq());
+                        expect_first = s.last_seq() + 1;
+                    }
+                }
+            }
+            Op::Resume { stream, n, window } => {
+                if m.streams.is_empty() {
+                    continue;
+                }
+                let si = stream as usize % m.streams.len();
+                let s = StreamId(si as u32);
+                let ms = &m.streams[si];
+                let n = n as u64 % (ms.recs.len() as u64 + 3);
+                let window = window.map(|(delta, len, contiguous, foreign)| {
+                    let head = (n as i64 + 1 + delta as i64).max(0) as u64;
+                    WindowView {
+                        epoch: if foreign { Epoch(epoch.0 ^ 1) } else { epoch },
+                        stream: s,
+                        head,
+                        last: (head + len as u64).saturating_sub(1),
+                        contiguous,
+                    }
+                });
+                let input = ResumeInput {
+                    log_epoch: epoch,
+                    stream: s,
+                    bounds: log.bounds(s).unwrap(),
+                    requested: EventId {
+                        epoch,
+                        stream: s,
+                        seq: n,
+                    },
+                    window,
+                    known_epochs: &[],
+                };
+                let want: Option<Vec<u8>> = (n + 1 >= ms.floor && n <= ms.visible)
+                    .then(|| ms.recs[n as usize..ms.visible as usize].concat());
+                match plan_resume(&input) {
+                    ResumePlan::Aligned {
+                        window_from,
+                        window_to,
+                        then_log_from,
+                    } => {
+                        let w = window.unwrap();
+                        assert!(w.contiguous && w.epoch == epoch);
+                        // The window physically holds the model's records head..=last.
+                        let mut got: Vec<u8> = (window_from..=window_to)
+                            .flat_map(|q| ms.recs[q as usize - 1].clone())
+                            .collect();
+                        got.extend(read_all(&log, s, then_log_from).unwrap());
+                        assert_eq!(Some(got), want);
+                    }
+                    ResumePlan::Replay { from } => {
+                        assert_eq!(Some(read_all(&log, s, from).unwrap()), want);
+                    }
+                    ResumePlan::UpToDate { from } => {
+                        assert_eq!(from, n + 1);
+                        assert_eq!(want, Some(vec![]));
+                    }
+                    ResumePlan::Truncated { .. } => assert!(n + 1 < ms.floor && want.is_none()),
+                    ResumePlan::BeyondTail { .. } => assert!(n > ms.visible && want.is_none()),
+                    other => panic!("unexpected plan {other:?}"),
+                }
+            }
+            Op::Retention => {
+                log.sync_now().unwrap();
+                m.sync();
+                let segs_before: Vec<Vec<u64>> = m
+                    .streams
+                    .iter()
+                    .enumerate()
+                    .map(|(i, ms)| {
+                        (ms.floor..=ms.visible)
+                            .map(|q| log.record(StreamId(i as u32), q).unwrap().segment_number())
+                            .collect()
+                    })
+                    .collect();
+                let report = log.enforce_retention(SystemTime::now()).unwrap();
+                let first_live: u64 = active_segment(dir.path())
+                    .file_stem()
+                    .unwrap()
+                    .to_str()
+                    .unwrap()
+                    .parse::<u64>()
+                    .unwrap()
+                    + 1
+                    - fs::read_dir(dir.path())
+                        .unwrap()
+                        .filter(|e| {
+                            e.as_ref()
+                                .unwrap()
+                                .path()
+                                .extension()
+                                .is_some_and(|x| x == "seg")
+                        })
+                        .count() as u64;
+                for (i, ms) in m.streams.iter_mut().enumerate() {
+                    let gone = segs_before[i].iter().filter(|&&g| g < first_live).count() as u64;
+                    let floor = ms.floor + gone;
+                    assert_eq!(
+                        log.bounds(StreamId(i as u32)).unwrap().floor,
+                        floor,
+                        "exact floor of stream {i}"
+                    );
+                    if gone > 0 {
+                        assert!(
+                            report
+                                .floors_advanced
+                                .contains(&(StreamId(i as u32), floor))
+                        );
+                    }
+                    ms.floor = floor;
+                }
+                assert!(
+                    report.segments_deleted == 0 || fs::read_dir(dir.path()).unwrap().count() >= 2
+                );
+            }
+            Op::Reopen => {
+                drop(log);
+                log = Log::open(dir.path(), options()).unwrap();
+                assert_eq!(log.epoch(), epoch);
+                m.sync(); // everything recovered is durable and visible
+            }
+            Op::Crash { tear, flip } => {
+                drop(log);
+                let path = active_segment(dir.path());
+                let mut bytes = fs::read(&path).unwrap();
+                let len = bytes.len();
+                let slot = |i: usize| len - 32 * (i + 1);
+                let mut n_active = 0;
+                while bytes[slot(n_active)..slot(n_active) + 32]
+                    .iter()
+                    .any(|&b| b != 0)
+                {
+                    n_active += 1;
+                }
+                let tearable = n_active.min(m.writes.len() - m.synced);
+                let t = tear as usize % (tearable + 1);
+                if t > 0 {
+                    let first_torn = n_active - t;
+                    if flip {
+                        // Corrupt the first torn record's payload; later entries stay intact.
+                        let e = slot(first_torn);
+                        let off =
+                            u32::from_le_bytes(bytes[e + 8..e + 12].try_into().unwrap()) as usize;
+                        bytes[off] ^= 0x40;
+                    } else {
+                        for i in first_torn..n_active {
+                            bytes[slot(i)..slot(i) + 32].fill(0);
+                        }
+                    }
+                    fs::write(&path, &bytes).unwrap();
+                }
+                log = Log::open(dir.path(), options()).unwrap();
+                assert_eq!(log.epoch(), epoch);
+                if t > 0 {
+                    assert_eq!(log.recovery().torn_tail_offset.is_some(), flip);
+                }
+                for _ in 0..t {
+                    match m.writes.pop().unwrap() {
+                        Write::Event(si) => {
+                            m.streams[si].recs.pop().unwrap();
+                        }
+                        Write::Name(si) => {
+                            assert_eq!(si + 1, m.streams.len());
+                            assert!(m.streams.pop().unwrap().recs.is_empty());
+                            m.names.pop();
+                        }
+                    }
+                }
+                m.sync();
+            }
+        }
+        if step % 16 == 0 {
+            check_equal(&log, &m);
+        }
+    }
+    check_equal(&log, &m);
+    drop(log);
+    let log = Log::open(dir.path(), options()).unwrap();
+    m.sync();
+    check_equal(&log, &m);
+}
+
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(24)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
+
+    #[test]
+    fn log_matches_model(ops in proptest::collection::vec(op(), 1..250)) {
+        run(ops);
+    }
+}
