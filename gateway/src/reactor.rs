@@ -1368,7 +1368,7 @@ impl Core {
     fn close_conn(&mut self, slot: u32) {
         let grace = Duration::from_secs(self.shared.cfg.resume_grace_secs);
         let now = self.now;
-        let conn = self.conn(slot);
+        let conn = self.slots[slot as usize].conn.as_mut().expect("live slot");
         if conn.closing {
             return;
         }
@@ -1377,6 +1377,19 @@ impl Core {
         let inflight = conn.inflight;
         if let State::Sub(sub) = &mut conn.state {
             let key = sub.key;
+            // ACKs whose timestamp completions are not reaped yet: SIOCOUTQ (write_seq -
+            // snd_una, still meaningful after a reset) tightens the window to what the peer
+            // really confirmed, so the parked head is as exact as the kernel knows it.
+            if let Ok(q) = sys::outq_bytes(fd) {
+                let before = sub.window.acked();
+                let c = sub
+                    .window
+                    .on_acked(crate::window::acked_from_outq(sub.window.sent(), q));
+                let m = &self.shared.metrics[self.id];
+                m.events_confirmed_total.fetch_add(c as u64, Relaxed);
+                m.bytes_confirmed_total
+                    .fetch_add(sub.window.acked() - before, Relaxed);
+            }
             let events = sub.window.take_events();
             if let Some(list) = self.subs.get_mut(&key) {
                 list.retain(|(s, _)| *s != slot);

@@ -1,0 +1,365 @@
+//! Test harness for end-to-end tests: spawns the built `gateway` binary on an ephemeral
+//! loopback port with a temporary data directory, and provides plain blocking std TCP clients
+//! (HTTP request/response and an SSE reader) with timeouts. Every wait is bounded.
+#![allow(dead_code)]
+#![forbid(unsafe_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const IO_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// A running gateway process.
+pub struct Gateway {
+    pub child: Child,
+    pub addr: SocketAddr,
+    pub data_dir: PathBuf,
+    _tmp: Option<tempfile::TempDir>,
+}
+
+impl Gateway {
+    /// Starts a gateway with a fresh data directory and extra flags.
+    pub fn start(args: &[&str]) -> Gateway {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().to_path_buf();
+        let mut g = Gateway::start_in(&dir, args);
+        g._tmp = Some(tmp);
+        g
+    }
+
+    /// Starts a gateway on an existing data directory (for restarts).
+    pub fn start_in(dir: &Path, args: &[&str]) -> Gateway {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_gateway"));
+        if !args.contains(&"--segment-bytes") {
+            // Small segments keep test data directories small.
+            cmd.args(["--segment-bytes", "1048576"]);
+        }
+        cmd.arg("--data-dir")
+            .arg(dir)
+            .args(["--listen", "127.0.0.1:0"])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        let mut child = cmd.spawn().expect("spawn gateway");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut r = BufReader::new(stdout);
+            let mut line = String::new();
+            let _ = r.read_line(&mut line);
+            let _ = tx.send(line);
+            // Keep draining so the child never blocks on a full pipe.
+            let mut sink = Vec::new();
+            let _ = r.read_to_end(&mut sink);
+        });
+        let line = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("gateway printed its address");
+        let addr = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .parse()
+            .expect("address");
+        Gateway {
+            child,
+            addr,
+            data_dir: dir.to_path_buf(),
+            _tmp: None,
+        }
+    }
+
+    /// SIGTERM, then wait (bounded) and return whether it exited 0.
+    pub fn stop(&mut self) -> bool {
+        let pid = self.child.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(st) = self.child.try_wait().expect("wait") {
+                return st.success();
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Resident set size of the gateway process in KiB.
+    pub fn rss_kib(&self) -> u64 {
+        let s = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        s.lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmRSS")
+    }
+
+    /// Value of one metric line (exact label set), summed if `labels` matches several.
+    pub fn metric(&self, name: &str, label_filter: &str) -> u64 {
+        let (_, _, body) = request(self.addr, "GET", "/metrics", &[], b"");
+        let text = String::from_utf8(body).unwrap();
+        text.lines()
+            .filter(|l| l.starts_with(name) && l[name.len()..].starts_with('{'))
+            .filter(|l| l.contains(label_filter))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum()
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+pub fn connect(addr: SocketAddr) -> TcpStream {
+    let s = TcpStream::connect_timeout(&addr, IO_TIMEOUT).expect("connect");
+    s.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+    s.set_write_timeout(Some(IO_TIMEOUT)).unwrap();
+    s
+}
+
+/// Reads one HTTP response with a Content-Length body from `r`.
+pub fn read_response(r: &mut impl BufRead) -> (u16, Vec<(String, String)>, Vec<u8>) {
+    let mut line = String::new();
+    r.read_line(&mut line).expect("status line");
+    let status: u16 = line
+        .split(' ')
+        .nth(1)
+        .unwrap_or_else(|| panic!("bad status line {line:?}"))
+        .parse()
+        .unwrap();
+    let mut headers = Vec::new();
+    loop {
+        let mut h = String::new();
+        r.read_line(&mut h).expect("header");
+        let h = h.trim_end();
+        if h.is_empty() {
+            break;
+        }
+        let (k, v) = h.split_once(':').expect("header colon");
+        headers.push((k.to_ascii_lowercase(), v.trim().to_string()));
+    }
+    let len: usize = headers
+        .iter()
+        .find(|(k, _)| k == "content-length")
+        .map_or(0, |(_, v)| v.parse().unwrap());
+    let mut body = vec![0; len];
+    r.read_exact(&mut body).expect("body");
+    (status, headers, body)
+}
+
+/// One request on a fresh connection.
+pub fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (u16, Vec<(String, String)>, Vec<u8>) {
+    let mut s = connect(addr);
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    if method == "POST" {
+        req.push_str(&format!("Content-Length: {}\r\n", body.len()));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes()).unwrap();
+    s.write_all(body).unwrap();
+    read_response(&mut BufReader::new(s))
+}
+
+pub fn json(body: &[u8]) -> serde_json::Value {
+    serde_json::from_slice(body)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(body)))
+}
+
+/// Publishes one event; returns its ID.
+pub fn publish(addr: SocketAddr, stream: &str, data: &str) -> String {
+    let (st, _, body) = request(
+        addr,
+        "POST",
+        &format!("/v1/streams/{stream}/events"),
+        &[],
+        data.as_bytes(),
+    );
+    assert_eq!(st, 201, "{}", String::from_utf8_lossy(&body));
+    json(&body)["id"].as_str().unwrap().to_string()
+}
+
+/// Publishes a batch (NDJSON of data strings); returns the IDs.
+pub fn publish_batch(addr: SocketAddr, stream: &str, datas: &[String]) -> Vec<String> {
+    let mut body = String::new();
+    for d in datas {
+        body.push_str(&serde_json::json!({ "data": d }).to_string());
+        body.push('\n');
+    }
+    let (st, _, resp) = request(
+        addr,
+        "POST",
+        &format!("/v1/streams/{stream}/events:batch"),
+        &[],
+        body.as_bytes(),
+    );
+    assert_eq!(st, 201, "{}", String::from_utf8_lossy(&resp));
+    json(&resp)["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_string())
+        .collect()
+}
+
+/// The sequence number of an event ID `{epoch}-{stream}-{seq}`.
+pub fn seq_of(id: &str) -> u64 {
+    id.rsplit('-').next().unwrap().parse().unwrap()
+}
+
+/// One parsed SSE event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    pub id: Option<String>,
+    pub event: Option<String>,
+    pub data: String,
+}
+
+/// A blocking SSE subscription.
+pub struct Sse {
+    pub stream: TcpStream,
+    pub status: u16,
+    pub body: Vec<u8>,
+    buf: Vec<u8>,
+    pos: usize,
+    pub bytes_read: usize,
+}
+
+impl Sse {
+    /// Sends the GET and reads the response head. For non-200 the body is in `body`.
+    pub fn open(addr: SocketAddr, path: &str, last_event_id: Option<&str>) -> Sse {
+        let mut s = connect(addr);
+        let mut req = format!("GET {path} HTTP/1.1\r\nHost: t\r\nAccept: text/event-stream\r\n");
+        if let Some(id) = last_event_id {
+            req.push_str(&format!("Last-Event-ID: {id}\r\n"));
+        }
+        req.push_str("\r\n");
+        s.write_all(req.as_bytes()).unwrap();
+        let mut sse = Sse {
+            stream: s,
+            status: 0,
+            body: Vec::new(),
+            buf: Vec::new(),
+            pos: 0,
+            bytes_read: 0,
+        };
+        // Read until the end of the head.
+        let head_end = loop {
+            if let Some(i) = sse.buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            assert!(sse.fill() > 0, "connection closed before the response head");
+        };
+        let head = String::from_utf8(sse.buf[..head_end].to_vec()).unwrap();
+        sse.status = head.split(' ').nth(1).unwrap().parse().unwrap();
+        sse.pos = head_end;
+        if sse.status != 200 {
+            let len: usize = head
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length:")
+                        .map(|v| v.trim().parse().unwrap())
+                })
+                .unwrap_or(0);
+            while sse.buf.len() - sse.pos < len {
+                assert!(sse.fill() > 0);
+            }
+            sse.body = sse.buf[sse.pos..sse.pos + len].to_vec();
+        }
+        sse
+    }
+
+    fn fill(&mut self) -> usize {
+        let mut tmp = [0u8; 65536];
+        match self.stream.read(&mut tmp) {
+            Ok(n) => {
+                self.buf.extend_from_slice(&tmp[..n]);
+                self.bytes_read += n;
+                n
+            }
+            Err(e) => panic!("sse read: {e}"),
+        }
+    }
+
+    /// Reads at most `n` more bytes from the socket (0 = EOF).
+    pub fn fill_some(&mut self, n: usize) -> usize {
+        let mut tmp = vec![0u8; n.max(1)];
+        match self.stream.read(&mut tmp) {
+            Ok(k) => {
+                self.buf.extend_from_slice(&tmp[..k]);
+                self.bytes_read += k;
+                k
+            }
+            Err(e) => panic!("sse read: {e}"),
+        }
+    }
+
+    /// Appends bytes read from the socket by the caller.
+    pub fn inject(&mut self, bytes: &[u8]) {
+        self.buf.extend_from_slice(bytes);
+        self.bytes_read += bytes.len();
+    }
+
+    /// The next complete event already buffered (comments and `retry:` are skipped).
+    pub fn take_buffered(&mut self) -> Option<Event> {
+        loop {
+            let rest = &self.buf[self.pos..];
+            let end = rest.windows(2).position(|w| w == b"\n\n")?;
+            let block = String::from_utf8(rest[..end].to_vec()).expect("utf8 event");
+            self.pos += end + 2;
+            let mut ev = Event {
+                id: None,
+                event: None,
+                data: String::new(),
+            };
+            let mut has_data = false;
+            for line in block.split('\n') {
+                if let Some(v) = line.strip_prefix("id: ") {
+                    ev.id = Some(v.to_string());
+                } else if let Some(v) = line.strip_prefix("event: ") {
+                    ev.event = Some(v.to_string());
+                } else if let Some(v) = line.strip_prefix("data: ") {
+                    if has_data {
+                        ev.data.push('\n');
+                    }
+                    ev.data.push_str(v);
+                    has_data = true;
+                }
+            }
+            if has_data || ev.id.is_some() || ev.event.is_some() {
+                return Some(ev);
+            }
+        }
+    }
+
+    /// Blocks (bounded by the read timeout) for the next event; None on EOF.
+    pub fn next_event(&mut self) -> Option<Event> {
+        loop {
+            if let Some(e) = self.take_buffered() {
+                return Some(e);
+            }
+            if self.fill() == 0 {
+                return None;
+            }
+        }
+    }
+}
