@@ -21,6 +21,9 @@ use clap::Parser;
 
 mod config;
 mod http;
+// The MCP front's pure core; the reactor drives it once `--upstream-cmd` is wired (MCP phase 2).
+#[allow(dead_code)]
+mod mcp;
 mod metrics;
 mod probe;
 mod reactor;
@@ -81,15 +84,8 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
         retain_secs: (cfg.retain_secs > 0).then_some(cfg.retain_secs),
         fsync: cfg.fsync_policy(),
         // Framing adds the id line, the event line and "data: " per line of data.
-        // Capped at half a segment so any --segment-bytes the log accepts works; an event
-        // whose framing exceeds it is refused with 413.
-        record_bytes_max: u32::try_from(
-            (cfg.event_bytes_max as u64)
-                .saturating_mul(2)
-                .saturating_add(4096)
-                .min(cfg.segment_bytes / 2),
-        )
-        .unwrap_or(u32::MAX),
+        record_bytes_max: u32::try_from(cfg.event_bytes_max.saturating_mul(2) + 4096)
+            .unwrap_or(u32::MAX),
     };
     let mut logs_per_core: Vec<Vec<(u32, log_store::Log)>> =
         (0..cores).map(|_| Vec::new()).collect();
