@@ -84,8 +84,15 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
         retain_secs: (cfg.retain_secs > 0).then_some(cfg.retain_secs),
         fsync: cfg.fsync_policy(),
         // Framing adds the id line, the event line and "data: " per line of data.
-        record_bytes_max: u32::try_from(cfg.event_bytes_max.saturating_mul(2) + 4096)
-            .unwrap_or(u32::MAX),
+        // Capped at half a segment so any --segment-bytes the log accepts works; an event
+        // whose framing exceeds it is refused with 413.
+        record_bytes_max: u32::try_from(
+            (cfg.event_bytes_max as u64)
+                .saturating_mul(2)
+                .saturating_add(4096)
+                .min(cfg.segment_bytes / 2),
+        )
+        .unwrap_or(u32::MAX),
     };
     let mut logs_per_core: Vec<Vec<(u32, log_store::Log)>> =
         (0..cores).map(|_| Vec::new()).collect();
