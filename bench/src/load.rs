@@ -65,6 +65,9 @@ pub struct LoadConfig {
     pub cuts_per_sec: f64,
     /// Spread subscriber source addresses over 127.0.0.1 ..= 127.0.0.<n> (1 = no bind).
     pub source_addrs: u8,
+    /// First source address's last octet (127.0.0.<first> ..); with `source_addrs` 1 and
+    /// `source_addr_first` 1 no bind is done at all.
+    pub source_addr_first: u8,
     pub connects_inflight_max: usize,
     pub header_bytes_max: usize,
     pub reconnects_max: u32,
@@ -345,6 +348,13 @@ fn build_sub_request(cfg: &LoadConfig, stream: &str, last_id: &[u8], out: &mut V
 
 /// Run one load phase.
 pub fn run(cfg: &LoadConfig) -> Result<LoadResult, LoadError> {
+    if usize::from(cfg.source_addr_first) + usize::from(cfg.source_addrs) > 255
+        || cfg.source_addr_first == 0
+    {
+        return Err(LoadError::Config(
+            "source addresses must stay within 127.0.0.1..=127.0.0.254".into(),
+        ));
+    }
     if cfg.payload_bytes < PAYLOAD_HEADER_BYTES {
         return Err(LoadError::Config(format!(
             "--payload-bytes must be at least {PAYLOAD_HEADER_BYTES}"
@@ -891,8 +901,11 @@ fn start_connects(
             break;
         };
         let s = &mut subs[i];
-        let src = (cfg.source_addrs > 1)
-            .then(|| Ipv4Addr::new(127, 0, 0, 1 + (i % cfg.source_addrs as usize) as u8));
+        let src = (cfg.source_addrs > 1 || cfg.source_addr_first > 1).then(|| {
+            let octet =
+                usize::from(cfg.source_addr_first) + i % usize::from(cfg.source_addrs.max(1));
+            Ipv4Addr::new(127, 0, 0, octet.min(254) as u8)
+        });
         match connect_from(src, cfg.subscribe.addr) {
             Ok(mut sock) => {
                 if let Err(e) = poll.registry().register(

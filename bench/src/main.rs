@@ -82,6 +82,10 @@ enum Cmd {
         /// Source addresses 127.0.0.1..=127.0.0.N to spread over (0 = one per 20,000 connections).
         #[arg(long, default_value_t = 0)]
         source_addrs: u8,
+        /// Last octet of the first source address (use different ranges for back-to-back runs:
+        /// the previous run's closed connections sit in TIME_WAIT on their ports).
+        #[arg(long, default_value_t = 1)]
+        source_addr_first: u8,
     },
     /// NOT YET IMPLEMENTED: needs the gateway's MCP front (issue 4). Exits with status 3.
     Mcp {
@@ -108,6 +112,9 @@ enum Cmd {
         /// Per-step timeout.
         #[arg(long, default_value_t = 5.0)]
         timeout_secs: f64,
+        /// Seconds between the last publish and the resume (lets retention run).
+        #[arg(long, default_value_t = 1.5)]
+        settle_secs: f64,
     },
 }
 
@@ -250,6 +257,7 @@ fn base_config(c: &Common) -> Result<LoadConfig, String> {
         idle_hold_secs: None,
         cuts_per_sec: 0.0,
         source_addrs: 1,
+        source_addr_first: 1,
         connects_inflight_max: c.connects_inflight_max,
         header_bytes_max: c.header_bytes_max,
         reconnects_max: c.reconnects_max,
@@ -337,12 +345,14 @@ fn run(cmd: &Cmd) -> Result<(Outcome, bool), String> {
             streams,
             hold_secs,
             source_addrs,
+            source_addr_first,
         } => {
             let mut cfg = base_config(common)?;
             let streams = (*streams).clamp(1, (*connections).max(1));
             cfg.streams = streams;
             cfg.subscribers_per_stream = connections.div_ceil(streams);
             cfg.idle_hold_secs = Some(*hold_secs);
+            cfg.source_addr_first = *source_addr_first;
             cfg.source_addrs = if *source_addrs == 0 {
                 u8::try_from(connections.div_ceil(20_000))
                     .unwrap_or(u8::MAX)
@@ -371,6 +381,7 @@ fn run(cmd: &Cmd) -> Result<(Outcome, bool), String> {
             resume_after_counter,
             resume_query,
             timeout_secs,
+            settle_secs,
         } => {
             let base = base_config(common)?;
             let cfg = ProbeConfig {
@@ -381,6 +392,7 @@ fn run(cmd: &Cmd) -> Result<(Outcome, bool), String> {
                 payload_bytes: *payload_bytes,
                 resume_after_counter: *resume_after_counter,
                 timeout_secs: *timeout_secs,
+                settle_secs: *settle_secs,
                 resume_query: resume_query.clone(),
             };
             Ok((

@@ -68,6 +68,8 @@ pub struct ProbeConfig {
     pub payload_bytes: usize,
     pub resume_after_counter: u64,
     pub timeout_secs: f64,
+    /// Seconds to wait between the last publish and the resume.
+    pub settle_secs: f64,
     /// Extra query appended to the resume request (e.g. `on_truncated=earliest`).
     pub resume_query: Option<String>,
 }
@@ -201,6 +203,7 @@ fn publish(
     n: u64,
     payload_bytes: usize,
     timeout: Duration,
+    after_window: &mut dyn FnMut(u64) -> Result<(), String>,
 ) -> Result<(), String> {
     let mut sock = TcpStream::connect_timeout(&url.addr, timeout)
         .map_err(|e| format!("connect {}: {e}", url.addr))?;
@@ -210,24 +213,47 @@ fn publish(
     url.render_path(stream, &mut path);
     let path = String::from_utf8_lossy(&path).into_owned();
     let mut buf = Vec::new();
-    for c in 0..n {
-        let mut payload = Vec::new();
-        write_payload(&mut payload, c, 0, payload_bytes);
-        let mut req = format!(
-            "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Length: {}\r\n\r\n",
-            url.host_header,
-            payload.len()
-        )
-        .into_bytes();
-        req.extend_from_slice(&payload);
+    // Pipelined in windows of PROBE_PIPELINE_DEPTH requests (one stream, one connection: the
+    // server keeps their order), then every response of the window is read.
+    let mut c = 0;
+    while c < n {
+        let window = (n - c).min(PROBE_PIPELINE_DEPTH);
+        let mut req = Vec::new();
+        for k in c..c + window {
+            let mut payload = Vec::new();
+            write_payload(&mut payload, k, 0, payload_bytes);
+            req.extend_from_slice(
+                format!(
+                    "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Length: {}\r\n\r\n",
+                    url.host_header,
+                    payload.len()
+                )
+                .as_bytes(),
+            );
+            req.extend_from_slice(&payload);
+        }
         sock.write_all(&req)
             .map_err(|e| format!("publish write: {e}"))?;
-        // One request at a time: read until one complete response.
+        c += window;
+        for _ in 0..window {
+            read_response(&mut sock, &mut buf)?;
+        }
+        after_window(c)?;
+    }
+    Ok(())
+}
+
+/// Pipelined publishes per window in the probe.
+const PROBE_PIPELINE_DEPTH: u64 = 64;
+
+/// Read one complete publish response (Content-Length framed) from `sock`, buffering extra bytes.
+fn read_response(sock: &mut TcpStream, buf: &mut Vec<u8>) -> Result<(), String> {
+    {
         loop {
             let mut headers = [httparse::EMPTY_HEADER; 32];
             let mut resp = httparse::Response::new(&mut headers);
             if let httparse::Status::Complete(len) = resp
-                .parse(&buf)
+                .parse(buf)
                 .map_err(|e| format!("bad publish response: {e}"))?
             {
                 let code = resp.code.unwrap_or(0);
@@ -245,7 +271,7 @@ fn publish(
                         ));
                     }
                     buf.drain(..len + cl);
-                    break;
+                    return Ok(());
                 }
             }
             let mut tmp = [0u8; 4096];
@@ -256,7 +282,6 @@ fn publish(
             }
         }
     }
-    Ok(())
 }
 
 /// Run the probe.
@@ -270,25 +295,39 @@ pub fn run(cfg: &ProbeConfig, label: &str) -> Result<ProbeReport, String> {
     if rec.status != 200 {
         return Err(format!("recorder subscribe answered HTTP {}", rec.status));
     }
+    // The recorder keeps up with the publisher (it must not become a slow consumer itself).
+    let mut resume_id = None;
+    let mut seen = 0u64;
+    let mut recorder_truncated = false;
     publish(
         &cfg.publish,
         &cfg.stream,
         cfg.events,
         cfg.payload_bytes,
         timeout,
-    )?;
-    let mut resume_id = None;
-    let mut seen = 0u64;
-    read_events(&mut rec, Instant::now() + timeout, &mut |id, _, data| {
-        if let Ok((c, _)) = parse_payload(data) {
-            seen = seen.max(c + 1);
-            if c == cfg.resume_after_counter {
-                resume_id = Some(String::from_utf8_lossy(id).into_owned());
+        &mut |published| {
+            read_events(&mut rec, Instant::now() + timeout, &mut |id, ty, data| {
+                if ty == b"truncated" {
+                    recorder_truncated = true;
+                    return true;
+                }
+                if let Ok((c, _)) = parse_payload(data) {
+                    seen = seen.max(c + 1);
+                    if c == cfg.resume_after_counter {
+                        resume_id = Some(String::from_utf8_lossy(id).into_owned());
+                    }
+                }
+                seen >= published
+            })?;
+            if recorder_truncated {
+                return Err("the recorder itself was sent event: truncated".into());
             }
-        }
-        seen >= cfg.events
-    })?;
+            Ok(())
+        },
+    )?;
     drop(rec);
+    // Let the server apply its retention (the gateway enforces it about once a second).
+    std::thread::sleep(Duration::from_secs_f64(cfg.settle_secs));
     let resume_id = resume_id.ok_or_else(|| {
         format!(
             "the recorder did not see event {} (saw {seen} of {})",

@@ -217,6 +217,7 @@ fn config(addr: SocketAddr, subscribers: usize, events: u64) -> LoadConfig {
         idle_hold_secs: None,
         cuts_per_sec: 0.0,
         source_addrs: 1,
+        source_addr_first: 1,
         connects_inflight_max: 64,
         header_bytes_max: 8192,
         reconnects_max: 1000,

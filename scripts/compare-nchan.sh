@@ -1,0 +1,292 @@
+#!/usr/bin/env bash
+# compare-nchan.sh: run the same bench scenarios against nginx + nchan and against the gateway,
+# in one run on this machine, servers pinned to one core and the bench to another, and print
+# the ratios; then show nchan's silent gap on a too-old Last-Event-ID beside the gateway's
+# explicit answer (410, or `event: truncated`).
+#
+# It installs nginx + libnginx-mod-nchan from Debian if missing, writes a private nginx config
+# on loopback in a temp dir, builds bench and gateway in release, and kills every process it
+# started on exit (trap). Every wait is bounded. Results (JSON per scenario and system, the
+# ratio table, the gap demo, the latency plot) go to --out.
+#
+# Usage: scripts/compare-nchan.sh [--secs N] [--idle-connections N] [--out DIR] [--quick]
+#        [--skip-idle] [--plot]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+
+SECS=10                 # publishing seconds per load scenario
+IDLE=50000              # idle connections per system
+OUT=""
+QUICK=0
+SKIP_IDLE=0
+PLOT=0
+SERVER_CORE=0
+BENCH_CORE=1
+NCHAN_PORT=18081
+GW_PORT=18080
+GW_DEMO_PORT=18082
+
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --secs) SECS="$2"; shift 2 ;;
+    --idle-connections) IDLE="$2"; shift 2 ;;
+    --out) OUT="$2"; shift 2 ;;
+    --quick) QUICK=1; shift ;;
+    --skip-idle) SKIP_IDLE=1; shift ;;
+    --plot) PLOT=1; shift ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    *) echo "unknown argument: $1" >&2; exit 2 ;;
+  esac
+done
+if [[ $QUICK == 1 ]]; then SECS=2; IDLE=2000; fi
+OUT=${OUT:-$ROOT/target/compare-nchan/$(date -u +%Y%m%dT%H%M%SZ)}
+mkdir -p "$OUT"
+WORK=$(mktemp -d /tmp/compare-nchan.XXXXXX)
+PIDS=()
+
+cleanup() {
+  local p
+  for p in "${PIDS[@]}"; do
+    kill "$p" 2>/dev/null || true
+  done
+  for p in "${PIDS[@]}"; do
+    # Bounded wait: 50 x 0.1 s, then SIGKILL.
+    for _ in $(seq 1 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$p" 2>/dev/null || true
+  done
+  rm -rf "$WORK"
+}
+trap cleanup EXIT INT TERM
+
+NPROC=$(nproc)
+if [[ $NPROC -lt 2 ]]; then
+  echo "note: 1 core only: server and bench share core 0" >&2
+  BENCH_CORE=0
+fi
+
+# 1. nginx + nchan from Debian, if missing.
+if ! command -v nginx >/dev/null || [[ ! -f /usr/lib/nginx/modules/ngx_nchan_module.so ]]; then
+  echo "== installing nginx + libnginx-mod-nchan (Debian)"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx libnginx-mod-nchan >/dev/null
+fi
+
+# 2. Release builds.
+echo "== building bench and gateway (release)"
+cargo build --release -q -p bench -p gateway
+BENCH=$ROOT/target/release/bench
+GATEWAY=$ROOT/target/release/gateway
+
+# Both servers and the bench may hold 50k+ sockets.
+ulimit -n 1048576 2>/dev/null || ulimit -n "$(ulimit -Hn)"
+
+# 3. Private nginx config on loopback. One worker: the server gets one pinned core, as the
+#    gateway does (--cores 1).
+mkdir -p "$WORK/nginx"
+cat > "$WORK/nginx/nginx.conf" <<EOF
+load_module /usr/lib/nginx/modules/ngx_nchan_module.so;
+worker_processes 1;
+worker_rlimit_nofile 1048576;
+pid $WORK/nginx/nginx.pid;
+error_log $WORK/nginx/error.log warn;
+daemon off;
+events { worker_connections 200000; multi_accept on; }
+http {
+  access_log off;
+  client_body_temp_path $WORK/nginx/body;
+  proxy_temp_path $WORK/nginx/proxy;
+  fastcgi_temp_path $WORK/nginx/fcgi;
+  uwsgi_temp_path $WORK/nginx/uwsgi;
+  scgi_temp_path $WORK/nginx/scgi;
+  keepalive_requests 1000000000;
+  nchan_max_reserved_memory 1024M;
+  server {
+    listen 127.0.0.1:$NCHAN_PORT backlog=65535;
+    # Publisher: POST body = message.
+    location = /pub {
+      nchan_publisher http;
+      nchan_channel_id \$arg_id;
+      nchan_message_buffer_length 2000000;
+      nchan_message_timeout 1h;
+    }
+    # EventSource subscriber honouring Last-Event-ID (header or ?last_event_id=).
+    location = /sub {
+      nchan_subscriber eventsource;
+      nchan_channel_id \$arg_id;
+      nchan_subscriber_last_message_id \$http_last_event_id \$arg_last_event_id;
+    }
+    # The gap demo: the same, with a 10-message buffer.
+    location = /pubsmall {
+      nchan_publisher http;
+      nchan_channel_id \$arg_id;
+      nchan_message_buffer_length 10;
+    }
+    location = /subsmall {
+      nchan_subscriber eventsource;
+      nchan_channel_id \$arg_id;
+      nchan_subscriber_last_message_id \$http_last_event_id \$arg_last_event_id;
+    }
+  }
+}
+EOF
+
+wait_port() { # bounded: 100 x 0.1 s
+  local port=$1
+  for _ in $(seq 1 100); do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then return 0; fi
+    sleep 0.1
+  done
+  echo "nothing listens on 127.0.0.1:$port" >&2
+  return 1
+}
+
+wait_listening() { # bounded: 100 x 0.1 s
+  local log=$1
+  for _ in $(seq 1 100); do
+    grep -q "listening on" "$log" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  echo "gateway did not print 'listening on'; log:" >&2
+  cat "$log" >&2
+  return 1
+}
+
+echo "== starting nginx+nchan on core $SERVER_CORE (127.0.0.1:$NCHAN_PORT, 1 worker)"
+taskset -c "$SERVER_CORE" nginx -c "$WORK/nginx/nginx.conf" -p "$WORK/nginx" &
+NGINX_PID=$!
+PIDS+=("$NGINX_PID")
+wait_port "$NCHAN_PORT"
+
+echo "== starting gateway on core $SERVER_CORE (127.0.0.1:$GW_PORT, --cores 1, --fsync never like nchan's memory store)"
+taskset -c "$SERVER_CORE" "$GATEWAY" --listen "127.0.0.1:$GW_PORT" --data-dir "$WORK/gw-data" \
+  --cores 1 --fsync never --connections-max 200000 >"$WORK/gateway.log" 2>&1 &
+GW_PID=$!
+PIDS+=("$GW_PID")
+wait_listening "$WORK/gateway.log"
+
+echo "== gap-demo gateway on core $SERVER_CORE (127.0.0.1:$GW_DEMO_PORT, 256 KiB segments, 512 KiB retained)"
+taskset -c "$SERVER_CORE" "$GATEWAY" --listen "127.0.0.1:$GW_DEMO_PORT" --data-dir "$WORK/gw-demo" \
+  --cores 1 --fsync never --segment-bytes 262144 --retain-bytes 524288 --event-bytes-max 4096 \
+  >"$WORK/gateway-demo.log" 2>&1 &
+PIDS+=("$!")
+wait_listening "$WORK/gateway-demo.log"
+
+NCHAN_ARGS=(--publish-url "http://127.0.0.1:$NCHAN_PORT/pub?id={stream}"
+  --subscribe-url "http://127.0.0.1:$NCHAN_PORT/sub?id={stream}"
+  --publish-style nchan --id-style nchan --target-pid "$NGINX_PID" --target-children --label nchan)
+GW_ARGS=(--publish-url "http://127.0.0.1:$GW_PORT/v1/streams/{stream}/events"
+  --publish-batch-url "http://127.0.0.1:$GW_PORT/v1/streams/{stream}/events:batch"
+  --subscribe-url "http://127.0.0.1:$GW_PORT/v1/streams/{stream}"
+  --publish-style gateway --id-style gateway --target-pid "$GW_PID" --label gateway)
+
+echo "== servers pinned to core $SERVER_CORE, bench pinned to core $BENCH_CORE (taskset)"
+echo "== results in $OUT"
+
+STATUS=0
+# run_both NAME BENCH-ARGS...: the same scenario against nchan, then the gateway.
+run_both() {
+  local name=$1; shift
+  local sys args
+  for sys in nchan gateway; do
+    if [[ $sys == nchan ]]; then args=("${NCHAN_ARGS[@]}"); else args=("${GW_ARGS[@]}"); fi
+    echo "-- $name [$sys]: bench $*"
+    local rc=0
+    timeout $((SECS * 3 + 60)) taskset -c "$BENCH_CORE" "$BENCH" "$@" "${args[@]}" --json \
+      >"$OUT/$name-$sys.json" 2>"$OUT/$name-$sys.err" || rc=$?
+    echo "$rc" >"$OUT/$name-$sys.rc"
+    if [[ $rc -ne 0 ]]; then
+      echo "   exit $rc: $(tail -n 3 "$OUT/$name-$sys.err")"
+      [[ $rc -eq 1 ]] && STATUS=1
+    fi
+  done
+}
+
+EV=$((SECS * 2000000))
+run_both fanout-1x100 fanout --streams 1 --subscribers-per-stream 100 --events-per-stream "$EV" \
+  --publish-secs-max "$SECS" --pipeline-depth 64
+run_both streams-1000x1 fanout --streams 1000 --subscribers-per-stream 1 --events-per-stream "$EV" \
+  --publishers 4 --publish-secs-max "$SECS" --pipeline-depth 64
+run_both resume-storm resume-storm --streams 10 --subscribers-per-stream 10 \
+  --events-per-stream "$EV" --rate-events-per-sec 5000 --cuts-per-sec 200 --publish-secs-max "$SECS"
+run_both slow slow --streams 1 --subscribers-per-stream 50 --slow-subscribers-per-stream 10 \
+  --events-per-stream "$EV" --rate-events-per-sec 2000 --publish-secs-max "$SECS" --drain-secs-max 2
+if [[ $SKIP_IDLE == 0 ]]; then
+  # Different source address ranges per system: the first run's closed connections sit in
+  # TIME_WAIT on their ports.
+  NCHAN_ARGS+=(--source-addr-first 1)
+  GW_ARGS+=(--source-addr-first 101)
+  run_both idle idle --connections "$IDLE" --streams 100 --hold-secs 3 --connect-secs-max 60 \
+    --connects-inflight-max 1024
+fi
+
+echo
+echo "== ratios (gateway / nchan; same scenario, same run)"
+python3 - "$OUT" <<'PY' | tee "$OUT/ratios.md"
+import json, os, sys
+out = sys.argv[1]
+def load(name, sys_):
+    p = os.path.join(out, f"{name}-{sys_}.json")
+    try:
+        return json.load(open(p))["reports"][-1]
+    except Exception:
+        return None
+def cpu_us(r):
+    s = r.get("server") or {}
+    return s.get("cpu_us_per_delivered_event")
+def rss(r):
+    s = r.get("server") or {}
+    return s.get("rss_peak_sampled_kib")
+rows = []
+print("| scenario | metric | nchan | gateway | gateway/nchan |")
+print("|---|---|---:|---:|---:|")
+def row(sc, metric, n, g, fmt="{:.0f}"):
+    if n is None or g is None:
+        r = "n/a"
+    else:
+        r = f"{g / n:.2f}" if n else "n/a"
+    f = lambda v: "n/a" if v is None else fmt.format(v)
+    print(f"| {sc} | {metric} | {f(n)} | {f(g)} | {r} |")
+for sc in ["fanout-1x100", "streams-1000x1", "resume-storm", "slow", "idle"]:
+    n, g = load(sc, "nchan"), load(sc, "gateway")
+    if n is None and g is None:
+        continue
+    n = n or {}; g = g or {}
+    if sc != "idle":
+        row(sc, "delivered events/s", n.get("delivered_per_sec"), g.get("delivered_per_sec"))
+        row(sc, "published events/s", n.get("published_per_sec"), g.get("published_per_sec"))
+        row(sc, "server CPU us / delivered event", cpu_us(n), cpu_us(g), "{:.2f}")
+        row(sc, "latency p50 us", (n.get("latency") or {}).get("p50_us"), (g.get("latency") or {}).get("p50_us"))
+        row(sc, "latency p99 us", (n.get("latency") or {}).get("p99_us"), (g.get("latency") or {}).get("p99_us"))
+        row(sc, "latency p99.9 us", (n.get("latency") or {}).get("p999_us"), (g.get("latency") or {}).get("p999_us"))
+    if sc == "resume-storm":
+        row(sc, "resume p99 us", (n.get("resume") or {}).get("p99_us"), (g.get("resume") or {}).get("p99_us"))
+    if sc == "idle":
+        row(sc, "connections held", n.get("subscribers_up"), g.get("subscribers_up"))
+        row(sc, "server bytes / idle connection", n.get("idle_bytes_per_connection"), g.get("idle_bytes_per_connection"))
+    row(sc, "server peak RSS KiB", rss(n), rss(g))
+    row(sc, "violations", n.get("violations"), g.get("violations"))
+PY
+
+echo
+echo "== too-old Last-Event-ID: nchan (10-message buffer) vs gateway (512 KiB retained)"
+{
+  timeout 60 taskset -c "$BENCH_CORE" "$BENCH" gap-probe --events 5000 --resume-after-counter 5 \
+    --publish-url "http://127.0.0.1:$NCHAN_PORT/pubsmall?id={stream}" \
+    --subscribe-url "http://127.0.0.1:$NCHAN_PORT/subsmall?id={stream}" \
+    --publish-style nchan --id-style nchan --label nchan || true
+  timeout 60 taskset -c "$BENCH_CORE" "$BENCH" gap-probe --events 5000 --resume-after-counter 5 \
+    --publish-url "http://127.0.0.1:$GW_DEMO_PORT/v1/streams/{stream}/events" \
+    --subscribe-url "http://127.0.0.1:$GW_DEMO_PORT/v1/streams/{stream}" --label gateway || true
+  timeout 60 taskset -c "$BENCH_CORE" "$BENCH" gap-probe --events 5000 --resume-after-counter 5 \
+    --publish-url "http://127.0.0.1:$GW_DEMO_PORT/v1/streams/{stream}/events" \
+    --subscribe-url "http://127.0.0.1:$GW_DEMO_PORT/v1/streams/{stream}" \
+    --resume-query on_truncated=earliest --label "gateway ?on_truncated=earliest" || true
+} | tee "$OUT/gap-demo.txt"
+
+if [[ $PLOT == 1 ]]; then
+  python3 "$ROOT/bench/plot_latency.py" "$OUT" "$OUT/latency.png" || echo "plot failed (matplotlib missing?)"
+fi
+echo
+echo "== done: $OUT (exit $STATUS: 1 means a scenario reported invariant violations)"
+exit "$STATUS"
