@@ -178,7 +178,8 @@ NCHAN_ARGS=(--publish-url "http://127.0.0.1:$NCHAN_PORT/pub?id={stream}"
 GW_ARGS=(--publish-url "http://127.0.0.1:$GW_PORT/v1/streams/{stream}/events"
   --publish-batch-url "http://127.0.0.1:$GW_PORT/v1/streams/{stream}/events:batch"
   --subscribe-url "http://127.0.0.1:$GW_PORT/v1/streams/{stream}"
-  --publish-style gateway --id-style gateway --target-pid "$GW_PID" --label gateway)
+  --publish-style gateway --id-style gateway --target-pid "$GW_PID" --label gateway
+  --metrics-url "http://127.0.0.1:$GW_PORT/metrics")
 
 echo "== servers pinned to core $SERVER_CORE, bench pinned to core $BENCH_CORE (taskset)"
 echo "== results in $OUT"
@@ -265,6 +266,9 @@ for sc in ["fanout-1x100", "streams-1000x1", "resume-storm", "slow", "idle"]:
         row(sc, "connections held", n.get("subscribers_up"), g.get("subscribers_up"))
         row(sc, "server bytes / idle connection", n.get("idle_bytes_per_connection"), g.get("idle_bytes_per_connection"))
     row(sc, "server peak RSS KiB", rss(n), rss(g))
+    for k, v in sorted((g.get("server_metrics") or {}).items()):
+        if v:
+            print(f"| {sc} | gateway {k} | | {v:.0f} | |")
     row(sc, "violations", n.get("violations"), g.get("violations"))
 PY
 

@@ -5,7 +5,7 @@
 //! - Pure cores (no sockets, no clock): [`sse`] (streaming SSE parser), [`chunked`] (chunked
 //!   transfer decoding), [`payload`] (counter + timestamp payloads), [`checker`] (per-subscriber
 //!   gap/duplicate/reorder checker), [`target`] (URL templates, ID styles), [`procstat`]
-//!   parsing, [`report`] (table and JSON).
+//!   parsing, [`report`] (table and JSON), [`scrape`] (Prometheus text sums).
 //! - Thin drivers: [`load`] (one mio/epoll loop for publishers and subscribers) and [`probe`]
 //!   (a blocking too-old-ID probe).
 //!
@@ -20,5 +20,6 @@ pub mod payload;
 pub mod probe;
 pub mod procstat;
 pub mod report;
+pub mod scrape;
 pub mod sse;
 pub mod target;

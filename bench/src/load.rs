@@ -663,7 +663,16 @@ pub fn run(cfg: &LoadConfig) -> Result<LoadResult, LoadError> {
         // Publish: fill pipelines up to depth within the rate budget.
         if publishing {
             let stop = now >= publish_deadline || ctx.published >= total_events;
-            if stop {
+            // Responses still owed after the drain allowance: stop waiting (and say so).
+            let overdue =
+                now >= publish_deadline + Duration::from_secs_f64(cfg.drain_secs_max.max(1.0));
+            if stop && overdue && pubs.iter().any(|p| p.inflight > 0) {
+                let owed: usize = pubs.iter().map(|p| p.inflight).sum();
+                ctx.error(format!("{owed} publish responses never arrived"));
+                ctx.publish_errors += owed as u64;
+                publish_end = Some(now);
+                drain_deadline = Some(now);
+            } else if stop {
                 if pubs.iter().all(|p| p.inflight == 0) {
                     publish_end = Some(now);
                     drain_deadline = Some(now + Duration::from_secs_f64(cfg.drain_secs_max));

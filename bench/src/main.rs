@@ -6,7 +6,9 @@
 //! It contains no protocol logic; see the library's modules for that.
 #![forbid(unsafe_code)]
 
+use std::collections::BTreeMap;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
@@ -14,6 +16,7 @@ use bench::load::{self, LoadConfig};
 use bench::probe::{self, ProbeConfig};
 use bench::procstat;
 use bench::report::Report;
+use bench::scrape;
 use bench::target::{IdStyle, PublishStyle, UrlTemplate};
 
 /// Load generator and gap/duplicate checker for SSE pub/sub servers (the gateway, nginx+nchan).
@@ -168,6 +171,16 @@ struct Common {
     /// Largest response header block accepted.
     #[arg(long, default_value_t = 16384)]
     header_bytes_max: usize,
+    /// Prometheus endpoint scraped before and after the run (e.g.
+    /// http://127.0.0.1:8080/metrics); the report shows the change of --metrics-family.
+    #[arg(long)]
+    metrics_url: Option<String>,
+    /// Metric family summed from --metrics-url.
+    #[arg(long, default_value = "gateway_resumes_total")]
+    metrics_family: String,
+    /// Label the family is grouped by.
+    #[arg(long, default_value = "class")]
+    metrics_label: String,
     /// Reconnects allowed per subscriber.
     #[arg(long, default_value_t = 100_000)]
     reconnects_max: u32,
@@ -217,6 +230,19 @@ fn target_pids(c: &Common) -> Vec<u32> {
     pids.sort_unstable();
     pids.dedup();
     pids
+}
+
+fn scrape_metrics(c: &Common) -> Result<Option<BTreeMap<String, f64>>, String> {
+    let Some(url) = &c.metrics_url else {
+        return Ok(None);
+    };
+    let url = UrlTemplate::parse(url).map_err(|e| format!("--metrics-url: {e}"))?;
+    let text = scrape::fetch(&url, Duration::from_secs(5))?;
+    Ok(Some(scrape::sum_by_label(
+        &text,
+        &c.metrics_family,
+        &c.metrics_label,
+    )))
 }
 
 fn unique_prefix() -> String {
@@ -286,15 +312,23 @@ enum Outcome {
 }
 
 fn run(cmd: &Cmd) -> Result<(Outcome, bool), String> {
-    let one = |scenario: &str, label: &str, cfg: &LoadConfig| -> Result<Report, String> {
+    let one = |scenario: &str, common: &Common, cfg: &LoadConfig| -> Result<Report, String> {
+        let before = scrape_metrics(common)?;
         let r = load::run(cfg).map_err(|e| e.to_string())?;
-        Ok(Report::new(scenario, label, &r))
+        let mut report = Report::new(scenario, &common.label, &r);
+        if let (Some(b), Some(a)) = (before, scrape_metrics(common)?) {
+            for (k, v) in scrape::delta(&b, &a) {
+                let key = format!("{}{{{}={k}}}", common.metrics_family, common.metrics_label);
+                report.server_metrics.insert(key, v);
+            }
+        }
+        Ok(report)
     };
     match cmd {
         Cmd::Fanout { common, load } => {
             let cfg = with_load(base_config(common)?, load);
             Ok((
-                Outcome::Reports(vec![one("fanout", &common.label, &cfg)?], None),
+                Outcome::Reports(vec![one("fanout", common, &cfg)?], None),
                 common.json,
             ))
         }
@@ -306,7 +340,7 @@ fn run(cmd: &Cmd) -> Result<(Outcome, bool), String> {
             let mut cfg = with_load(base_config(common)?, load);
             cfg.cuts_per_sec = *cuts_per_sec;
             Ok((
-                Outcome::Reports(vec![one("resume-storm", &common.label, &cfg)?], None),
+                Outcome::Reports(vec![one("resume-storm", common, &cfg)?], None),
                 common.json,
             ))
         }
@@ -322,13 +356,13 @@ fn run(cmd: &Cmd) -> Result<(Outcome, bool), String> {
             if !no_baseline {
                 let mut b = base.clone();
                 b.stream_prefix.push('a');
-                reports.push(one("slow-baseline", &common.label, &b)?);
+                reports.push(one("slow-baseline", common, &b)?);
             }
             let mut s = base;
             s.stream_prefix.push('b');
             s.slow_subscribers_per_stream = *slow_subscribers_per_stream;
             s.slow_rate_divisor = *slow_rate_divisor;
-            reports.push(one("slow", &common.label, &s)?);
+            reports.push(one("slow", common, &s)?);
             let note = (reports.len() == 2 && reports[0].latency.p99_us > 0.0).then(|| {
                 format!(
                     "fast subscribers' p99 with slow ones / without: {:.0} us / {:.0} us = {:.2}",
@@ -367,7 +401,7 @@ fn run(cmd: &Cmd) -> Result<(Outcome, bool), String> {
                 );
             }
             Ok((
-                Outcome::Reports(vec![one("idle", &common.label, &cfg)?], None),
+                Outcome::Reports(vec![one("idle", common, &cfg)?], None),
                 common.json,
             ))
         }

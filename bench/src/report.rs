@@ -74,6 +74,8 @@ pub struct Report {
     pub http_410: u64,
     pub server: Option<ServerReport>,
     pub bench_cpu_secs: f64,
+    /// Server-reported counters over the run (from `--metrics-url`), e.g. resume classes.
+    pub server_metrics: std::collections::BTreeMap<String, f64>,
     /// Idle: server RSS growth per connected subscriber, bytes.
     pub idle_bytes_per_connection: Option<f64>,
     pub errors: Vec<String>,
@@ -125,6 +127,7 @@ impl Report {
             http_410: r.http_410,
             server,
             bench_cpu_secs: r.bench_cpu_secs,
+            server_metrics: Default::default(),
             idle_bytes_per_connection,
             errors: r.errors.clone(),
         }
@@ -212,6 +215,9 @@ impl Report {
                     100.0 * self.bench_cpu_secs / self.window_secs
                 ),
             );
+        }
+        for (k, v) in &self.server_metrics {
+            row(&format!("server metric {k}"), format!("{v:.0}"));
         }
         if let Some(b) = self.idle_bytes_per_connection {
             row("server bytes per idle connection", format!("{b:.0}"));
