@@ -97,6 +97,10 @@ pub struct Config {
     #[arg(long, default_value_t = 1000)]
     pub retry_ms: u64,
 
+    /// MCP front flags (`--upstream-cmd` turns it on).
+    #[command(flatten)]
+    pub mcp: crate::mcp::config::McpArgs,
+
     /// Bytes handed to the kernel in one sendmsg to a subscriber (at most 1024 iovecs).
     #[arg(long, default_value_t = 256 * 1024)]
     pub send_bytes_max: usize,
@@ -120,6 +124,8 @@ pub enum ConfigError {
     Zero(&'static str),
     /// `--send-bytes-max` below the largest single event would stall a subscriber.
     SendBytesBelowEvent,
+    /// An MCP front flag is invalid (the message names it).
+    Mcp(String),
 }
 
 impl std::fmt::Display for ConfigError {
@@ -132,6 +138,7 @@ impl std::fmt::Display for ConfigError {
             ConfigError::SendBytesBelowEvent => {
                 write!(f, "--send-bytes-max must be at least --event-bytes-max")
             }
+            ConfigError::Mcp(m) => write!(f, "{m}"),
         }
     }
 }
@@ -140,6 +147,7 @@ impl Config {
     /// Checks flag values that clap's types cannot express.
     pub fn validate(&self) -> Result<(), ConfigError> {
         parse_fsync(&self.fsync)?;
+        self.mcp.validate().map_err(ConfigError::Mcp)?;
         for (v, name) in [
             (self.connections_max as u64, "--connections-max"),
             (self.header_bytes_max as u64, "--header-bytes-max"),

@@ -30,6 +30,10 @@ use crate::sse::{self, TruncatedReason};
 use crate::sys;
 use crate::window::{Chunk, ParkedEvent, Run, Window};
 
+// The MCP front's driver (child module: it uses the connection and subscriber machinery).
+#[path = "mcp/glue.rs"]
+mod mcp_glue;
+
 /// State shared by all cores (read-mostly).
 #[derive(Debug)]
 pub struct Shared {
@@ -133,6 +137,8 @@ struct Sub {
     ack: AckMode,
     /// `event: truncated` queued; close once it is sent.
     finishing: bool,
+    /// MCP: end the response after this sequence (the stream is complete).
+    end_after: Option<Seq>,
     last_write: Instant,
     iov: Vec<libc::iovec>,
     msg: libc::msghdr,
@@ -208,6 +214,8 @@ struct Core {
     next_retention: Instant,
     shutting_down: Option<Instant>,
     limits: HeadLimits,
+    /// The MCP front, on the core that owns the MCP shard when `--upstream-cmd` is set.
+    mcp: Option<Box<mcp_glue::Mcp>>,
 }
 
 /// Why a core could not start.
@@ -262,9 +270,11 @@ pub fn run_core(setup: CoreSetup, shared: Arc<Shared>, ready: impl FnOnce(Result
         next_retention: now,
         shutting_down: None,
         limits,
+        mcp: None,
     };
     core.arm_accept();
     core.arm_eventfd();
+    core.mcp_setup();
     ready(Ok(()));
     core.run();
 }
@@ -359,6 +369,7 @@ impl Core {
             for &(u, res, flags) in &cqes {
                 self.handle_cqe(u, res, flags);
             }
+            self.mcp_turn();
             self.after_turn();
             if self.now >= self.next_tick {
                 self.tick();
@@ -383,6 +394,9 @@ impl Core {
 
     fn wait_duration(&self) -> Duration {
         let mut until = self.next_tick;
+        if let Some(d) = self.mcp_deadline() {
+            until = until.min(d);
+        }
         for log in self.logs.values() {
             if let Some(d) = log.next_sync_deadline() {
                 until = until.min(d);
@@ -635,6 +649,7 @@ impl Core {
 
     fn process_http(&mut self, slot: u32) {
         let limits = self.limits;
+        let mcp_path = self.mcp_path();
         let cfg_event = self.shared.cfg.event_bytes_max;
         let cfg_batch = self.shared.cfg.batch_bytes_max;
         let conn = self.conn(slot);
@@ -662,6 +677,9 @@ impl Core {
                 return;
             }
         };
+        if mcp_path.as_deref() == Some(head.path.as_str()) {
+            return self.mcp_process(slot, head);
+        }
         let route = match route::route(&head) {
             Ok(r) => r,
             Err(e) => {
@@ -1164,6 +1182,7 @@ impl Core {
             cursor,
             ack,
             finishing: false,
+            end_after: None,
             last_write: now,
             iov: Vec::with_capacity(64),
             // SAFETY: msghdr is plain data; all-zero is a valid empty header.
@@ -1248,6 +1267,9 @@ impl Core {
                     Err(e) => panic!("read of a subscribed stream failed: {e:?}"),
                 }
             }
+        }
+        if sub.end_after.is_some_and(|e| sub.cursor > e) {
+            sub.finishing = true;
         }
         if sub.window.unsent_bytes() == 0 {
             if sub.finishing {
@@ -1366,6 +1388,7 @@ impl Core {
     // ---- closing ----
 
     fn close_conn(&mut self, slot: u32) {
+        self.mcp_conn_closed(slot);
         let grace = Duration::from_secs(self.shared.cfg.resume_grace_secs);
         let now = self.now;
         let conn = self.slots[slot as usize].conn.as_mut().expect("live slot");
@@ -1563,6 +1586,7 @@ impl Core {
             return;
         }
         self.shutting_down = Some(self.now + Duration::from_secs(3));
+        self.mcp_shutdown();
         if let Some(l) = self.listener.take() {
             let e = opcode::AsyncCancel2::new(types::CancelBuilder::fd(types::Fd(l)).all())
                 .build()

@@ -20,6 +20,12 @@ pub fn stream_hash(name: &str) -> u64 {
 /// The shard of a stream.
 pub fn shard_of(name: &str, shards: u32) -> u32 {
     assert!(shards > 0);
+    // All MCP streams (`mcp/<session>/<n>`) live in one shard, so one core owns the MCP state.
+    let name = if name.starts_with("mcp/") {
+        "mcp/"
+    } else {
+        name
+    };
     (stream_hash(name) % u64::from(shards)) as u32
 }
 

@@ -14,7 +14,9 @@
 //!   decisions via `log_store::resume::plan_resume`, timers (hold, idle).
 #![forbid(unsafe_code)]
 
+pub mod config;
 pub mod core;
 pub mod era;
 pub mod headers;
 pub mod jsonrpc;
+pub mod upstream;

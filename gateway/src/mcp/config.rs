@@ -1,0 +1,142 @@
+//! CLI flags of the MCP front (flattened into the gateway's `Config`): every limit with its
+//! unit in the name and a default. Turning the front on takes one flag, `--upstream-cmd`.
+//! No I/O here.
+#![forbid(unsafe_code)]
+
+use super::core::McpConfig;
+use super::headers::OriginPolicy;
+use super::upstream::UpstreamLimits;
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct McpArgs {
+    /// Serve MCP streamable HTTP at --mcp-path in front of this stdio MCP server command (run
+    /// with `sh -c`, one child per MCP session). Example: --upstream-cmd "npx -y
+    /// @modelcontextprotocol/server-everything". Without it the MCP front is off.
+    #[arg(long)]
+    pub upstream_cmd: Option<String>,
+
+    /// Path of the MCP endpoint.
+    #[arg(long, default_value = "/mcp")]
+    pub mcp_path: String,
+
+    /// Extra allowed `Origin` (exact `scheme://host[:port]`), repeatable. Loopback origins are
+    /// always allowed; any other present Origin gets 403.
+    #[arg(long)]
+    pub mcp_allow_origin: Vec<String>,
+
+    /// Extra allowed `Host` name (without port), repeatable, for binding beyond loopback.
+    #[arg(long)]
+    pub mcp_allow_host: Vec<String>,
+
+    /// Milliseconds in the `retry:` line of every MCP SSE response.
+    #[arg(long, default_value_t = 1000)]
+    pub mcp_retry_ms: u32,
+
+    /// Close a POST's SSE connection (not its stream) if the response has not arrived within
+    /// this many milliseconds; the client then polls with GET + Last-Event-ID. 0 = never.
+    #[arg(long, default_value_t = 0)]
+    pub mcp_post_hold_ms: u64,
+
+    /// Seconds a session with no open connection and no traffic lives before it is ended.
+    #[arg(long, default_value_t = 1800)]
+    pub mcp_session_idle_secs: u64,
+
+    /// MCP sessions (each with its own upstream child); above it initialize gets 503.
+    #[arg(long, default_value_t = 256)]
+    pub mcp_sessions_max: usize,
+
+    /// Client requests awaiting a response per session; above it: 429.
+    #[arg(long, default_value_t = 256)]
+    pub mcp_requests_inflight_max: usize,
+
+    /// Messages in one JSON-RPC batch (protocol 2025-03-26 only).
+    #[arg(long, default_value_t = 64)]
+    pub mcp_batch_len_max: usize,
+
+    /// Bytes of one MCP POST body; above it: 413.
+    #[arg(long, default_value_t = 4 * 1024 * 1024)]
+    pub mcp_body_bytes_max: usize,
+
+    /// Lines queued to an upstream's stdin (and upstream lines queued to the reactor) before
+    /// the upstream counts as stuck (ended, with errors to its open requests).
+    #[arg(long, default_value_t = 1024)]
+    pub mcp_upstream_queue_lines_max: usize,
+
+    /// Milliseconds between closing an upstream's stdin and SIGKILL.
+    #[arg(long, default_value_t = 2000)]
+    pub mcp_upstream_kill_grace_ms: u64,
+}
+
+impl McpArgs {
+    /// The core's configuration.
+    pub fn core_config(&self) -> McpConfig {
+        McpConfig {
+            origin_policy: OriginPolicy {
+                origins: self.mcp_allow_origin.clone(),
+                hosts: self.mcp_allow_host.clone(),
+                allow_loopback: true,
+            },
+            retry_ms: self.mcp_retry_ms,
+            post_hold_ms: (self.mcp_post_hold_ms > 0).then_some(self.mcp_post_hold_ms),
+            session_idle_ms: self.mcp_session_idle_secs.saturating_mul(1000),
+            sessions_max: self.mcp_sessions_max,
+            requests_inflight_max: self.mcp_requests_inflight_max,
+            batch_len_max: self.mcp_batch_len_max,
+        }
+    }
+
+    /// Upstream process limits; `line_bytes_max` is the gateway's `--event-bytes-max` so every
+    /// accepted upstream message fits one log record.
+    pub fn upstream_limits(&self, line_bytes_max: usize) -> UpstreamLimits {
+        UpstreamLimits {
+            line_bytes_max,
+            queue_lines_max: self.mcp_upstream_queue_lines_max,
+            kill_grace_ms: self.mcp_upstream_kill_grace_ms,
+        }
+    }
+
+    /// Flag combinations that cannot work.
+    pub fn validate(&self) -> Result<(), String> {
+        if !self.mcp_path.starts_with('/') || self.mcp_path.contains(['?', '#', ' ']) {
+            return Err(format!(
+                "--mcp-path {:?} must be an absolute path without query",
+                self.mcp_path
+            ));
+        }
+        if self.mcp_path.starts_with("/v1/")
+            || self.mcp_path == "/metrics"
+            || self.mcp_path == "/healthz"
+        {
+            return Err(format!(
+                "--mcp-path {:?} collides with the gateway's own API",
+                self.mcp_path
+            ));
+        }
+        for (v, name) in [
+            (self.mcp_sessions_max as u64, "--mcp-sessions-max"),
+            (
+                self.mcp_requests_inflight_max as u64,
+                "--mcp-requests-inflight-max",
+            ),
+            (self.mcp_batch_len_max as u64, "--mcp-batch-len-max"),
+            (self.mcp_body_bytes_max as u64, "--mcp-body-bytes-max"),
+            (
+                self.mcp_upstream_queue_lines_max as u64,
+                "--mcp-upstream-queue-lines-max",
+            ),
+            (self.mcp_session_idle_secs, "--mcp-session-idle-secs"),
+        ] {
+            if v == 0 {
+                return Err(format!("{name} must be at least 1"));
+            }
+        }
+        if self
+            .upstream_cmd
+            .as_deref()
+            .is_some_and(|c| c.trim().is_empty())
+        {
+            return Err("--upstream-cmd is empty".into());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,491 @@
+//! The MCP front's thin driver inside a reactor core: turns a buffered HTTP request on the MCP
+//! path into a [`HttpRequest`] for the pure [`McpCore`], and carries out the core's actions
+//! with the reactor's own machinery — log appends on the MCP shard's log (so MCP events are
+//! durable and fsynced like any other), SSE responses as ordinary log subscribers (the same
+//! zero-copy send path, ACK-confirmed window and backpressure), plain responses, and upstream
+//! child processes ([`UpstreamSet`]).
+//!
+//! It is compiled as a child module of `reactor` (declared there with `#[path]`), so it can use
+//! the reactor's private connection and subscriber types; it holds no protocol logic itself.
+//! All MCP streams (`mcp/...`) hash to one shard (see `shards::shard_of`), so one core owns
+//! the MCP state; requests landing on other cores are handed to it like any stream request.
+//! Not done here: `--upstream-url` (HTTP upstreams).
+
+use super::*;
+use crate::mcp::core::{Action, ConnId, HttpMethod, HttpRequest, LogView, McpCore};
+use crate::mcp::upstream::{UpstreamEvent, UpstreamSet};
+
+/// The name every MCP stream is routed by (see `shards::shard_of`).
+pub(crate) const MCP_SHARD_ANCHOR: &str = "mcp/";
+
+/// Upstream events handled per drain before the core yields to other work (it re-wakes
+/// itself when more are queued).
+const UPSTREAM_EVENTS_PER_TURN_MAX: usize = 4096;
+
+/// MCP state of the owning core.
+pub(super) struct Mcp {
+    core: McpCore,
+    ups: UpstreamSet,
+    shard: u32,
+    t0: Instant,
+    next_conn: ConnId,
+    /// Core connection id → (slot, generation, close after response).
+    conns: HashMap<ConnId, (u32, u32, bool)>,
+    /// Slot → the MCP connection id of the request / SSE response it carries.
+    by_slot: HashMap<u32, ConnId>,
+}
+
+impl std::fmt::Debug for Mcp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mcp")
+            .field("core", &self.core)
+            .field("ups", &self.ups)
+            .finish()
+    }
+}
+
+/// The MCP shard's log as the core sees it.
+struct LogRef<'a> {
+    log: &'a Log,
+    epochs: &'a [Epoch],
+}
+
+impl LogView for LogRef<'_> {
+    fn epoch(&self) -> Epoch {
+        self.log.epoch()
+    }
+    fn stream_name(&self, id: StreamId) -> Option<&str> {
+        self.log.stream_name(id)
+    }
+    fn bounds(&self, id: StreamId) -> Option<Bounds> {
+        self.log.bounds(id)
+    }
+    fn known_epochs(&self) -> &[Epoch] {
+        self.epochs
+    }
+}
+
+fn mcp_owner(shared: &Shared) -> (u32, usize) {
+    let shard = shards::shard_of(MCP_SHARD_ANCHOR, shared.shards);
+    (shard, shards::core_of_shard(shard, shared.cores))
+}
+
+fn reason(status: u16) -> &'static str {
+    match status {
+        200 => "OK",
+        202 => "Accepted",
+        400 => "Bad Request",
+        403 => "Forbidden",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        406 => "Not Acceptable",
+        409 => "Conflict",
+        410 => "Gone",
+        413 => "Payload Too Large",
+        429 => "Too Many Requests",
+        503 => "Service Unavailable",
+        _ => "Status",
+    }
+}
+
+impl Core {
+    /// Called once when the core starts: the MCP owner core builds the MCP state and
+    /// recovers the sessions whose streams are in its log.
+    pub(super) fn mcp_setup(&mut self) {
+        let args = &self.shared.cfg.mcp;
+        let Some(cmd) = args.upstream_cmd.clone() else {
+            return;
+        };
+        let (shard, owner) = mcp_owner(&self.shared);
+        if owner != self.id {
+            return;
+        }
+        let efd = self.efd;
+        let wake: Arc<dyn Fn() + Send + Sync> = Arc::new(move || sys::eventfd_wake(efd));
+        let ups = UpstreamSet::new(
+            cmd,
+            args.upstream_limits(self.shared.cfg.event_bytes_max),
+            wake,
+        );
+        let mut core = McpCore::new(
+            args.core_config(),
+            Box::new(|| {
+                let mut b = [0u8; 16];
+                getrandom::fill(&mut b).expect("getrandom for MCP session ids");
+                b
+            }),
+        );
+        let t0 = self.now;
+        if let Some(log) = self.logs.get(&shard) {
+            for (_, name, _) in log.streams() {
+                if name.starts_with(MCP_SHARD_ANCHOR) {
+                    core.recover_stream(name, 0);
+                }
+            }
+        }
+        eprintln!(
+            "core {}: MCP front on {} (shard {shard}), {} recovered session(s)",
+            self.id,
+            args.mcp_path,
+            core.sessions_live()
+        );
+        self.mcp = Some(Box::new(Mcp {
+            core,
+            ups,
+            shard,
+            t0,
+            next_conn: 1,
+            conns: HashMap::new(),
+            by_slot: HashMap::new(),
+        }));
+    }
+
+    fn mcp_now_ms(&self) -> u64 {
+        self.mcp.as_ref().map_or(0, |m| {
+            self.now.saturating_duration_since(m.t0).as_millis() as u64
+        })
+    }
+
+    /// The MCP endpoint's path when the front is on.
+    pub(super) fn mcp_path(&self) -> Option<String> {
+        let args = &self.shared.cfg.mcp;
+        args.upstream_cmd.as_ref().map(|_| args.mcp_path.clone())
+    }
+
+    /// A request on the MCP path: wait for its body, hand it to the MCP core's owner, or run it.
+    pub(super) fn mcp_process(&mut self, slot: u32, head: http::Head) {
+        let body_max = self.shared.cfg.mcp.mcp_body_bytes_max;
+        if head.content_length > body_max as u64 {
+            let msg = format!(
+                "body of {} bytes exceeds --mcp-body-bytes-max {body_max}",
+                head.content_length
+            );
+            self.error(slot, 413, "body_too_large", &msg, true);
+            return;
+        }
+        let total = head.head_len + head.content_length as usize;
+        let conn = self.conn(slot);
+        if conn.rlen < total {
+            if conn.rbuf.len() < total && conn.inflight & F_RECV == 0 {
+                conn.rbuf.resize(total, 0);
+            }
+            if head.expect_continue && !conn.sent_continue {
+                conn.sent_continue = true;
+                self.send_response(slot, b"HTTP/1.1 100 Continue\r\n\r\n".to_vec(), false);
+            }
+            if self.conn(slot).inflight & F_RECV == 0 {
+                self.arm_recv(slot);
+            }
+            return;
+        }
+        self.m().requests_total.fetch_add(1, Relaxed);
+        let (_, owner) = mcp_owner(&self.shared);
+        if owner != self.id {
+            self.handoff(slot, owner);
+            return;
+        }
+        let header_count_max = self.limits.header_count_max;
+        let now = self.now;
+        let conn = self.conn(slot);
+        // Re-read the head for every header (the gateway's `Head` keeps only a few).
+        let mut hs = vec![httparse::EMPTY_HEADER; header_count_max];
+        let mut req = httparse::Request::new(&mut hs);
+        let parsed = req.parse(&conn.rbuf[..head.head_len]);
+        let method = match req.method {
+            Some("GET") => HttpMethod::Get,
+            Some("POST") => HttpMethod::Post,
+            Some("DELETE") => HttpMethod::Delete,
+            _ => HttpMethod::Other,
+        };
+        let pairs: Vec<(String, Vec<u8>)> = req
+            .headers
+            .iter()
+            .filter(|h| !h.name.is_empty())
+            .map(|h| (h.name.to_owned(), h.value.to_vec()))
+            .collect();
+        let body = conn.rbuf[head.head_len..total].to_vec();
+        conn.rbuf.copy_within(total..conn.rlen, 0);
+        conn.rlen -= total;
+        conn.sent_continue = false;
+        conn.head_started = (conn.rlen > 0).then_some(now);
+        if !matches!(parsed, Ok(httparse::Status::Complete(_))) {
+            // parse_head accepted this head already; a mismatch is a bug, not peer input.
+            unreachable!("head re-parse failed after parse_head succeeded: {parsed:?}");
+        }
+        let gen_ = self.gen_of(slot);
+        let now_ms = self.mcp_now_ms();
+        let epochs = self.shared.epochs.clone();
+        let Some(m) = self.mcp.as_mut() else {
+            self.error(
+                slot,
+                503,
+                "mcp_unavailable",
+                "the MCP front is not running on this core",
+                true,
+            );
+            return;
+        };
+        let cid = m.next_conn;
+        m.next_conn += 1;
+        m.conns.insert(cid, (slot, gen_, head.close));
+        m.by_slot.insert(slot, cid);
+        let header_refs: Vec<(&str, &[u8])> = pairs
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_slice()))
+            .collect();
+        let log = self
+            .logs
+            .get(&m.shard)
+            .expect("the MCP owner core holds the MCP shard");
+        m.core.handle_http(
+            now_ms,
+            &HttpRequest {
+                conn: cid,
+                method,
+                headers: &header_refs,
+                body: &body,
+            },
+            &LogRef {
+                log,
+                epochs: &epochs,
+            },
+        );
+        self.mcp_apply();
+    }
+
+    /// Carries out the core's actions, in order, until it has none.
+    fn mcp_apply(&mut self) {
+        loop {
+            let Some(m) = self.mcp.as_mut() else { return };
+            let Some(action) = m.core.poll_action() else {
+                return;
+            };
+            let shard = m.shard;
+            match action {
+                Action::Respond {
+                    conn,
+                    status,
+                    headers,
+                    body,
+                } => {
+                    let Some((slot, gen_, close)) = m.conns.remove(&conn) else {
+                        continue;
+                    };
+                    m.by_slot.remove(&slot);
+                    if self.conn_mut(slot, gen_).is_none_or(|c| c.closing) {
+                        continue;
+                    }
+                    let mut out = format!(
+                        "HTTP/1.1 {status} {}\r\nContent-Length: {}\r\n",
+                        reason(status),
+                        body.len()
+                    );
+                    for (k, v) in &headers {
+                        out.push_str(&format!("{k}: {v}\r\n"));
+                    }
+                    out.push_str(if close {
+                        "Connection: close\r\n\r\n"
+                    } else {
+                        "\r\n"
+                    });
+                    let mut bytes = out.into_bytes();
+                    bytes.extend_from_slice(&body);
+                    self.send_response(slot, bytes, close);
+                }
+                Action::CreateStream { stream } => {
+                    let log = self.logs.get_mut(&shard).expect("MCP shard");
+                    if let Err(e) = log.create_stream(&stream) {
+                        eprintln!(
+                            "core {}: MCP stream {stream} cannot be created: {e}",
+                            self.id
+                        );
+                    }
+                }
+                Action::Append {
+                    stream,
+                    seq,
+                    event_type,
+                    data,
+                } => {
+                    let log = self.logs.get_mut(&shard).expect("MCP shard");
+                    let sid = log
+                        .stream_id(&stream)
+                        .expect("the core creates a stream before appending to it");
+                    match log.append(sid, event_type, &data) {
+                        Ok(a) => {
+                            assert_eq!(
+                                a.id.seq, seq,
+                                "MCP core predicted seq {seq} on {stream}, log assigned {}",
+                                a.id.seq
+                            );
+                            self.record_appends(shard, sid, 1);
+                        }
+                        // An operating error (disk full, record too large): said loudly; the
+                        // core's sequence prediction for this stream is now off, so the next
+                        // append on it will stop the process rather than leave a silent gap.
+                        Err(e) => eprintln!("core {}: MCP append to {stream} failed: {e}", self.id),
+                    }
+                }
+                Action::OpenSse {
+                    conn,
+                    stream,
+                    from_seq,
+                    retry_ms,
+                    headers,
+                    end_after,
+                } => {
+                    let Some(&(slot, gen_, _)) = m.conns.get(&conn) else {
+                        continue;
+                    };
+                    if self.conn_mut(slot, gen_).is_none_or(|c| c.closing) {
+                        self.mcp_conn_gone(conn);
+                        continue;
+                    }
+                    let log = &self.logs[&shard];
+                    let sid = log
+                        .stream_id(&stream)
+                        .expect("the core creates a stream before opening it");
+                    let mut head = String::from(
+                        "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nConnection: close\r\n",
+                    );
+                    for (k, v) in &headers {
+                        head.push_str(&format!("{k}: {v}\r\n"));
+                    }
+                    head.push_str("\r\n");
+                    if let Some(r) = retry_ms {
+                        head.push_str(&format!("retry: {r}\n\n"));
+                    }
+                    self.become_subscriber(slot, (shard, sid), from_seq, head.into_bytes(), None);
+                    if let Some(c) = self.conn_mut(slot, gen_)
+                        && let State::Sub(sub) = &mut c.state
+                    {
+                        sub.end_after = end_after;
+                    }
+                    self.pump(slot);
+                }
+                Action::StreamComplete { stream, last_seq } => {
+                    let Some(sid) = self.logs[&shard].stream_id(&stream) else {
+                        continue;
+                    };
+                    let subs = self.subs.get(&(shard, sid)).cloned().unwrap_or_default();
+                    for (slot, gen_) in subs {
+                        if let Some(c) = self.conn_mut(slot, gen_)
+                            && let State::Sub(sub) = &mut c.state
+                        {
+                            sub.end_after = Some(last_seq);
+                            self.pump(slot);
+                        }
+                    }
+                }
+                Action::CloseSse { conn } => {
+                    let Some((slot, gen_, _)) = m.conns.remove(&conn) else {
+                        continue;
+                    };
+                    m.by_slot.remove(&slot);
+                    if self.conn_mut(slot, gen_).is_some_and(|c| !c.closing) {
+                        self.close_conn(slot);
+                    }
+                }
+                Action::SpawnUpstream { upstream, session } => {
+                    if let Err(e) = m.ups.spawn(upstream, session.as_deref()) {
+                        eprintln!("core {}: {e}", self.id);
+                        let now_ms = self.mcp_now_ms();
+                        let m = self.mcp.as_mut().expect("checked");
+                        m.core.handle_upstream_exit(now_ms, upstream, &e);
+                    }
+                }
+                Action::SendUpstream { upstream, line } => {
+                    if let Err(e) = m.ups.send(upstream, line) {
+                        let now = self.now;
+                        let now_ms = self.mcp_now_ms();
+                        let m = self.mcp.as_mut().expect("checked");
+                        m.ups.kill(upstream, now);
+                        m.core.handle_upstream_exit(now_ms, upstream, &e);
+                    }
+                }
+                Action::KillUpstream { upstream } => {
+                    let now = self.now;
+                    m.ups.kill(upstream, now);
+                }
+            }
+        }
+    }
+
+    /// The core's connection went away before its response could be opened.
+    fn mcp_conn_gone(&mut self, cid: ConnId) {
+        let now_ms = self.mcp_now_ms();
+        if let Some(m) = self.mcp.as_mut() {
+            if let Some((slot, _, _)) = m.conns.remove(&cid) {
+                m.by_slot.remove(&slot);
+            }
+            m.core.handle_connection_closed(now_ms, cid);
+        }
+    }
+
+    /// Hook from `close_conn`: an MCP connection (request or SSE) closed.
+    pub(super) fn mcp_conn_closed(&mut self, slot: u32) {
+        let Some(cid) = self.mcp.as_mut().and_then(|m| m.by_slot.remove(&slot)) else {
+            return;
+        };
+        self.mcp_conn_gone(cid);
+        self.mcp_apply();
+    }
+
+    /// Hook once per reactor turn: upstream lines and exits, then the core's timers. Actions
+    /// are applied after each event, so queued appends never pile up in memory.
+    pub(super) fn mcp_turn(&mut self) {
+        let now = self.now;
+        let now_ms = self.mcp_now_ms();
+        let id_core = self.id;
+        for handled in 0.. {
+            let Some(m) = self.mcp.as_mut() else { return };
+            if handled == UPSTREAM_EVENTS_PER_TURN_MAX {
+                sys::eventfd_wake(self.efd); // more may be queued: come back next turn
+                break;
+            }
+            let Some(ev) = m.ups.try_recv() else { break };
+            match ev {
+                UpstreamEvent::Line(id, line) => m.core.handle_upstream_line(now_ms, id, &line),
+                UpstreamEvent::LineTooLong(id, n) => {
+                    // Dropping the line could hide a response: end the upstream explicitly.
+                    let why = format!("upstream wrote a {n}-byte line, over --event-bytes-max");
+                    eprintln!("core {id_core}: MCP upstream {}: {why}", id.0);
+                    m.ups.kill(id, now);
+                    m.core.handle_upstream_exit(now_ms, id, &why);
+                }
+                UpstreamEvent::Closed(id) => {
+                    m.ups.kill(id, now); // reap (SIGKILL after grace if it lingers)
+                    m.core
+                        .handle_upstream_exit(now_ms, id, "upstream closed its stdout");
+                }
+            }
+            self.mcp_apply();
+        }
+        let Some(m) = self.mcp.as_mut() else { return };
+        for (id, status) in m.ups.poll(now) {
+            m.core
+                .handle_upstream_exit(now_ms, id, &format!("upstream exited: {status}"));
+        }
+        if m.core.poll_timeout().is_some_and(|t| t <= now_ms) {
+            m.core.handle_tick(now_ms);
+        }
+        self.mcp_apply();
+    }
+
+    /// Hook for the reactor's wait: the MCP core's next timer.
+    pub(super) fn mcp_deadline(&self) -> Option<Instant> {
+        let m = self.mcp.as_ref()?;
+        Some(m.t0 + Duration::from_millis(m.core.poll_timeout()?))
+    }
+
+    /// Hook from `begin_shutdown` (before the logs are synced): every session ends with
+    /// explicit errors in the log, upstream children are stopped.
+    pub(super) fn mcp_shutdown(&mut self) {
+        let Some(m) = self.mcp.as_mut() else { return };
+        m.core.shutdown();
+        self.mcp_apply();
+        if let Some(m) = self.mcp.as_mut() {
+            m.ups.stop_all();
+        }
+    }
+}

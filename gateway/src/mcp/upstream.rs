@@ -1,0 +1,391 @@
+//! Upstream MCP server processes for `--upstream-cmd`: one child (`sh -c <cmd>`) per MCP
+//! session (legacy) or one shared child (modern), speaking newline-delimited JSON-RPC on its
+//! stdin/stdout. Each child has three small threads: a stdout reader (lines, bounded length,
+//! into a bounded channel — when the reactor falls behind, the channel fills and the child
+//! blocks on its pipe: a flood waits in the kernel and the log, not in our memory), a stderr
+//! reader (into the gateway's log, i.e. our stderr) and a stdin writer (fed through a bounded
+//! channel). After each event the reader wakes the owning reactor core (its eventfd).
+//!
+//! It does not interpret messages (that is `core`), and it uses no io_uring: pipes to child
+//! processes are few and slow compared to client sockets, and blocking threads keep this
+//! module free of `unsafe`. Kill = close stdin (the MCP stdio shutdown), then SIGKILL after
+//! `kill_grace_ms` if the child has not exited; exited children are reaped by `poll`.
+#![forbid(unsafe_code)]
+
+use super::core::UpstreamId;
+use crossbeam::channel::{self, Receiver, Sender, TrySendError};
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What the reader threads report.
+#[derive(Debug)]
+pub enum UpstreamEvent {
+    /// One stdout line without its `\n`.
+    Line(UpstreamId, Vec<u8>),
+    /// A stdout line longer than the limit was skipped (counted, logged).
+    LineTooLong(UpstreamId, usize),
+    /// stdout reached EOF (the child exited or closed it): the MCP channel is gone.
+    Closed(UpstreamId),
+}
+
+/// Limits (CLI flags with units).
+#[derive(Debug, Clone)]
+pub struct UpstreamLimits {
+    /// Longest stdout line accepted (`--mcp-upstream-line-bytes-max`).
+    pub line_bytes_max: usize,
+    /// Lines queued towards a child's stdin before it counts as stuck and is killed
+    /// (`--mcp-upstream-queue-lines-max`); also the capacity of the shared stdout channel.
+    pub queue_lines_max: usize,
+    /// Time between closing stdin and SIGKILL (`--mcp-upstream-kill-grace-ms`).
+    pub kill_grace_ms: u64,
+}
+
+struct Proc {
+    child: Child,
+    stdin: Option<Sender<Vec<u8>>>,
+    kill_at: Option<Instant>,
+}
+
+/// All upstream children of one reactor core.
+pub struct UpstreamSet {
+    cmd: String,
+    limits: UpstreamLimits,
+    tx: Sender<UpstreamEvent>,
+    rx: Receiver<UpstreamEvent>,
+    wake: Arc<dyn Fn() + Send + Sync>,
+    procs: HashMap<UpstreamId, Proc>,
+}
+
+impl std::fmt::Debug for UpstreamSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamSet")
+            .field("cmd", &self.cmd)
+            .field("children", &self.procs.len())
+            .finish()
+    }
+}
+
+impl UpstreamSet {
+    /// `wake` is called from reader threads after each event (the core's eventfd).
+    pub fn new(
+        cmd: String,
+        limits: UpstreamLimits,
+        wake: Arc<dyn Fn() + Send + Sync>,
+    ) -> UpstreamSet {
+        let (tx, rx) = channel::bounded(limits.queue_lines_max.max(1));
+        UpstreamSet {
+            cmd,
+            limits,
+            tx,
+            rx,
+            wake,
+            procs: HashMap::new(),
+        }
+    }
+
+    pub fn children(&self) -> usize {
+        self.procs.len()
+    }
+
+    /// Starts the child for `id`. `session` is exported as `MCP_GATEWAY_SESSION`.
+    pub fn spawn(&mut self, id: UpstreamId, session: Option<&str>) -> Result<(), String> {
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c")
+            .arg(&self.cmd)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if let Some(s) = session {
+            cmd.env("MCP_GATEWAY_SESSION", s);
+        }
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| format!("cannot start upstream `{}`: {e}", self.cmd))?;
+        let stdout = child.stdout.take().expect("piped");
+        let stderr = child.stderr.take().expect("piped");
+        let mut stdin = child.stdin.take().expect("piped");
+        let (in_tx, in_rx) = channel::bounded::<Vec<u8>>(self.limits.queue_lines_max.max(1));
+        let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
+            std::thread::Builder::new().name(name).spawn(f).map(|_| ())
+        };
+        let (tx, wake, max) = (
+            self.tx.clone(),
+            self.wake.clone(),
+            self.limits.line_bytes_max,
+        );
+        let started = spawn(format!("mcp-up{}-out", id.0), Box::new(move || read_lines(id, stdout, max, &tx, &*wake)))
+            .and_then(|()| {
+                spawn(
+                    format!("mcp-up{}-err", id.0),
+                    Box::new(move || {
+                        let mut r = BufReader::new(stderr);
+                        let mut line = Vec::new();
+                        while matches!(r.by_ref().take(64 * 1024).read_until(b'\n', &mut line), Ok(n) if n > 0) {
+                            eprintln!("mcp upstream {}: {}", id.0, String::from_utf8_lossy(&line).trim_end());
+                            line.clear();
+                        }
+                    }),
+                )
+            })
+            .and_then(|()| {
+                spawn(
+                    format!("mcp-up{}-in", id.0),
+                    Box::new(move || {
+                        for line in in_rx {
+                            if stdin.write_all(&line).and_then(|()| stdin.flush()).is_err() {
+                                break;
+                            }
+                        }
+                        // Dropping stdin closes the pipe: the MCP stdio shutdown signal.
+                    }),
+                )
+            });
+        if let Err(e) = started {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!("cannot start upstream threads: {e}"));
+        }
+        self.procs.insert(
+            id,
+            Proc {
+                child,
+                stdin: Some(in_tx),
+                kill_at: None,
+            },
+        );
+        Ok(())
+    }
+
+    /// Queues a line (ending in `\n`) for the child's stdin. A child that does not read its
+    /// input fast enough to keep the queue under the limit is reported stuck (the caller
+    /// treats it as exited).
+    pub fn send(&mut self, id: UpstreamId, line: Vec<u8>) -> Result<(), String> {
+        let Some(p) = self.procs.get_mut(&id) else {
+            return Err("upstream is gone".into());
+        };
+        let Some(tx) = &p.stdin else {
+            return Err("upstream is being stopped".into());
+        };
+        match tx.try_send(line) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Full(_)) => Err(format!(
+                "upstream stdin backlog over {} lines (--mcp-upstream-queue-lines-max)",
+                self.limits.queue_lines_max
+            )),
+            Err(TrySendError::Disconnected(_)) => Err("upstream stdin closed".into()),
+        }
+    }
+
+    /// Closes the child's stdin now; SIGKILL after the grace period if it is still running.
+    pub fn kill(&mut self, id: UpstreamId, now: Instant) {
+        if let Some(p) = self.procs.get_mut(&id) {
+            p.stdin = None;
+            p.kill_at
+                .get_or_insert(now + Duration::from_millis(self.limits.kill_grace_ms));
+        }
+    }
+
+    /// Next reader event, if any (non-blocking).
+    pub fn try_recv(&self) -> Option<UpstreamEvent> {
+        self.rx.try_recv().ok()
+    }
+
+    /// Reaps exited children and SIGKILLs those past their grace. Returns how they ended.
+    pub fn poll(&mut self, now: Instant) -> Vec<(UpstreamId, String)> {
+        let mut ended = Vec::new();
+        for (id, p) in &mut self.procs {
+            match p.child.try_wait() {
+                Ok(Some(status)) => ended.push((*id, status.to_string())),
+                Ok(None) => {
+                    if p.kill_at.is_some_and(|t| t <= now) {
+                        let _ = p.child.kill();
+                        p.kill_at = None;
+                    }
+                }
+                Err(e) => ended.push((*id, format!("wait failed: {e}"))),
+            }
+        }
+        for (id, _) in &ended {
+            self.procs.remove(id);
+        }
+        ended
+    }
+
+    /// Shutdown: close every stdin, wait up to the grace period, then SIGKILL the rest.
+    pub fn stop_all(&mut self) {
+        for p in self.procs.values_mut() {
+            p.stdin = None;
+        }
+        let deadline = Instant::now() + Duration::from_millis(self.limits.kill_grace_ms);
+        while !self.procs.is_empty() && Instant::now() < deadline {
+            self.procs
+                .retain(|_, p| !matches!(p.child.try_wait(), Ok(Some(_)) | Err(_)));
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        for p in self.procs.values_mut() {
+            let _ = p.child.kill();
+            let _ = p.child.wait();
+        }
+        self.procs.clear();
+    }
+}
+
+/// Reads `\n`-terminated lines of at most `max` bytes; longer lines are skipped whole.
+fn read_lines(
+    id: UpstreamId,
+    out: impl Read,
+    max: usize,
+    tx: &Sender<UpstreamEvent>,
+    wake: &(dyn Fn() + Send + Sync),
+) {
+    let mut r = BufReader::with_capacity(64 * 1024, out);
+    let mut line = Vec::new();
+    let mut skipping = 0usize;
+    loop {
+        let buf = match r.fill_buf() {
+            Ok([]) | Err(_) => break,
+            Ok(b) => b,
+        };
+        let (chunk, done) = match buf.iter().position(|&b| b == b'\n') {
+            Some(i) => (&buf[..i], Some(i + 1)),
+            None => (buf, None),
+        };
+        if skipping > 0 || line.len() + chunk.len() > max {
+            skipping += line.len() + chunk.len();
+            line.clear();
+        } else {
+            line.extend_from_slice(chunk);
+        }
+        let used = done.unwrap_or(buf.len());
+        r.consume(used);
+        if done.is_some() {
+            let ev = if skipping > 0 {
+                let n = std::mem::take(&mut skipping);
+                UpstreamEvent::LineTooLong(id, n)
+            } else {
+                UpstreamEvent::Line(id, std::mem::take(&mut line))
+            };
+            if tx.send(ev).is_err() {
+                return;
+            }
+            wake();
+        }
+    }
+    let _ = tx.send(UpstreamEvent::Closed(id));
+    wake();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    fn set(cmd: &str, line_max: usize) -> (UpstreamSet, Arc<AtomicUsize>) {
+        let wakes = Arc::new(AtomicUsize::new(0));
+        let w = wakes.clone();
+        let limits = UpstreamLimits {
+            line_bytes_max: line_max,
+            queue_lines_max: 64,
+            kill_grace_ms: 2_000,
+        };
+        (
+            UpstreamSet::new(
+                cmd.into(),
+                limits,
+                Arc::new(move || {
+                    w.fetch_add(1, Ordering::Relaxed);
+                }),
+            ),
+            wakes,
+        )
+    }
+
+    fn next(s: &UpstreamSet) -> UpstreamEvent {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(e) = s.try_recv() {
+                return e;
+            }
+            assert!(Instant::now() < deadline, "no upstream event within 10 s");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    /// A child echoing its stdin: lines go both ways in order; closing stdin ends it.
+    #[test]
+    fn lines_round_trip_and_kill_closes_stdin() {
+        let (mut s, wakes) = set("cat", 1 << 20);
+        let id = UpstreamId(7);
+        s.spawn(id, Some("sess")).unwrap();
+        for i in 0..20 {
+            s.send(id, format!("{{\"n\":{i}}}\n").into_bytes()).unwrap();
+        }
+        for i in 0..20 {
+            match next(&s) {
+                UpstreamEvent::Line(got, l) => {
+                    assert_eq!(got, id);
+                    assert_eq!(l, format!("{{\"n\":{i}}}").into_bytes());
+                }
+                e => panic!("unexpected {e:?}"),
+            }
+        }
+        s.kill(id, Instant::now());
+        assert!(matches!(next(&s), UpstreamEvent::Closed(x) if x == id));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut ended = Vec::new();
+        while ended.is_empty() && Instant::now() < deadline {
+            ended = s.poll(Instant::now());
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        assert_eq!(ended.len(), 1, "cat exits on stdin EOF");
+        assert!(wakes.load(Ordering::Relaxed) >= 21);
+        assert!(s.send(id, b"x\n".to_vec()).is_err());
+    }
+
+    /// Over-long lines are skipped whole and reported; the next line is intact.
+    #[test]
+    fn long_lines_are_skipped() {
+        let (mut s, _) = set("printf 'aaaaaaaaaaaaaaaaaaaa\\nok\\n'", 8);
+        let id = UpstreamId(1);
+        s.spawn(id, None).unwrap();
+        assert!(matches!(next(&s), UpstreamEvent::LineTooLong(_, 20)));
+        assert!(matches!(next(&s), UpstreamEvent::Line(_, l) if l == b"ok"));
+        assert!(matches!(next(&s), UpstreamEvent::Closed(_)));
+    }
+
+    /// A child that ignores stdin EOF is SIGKILLed after the grace period.
+    #[test]
+    fn stubborn_child_is_killed_after_grace() {
+        let (mut s, _) = set("trap '' TERM; exec sleep 30", 1024);
+        let id = UpstreamId(2);
+        s.spawn(id, None).unwrap();
+        let t0 = Instant::now();
+        s.kill(id, t0);
+        assert!(s.poll(t0).is_empty());
+        let deadline = t0 + Duration::from_secs(10);
+        let mut ended = Vec::new();
+        while ended.is_empty() && Instant::now() < deadline {
+            ended = s.poll(Instant::now() + Duration::from_secs(3));
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(ended.len(), 1);
+        assert!(ended[0].1.contains("signal"), "{}", ended[0].1);
+    }
+
+    #[test]
+    fn spawn_failure_is_reported_by_exit() {
+        let (mut s, _) = set("exit 3", 1024);
+        s.spawn(UpstreamId(3), None).unwrap();
+        assert!(matches!(next(&s), UpstreamEvent::Closed(_)));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut ended = Vec::new();
+        while ended.is_empty() && Instant::now() < deadline {
+            ended = s.poll(Instant::now());
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        assert!(ended[0].1.contains('3'), "{}", ended[0].1);
+    }
+}
