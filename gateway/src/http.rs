@@ -378,4 +378,25 @@ mod tests {
         assert_eq!(v["error"], "too_large");
         assert!(s.contains("Connection: close"));
     }
+
+    proptest::proptest! {
+        /// Arbitrary bytes never panic, and `Ok(None)` only while under the limit.
+        #[test]
+        fn never_panics(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..400)) {
+            if let Ok(None) = parse_head(&bytes, &L) {
+                proptest::prop_assert!(bytes.len() < L.header_bytes_max);
+            }
+        }
+
+        /// A valid head cut at any point is incomplete, never an error; whole, it parses.
+        #[test]
+        fn incremental(cut in 0usize..60) {
+            let req = b"POST /v1/streams/a/events HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc";
+            let head_len = req.len() - 3;
+            let cut = cut.min(head_len - 1);
+            proptest::prop_assert_eq!(parse_head(&req[..cut], &L), Ok(None));
+            let h = parse_head(req, &L).unwrap().unwrap();
+            proptest::prop_assert_eq!(h.head_len, head_len);
+        }
+    }
 }

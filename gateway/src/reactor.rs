@@ -91,6 +91,7 @@ const IORING_TIMESTAMP_TYPE_SHIFT: u32 = 17;
 const IOV_MAX_PER_SEND: usize = 1024;
 const PARKED_PER_STREAM_MAX: usize = 64;
 const RECV_BYTES_MIN: usize = 4096;
+const PIPELINED_PER_CALL_MAX: usize = 256;
 const TICK: Duration = Duration::from_millis(100);
 
 fn ud(slot: u32, gen_: u32, op: u8) -> u64 {
@@ -148,9 +149,17 @@ struct Sub {
 enum State {
     /// Reading / answering ordinary requests.
     Http,
-    /// A publish waits for durability before its answer.
-    AwaitDurable,
     Sub(Box<Sub>),
+}
+
+/// A response waiting its turn on a keep-alive connection. Responses leave strictly in
+/// request order; one whose `wait` is set (a publish not yet durable) holds back those after it.
+#[derive(Debug)]
+struct Outgoing {
+    bytes: Vec<u8>,
+    /// `(stream, seq)` that must be visible (durable under `--fsync`) before this is sent.
+    wait: Option<(StreamKey, Seq)>,
+    close: bool,
 }
 
 #[derive(Debug)]
@@ -160,9 +169,14 @@ struct Conn {
     closing: bool,
     rbuf: Vec<u8>,
     rlen: usize,
+    /// Bytes of the send in flight (a run of ready responses).
     wbuf: Vec<u8>,
     woff: usize,
+    /// Responses not yet in `wbuf`, in request order.
+    outbox: VecDeque<Outgoing>,
     close_after_write: bool,
+    /// A request asked to close (or was refused with close): parse nothing more.
+    close_requested: bool,
     sent_continue: bool,
     state: State,
     idle_since: Instant,
@@ -183,15 +197,6 @@ struct Parked {
     expires: Instant,
 }
 
-#[derive(Debug)]
-struct PendingPub {
-    slot: u32,
-    gen_: u32,
-    key: StreamKey,
-    seq: Seq,
-    response: Vec<u8>,
-}
-
 /// One core's reactor.
 struct Core {
     id: usize,
@@ -206,7 +211,8 @@ struct Core {
     logs: HashMap<u32, Log>,
     subs: HashMap<StreamKey, Vec<(u32, u32)>>,
     parked: HashMap<StreamKey, VecDeque<Parked>>,
-    pending: Vec<PendingPub>,
+    /// Connections with a response waiting for durability.
+    waiting: Vec<(u32, u32)>,
     touched: Vec<StreamKey>,
     appended_shards: Vec<u32>,
     now: Instant,
@@ -262,7 +268,7 @@ pub fn run_core(setup: CoreSetup, shared: Arc<Shared>, ready: impl FnOnce(Result
         logs: setup.logs.into_iter().collect(),
         subs: HashMap::new(),
         parked: HashMap::new(),
-        pending: Vec::new(),
+        waiting: Vec::new(),
         touched: Vec::new(),
         appended_shards: Vec::new(),
         now,
@@ -511,7 +517,9 @@ impl Core {
             rlen,
             wbuf: Vec::new(),
             woff: 0,
+            outbox: VecDeque::new(),
             close_after_write: false,
+            close_requested: false,
             sent_continue: false,
             state: State::Http,
             idle_since: self.now,
@@ -593,13 +601,52 @@ impl Core {
         self.process_http(slot);
     }
 
+    /// Queues a response that is ready now (after any earlier ones) and sends what can go.
     fn send_response(&mut self, slot: u32, bytes: Vec<u8>, close: bool) {
+        self.enqueue(
+            slot,
+            Outgoing {
+                bytes,
+                wait: None,
+                close,
+            },
+        );
+    }
+
+    fn enqueue(&mut self, slot: u32, o: Outgoing) {
+        let gen_ = self.gen_of(slot);
         let conn = self.conn(slot);
-        debug_assert_eq!(conn.inflight & F_SEND, 0);
-        conn.wbuf = bytes;
+        conn.close_requested |= o.close;
+        let waits = o.wait.is_some();
+        conn.outbox.push_back(o);
+        if waits && !self.waiting.contains(&(slot, gen_)) {
+            self.waiting.push((slot, gen_));
+        }
+        self.flush(slot);
+    }
+
+    /// Sends the ready prefix of the outbox as one send, unless a send is in flight.
+    fn flush(&mut self, slot: u32) {
+        let conn = self.conn(slot);
+        if conn.inflight & F_SEND != 0 || conn.closing {
+            return;
+        }
+        let mut buf = std::mem::take(&mut conn.wbuf);
+        buf.clear();
+        while conn.outbox.front().is_some_and(|o| o.wait.is_none()) {
+            let o = conn.outbox.pop_front().expect("front exists");
+            buf.extend_from_slice(&o.bytes);
+            if o.close {
+                conn.close_after_write = true;
+                conn.outbox.clear();
+                break;
+            }
+        }
+        conn.wbuf = buf;
         conn.woff = 0;
-        conn.close_after_write |= close;
-        self.submit_wbuf(slot);
+        if !conn.wbuf.is_empty() {
+            self.submit_wbuf(slot);
+        }
     }
 
     fn submit_wbuf(&mut self, slot: u32) {
@@ -614,7 +661,7 @@ impl Core {
             .build()
             .user_data(ud(slot, gen_, OP_SEND));
         // SAFETY: `wbuf` belongs to the connection slot and is not replaced or freed while
-        // F_SEND is set (send_response asserts no send is in flight; maybe_free waits).
+        // F_SEND is set (flush returns early while a send is in flight; maybe_free waits).
         unsafe { self.push(e) };
     }
 
@@ -624,6 +671,7 @@ impl Core {
             return;
         }
         let now = self.now;
+        let shutting_down = self.shutting_down.is_some();
         let conn = self.conn(slot);
         if let State::Sub(_) = conn.state {
             self.on_sub_sent(slot, res as u64);
@@ -634,28 +682,49 @@ impl Core {
             self.submit_wbuf(slot);
             return;
         }
-        conn.wbuf = Vec::new();
+        conn.wbuf.clear();
         conn.woff = 0;
         conn.idle_since = now;
-        if conn.close_after_write || self.shutting_down.is_some() {
+        if conn.close_after_write || (shutting_down && conn.outbox.is_empty()) {
             self.close_conn(slot);
             return;
         }
+        self.flush(slot);
         // Pipelining: the next buffered request, if any.
         self.process_http(slot);
     }
 
     // ---- HTTP ----
 
+    /// Processes buffered requests in order (bounded per call; the next send completion
+    /// continues).
     fn process_http(&mut self, slot: u32) {
+        for _ in 0..PIPELINED_PER_CALL_MAX {
+            if !self.process_one(slot) {
+                break;
+            }
+        }
+    }
+
+    /// Processes one buffered request; true if another may follow right away.
+    fn process_one(&mut self, slot: u32) -> bool {
         let limits = self.limits;
         let mcp_path = self.mcp_path();
         let cfg_event = self.shared.cfg.event_bytes_max;
         let cfg_batch = self.shared.cfg.batch_bytes_max;
         let conn = self.conn(slot);
-        if conn.closing || !matches!(conn.state, State::Http) || conn.inflight & F_SEND != 0 {
-            return;
+        // Consuming buffered bytes is only sound while no recv writes into the buffer; a recv
+        // is armed only when no complete request is buffered, so there is nothing to do then.
+        if conn.closing
+            || conn.close_requested
+            || !matches!(conn.state, State::Http)
+            || conn.inflight & F_RECV != 0
+        {
+            return false;
         }
+        // Earlier responses still queued or sending: later requests may be processed (their
+        // answers queue behind), except those that take the connection over.
+        let busy = !conn.outbox.is_empty() || conn.inflight & F_SEND != 0;
         let head = match http::parse_head(&conn.rbuf[..conn.rlen], &limits) {
             Ok(Some(h)) => h,
             Ok(None) => {
@@ -669,16 +738,20 @@ impl Core {
                     }
                     self.arm_recv(slot);
                 }
-                return;
+                return false;
             }
             Err(e) => {
                 let (status, code, msg) = e.status();
                 self.error(slot, status, code, &msg, true);
-                return;
+                return false;
             }
         };
         if mcp_path.as_deref() == Some(head.path.as_str()) {
-            return self.mcp_process(slot, head);
+            if busy {
+                return false;
+            }
+            self.mcp_process(slot, head);
+            return false;
         }
         let route = match route::route(&head) {
             Ok(r) => r,
@@ -687,8 +760,13 @@ impl Core {
                 let close = head.close || status == 411;
                 // The body (if any) was not read: only keep the connection if there is none.
                 let close = close || head.content_length > 0;
+                if !close {
+                    let conn = self.conn(slot);
+                    conn.rbuf.copy_within(head.head_len..conn.rlen, 0);
+                    conn.rlen -= head.head_len;
+                }
                 self.error(slot, status, code, &msg, close);
-                return;
+                return !close;
             }
         };
         let body_max = match route {
@@ -709,7 +787,7 @@ impl Core {
                 )
             };
             self.error(slot, 413, code, &msg, true);
-            return;
+            return false;
         }
         let total = head.head_len + head.content_length as usize;
         if conn.rlen < total {
@@ -724,19 +802,26 @@ impl Core {
             if conn.inflight & F_RECV == 0 {
                 self.arm_recv(slot);
             }
-            return;
+            return false;
         }
         // A whole request is buffered.
-        self.m().requests_total.fetch_add(1, Relaxed);
-        if let Some(stream) = route.stream() {
-            let owner = shards::core_of_shard(
+        let owner = route.stream().map(|stream| {
+            shards::core_of_shard(
                 shards::shard_of(stream, self.shared.shards),
                 self.shared.cores,
-            );
-            if owner != self.id {
-                self.handoff(slot, owner);
-                return;
-            }
+            )
+        });
+        let takes_over =
+            matches!(route, Route::Subscribe { .. }) || owner.is_some_and(|o| o != self.id);
+        if busy && takes_over {
+            return false; // resumed when the outbox drains (on_send → process_http)
+        }
+        self.m().requests_total.fetch_add(1, Relaxed);
+        if let Some(owner) = owner
+            && owner != self.id
+        {
+            self.handoff(slot, owner);
+            return false;
         }
         let now = self.now;
         let conn = self.conn(slot);
@@ -773,8 +858,13 @@ impl Core {
                     self.error(slot, status, code, &msg, close);
                 }
             },
-            Route::Subscribe { stream, q } => self.subscribe(slot, &stream, q),
+            Route::Subscribe { stream, q } => {
+                self.subscribe(slot, &stream, q);
+                return false;
+            }
         }
+        // Pipelining: answers to ordinary requests queue in order; keep going.
+        true
     }
 
     fn error(&mut self, slot: u32, status: u16, code: &str, msg: &str, close: bool) {
@@ -878,21 +968,15 @@ impl Core {
             serde_json::json!({ "id": ids[0] })
         };
         let response = http::json_response(201, &body, close);
-        if all_durable {
-            self.send_response(slot, response, close);
-        } else {
-            let gen_ = self.gen_of(slot);
-            let conn = self.conn(slot);
-            conn.state = State::AwaitDurable;
-            conn.close_after_write |= close;
-            self.pending.push(PendingPub {
-                slot,
-                gen_,
-                key: (shard, sid),
-                seq: last_seq,
-                response,
-            });
-        }
+        let wait = (!all_durable).then_some(((shard, sid), last_seq));
+        self.enqueue(
+            slot,
+            Outgoing {
+                bytes: response,
+                wait,
+                close,
+            },
+        );
     }
 
     fn record_appends(&mut self, shard: u32, sid: StreamId, n: usize) {
@@ -932,7 +1016,7 @@ impl Core {
         let mut touched = std::mem::take(&mut self.touched);
         touched.sort_unstable_by_key(|(s, id)| (*s, id.0));
         touched.dedup();
-        self.complete_pending(&touched);
+        self.complete_waits(&touched);
         for key in &touched {
             let subs = self.subs.get(key).cloned().unwrap_or_default();
             for (slot, gen_) in subs {
@@ -945,30 +1029,43 @@ impl Core {
         self.touched = touched;
     }
 
-    fn complete_pending(&mut self, touched: &[StreamKey]) {
-        if self.pending.is_empty() {
+    /// Releases responses whose publish became visible (durable), then sends what is ready.
+    fn complete_waits(&mut self, touched: &[StreamKey]) {
+        if self.waiting.is_empty() {
             return;
         }
-        let mut i = 0;
-        while i < self.pending.len() {
-            let p = &self.pending[i];
-            let visible = touched
-                .contains(&p.key)
-                .then(|| self.logs[&p.key.0].bounds(p.key.1))
-                .flatten()
-                .map_or(0, |b| b.visible_tail);
-            if visible >= p.seq {
-                let p = self.pending.swap_remove(i);
-                if let Some(conn) = self.conn_mut(p.slot, p.gen_)
-                    && !conn.closing
-                {
-                    conn.state = State::Http;
-                    let close = conn.close_after_write;
-                    self.send_response(p.slot, p.response, close);
-                }
-            } else {
-                i += 1;
+        let waiting = std::mem::take(&mut self.waiting);
+        for (slot, gen_) in waiting {
+            let logs = &self.logs;
+            let Some(conn) = self.slots.get_mut(slot as usize).and_then(|s| {
+                (s.gen_ & 0xff_ffff == gen_)
+                    .then_some(s.conn.as_mut())
+                    .flatten()
+            }) else {
+                continue;
+            };
+            if conn.closing {
+                continue;
             }
+            let mut still = false;
+            for o in conn.outbox.iter_mut() {
+                if let Some((key, seq)) = o.wait {
+                    let visible = touched
+                        .contains(&key)
+                        .then(|| logs[&key.0].bounds(key.1))
+                        .flatten()
+                        .is_some_and(|b| b.visible_tail >= seq);
+                    if visible {
+                        o.wait = None;
+                    } else {
+                        still = true;
+                    }
+                }
+            }
+            if still {
+                self.waiting.push((slot, gen_));
+            }
+            self.flush(slot);
         }
     }
 
@@ -1484,7 +1581,7 @@ impl Core {
             }
             match &mut conn.state {
                 State::Http => {
-                    if conn.inflight & F_SEND != 0 {
+                    if conn.inflight & F_SEND != 0 || !conn.outbox.is_empty() {
                         continue;
                     }
                     if let Some(t) = conn.head_started
@@ -1497,7 +1594,6 @@ impl Core {
                         to_close.push(i as u32);
                     }
                 }
-                State::AwaitDurable => {}
                 State::Sub(sub) => {
                     if sub.ack == AckMode::Outq
                         && sub.window.unconfirmed_bytes() > 0
@@ -1602,10 +1698,14 @@ impl Core {
                 Err(e) => eprintln!("core {}: shutdown sync of shard {s}: {e:?}", self.id),
             }
         }
-        touched.extend(self.pending.iter().map(|p| p.key));
+        for (slot, gen_) in self.waiting.clone() {
+            if let Some(conn) = self.conn_mut(slot, gen_) {
+                touched.extend(conn.outbox.iter().filter_map(|o| o.wait.map(|w| w.0)));
+            }
+        }
         touched.sort_unstable_by_key(|(s, id)| (*s, id.0));
         touched.dedup();
-        self.complete_pending(&touched);
+        self.complete_waits(&touched);
         for i in 0..self.slots.len() as u32 {
             let Some(conn) = self.slots[i as usize].conn.as_mut() else {
                 continue;
