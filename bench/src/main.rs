@@ -220,6 +220,9 @@ struct Load {
     drain_secs_max: f64,
 }
 
+/// Descriptors kept free beside idle connections (publishers, /proc reads, epoll, stdio).
+const IDLE_FDS_SPARE: usize = 128;
+
 fn target_pids(c: &Common) -> Vec<u32> {
     let mut pids = c.target_pid.clone();
     if c.target_children {
@@ -382,9 +385,26 @@ fn run(cmd: &Cmd) -> Result<(Outcome, bool), String> {
             source_addr_first,
         } => {
             let mut cfg = base_config(common)?;
-            let streams = (*streams).clamp(1, (*connections).max(1));
+            // Each connection is one descriptor here: without CAP_SYS_RESOURCE the hard
+            // RLIMIT_NOFILE caps what one process can hold, so cap (and say so) rather than
+            // fail half-way with EMFILE.
+            let limit = load::raise_nofile((*connections + IDLE_FDS_SPARE) as u64) as usize;
+            let mut note = None;
+            let connections = if limit < *connections + IDLE_FDS_SPARE {
+                let capped = limit.saturating_sub(IDLE_FDS_SPARE).max(1);
+                let msg = format!(
+                    "asked for {connections} idle connections; capped at {capped} by RLIMIT_NOFILE \
+                     {limit} (raising the hard limit needs CAP_SYS_RESOURCE)"
+                );
+                eprintln!("warning: {msg}");
+                note = Some(msg);
+                capped
+            } else {
+                *connections
+            };
+            let streams = (*streams).clamp(1, connections.max(1));
             cfg.streams = streams;
-            cfg.subscribers_per_stream = connections.div_ceil(streams);
+            cfg.subscribers_per_stream = connections / streams;
             cfg.idle_hold_secs = Some(*hold_secs);
             cfg.source_addr_first = *source_addr_first;
             cfg.source_addrs = if *source_addrs == 0 {
@@ -394,16 +414,11 @@ fn run(cmd: &Cmd) -> Result<(Outcome, bool), String> {
             } else {
                 *source_addrs
             };
-            let limit = load::raise_nofile((connections + 1024) as u64);
-            if (limit as usize) < connections + 64 {
-                eprintln!(
-                    "warning: RLIMIT_NOFILE is {limit}, below the {connections} connections asked for"
-                );
+            let mut report = one("idle", common, &cfg)?;
+            if let Some(n) = note {
+                report.errors.insert(0, n);
             }
-            Ok((
-                Outcome::Reports(vec![one("idle", common, &cfg)?], None),
-                common.json,
-            ))
+            Ok((Outcome::Reports(vec![report], None), common.json))
         }
         Cmd::Mcp { .. } => Err(
             "not yet implemented: the mcp scenario needs the gateway's MCP front (issue 4)".into(),

@@ -216,7 +216,7 @@ impl Report {
                 ),
             );
         }
-        for (k, v) in &self.server_metrics {
+        for (k, v) in self.server_metrics.iter().filter(|(_, v)| **v != 0.0) {
             row(&format!("server metric {k}"), format!("{v:.0}"));
         }
         if let Some(b) = self.idle_bytes_per_connection {
