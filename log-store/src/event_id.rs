@@ -130,12 +130,29 @@ pub(crate) fn decimal_len(v: u64) -> usize {
     n
 }
 
+/// "00" "01" ... "99": two digits per division.
+const DIGIT_PAIRS: &[u8; 200] = b"\
+0001020304050607080910111213141516171819\
+2021222324252627282930313233343536373839\
+4041424344454647484950515253545556575859\
+6061626364656667686970717273747576777879\
+8081828384858687888990919293949596979899";
+
 fn encode_decimal(v: u64, out: &mut [u8]) -> usize {
     let n = decimal_len(v);
     let mut x = v;
-    for i in (0..n).rev() {
-        out[i] = b'0' + (x % 10) as u8;
-        x /= 10;
+    let mut i = n;
+    while x >= 100 {
+        let pair = (x % 100) as usize * 2;
+        x /= 100;
+        i -= 2;
+        out[i..i + 2].copy_from_slice(&DIGIT_PAIRS[pair..pair + 2]);
+    }
+    if x >= 10 {
+        let pair = x as usize * 2;
+        out[i - 2..i].copy_from_slice(&DIGIT_PAIRS[pair..pair + 2]);
+    } else {
+        out[i - 1] = b'0' + x as u8;
     }
     n
 }

@@ -6,39 +6,62 @@
 
 use crate::event_id::EventId;
 
-/// Position and length of the first line break (`\r\n` counts as one break of length 2).
-fn next_break(data: &[u8]) -> Option<(usize, usize)> {
-    // Scan 32-byte chunks with a branch-free fold (vectorizes), then locate inside the chunk.
-    let mut base = 0;
-    for chunk in data.chunks(32) {
-        let hit = chunk
-            .iter()
-            .fold(false, |acc, &b| acc | (b == b'\n') | (b == b'\r'));
-        if hit {
-            let i = chunk
-                .iter()
-                .position(|&b| b == b'\n' || b == b'\r')
-                .unwrap_or(0);
-            let at = base + i;
-            let len = if data[at] == b'\r' && data.get(at + 1) == Some(&b'\n') {
-                2
-            } else {
-                1
-            };
-            return Some((at, len));
-        }
-        base += chunk.len();
-    }
-    None
+/// True when `chunk` contains CR or LF. Fixed-size input so the compiler vectorizes the fold.
+fn chunk_has_break(chunk: &[u8; 32]) -> bool {
+    chunk.iter().fold(0u8, |acc, &b| {
+        acc | u8::from(b == b'\n') | u8::from(b == b'\r')
+    }) != 0
 }
 
-/// Iterates the SSE lines of `data` (always at least one, possibly empty).
-fn lines(data: &[u8]) -> impl Iterator<Item = &[u8]> {
+/// Index of the first CR or LF.
+fn first_break(data: &[u8]) -> Option<usize> {
+    let mut chunks = data.chunks_exact(32);
+    let mut base = 0;
+    for chunk in &mut chunks {
+        if chunk_has_break(chunk.try_into().expect("32 bytes")) {
+            return chunk
+                .iter()
+                .position(|&b| b == b'\n' || b == b'\r')
+                .map(|i| base + i);
+        }
+        base += 32;
+    }
+    chunks
+        .remainder()
+        .iter()
+        .position(|&b| b == b'\n' || b == b'\r')
+        .map(|i| base + i)
+}
+
+/// How the data splits into SSE lines: computed once per append.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Lines {
+    /// No line break: one `data:` line (the common case, e.g. JSON).
+    Single,
+    /// At least one line break, the first at this index.
+    Multi { first_break: usize },
+}
+
+pub(crate) fn split(data: &[u8]) -> Lines {
+    match first_break(data) {
+        None => Lines::Single,
+        Some(first_break) => Lines::Multi { first_break },
+    }
+}
+
+/// Iterates the SSE lines of `data` starting with a known first break position.
+fn multi_lines(data: &[u8], known_break: usize) -> impl Iterator<Item = &[u8]> {
     let mut rest = Some(data);
+    let mut known = Some(known_break);
     std::iter::from_fn(move || {
         let r = rest?;
-        match next_break(r) {
-            Some((at, len)) => {
+        match known.take().or_else(|| first_break(r)) {
+            Some(at) => {
+                let len = if r[at] == b'\r' && r.get(at + 1) == Some(&b'\n') {
+                    2
+                } else {
+                    1
+                };
                 rest = Some(&r[at + len..]);
                 Some(&r[..at])
             }
@@ -50,41 +73,69 @@ fn lines(data: &[u8]) -> impl Iterator<Item = &[u8]> {
     })
 }
 
+const ID_PREFIX: &[u8] = b"id: ";
+const EVENT_PREFIX: &[u8] = b"event: ";
+const DATA_PREFIX: &[u8] = b"data: ";
+
 /// Exact framed length of an event.
-pub(crate) fn framed_len(id: &EventId, event_type: Option<&str>, data: &[u8]) -> usize {
-    let mut n = 4 + id.encoded_len() + 1;
+pub(crate) fn framed_len(
+    id: &EventId,
+    event_type: Option<&str>,
+    data: &[u8],
+    lines: Lines,
+) -> usize {
+    let mut n = ID_PREFIX.len() + id.encoded_len() + 1;
     if let Some(t) = event_type {
-        n += 7 + t.len() + 1;
+        n += EVENT_PREFIX.len() + t.len() + 1;
     }
-    for line in lines(data) {
-        n += 6 + line.len() + 1;
+    match lines {
+        Lines::Single => n += DATA_PREFIX.len() + data.len() + 1,
+        Lines::Multi { first_break } => {
+            for line in multi_lines(data, first_break) {
+                n += DATA_PREFIX.len() + line.len() + 1;
+            }
+        }
     }
     n + 1
 }
 
+/// Copies `bytes` to `out[at..]` and returns the new position.
+fn put(out: &mut [u8], at: usize, bytes: &[u8]) -> usize {
+    out[at..at + bytes.len()].copy_from_slice(bytes);
+    at + bytes.len()
+}
+
 /// Writes the framed event into `out`, which must be exactly `framed_len(..)` bytes.
-pub(crate) fn write_frame(out: &mut [u8], id: &EventId, event_type: Option<&str>, data: &[u8]) {
-    let mut at = 0;
-    let mut put = |bytes: &[u8]| {
-        out[at..at + bytes.len()].copy_from_slice(bytes);
-        at += bytes.len();
-    };
-    let mut idbuf = [0u8; crate::event_id::EVENT_ID_BYTES_MAX];
-    let idn = id.encode(&mut idbuf);
-    put(b"id: ");
-    put(&idbuf[..idn]);
-    put(b"\n");
+pub(crate) fn write_frame(
+    out: &mut [u8],
+    id: &EventId,
+    event_type: Option<&str>,
+    data: &[u8],
+    lines: Lines,
+) {
+    let mut at = put(out, 0, ID_PREFIX);
+    at += id.encode(&mut out[at..]);
+    at = put(out, at, b"\n");
     if let Some(t) = event_type {
-        put(b"event: ");
-        put(t.as_bytes());
-        put(b"\n");
+        at = put(out, at, EVENT_PREFIX);
+        at = put(out, at, t.as_bytes());
+        at = put(out, at, b"\n");
     }
-    for line in lines(data) {
-        put(b"data: ");
-        put(line);
-        put(b"\n");
+    match lines {
+        Lines::Single => {
+            at = put(out, at, DATA_PREFIX);
+            at = put(out, at, data);
+            at = put(out, at, b"\n");
+        }
+        Lines::Multi { first_break } => {
+            for line in multi_lines(data, first_break) {
+                at = put(out, at, DATA_PREFIX);
+                at = put(out, at, line);
+                at = put(out, at, b"\n");
+            }
+        }
     }
-    put(b"\n");
+    at = put(out, at, b"\n");
     assert_eq!(at, out.len(), "framed length mismatch");
 }
 
@@ -99,8 +150,9 @@ mod tests {
             stream: StreamId(2),
             seq: 3,
         };
-        let mut v = vec![0; framed_len(&id, t, data)];
-        write_frame(&mut v, &id, t, data);
+        let lines = split(data);
+        let mut v = vec![0; framed_len(&id, t, data, lines)];
+        write_frame(&mut v, &id, t, data, lines);
         String::from_utf8(v).unwrap()
     }
 
@@ -120,13 +172,14 @@ mod tests {
             frame(None, b"\r\r\n"),
             format!("{id}data: \ndata: \ndata: \n\n")
         );
-        let long = "y".repeat(100) + "\n" + &"z".repeat(40);
+        let long = "y".repeat(100) + "\n" + &"z".repeat(40) + "\r" + &"w".repeat(70);
         assert_eq!(
             frame(None, long.as_bytes()),
             format!(
-                "{id}data: {}\ndata: {}\n\n",
+                "{id}data: {}\ndata: {}\ndata: {}\n\n",
                 "y".repeat(100),
-                "z".repeat(40)
+                "z".repeat(40),
+                "w".repeat(70)
             )
         );
     }

@@ -29,6 +29,9 @@ use crate::options::{FsyncPolicy, LogOptions, LogOptionsError};
 const CHECKPOINT_FILE: &str = "checkpoint";
 const CHECKPOINT_TMP_FILE: &str = "checkpoint.tmp";
 const LOCK_FILE: &str = "LOCK";
+/// A deleted segment's file kept for reuse by the next roll (its pages stay in the page cache,
+/// so the new segment needs no fresh zeroed pages: see BENCHMARKS.md).
+const SPARE_FILE: &str = "spare";
 const SEGMENT_SUFFIX: &str = ".seg";
 
 // ---------------------------------------------------------------------------------------------
@@ -408,6 +411,10 @@ struct SegMeta {
     newest_ts_ms: u64,
     /// Streams with at least one event in this segment.
     streams: Vec<StreamId>,
+    /// Lowest entry offset once sealed (entries occupy `entry_low..bytes`); `bytes` before.
+    entry_low: usize,
+    /// End of the data area once sealed (payloads occupy `HEADER_BYTES..data_end`).
+    data_end: usize,
 }
 
 /// Write state of the last segment.
@@ -480,28 +487,78 @@ fn sync_dir(dir: &Path) -> io::Result<()> {
 }
 
 /// Creates, preallocates, maps and stamps segment `number`.
+/// A spare file and the offset where its old entries start.
+#[derive(Debug)]
+struct Spare {
+    data_end: usize,
+    entry_low: usize,
+}
+
+/// Turns the spare file into segment `number`'s file: zeroes its header and old entries
+/// (so a crash right after the rename leaves a blank segment, deleted at open, and no old entry
+/// is ever seen), flushes that, renames. `None` when the spare does not fit.
+fn adopt_spare(dir: &Path, spare: &Spare, number: u64, bytes: u64) -> io::Result<Option<File>> {
+    let spare_path = dir.join(SPARE_FILE);
+    let file = File::options().read(true).write(true).open(&spare_path)?;
+    if file.metadata()?.len() != bytes
+        || spare.data_end < HEADER_BYTES
+        || spare.entry_low < spare.data_end
+        || spare.entry_low > bytes as usize
+    {
+        drop(file);
+        fs::remove_file(&spare_path)?;
+        return Ok(None);
+    }
+    {
+        let len = bytes as usize;
+        let (map, mut tok) = SharedMap::map(&file, len, false)?;
+        // Everything the last generation wrote is zeroed, so (by induction) the adopted file is
+        // all zeros like a fresh one. Only the header and the old entries must reach the disk
+        // before the rename: stale data bytes are never read without a valid entry, and a stale
+        // entry could not validate anyway (the CRC chain starts from the new header's CRC).
+        map.private_mut(&mut tok, 0, spare.data_end).fill(0);
+        map.private_mut(&mut tok, spare.entry_low, len - spare.entry_low)
+            .fill(0);
+        map.flush_range(0, HEADER_BYTES)?;
+        map.flush_range(spare.entry_low, len - spare.entry_low)?;
+    }
+    fs::rename(&spare_path, segment_path(dir, number))?;
+    Ok(Some(file))
+}
+
 fn create_segment(
     dir: &Path,
     epoch: Epoch,
     number: u64,
     bytes: u64,
     durable: bool,
+    spare: Option<Spare>,
 ) -> Result<(SegMeta, Active), AppendError> {
     let path = segment_path(dir, number);
-    let file = File::options()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .open(&path)
-        .map_err(AppendError::Io)?;
-    if let Err(e) = mmap::fallocate(&file, bytes) {
-        let _ = fs::remove_file(&path);
-        return Err(if e.raw_os_error() == Some(libc::ENOSPC) {
-            AppendError::DiskFull
-        } else {
-            AppendError::Io(e)
-        });
-    }
+    let recycled = match spare {
+        Some(sp) => adopt_spare(dir, &sp, number, bytes).map_err(AppendError::Io)?,
+        None => None,
+    };
+    let file = match recycled {
+        Some(f) => f,
+        None => {
+            let file = File::options()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .open(&path)
+                .map_err(AppendError::Io)?;
+            if let Err(e) = mmap::fallocate(&file, bytes) {
+                let _ = fs::remove_file(&path);
+                return Err(if e.raw_os_error() == Some(libc::ENOSPC) {
+                    AppendError::DiskFull
+                } else {
+                    AppendError::Io(e)
+                });
+            }
+            file
+        }
+    };
     let (map, mut tok) = SharedMap::map(&file, bytes as usize, true).map_err(AppendError::Io)?;
     let header = Header {
         epoch,
@@ -529,6 +586,8 @@ fn create_segment(
         bytes,
         newest_ts_ms: 0,
         streams: Vec::new(),
+        entry_low: bytes as usize,
+        data_end: HEADER_BYTES,
     };
     let active = Active {
         tok,
@@ -561,6 +620,8 @@ pub struct Log {
     /// Number of the oldest segment written since the last flush (any policy).
     unflushed_from: Option<u64>,
     poisoned: bool,
+    /// A deleted segment's file waiting to be reused by the next roll.
+    spare: Option<Spare>,
     recovery: RecoveryReport,
     _lock: File,
 }
@@ -636,7 +697,7 @@ impl Log {
         }
         let id = StreamId(id);
         self.ensure_room(name.len())?;
-        let ts = now_unix_ms(SystemTime::now());
+        let ts = mmap::coarse_unix_ms();
         self.write_record(Kind::StreamName, id, 0, ts, name.len(), |buf| {
             buf.copy_from_slice(name.as_bytes())
         });
@@ -675,7 +736,8 @@ impl Log {
             stream,
             seq,
         };
-        let framed_bytes = frame::framed_len(&id, event_type, data);
+        let lines = frame::split(data);
+        let framed_bytes = frame::framed_len(&id, event_type, data, lines);
         if framed_bytes > self.opts.record_bytes_max as usize {
             return Err(AppendError::RecordTooLarge {
                 framed_bytes,
@@ -683,9 +745,9 @@ impl Log {
             });
         }
         self.ensure_room(framed_bytes)?;
-        let ts = now_unix_ms(SystemTime::now());
+        let ts = mmap::coarse_unix_ms();
         let loc = self.write_record(Kind::Event, stream, seq, ts, framed_bytes, |buf| {
-            frame::write_frame(buf, &id, event_type, data)
+            frame::write_frame(buf, &id, event_type, data, lines)
         });
         let meta = self.segs.back_mut().expect("active segment");
         let seg_number = meta.seg.number;
@@ -902,7 +964,20 @@ impl Log {
         }
         for _ in 0..k {
             let m = self.segs.pop_front().expect("k < len");
-            m.seg.unlink_on_drop.store(true, Ordering::Release);
+            // No reader pins it (only the log holds the Arc, and new slices need `&self`): keep
+            // the file as the spare for the next roll instead of unlinking it.
+            let reusable = self.spare.is_none()
+                && Arc::strong_count(&m.seg) == 1
+                && m.bytes == self.opts.segment_bytes
+                && fs::rename(&m.seg.path, self.dir.join(SPARE_FILE)).is_ok();
+            if reusable {
+                self.spare = Some(Spare {
+                    data_end: m.data_end,
+                    entry_low: m.entry_low,
+                });
+            } else {
+                m.seg.unlink_on_drop.store(true, Ordering::Release);
+            }
             report.segments_deleted += 1;
             report.bytes_deleted += m.bytes;
         }
@@ -966,6 +1041,9 @@ impl Log {
             let entries = self.active.entries;
             self.write_record(Kind::Seal, StreamId(u32::MAX), entries, 0, 0, |_| {});
             self.active.sealed = true;
+            let sealed = self.segs.back_mut().expect("active");
+            sealed.entry_low = self.active.entry_low;
+            sealed.data_end = self.active.data_end;
             if durable {
                 // Everything in the sealed segment becomes durable now; its streams stay dirty
                 // until the next sync (conservative: visibility only moves in sync_now).
@@ -982,6 +1060,7 @@ impl Log {
             number,
             self.opts.segment_bytes,
             durable,
+            self.spare.take(),
         )?;
         self.segs.push_back(meta);
         self.active = active;

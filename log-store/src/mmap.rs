@@ -1,6 +1,7 @@
 //! The only module with `unsafe`: a shared, writable file mapping ([`SharedMap`]) split into a
 //! *frozen* prefix that any number of readers may borrow and a private remainder that only the
-//! holder of the map's unique [`WriteToken`] may read or write; plus `posix_fallocate`.
+//! holder of the map's unique [`WriteToken`] may read or write; plus two plain syscall wrappers
+//! (`posix_fallocate`, the coarse realtime clock).
 //!
 //! Soundness rests on three rules, each enforced here by assertions, not by callers' care:
 //! 1. Bytes `[0, frozen)` are never written again: every write asserts `off >= frozen`, and
@@ -50,10 +51,15 @@ impl SharedMap {
     ) -> io::Result<(SharedMap, WriteToken)> {
         let mut opts = MmapOptions::new();
         opts.len(len);
-        if populate {
-            opts.populate();
-        }
         let raw = opts.map_raw(file)?;
+        if populate {
+            // Fault every page in writable now (one fault per page, at segment creation) rather
+            // than a read fault at populate plus a write-protect fault at the first append.
+            // Older kernels lack MADV_POPULATE_WRITE: fall back to a read populate.
+            if raw.advise(memmap2::Advice::PopulateWrite).is_err() {
+                raw.advise(memmap2::Advice::PopulateRead).ok();
+            }
+        }
         let id = NEXT_MAP_ID.fetch_add(1, Ordering::Relaxed);
         Ok((
             SharedMap {
@@ -125,6 +131,11 @@ impl SharedMap {
         self.raw.flush()
     }
 
+    /// Like [`SharedMap::flush`], for the pages covering `[off, off + len)` only.
+    pub(crate) fn flush_range(&self, off: usize, len: usize) -> io::Result<()> {
+        self.raw.flush_range(off, len)
+    }
+
     fn check_private(&self, tok: &WriteToken, off: usize, len: usize) {
         assert_eq!(tok.id, self.id, "write token of another map");
         let end = off.checked_add(len).expect("range overflow");
@@ -151,6 +162,24 @@ pub(crate) fn fallocate(file: &File, len: u64) -> io::Result<()> {
     }
 }
 
+/// Wall-clock Unix milliseconds from `CLOCK_REALTIME_COARSE` (a few ms resolution, several
+/// times cheaper than `SystemTime::now()`); record timestamps only feed age-based retention.
+pub(crate) fn coarse_unix_ms() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `clock_gettime` writes one `timespec` through the pointer, which points to the
+    // live, exclusively borrowed local `ts`.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) };
+    if rc != 0 || ts.tv_sec < 0 {
+        return std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+    }
+    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -171,5 +200,14 @@ mod tests {
         }));
         assert!(r.is_err());
         assert_eq!(m.read_frozen(0, 4), b"abcd");
+    }
+
+    #[test]
+    fn coarse_clock_is_close_to_system_time() {
+        let sys = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64;
+        assert!(coarse_unix_ms().abs_diff(sys) < 1000);
     }
 }

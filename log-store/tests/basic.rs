@@ -292,3 +292,56 @@ fn retention_advances_floors_and_pinned_slices_survive() {
         "sequence never reused"
     );
 }
+
+#[test]
+fn retired_segment_file_is_recycled_by_the_next_roll() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = || LogOptions {
+        retain_bytes: Some(2 * 65536),
+        ..opts(65536)
+    };
+    let mut log = Log::open(dir.path(), o()).unwrap();
+    let a = log.create_stream("a").unwrap();
+    let seg = |n: u64| dir.path().join(format!("{n:020}.seg"));
+    let payload = "r".repeat(700);
+    let fill_until = |log: &mut Log, n: u64| {
+        for _ in 0..10_000 {
+            if seg(n).exists() {
+                return;
+            }
+            log.append(a, None, payload.as_bytes()).unwrap();
+        }
+        panic!("segment {n} never created");
+    };
+    fill_until(&mut log, 3);
+    let report = log.enforce_retention(SystemTime::now()).unwrap();
+    assert_eq!(report.segments_deleted, 2);
+    assert!(
+        dir.path().join("spare").exists(),
+        "first retired segment kept as the spare"
+    );
+    assert!(!seg(0).exists() && !seg(1).exists());
+    fill_until(&mut log, 4);
+    assert!(
+        !dir.path().join("spare").exists(),
+        "spare adopted as segment 4"
+    );
+    log.append(a, Some("last"), b"in the recycled segment")
+        .unwrap();
+    let b = log.bounds(a).unwrap();
+    let before: Vec<Vec<u8>> = (b.floor..=b.tail)
+        .map(|q| log.record(a, q).unwrap().as_bytes().to_vec())
+        .collect();
+    drop(log);
+    let log = Log::open(dir.path(), o()).unwrap();
+    assert_eq!(
+        log.recovery().torn_tail_offset,
+        None,
+        "recycled segment has a clean end"
+    );
+    assert_eq!(log.bounds(a).unwrap(), b);
+    let after: Vec<Vec<u8>> = (b.floor..=b.tail)
+        .map(|q| log.record(a, q).unwrap().as_bytes().to_vec())
+        .collect();
+    assert_eq!(after, before);
+}

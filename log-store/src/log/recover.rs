@@ -30,10 +30,12 @@ pub(super) fn open(dir: &Path, opts: LogOptions) -> Result<Log, OpenError> {
     }
     let mut report = RecoveryReport::default();
 
-    let tmp = dir.join(CHECKPOINT_TMP_FILE);
-    match fs::remove_file(&tmp) {
-        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(io_err(&tmp)(e)),
-        _ => {}
+    for transient in [CHECKPOINT_TMP_FILE, SPARE_FILE] {
+        let p = dir.join(transient);
+        match fs::remove_file(&p) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(io_err(&p)(e)),
+            _ => {}
+        }
     }
     let ckpt_path = dir.join(CHECKPOINT_FILE);
     let ckpt = match fs::read(&ckpt_path) {
@@ -152,6 +154,7 @@ pub(super) fn open(dir: &Path, opts: LogOptions) -> Result<Log, OpenError> {
         unsynced_since: None,
         unflushed_from: Some(first_live),
         poisoned: false,
+        spare: None,
         recovery: RecoveryReport::default(),
         _lock: lock,
     };
@@ -191,7 +194,7 @@ fn create_new(
     let mut raw = [0u8; 8];
     getrandom::fill(&mut raw).map_err(OpenError::Random)?;
     let epoch = Epoch(u64::from_le_bytes(raw).max(1));
-    let (meta, active) = create_segment(dir, epoch, 0, opts.segment_bytes, true)
+    let (meta, active) = create_segment(dir, epoch, 0, opts.segment_bytes, true, None)
         .map_err(|e| append_to_open(dir, e))?;
     report.created = true;
     Ok(Log {
@@ -206,6 +209,7 @@ fn create_new(
         unsynced_since: None,
         unflushed_from: None,
         poisoned: false,
+        spare: None,
         recovery: report,
         _lock: lock,
     })
@@ -463,6 +467,8 @@ impl Scan {
             bytes,
             newest_ts_ms,
             streams: seg_streams,
+            entry_low: len - ENTRY_BYTES * entries as usize,
+            data_end,
         };
         let active = Active {
             tok,
