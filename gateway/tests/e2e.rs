@@ -635,3 +635,45 @@ fn pipelined_publishes_are_group_committed_and_answered_in_order() {
         assert_eq!(s.next_event().unwrap().data, format!("m{i}"));
     }
 }
+
+#[test]
+fn expect_continue_idle_timeout_and_clean_shutdown() {
+    let mut g = Gateway::start(&[
+        "--cores",
+        "1",
+        "--idle-timeout-secs",
+        "1",
+        "--fsync",
+        "always",
+    ]);
+    // Expect: 100-continue gets the interim answer before the body is sent.
+    let mut c = connect(g.addr);
+    c.write_all(
+        b"POST /v1/streams/x/events HTTP/1.1\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n",
+    )
+    .unwrap();
+    let mut r = BufReader::new(c.try_clone().unwrap());
+    let (st, _, _) = read_response(&mut r);
+    assert_eq!(st, 100);
+    c.write_all(b"hello").unwrap();
+    let (st, _, body) = read_response(&mut r);
+    assert_eq!(st, 201, "{}", String::from_utf8_lossy(&body));
+    // The keep-alive connection is then closed after --idle-timeout-secs of silence.
+    let mut rest = Vec::new();
+    let n = r
+        .read_to_end(&mut rest)
+        .expect("closed by the server, not timed out");
+    assert_eq!(n, 0);
+
+    // A subscriber is open while the gateway is stopped: it exits 0, the stream ends cleanly,
+    // and what was acknowledged is there after a restart.
+    let mut s = Sse::open(g.addr, "/v1/streams/x?from=earliest", None);
+    assert_eq!(s.next_event().unwrap().data, "hello");
+    // The harness' tempdir lives as long as `g`: restart in the same directory meanwhile.
+    let dir = g.data_dir.clone();
+    assert!(g.stop());
+    assert!(s.next_event().is_none(), "stream ends at shutdown");
+    let g2 = Gateway::start_in(&dir, &["--cores", "2"]);
+    let mut s = Sse::open(g2.addr, "/v1/streams/x?from=earliest", None);
+    assert_eq!(s.next_event().unwrap().data, "hello");
+}
