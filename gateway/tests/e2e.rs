@@ -307,14 +307,27 @@ fn random_disconnects_resume_gap_free() {
 /// complete event continues gap-free — from the parked window when alignment is provable.
 #[test]
 fn parked_window_resume_is_gap_free_and_aligned_when_provable() {
-    let g = Gateway::start(&[
+    parked_window_resume(&[]);
+}
+
+/// The same with ACKs confirmed only by SIOCOUTQ accounting (the fallback path).
+#[test]
+fn parked_window_resume_with_siocoutq_fallback() {
+    let g = parked_window_resume(&["--no-tx-timestamps"]);
+    assert_eq!(g.metric("gateway_tx_ack_timestamps_total", ""), 0);
+}
+
+fn parked_window_resume(extra: &[&str]) -> Gateway {
+    let mut args = vec![
         "--cores",
         "1",
         "--fsync",
         "never",
         "--notsent-lowat-bytes",
         "16384",
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    let g = Gateway::start(&args);
     let n = 20_000usize;
     let payload = "z".repeat(200);
     let mut published = 0;
@@ -370,6 +383,7 @@ fn parked_window_resume_is_gap_free_and_aligned_when_provable() {
         aligned > 0,
         "no resume was served from a parked window (replay={replay})"
     );
+    g
 }
 
 #[test]
