@@ -13,6 +13,20 @@
 //! - [`log`]: [`Log`] — open/recover, append, group-commit sync, read, retention.
 //! - [`resume`]: the pure resume planner (decision table), no I/O.
 //!
+//! # Example
+//! ```
+//! use log_store::{Log, LogOptions};
+//! let dir = tempfile::tempdir()?;
+//! let opts = LogOptions { segment_bytes: 1 << 20, record_bytes_max: 64 << 10, ..LogOptions::default() };
+//! let mut log = Log::open(dir.path(), opts)?;
+//! let s = log.create_stream("orders")?;
+//! let a = log.append(s, Some("update"), b"{\"id\":1}\nsecond line")?;
+//! let batch = log.read(s, 1, 64 << 10)?; // fsync=never: visible at once
+//! let framed = format!("id: {}\nevent: update\ndata: {{\"id\":1}}\ndata: second line\n\n", a.id);
+//! assert_eq!(batch.slices[0].as_bytes(), framed.as_bytes());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
 //! A [`Log`] has exactly one writer (the owning thread). It is `Send`, not `Sync`.
 //! Readers get [`LogSlice`]s that keep their segment mapped (and its file on disk) for as long
 //! as they live, even across retention.

@@ -473,6 +473,48 @@ mod tests {
     }
 
     #[test]
+    fn extreme_values_do_not_overflow() {
+        let bounds = Bounds {
+            floor: 1,
+            tail: 10,
+            visible_tail: 10,
+        };
+        let input = |seq, window| ResumeInput {
+            log_epoch: E,
+            stream: S,
+            bounds,
+            requested: EventId {
+                epoch: E,
+                stream: S,
+                seq,
+            },
+            window,
+            known_epochs: &[],
+        };
+        assert_eq!(
+            plan_resume(&input(u64::MAX, None)),
+            ResumePlan::BeyondTail {
+                requested: u64::MAX,
+                tail: 10
+            }
+        );
+        let w = WindowView {
+            epoch: E,
+            stream: S,
+            head: 4,
+            last: u64::MAX,
+            contiguous: true,
+        };
+        assert_eq!(
+            classify(&input(3, Some(w))),
+            Case::ReplayWindowBeyondVisible
+        );
+        for (_, pred) in TABLE {
+            let _ = pred(&input(u64::MAX, Some(w)));
+        }
+    }
+
+    #[test]
     fn seed_scenario_is_a_replay_not_a_gap() {
         // The seed: client saw 118, window head advanced to 124 (119..123 evicted unconfirmed).
         let input = ResumeInput {
