@@ -119,7 +119,7 @@ impl Dechunker {
                         digits: digits + 1,
                     };
                 }
-                State::SizeExt { value } => match buf[i..].iter().position(|&b| b == b'\n') {
+                State::SizeExt { value } => match memchr::memchr(b'\n', &buf[i..]) {
                     Some(p) => {
                         i += p + 1;
                         self.state = Self::after_size(value);

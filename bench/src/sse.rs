@@ -113,7 +113,7 @@ impl SseParser {
     /// Consume bytes of the body; calls `on_event` for every complete event.
     pub fn feed(&mut self, mut buf: &[u8], on_event: &mut impl FnMut(Event<'_>)) {
         while !buf.is_empty() {
-            match buf.iter().position(|&b| b == b'\n') {
+            match memchr::memchr(b'\n', buf) {
                 Some(i) => {
                     if self.carry_total == 0 {
                         self.handle_line(&buf[..i], false, on_event);
