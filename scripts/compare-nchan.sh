@@ -9,13 +9,16 @@
 # started on exit (trap). Every wait is bounded. Results (JSON per scenario and system, the
 # ratio table, the gap demo, the latency plot) go to --out.
 #
-# Usage: scripts/compare-nchan.sh [--secs N] [--idle-connections N] [--out DIR] [--quick]
-#        [--skip-idle] [--plot]
+# Usage: scripts/compare-nchan.sh [--secs N] [--repeat N] [--idle-connections N] [--out DIR]
+#        [--quick] [--skip-idle] [--plot]
+# --repeat N runs every load scenario N times, alternating nchan and gateway, and the ratio
+# table quotes medians (the machine is shared and noisy).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 
 SECS=10                 # publishing seconds per load scenario
+REPEAT=1                # rounds per load scenario (medians are quoted)
 IDLE=50000              # idle connections per system
 OUT=""
 QUICK=0
@@ -30,12 +33,13 @@ GW_DEMO_PORT=18082
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --secs) SECS="$2"; shift 2 ;;
+    --repeat) REPEAT="$2"; shift 2 ;;
     --idle-connections) IDLE="$2"; shift 2 ;;
     --out) OUT="$2"; shift 2 ;;
     --quick) QUICK=1; shift ;;
     --skip-idle) SKIP_IDLE=1; shift ;;
     --plot) PLOT=1; shift ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
 done
@@ -187,23 +191,32 @@ echo "== servers pinned to core $SERVER_CORE, bench pinned to core $BENCH_CORE (
 echo "== results in $OUT"
 
 STATUS=0
-# run_both NAME BENCH-ARGS...: the same scenario against nchan, then the gateway.
+# run_one NAME SYSTEM ROUND BENCH-ARGS...: one scenario against one system.
+run_one() {
+  local name=$1 sys=$2 round=$3; shift 3
+  local args file
+  if [[ $sys == nchan ]]; then args=("${NCHAN_ARGS[@]}"); else args=("${GW_ARGS[@]}"); fi
+  file="$OUT/$name-$sys"
+  if [[ $round -gt 1 ]]; then file="$file.r$round"; fi
+  echo "-- $name [$sys] round $round (load average $(cut -d' ' -f1-3 /proc/loadavg)): bench $*"
+  local rc=0
+  timeout $((SECS * 3 + 90)) taskset -c "$BENCH_CORE" "$BENCH" "$@" "${args[@]}" --json \
+    >"$file.json" 2>"$file.err" || rc=$?
+  echo "$rc" >"$file.rc"
+  if [[ $rc -ne 0 ]]; then
+    echo "   exit $rc: $(tail -n 3 "$file.err")"
+    if [[ $rc -eq 1 ]]; then STATUS=1; fi
+  fi
+  return 0
+}
+# run_both NAME BENCH-ARGS...: the same scenario against nchan and the gateway, REPEAT rounds.
 run_both() {
   local name=$1; shift
-  local sys args
-  for sys in nchan gateway; do
-    if [[ $sys == nchan ]]; then args=("${NCHAN_ARGS[@]}"); else args=("${GW_ARGS[@]}"); fi
-    echo "-- $name [$sys]: bench $*"
-    local rc=0
-    timeout $((SECS * 3 + 60)) taskset -c "$BENCH_CORE" "$BENCH" "$@" "${args[@]}" --json \
-      >"$OUT/$name-$sys.json" 2>"$OUT/$name-$sys.err" || rc=$?
-    echo "$rc" >"$OUT/$name-$sys.rc"
-    if [[ $rc -ne 0 ]]; then
-      echo "   exit $rc: $(tail -n 3 "$OUT/$name-$sys.err")"
-      if [[ $rc -eq 1 ]]; then STATUS=1; fi
-    fi
+  local round
+  for round in $(seq 1 "$REPEAT"); do
+    run_one "$name" nchan "$round" "$@"
+    run_one "$name" gateway "$round" "$@"
   done
-  return 0
 }
 
 EV=$((SECS * 2000000))
@@ -213,6 +226,11 @@ run_both streams-1000x1 fanout --streams 1000 --subscribers-per-stream 1 --event
   --publishers 4 --publish-secs-max "$SECS" --pipeline-depth 64
 run_both resume-storm resume-storm --streams 10 --subscribers-per-stream 10 \
   --events-per-stream "$EV" --rate-events-per-sec 5000 --cuts-per-sec 200 --publish-secs-max "$SECS"
+# Gateway only (nchan has no batch publish): the same fanout with 100-event batch POSTs.
+for round in $(seq 1 "$REPEAT"); do
+  run_one fanout-1x100-batch100 gateway "$round" fanout --streams 1 --subscribers-per-stream 100 \
+    --events-per-stream "$EV" --publish-secs-max "$SECS" --pipeline-depth 4 --batch-events 100
+done
 run_both slow slow --streams 1 --subscribers-per-stream 50 --slow-subscribers-per-stream 10 \
   --events-per-stream "$EV" --rate-events-per-sec 2000 --publish-secs-max "$SECS" --drain-secs-max 2
 if [[ $SKIP_IDLE == 0 ]]; then
@@ -220,21 +238,38 @@ if [[ $SKIP_IDLE == 0 ]]; then
   # TIME_WAIT on their ports.
   NCHAN_ARGS+=(--source-addr-first 1)
   GW_ARGS+=(--source-addr-first 101)
-  run_both idle idle --connections "$IDLE" --streams 100 --hold-secs 3 --connect-secs-max 60 \
+  REPEAT=1 run_both idle idle --connections "$IDLE" --streams 100 --hold-secs 3 --connect-secs-max 60 \
     --connects-inflight-max 1024
 fi
 
 echo
 echo "== ratios (gateway / nchan; same scenario, same run)"
 python3 - "$OUT" <<'PY' | tee "$OUT/ratios.md"
-import json, os, sys
+import glob, json, os, statistics, sys
 out = sys.argv[1]
-def load(name, sys_):
-    p = os.path.join(out, f"{name}-{sys_}.json")
-    try:
-        return json.load(open(p))["reports"][-1]
-    except Exception:
-        return None
+def median_report(reports):
+    # Median of every numeric leaf over the rounds (other leaves from the first round).
+    def merge(vals):
+        first = vals[0]
+        if isinstance(first, dict):
+            return {k: merge([v.get(k) for v in vals if isinstance(v, dict)]) for k in first}
+        nums = [v for v in vals if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        if nums and len(nums) == len(vals):
+            return statistics.median(nums)
+        return first
+    return merge(reports)
+def load(name, sys_, idx=-1):
+    reps = []
+    for p in sorted(glob.glob(os.path.join(out, f"{name}-{sys_}.json")) +
+                    glob.glob(os.path.join(out, f"{name}-{sys_}.r*.json"))):
+        try:
+            reps.append(json.load(open(p))["reports"][idx])
+        except Exception:
+            pass
+    return median_report(reps) if reps else None
+rounds = len(glob.glob(os.path.join(out, "fanout-1x100-nchan*.json")))
+print(f"Medians over {rounds} round(s) per scenario and system.")
+print()
 def cpu_us(r):
     s = r.get("server") or {}
     return s.get("cpu_us_per_delivered_event")
@@ -251,7 +286,7 @@ def row(sc, metric, n, g, fmt="{:.0f}"):
         r = f"{g / n:.2f}" if n else "n/a"
     f = lambda v: "n/a" if v is None else fmt.format(v)
     print(f"| {sc} | {metric} | {f(n)} | {f(g)} | {r} |")
-for sc in ["fanout-1x100", "streams-1000x1", "resume-storm", "slow", "idle"]:
+for sc in ["fanout-1x100", "fanout-1x100-batch100", "streams-1000x1", "resume-storm", "slow", "idle"]:
     n, g = load(sc, "nchan"), load(sc, "gateway")
     if n is None and g is None:
         continue
@@ -263,6 +298,12 @@ for sc in ["fanout-1x100", "streams-1000x1", "resume-storm", "slow", "idle"]:
         row(sc, "latency p50 us", (n.get("latency") or {}).get("p50_us"), (g.get("latency") or {}).get("p50_us"))
         row(sc, "latency p99 us", (n.get("latency") or {}).get("p99_us"), (g.get("latency") or {}).get("p99_us"))
         row(sc, "latency p99.9 us", (n.get("latency") or {}).get("p999_us"), (g.get("latency") or {}).get("p999_us"))
+    if sc == "slow":
+        nb, gb = load(sc, "nchan", 0) or {}, load(sc, "gateway", 0) or {}
+        p99 = lambda r: (r.get("latency") or {}).get("p99_us")
+        q = lambda a, b: (p99(a) / p99(b)) if p99(a) and p99(b) else None
+        row(sc, "fast p99 with slow / without", q(n, nb), q(g, gb), "{:.2f}")
+        row(sc, "slow subscribers' backlog at end (events)", n.get("slow_backlog_events"), g.get("slow_backlog_events"))
     if sc == "resume-storm":
         row(sc, "resume p99 us", (n.get("resume") or {}).get("p99_us"), (g.get("resume") or {}).get("p99_us"))
     if sc == "idle":
