@@ -181,6 +181,9 @@ struct Conn {
     state: State,
     idle_since: Instant,
     head_started: Option<Instant>,
+    /// The head is complete and the body is being received: the idle timeout applies (reset
+    /// by every received byte), not the header timeout.
+    awaiting_body: bool,
 }
 
 #[derive(Debug)]
@@ -524,6 +527,7 @@ impl Core {
             state: State::Http,
             idle_since: self.now,
             head_started: (rlen > 0).then_some(self.now),
+            awaiting_body: false,
         };
         self.m().connections.fetch_add(1, Relaxed);
         if let Some(slot) = self.free.pop() {
@@ -791,6 +795,7 @@ impl Core {
         }
         let total = head.head_len + head.content_length as usize;
         if conn.rlen < total {
+            conn.awaiting_body = true;
             if conn.rbuf.len() < total && conn.inflight & F_RECV == 0 {
                 conn.rbuf.resize(total, 0);
             }
@@ -829,7 +834,13 @@ impl Core {
         conn.rbuf.copy_within(total..conn.rlen, 0);
         conn.rlen -= total;
         conn.sent_continue = false;
+        conn.awaiting_body = false;
         conn.head_started = (conn.rlen > 0).then_some(now);
+        // A large body grew the buffer: give the memory back (no recv is in flight here).
+        if conn.rbuf.len() > 64 * 1024 && conn.rlen <= RECV_BYTES_MIN {
+            conn.rbuf.truncate(RECV_BYTES_MIN);
+            conn.rbuf.shrink_to_fit();
+        }
         let close = head.close;
         match route {
             Route::Healthz => {
@@ -1585,10 +1596,11 @@ impl Core {
                         continue;
                     }
                     if let Some(t) = conn.head_started
+                        && !conn.awaiting_body
                         && now.duration_since(t) >= header
                     {
                         timeouts.push(i as u32);
-                    } else if conn.head_started.is_none()
+                    } else if (conn.head_started.is_none() || conn.awaiting_body)
                         && now.duration_since(conn.idle_since) >= idle
                     {
                         to_close.push(i as u32);

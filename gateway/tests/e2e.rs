@@ -600,6 +600,15 @@ fn bad_inputs_get_precise_errors() {
     let text = String::from_utf8_lossy(&all);
     assert!(text.starts_with("HTTP/1.1 408 "), "{text}");
 
+    // The header timeout covers the head only: a body may trickle in (idle timeout applies).
+    let mut c = connect(g.addr);
+    c.write_all(b"POST /v1/streams/b/events HTTP/1.1\r\nContent-Length: 4\r\n\r\nab")
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    c.write_all(b"cd").unwrap();
+    let (st, _, _) = read_response(&mut BufReader::new(c));
+    assert_eq!(st, 201);
+
     // Above --connections-max new connections get 503.
     let held: Vec<_> = (0..50).map(|_| connect(g.addr)).collect();
     let mut saw_503 = false;
