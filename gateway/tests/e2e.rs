@@ -200,7 +200,7 @@ fn truncated_resume_in_both_modes() {
 /// Event `k` of a chaos stream: distinct, of varying length (several lines for some).
 fn chaos_data(stream: &str, k: usize) -> String {
     let pad = "x".repeat(k * 37 % 200);
-    if k % 5 == 0 {
+    if k.is_multiple_of(5) {
         format!("{stream}-{k}\nsecond line {pad}")
     } else {
         format!("{stream}-{k}-{pad}")
