@@ -1,6 +1,7 @@
 //! Command-line configuration of the gateway (clap derive): every limit is a flag with its unit
 //! in the name and a default that works on a laptop. Validation of flag combinations lives in
 //! [`Config::validate`]. This module does not open sockets or files.
+#![forbid(unsafe_code)]
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

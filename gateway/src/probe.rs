@@ -2,6 +2,7 @@
 //! `kernel.io_uring_disabled`, not blocked by seccomp, and does it support every opcode the
 //! reactor submits? Produces a [`ProbeError`] that names the cause. It does not build the
 //! per-core rings (the reactor does).
+#![forbid(unsafe_code)]
 
 use std::fmt;
 
@@ -106,4 +107,25 @@ pub fn probe() -> Result<Features, ProbeError> {
     Ok(Features {
         uring_cmd: p.is_supported(opcode::UringCmd16::CODE),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_machine_has_io_uring() {
+        // The gateway's test environment is documented to have io_uring (kernel 6.18).
+        let f = probe().expect("io_uring available");
+        assert!(f.uring_cmd);
+    }
+
+    #[test]
+    fn messages_name_the_cause() {
+        assert!(ProbeError::DisabledBySysctl(2).to_string().contains("io_uring_disabled = 2"));
+        assert!(ProbeError::NotImplemented.to_string().contains("seccomp"));
+        let e = ProbeError::NotPermitted { sysctl: Some(1) }.to_string();
+        assert!(e.contains("EPERM") && e.contains("io_uring_disabled = 1"));
+        assert!(ProbeError::MissingOpcode("SENDMSG").to_string().contains("SENDMSG"));
+    }
 }
