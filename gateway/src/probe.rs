@@ -122,10 +122,18 @@ mod tests {
 
     #[test]
     fn messages_name_the_cause() {
-        assert!(ProbeError::DisabledBySysctl(2).to_string().contains("io_uring_disabled = 2"));
+        assert!(
+            ProbeError::DisabledBySysctl(2)
+                .to_string()
+                .contains("io_uring_disabled = 2")
+        );
         assert!(ProbeError::NotImplemented.to_string().contains("seccomp"));
         let e = ProbeError::NotPermitted { sysctl: Some(1) }.to_string();
         assert!(e.contains("EPERM") && e.contains("io_uring_disabled = 1"));
-        assert!(ProbeError::MissingOpcode("SENDMSG").to_string().contains("SENDMSG"));
+        assert!(
+            ProbeError::MissingOpcode("SENDMSG")
+                .to_string()
+                .contains("SENDMSG")
+        );
     }
 }
