@@ -392,6 +392,9 @@ struct Segment {
     map: SharedMap,
     unlink_on_drop: AtomicBool,
     _file: File,
+    /// The directory lock: held while any segment (hence any `LogSlice`) of the log lives, so
+    /// no new `Log` can open the directory and recycle or rewrite files that slices still map.
+    _lock: Arc<File>,
 }
 
 impl Drop for Segment {
@@ -533,6 +536,7 @@ fn create_segment(
     bytes: u64,
     durable: bool,
     spare: Option<Spare>,
+    lock: &Arc<File>,
 ) -> Result<(SegMeta, Active), AppendError> {
     let path = segment_path(dir, number);
     let recycled = match spare {
@@ -580,6 +584,7 @@ fn create_segment(
         map,
         unlink_on_drop: AtomicBool::new(false),
         _file: file,
+        _lock: Arc::clone(lock),
     });
     let meta = SegMeta {
         seg,
@@ -623,7 +628,7 @@ pub struct Log {
     /// A deleted segment's file waiting to be reused by the next roll.
     spare: Option<Spare>,
     recovery: RecoveryReport,
-    _lock: File,
+    lock: Arc<File>,
 }
 
 impl fmt::Debug for Log {
@@ -1061,6 +1066,7 @@ impl Log {
             self.opts.segment_bytes,
             durable,
             self.spare.take(),
+            &self.lock,
         )?;
         self.segs.push_back(meta);
         self.active = active;

@@ -89,7 +89,7 @@ fn append_read_coalesce_and_reopen() {
         frame(&log, b, 1, "x").as_bytes()
     );
     let epoch = log.epoch();
-    drop(log);
+    drop((log, batch, one, caught_up)); // slices pin the directory lock
 
     let mut log = Log::open(dir.path(), opts(65536)).unwrap();
     assert!(!log.recovery().created);
@@ -344,4 +344,75 @@ fn retired_segment_file_is_recycled_by_the_next_roll() {
         .map(|q| log.record(a, q).unwrap().as_bytes().to_vec())
         .collect();
     assert_eq!(after, before);
+}
+
+#[test]
+fn slices_outliving_the_log_keep_the_directory_locked() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = Log::open(dir.path(), opts(65536)).unwrap();
+    let a = log.create_stream("a").unwrap();
+    log.append(a, None, b"kept").unwrap();
+    let slice = log.record(a, 1).unwrap();
+    let bytes = slice.as_bytes().to_vec();
+    drop(log);
+    // A new Log could recycle or rewrite files the slice still maps: refused until it drops.
+    assert!(matches!(
+        Log::open(dir.path(), opts(65536)),
+        Err(log_store::OpenError::Locked { .. })
+    ));
+    assert_eq!(slice.as_bytes(), &bytes[..]);
+    drop(slice);
+    let log = Log::open(dir.path(), opts(65536)).unwrap();
+    assert_eq!(log.record(a, 1).unwrap().as_bytes(), &bytes[..]);
+}
+
+#[test]
+fn tens_of_thousands_of_streams() {
+    const STREAMS: u32 = 20_000;
+    let dir = tempfile::tempdir().unwrap();
+    let o = || LogOptions {
+        retain_bytes: Some(4 << 20),
+        ..opts(1 << 20)
+    };
+    let mut log = Log::open(dir.path(), o()).unwrap();
+    for i in 0..STREAMS {
+        let s = log.create_stream(&format!("tenant-{i}/events")).unwrap();
+        assert_eq!(s, StreamId(i));
+        log.append(s, None, format!("{{\"n\":{i}}}").as_bytes())
+            .unwrap();
+    }
+    // Enough traffic on one stream to retire the segments holding every other stream's only
+    // record and name: names, floors and tails must survive via the checkpoint.
+    let hot = StreamId(7);
+    let payload = "h".repeat(2000);
+    for _ in 0..4000 {
+        log.append(hot, None, payload.as_bytes()).unwrap();
+    }
+    let report = log.enforce_retention(SystemTime::now()).unwrap();
+    assert!(report.segments_deleted > 0);
+    assert!(
+        log.bounds(StreamId(0)).unwrap().floor == 2,
+        "stream 0's only record was retired"
+    );
+    drop(log);
+    let mut log = Log::open(dir.path(), o()).unwrap();
+    assert_eq!(log.stream_count(), STREAMS as usize);
+    for i in [0, 1, 7, 12_345, STREAMS - 1] {
+        let s = StreamId(i);
+        assert_eq!(
+            log.stream_name(s),
+            Some(format!("tenant-{i}/events").as_str())
+        );
+        assert_eq!(log.stream_id(&format!("tenant-{i}/events")), Some(s));
+    }
+    assert_eq!(
+        log.bounds(StreamId(0)).unwrap(),
+        Bounds {
+            floor: 2,
+            tail: 1,
+            visible_tail: 1
+        }
+    );
+    assert_eq!(log.append(StreamId(0), None, b"again").unwrap().id.seq, 2);
+    assert_eq!(log.streams().count(), STREAMS as usize);
 }

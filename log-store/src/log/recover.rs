@@ -28,6 +28,7 @@ pub(super) fn open(dir: &Path, opts: LogOptions) -> Result<Log, OpenError> {
         }
         Err(fs::TryLockError::Error(e)) => return Err(io_err(&lock_path)(e)),
     }
+    let lock = Arc::new(lock);
     let mut report = RecoveryReport::default();
 
     for transient in [CHECKPOINT_TMP_FILE, SPARE_FILE] {
@@ -93,6 +94,7 @@ pub(super) fn open(dir: &Path, opts: LogOptions) -> Result<Log, OpenError> {
         streams: Vec::new(),
         by_name: HashMap::new(),
         report,
+        lock: Arc::clone(&lock),
     };
     let mut ckpt_tails = Vec::new();
     if let Some(c) = &ckpt {
@@ -121,6 +123,7 @@ pub(super) fn open(dir: &Path, opts: LogOptions) -> Result<Log, OpenError> {
         mut streams,
         by_name,
         mut report,
+        ..
     } = scan;
     let epoch = epoch.expect("at least one segment was scanned");
 
@@ -156,7 +159,7 @@ pub(super) fn open(dir: &Path, opts: LogOptions) -> Result<Log, OpenError> {
         poisoned: false,
         spare: None,
         recovery: RecoveryReport::default(),
-        _lock: lock,
+        lock,
     };
     // Whatever recovery found is made durable now, so it may be shown to readers at once.
     log.sync_now().map_err(|e| match e {
@@ -188,13 +191,13 @@ fn append_to_open(dir: &Path, e: AppendError) -> OpenError {
 fn create_new(
     dir: &Path,
     opts: LogOptions,
-    lock: File,
+    lock: Arc<File>,
     mut report: RecoveryReport,
 ) -> Result<Log, OpenError> {
     let mut raw = [0u8; 8];
     getrandom::fill(&mut raw).map_err(OpenError::Random)?;
     let epoch = Epoch(u64::from_le_bytes(raw).max(1));
-    let (meta, active) = create_segment(dir, epoch, 0, opts.segment_bytes, true, None)
+    let (meta, active) = create_segment(dir, epoch, 0, opts.segment_bytes, true, None, &lock)
         .map_err(|e| append_to_open(dir, e))?;
     report.created = true;
     Ok(Log {
@@ -211,7 +214,7 @@ fn create_new(
         poisoned: false,
         spare: None,
         recovery: report,
-        _lock: lock,
+        lock,
     })
 }
 
@@ -257,6 +260,7 @@ fn segment_is_blank(path: &Path) -> Result<bool, OpenError> {
 }
 
 struct Scan {
+    lock: Arc<File>,
     epoch: Option<Epoch>,
     streams: Vec<StreamState>,
     by_name: HashMap<Box<str>, StreamId>,
@@ -461,6 +465,7 @@ impl Scan {
             map,
             unlink_on_drop: AtomicBool::new(false),
             _file: file,
+            _lock: Arc::clone(&self.lock),
         });
         let meta = SegMeta {
             seg,
