@@ -143,7 +143,7 @@ fn publish_until_truncated(g: &Gateway, stream: &str) -> (String, u64, u64) {
         if s.status == 410 {
             let v = json(&s.body);
             assert_eq!(v["error"], "truncated");
-            assert_eq!(v["requested"], 1);
+            assert_eq!(v["requested"].as_u64(), Some(seq_of(&first)));
             let (floor, tail) = (v["floor"].as_u64().unwrap(), v["tail"].as_u64().unwrap());
             assert!(floor > 2 && tail >= floor, "{v}");
             return (first, floor, tail);
@@ -711,4 +711,53 @@ fn expect_continue_idle_timeout_and_clean_shutdown() {
     let g2 = Gateway::start_in(&dir, &["--cores", "2"]);
     let mut s = Sse::open(g2.addr, "/v1/streams/x?from=earliest", None);
     assert_eq!(s.next_event().unwrap().data, "hello");
+}
+
+/// A connected subscriber that stops reading while retention deletes the segments after its
+/// cursor: once it reads again it gets a gap-free prefix, then an explicit `event: truncated`
+/// naming its cursor and the new floor, then the end of the stream — never a silent jump.
+#[test]
+fn subscriber_overtaken_by_retention_is_told() {
+    let g = Gateway::start(&[
+        "--cores",
+        "1",
+        "--segment-bytes",
+        "65536",
+        "--retain-bytes",
+        "65536",
+        "--fsync",
+        "never",
+        "--notsent-lowat-bytes",
+        "4096",
+        "--send-bytes-max",
+        "65536",
+    ]);
+    publish(g.addr, "ret", "e1");
+    let mut s = Sse::open(g.addr, "/v1/streams/ret?from=earliest", None);
+    assert_eq!(s.next_event().unwrap().data, "e1");
+    // The subscriber stops reading; meanwhile far more than the kernel buffers and the
+    // retained bytes are published.
+    let payload = "r".repeat(1000);
+    let (first, _, _) = publish_until_truncated(&g, "ret");
+    assert_eq!(seq_of(&first), 2);
+    for _ in 0..40 {
+        publish_batch(g.addr, "ret", &vec![payload.clone(); 50]);
+    }
+    let mut last = 1u64;
+    let mut told = None;
+    while let Some(e) = s.next_event() {
+        if e.event.as_deref() == Some("truncated") {
+            told = Some(json(e.data.as_bytes()));
+            break;
+        }
+        let seq = seq_of(e.id.as_deref().unwrap());
+        assert_eq!(seq, last + 1, "gap before the truncation notice");
+        last = seq;
+    }
+    let v = told.expect("an explicit truncated event");
+    assert_eq!(v["error"], "truncated");
+    assert_eq!(v["requested"].as_u64(), Some(last + 1));
+    assert!(v["floor"].as_u64().unwrap() > last + 1);
+    assert!(s.next_event().is_none(), "closed after the notice");
+    assert!(g.metric("gateway_truncated_closes_total", "") >= 1);
 }
