@@ -115,13 +115,16 @@ pub enum Action {
         data: Vec<u8>,
     },
     /// Answer `conn` with `200 text/event-stream` (plus `headers`), write `retry: <ms>` first
-    /// if given, then the stream's records from `from_seq` on, live; if `end_after` is set,
-    /// end the response after that record.
+    /// if given, then — on a resume — an id-only event restating the client's Last-Event-ID
+    /// (`id: <reprime>` + empty data: no message, so nothing is delivered twice), then the
+    /// stream's records from `from_seq` on, live; if `end_after` is set, end the response
+    /// after that record.
     OpenSse {
         conn: ConnId,
         stream: String,
         from_seq: Seq,
         retry_ms: Option<u32>,
+        reprime: Option<String>,
         headers: Vec<(&'static str, String)>,
         end_after: Option<Seq>,
     },
@@ -692,6 +695,7 @@ impl McpCore {
         extra.extend(SSE_HEADERS.iter().map(|(k, v)| (*k, (*v).to_owned())));
         self.actions.push_back(Action::OpenSse {
             conn,
+            reprime: None,
             stream: name,
             from_seq: seq,
             retry_ms,
@@ -829,9 +833,14 @@ impl McpCore {
             created = true;
             Stream::new(format!("mcp/{sid}/0"), StreamKind::Get)
         });
-        if st.conn.is_some() {
-            // SPEC L14: two live connections on one stream would duplicate messages.
-            return self.error(conn, 409, None, jsonrpc::SESSION_ERROR, "Conflict: this session's GET stream is already open (resume it with Last-Event-ID to take it over)", None);
+        if let Some(old) = st.conn.take() {
+            // SPEC L14: two live connections on one stream would duplicate messages, so the new
+            // GET takes over (the old one is usually a half-dead connection of a reconnecting
+            // client). As for any close, what the old one was handed counts as delivered;
+            // exactness needs Last-Event-ID.
+            sess.get_undelivered_from = st.next_seq;
+            self.conns.remove(&old);
+            self.actions.push_back(Action::CloseSse { conn: old });
         }
         st.conn = Some(conn);
         let name = st.name.clone();
@@ -848,6 +857,7 @@ impl McpCore {
             .collect();
         self.actions.push_back(Action::OpenSse {
             conn,
+            reprime: None,
             stream: name,
             from_seq: from,
             retry_ms: Some(retry),
@@ -991,6 +1001,9 @@ impl McpCore {
             .collect();
         self.actions.push_back(Action::OpenSse {
             conn,
+            // Clients that lose a resumed response before its first new event must still know
+            // where they are (the TypeScript SDK otherwise retries without Last-Event-ID).
+            reprime: Some(ev.to_string()),
             stream: stream_name,
             from_seq: from,
             retry_ms: Some(retry),
@@ -1121,6 +1134,7 @@ impl McpCore {
             .collect();
         self.actions.push_back(Action::OpenSse {
             conn,
+            reprime: None,
             stream: name,
             from_seq: 1,
             retry_ms: None,

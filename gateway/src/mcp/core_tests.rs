@@ -50,6 +50,7 @@ struct Sse {
     retry: Option<u32>,
     headers: Vec<(&'static str, String)>,
     end_after: Option<Seq>,
+    reprime: Option<String>,
     closed_by_server: bool,
 }
 
@@ -169,6 +170,7 @@ impl H {
                     stream,
                     from_seq,
                     retry_ms,
+                    reprime,
                     headers,
                     end_after,
                 } => {
@@ -182,6 +184,7 @@ impl H {
                             retry: retry_ms,
                             headers,
                             end_after,
+                            reprime,
                             closed_by_server: false,
                         },
                     );
@@ -900,14 +903,31 @@ fn get_opens_session_stream() {
     assert_eq!(h.msgs(g).len(), 1);
 }
 
-/// SPEC L14.
+/// SPEC L14: never two live connections on one stream; a second fresh GET takes over.
 #[test]
-fn second_fresh_get_is_409() {
+fn second_fresh_get_takes_over() {
     let mut h = H::new();
-    let (sid, _, _) = h.init();
-    let _g = h.get_s(&sid, None);
+    let (sid, up, _) = h.init();
+    let g = h.get_s(&sid, None);
+    let note = r#"{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}"#;
+    h.upstream_line(up, note);
     let g2 = h.get_s(&sid, None);
-    assert_eq!(h.status(g2), 409);
+    assert!(h.sse[&g].closed_by_server);
+    assert!(
+        h.records(g2).is_empty(),
+        "the old connection was handed seq 1"
+    );
+    h.upstream_line(up, note);
+    assert_eq!(
+        h.records(g2).iter().map(|r| r.0).collect::<Vec<_>>(),
+        vec![2]
+    );
+    h.close(g); // late close report of the old connection does not detach the new one
+    h.upstream_line(up, note);
+    assert_eq!(h.records(g2).len(), 2);
+    let g3 = h.get_s(&sid, None);
+    assert!(h.sse[&g2].closed_by_server);
+    assert_eq!(h.sse[&g3].from, 4);
 }
 
 /// Messages logged while no GET connection is open reach the next fresh GET; messages
@@ -1070,6 +1090,15 @@ fn resume_replays_only_its_stream() {
             .all(|m| m["params"]["progressToken"] == "ta")
     );
     assert_eq!(h.sse[&r].from, 4);
+    assert_eq!(
+        h.sse[&r].reprime.as_deref(),
+        Some(last.as_str()),
+        "resume restates the client's id"
+    );
+    assert_eq!(
+        h.sse[&a].reprime, None,
+        "a new stream's first id is its priming record"
+    );
     // Live continuation lands on the resumed connection only.
     h.upstream_line(up, &result(1));
     assert_eq!(h.msgs(r).last().unwrap()["id"], 1);

@@ -271,7 +271,10 @@ impl Core {
                     let Some((slot, gen_, close)) = m.conns.remove(&conn) else {
                         continue;
                     };
-                    m.by_slot.remove(&slot);
+                    // The slot may carry a newer MCP connection by now: keep its mapping.
+                    if m.by_slot.get(&slot) == Some(&conn) {
+                        m.by_slot.remove(&slot);
+                    }
                     if self.conn_mut(slot, gen_).is_none_or(|c| c.closing) {
                         continue;
                     }
@@ -331,6 +334,7 @@ impl Core {
                     stream,
                     from_seq,
                     retry_ms,
+                    reprime,
                     headers,
                     end_after,
                 } => {
@@ -354,6 +358,9 @@ impl Core {
                     head.push_str("\r\n");
                     if let Some(r) = retry_ms {
                         head.push_str(&format!("retry: {r}\n\n"));
+                    }
+                    if let Some(id) = reprime {
+                        head.push_str(&format!("id: {id}\ndata: \n\n"));
                     }
                     self.become_subscriber(slot, (shard, sid), from_seq, head.into_bytes(), None);
                     if let Some(c) = self.conn_mut(slot, gen_)
@@ -381,7 +388,9 @@ impl Core {
                     let Some((slot, gen_, _)) = m.conns.remove(&conn) else {
                         continue;
                     };
-                    m.by_slot.remove(&slot);
+                    if m.by_slot.get(&slot) == Some(&conn) {
+                        m.by_slot.remove(&slot);
+                    }
                     if self.conn_mut(slot, gen_).is_some_and(|c| !c.closing) {
                         self.close_conn(slot);
                     }
@@ -415,7 +424,9 @@ impl Core {
     fn mcp_conn_gone(&mut self, cid: ConnId) {
         let now_ms = self.mcp_now_ms();
         if let Some(m) = self.mcp.as_mut() {
-            if let Some((slot, _, _)) = m.conns.remove(&cid) {
+            if let Some((slot, _, _)) = m.conns.remove(&cid)
+                && m.by_slot.get(&slot) == Some(&cid)
+            {
                 m.by_slot.remove(&slot);
             }
             m.core.handle_connection_closed(now_ms, cid);
