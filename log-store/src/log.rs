@@ -414,10 +414,6 @@ struct SegMeta {
     newest_ts_ms: u64,
     /// Streams with at least one event in this segment.
     streams: Vec<StreamId>,
-    /// Lowest entry offset once sealed (entries occupy `entry_low..bytes`); `bytes` before.
-    entry_low: usize,
-    /// End of the data area once sealed (payloads occupy `HEADER_BYTES..data_end`).
-    data_end: usize,
 }
 
 /// Write state of the last segment.
@@ -490,24 +486,16 @@ fn sync_dir(dir: &Path) -> io::Result<()> {
 }
 
 /// Creates, preallocates, maps and stamps segment `number`.
-/// A spare file and the offset where its old entries start.
-#[derive(Debug)]
-struct Spare {
-    data_end: usize,
-    entry_low: usize,
-}
-
-/// Turns the spare file into segment `number`'s file: zeroes its header and old entries
-/// (so a crash right after the rename leaves a blank segment, deleted at open, and no old entry
-/// is ever seen), flushes that, renames. `None` when the spare does not fit.
-fn adopt_spare(dir: &Path, spare: &Spare, number: u64, bytes: u64) -> io::Result<Option<File>> {
+/// Turns the spare file into segment `number`'s file: zeroes its header and its last entry slot
+/// and flushes them (so a crash right after the rename leaves a *blank* segment, deleted at
+/// open), then renames it. The rest keeps the old bytes: stale data is never read without a
+/// valid entry, the writer keeps the slot below its lowest entry zero (the scan's end marker),
+/// and a stale entry could not validate anyway (the CRC chain starts from the new header).
+/// `None` when the spare has another size.
+fn adopt_spare(dir: &Path, number: u64, bytes: u64) -> io::Result<Option<File>> {
     let spare_path = dir.join(SPARE_FILE);
     let file = File::options().read(true).write(true).open(&spare_path)?;
-    if file.metadata()?.len() != bytes
-        || spare.data_end < HEADER_BYTES
-        || spare.entry_low < spare.data_end
-        || spare.entry_low > bytes as usize
-    {
+    if file.metadata()?.len() != bytes {
         drop(file);
         fs::remove_file(&spare_path)?;
         return Ok(None);
@@ -515,15 +503,11 @@ fn adopt_spare(dir: &Path, spare: &Spare, number: u64, bytes: u64) -> io::Result
     {
         let len = bytes as usize;
         let (map, mut tok) = SharedMap::map(&file, len, false)?;
-        // Everything the last generation wrote is zeroed, so (by induction) the adopted file is
-        // all zeros like a fresh one. Only the header and the old entries must reach the disk
-        // before the rename: stale data bytes are never read without a valid entry, and a stale
-        // entry could not validate anyway (the CRC chain starts from the new header's CRC).
-        map.private_mut(&mut tok, 0, spare.data_end).fill(0);
-        map.private_mut(&mut tok, spare.entry_low, len - spare.entry_low)
+        map.private_mut(&mut tok, 0, HEADER_BYTES).fill(0);
+        map.private_mut(&mut tok, len - ENTRY_BYTES, ENTRY_BYTES)
             .fill(0);
         map.flush_range(0, HEADER_BYTES)?;
-        map.flush_range(spare.entry_low, len - spare.entry_low)?;
+        map.flush_range(len - ENTRY_BYTES, ENTRY_BYTES)?;
     }
     fs::rename(&spare_path, segment_path(dir, number))?;
     Ok(Some(file))
@@ -535,13 +519,14 @@ fn create_segment(
     number: u64,
     bytes: u64,
     durable: bool,
-    spare: Option<Spare>,
+    spare: bool,
     lock: &Arc<File>,
 ) -> Result<(SegMeta, Active), AppendError> {
     let path = segment_path(dir, number);
-    let recycled = match spare {
-        Some(sp) => adopt_spare(dir, &sp, number, bytes).map_err(AppendError::Io)?,
-        None => None,
+    let recycled = if spare {
+        adopt_spare(dir, number, bytes).map_err(AppendError::Io)?
+    } else {
+        None
     };
     let file = match recycled {
         Some(f) => f,
@@ -591,8 +576,6 @@ fn create_segment(
         bytes,
         newest_ts_ms: 0,
         streams: Vec::new(),
-        entry_low: bytes as usize,
-        data_end: HEADER_BYTES,
     };
     let active = Active {
         tok,
@@ -625,8 +608,8 @@ pub struct Log {
     /// Number of the oldest segment written since the last flush (any policy).
     unflushed_from: Option<u64>,
     poisoned: bool,
-    /// A deleted segment's file waiting to be reused by the next roll.
-    spare: Option<Spare>,
+    /// A retired segment's file (`SPARE_FILE`) waits to be reused by the next roll.
+    spare: bool,
     recovery: RecoveryReport,
     lock: Arc<File>,
 }
@@ -971,15 +954,12 @@ impl Log {
             let m = self.segs.pop_front().expect("k < len");
             // No reader pins it (only the log holds the Arc, and new slices need `&self`): keep
             // the file as the spare for the next roll instead of unlinking it.
-            let reusable = self.spare.is_none()
+            let reusable = !self.spare
                 && Arc::strong_count(&m.seg) == 1
                 && m.bytes == self.opts.segment_bytes
                 && fs::rename(&m.seg.path, self.dir.join(SPARE_FILE)).is_ok();
             if reusable {
-                self.spare = Some(Spare {
-                    data_end: m.data_end,
-                    entry_low: m.entry_low,
-                });
+                self.spare = true;
             } else {
                 m.seg.unlink_on_drop.store(true, Ordering::Release);
             }
@@ -1046,9 +1026,6 @@ impl Log {
             let entries = self.active.entries;
             self.write_record(Kind::Seal, StreamId(u32::MAX), entries, 0, 0, |_| {});
             self.active.sealed = true;
-            let sealed = self.segs.back_mut().expect("active");
-            sealed.entry_low = self.active.entry_low;
-            sealed.data_end = self.active.data_end;
             if durable {
                 // Everything in the sealed segment becomes durable now; its streams stay dirty
                 // until the next sync (conservative: visibility only moves in sync_now).
@@ -1065,7 +1042,7 @@ impl Log {
             number,
             self.opts.segment_bytes,
             durable,
-            self.spare.take(),
+            std::mem::take(&mut self.spare),
             &self.lock,
         )?;
         self.segs.push_back(meta);
@@ -1108,6 +1085,17 @@ impl Log {
         a.entry_low = entry_off;
         a.data_end = off + len;
         a.entries += 1;
+        // Keep the slot below the lowest entry zero: it marks the end for recovery even in a
+        // recycled file whose old bytes are still there (it is free space, or data has reached
+        // it and the scan stops for lack of room).
+        if let Some(below) = entry_off.checked_sub(ENTRY_BYTES)
+            && below >= a.data_end
+        {
+            let slot = map.private_mut(&mut a.tok, below, ENTRY_BYTES);
+            if slot.iter().any(|&b| b != 0) {
+                slot.fill(0);
+            }
+        }
         map.freeze(&mut a.tok, a.data_end);
         if timestamp_ms > meta.newest_ts_ms {
             meta.newest_ts_ms = timestamp_ms;

@@ -265,3 +265,136 @@ fn blank_last_segment_from_a_crashed_roll_is_removed() {
         "a fresh active segment 2 replaced the blank one"
     );
 }
+
+/// Copies every file of `src` but `skip` into a fresh directory.
+fn copy_dir(src: &Path, skip: &str) -> tempfile::TempDir {
+    let dst = tempfile::tempdir().unwrap();
+    for e in fs::read_dir(src).unwrap() {
+        let e = e.unwrap();
+        let name = e.file_name();
+        if name != skip && name != "LOCK" {
+            fs::copy(e.path(), dst.path().join(&name)).unwrap();
+        }
+    }
+    dst
+}
+
+#[test]
+fn cut_at_every_byte_in_a_recycled_segment() {
+    // Segment 0 (old content) is retired and becomes the spare; segment 2 reuses its file, so
+    // before each record is written its bytes are the old generation's, not zeros.
+    let dir = tempfile::tempdir().unwrap();
+    let o = || LogOptions {
+        retain_bytes: Some(SEG),
+        ..opts()
+    };
+    let mut log = Log::open(dir.path(), o()).unwrap();
+    let a = log.create_stream("a").unwrap();
+    let b = log.create_stream("b").unwrap();
+    let mut i = 0u32;
+    while !dir.path().join(seg_name(1)).exists() {
+        let s = if i.is_multiple_of(2) { a } else { b };
+        log.append(
+            s,
+            None,
+            format!("old generation {i} {}", "o".repeat(i as usize % 50)).as_bytes(),
+        )
+        .unwrap();
+        i += 1;
+    }
+    log.enforce_retention(std::time::SystemTime::now()).unwrap();
+    let stale = fs::read(dir.path().join("spare")).expect("segment 0 kept as the spare");
+    while !dir.path().join(seg_name(2)).exists() {
+        log.append(a, None, "filler ".repeat(40).as_bytes())
+            .unwrap();
+    }
+    for k in 0..6u32 {
+        let s = if k % 3 == 1 { b } else { a };
+        log.append(
+            s,
+            (k % 2 == 0).then_some("n"),
+            format!("new {k}\nx{}", "y".repeat(k as usize * 5)).as_bytes(),
+        )
+        .unwrap();
+    }
+    let full = contents(&log);
+    drop(log);
+    let seg2 = fs::read(dir.path().join(seg_name(2))).unwrap();
+    let ents = entries(&seg2);
+    let n = ents.len();
+    let first_cut = n - LAST_RECORDS;
+    // Global order of events: segment 1's (all kept), then segment 2's.
+    let seg1_events: usize = full.iter().map(Vec::len).sum::<usize>() - n;
+    let seg2_streams: Vec<u32> = ents.iter().map(|e| e.stream).collect();
+    // Base: before the last records, their payload areas and entry slots held stale bytes,
+    // except the slot of the first of them, zeroed when the record before it was written.
+    let mut base = seg2.clone();
+    for e in &ents[first_cut..] {
+        base[e.off..e.off + e.len].copy_from_slice(&stale[e.off..e.off + e.len]);
+        base[e.slot..e.slot + 32].copy_from_slice(&stale[e.slot..e.slot + 32]);
+    }
+    base[ents[first_cut].slot..ents[first_cut].slot + 32].fill(0);
+    let below_last = ents[n - 1].slot - 32;
+    base[below_last..below_last + 32].copy_from_slice(&stale[below_last..below_last + 32]);
+    for entry_first in [false, true] {
+        let mut writes: Vec<(usize, u8)> = Vec::new();
+        let mut complete_after = Vec::new();
+        // Whole once its last write that changes a byte (given the writes before it) is done.
+        let mut state = base.clone();
+        for e in &ents[first_cut..] {
+            let payload = (e.off..e.off + e.len).map(|o| (o, seg2[o]));
+            let entry = (e.slot..e.slot + 32).map(|o| (o, seg2[o]));
+            let record: Vec<(usize, u8)> = if entry_first {
+                entry.chain(payload).collect()
+            } else {
+                payload.chain(entry).collect()
+            };
+            let mut last_change = writes.len();
+            for (o, v) in record {
+                writes.push((o, v));
+                if state[o] != v {
+                    state[o] = v;
+                    last_change = writes.len();
+                }
+            }
+            complete_after.push(last_change);
+            writes.extend((e.slot - 32..e.slot).map(|o| (o, 0u8)));
+            state[e.slot - 32..e.slot].fill(0);
+        }
+        let mut cut = base.clone();
+        for c in 0..=writes.len() {
+            if c > 0 {
+                let (o, v) = writes[c - 1];
+                cut[o] = v;
+            }
+            let whole = complete_after.iter().filter(|&&w| w <= c).count();
+            let keep2 = first_cut + whole; // events of segment 2 kept
+            let what = format!("recycled cut {c} entry_first={entry_first}");
+            let d = copy_dir(dir.path(), &seg_name(2));
+            fs::write(d.path().join(seg_name(2)), &cut).unwrap();
+            let mut want = full.clone();
+            for &s in seg2_streams[keep2..].iter().rev() {
+                want[s as usize].pop().unwrap();
+            }
+            let mut log = Log::open(d.path(), o()).unwrap_or_else(|e| panic!("{what}: {e}"));
+            let got = contents(&log);
+            assert_eq!(
+                got,
+                want,
+                "{what}: recovered records; lens got {:?} want {:?} torn {:?}",
+                got.iter().map(Vec::len).collect::<Vec<_>>(),
+                want.iter().map(Vec::len).collect::<Vec<_>>(),
+                log.recovery().torn_tail_offset
+            );
+            if c == writes.len() {
+                assert_eq!(log.recovery().torn_tail_offset, None, "{what}: clean end");
+            }
+            let r = log.append(a, None, b"after").unwrap();
+            drop(log);
+            let log = Log::open(d.path(), o()).unwrap_or_else(|e| panic!("{what} (reopen): {e}"));
+            want[0].push(format!("id: {}\ndata: after\n\n", r.id).into_bytes());
+            assert_eq!(contents(&log), want, "{what}: after append + reopen");
+        }
+        assert!(seg1_events > 0);
+    }
+}

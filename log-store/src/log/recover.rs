@@ -157,7 +157,7 @@ pub(super) fn open(dir: &Path, opts: LogOptions) -> Result<Log, OpenError> {
         unsynced_since: None,
         unflushed_from: Some(first_live),
         poisoned: false,
-        spare: None,
+        spare: false,
         recovery: RecoveryReport::default(),
         lock,
     };
@@ -197,7 +197,7 @@ fn create_new(
     let mut raw = [0u8; 8];
     getrandom::fill(&mut raw).map_err(OpenError::Random)?;
     let epoch = Epoch(u64::from_le_bytes(raw).max(1));
-    let (meta, active) = create_segment(dir, epoch, 0, opts.segment_bytes, true, None, &lock)
+    let (meta, active) = create_segment(dir, epoch, 0, opts.segment_bytes, true, false, &lock)
         .map_err(|e| append_to_open(dir, e))?;
     report.created = true;
     Ok(Log {
@@ -212,7 +212,7 @@ fn create_new(
         unsynced_since: None,
         unflushed_from: None,
         poisoned: false,
-        spare: None,
+        spare: false,
         recovery: report,
         lock,
     })
@@ -472,8 +472,6 @@ impl Scan {
             bytes,
             newest_ts_ms,
             streams: seg_streams,
-            entry_low: len - ENTRY_BYTES * entries as usize,
-            data_end,
         };
         let active = Active {
             tok,
