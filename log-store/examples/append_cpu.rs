@@ -1,41 +1,63 @@
-//! Appends `N` records of `SIZE` bytes (fsync=never, retention bounding the disk footprint) and
-//! prints wall time per append. Meant to be run under `perf stat -e task-clock` so CPU time per
-//! append can be read even when other processes share the machine (criterion measures wall
-//! time only). Usage: `append_cpu [N] [SIZE]`.
+//! Steady-state append cost: appends records of `SIZE` bytes to one stream (fsync=never,
+//! `retain_bytes` = 4 segments of 64 MiB, so retired segment files are recycled), first a
+//! warm-up of 6 segments' worth (until recycling is in steady state), then `N` measured appends.
+//! Prints wall time and on-CPU time per append (from /proc/self/schedstat, which counts only
+//! the time this thread ran, so other processes sharing the core do not inflate it; criterion
+//! measures wall time only). Usage: `append_cpu [N] [SIZE]`.
 #![forbid(unsafe_code)]
 
 use std::time::{Instant, SystemTime};
 
 use log_store::{FsyncPolicy, Log, LogOptions};
 
+const SEGMENT_BYTES: u64 = 64 << 20;
+
+/// Nanoseconds this (single-threaded) process has spent on a CPU.
+fn cpu_ns() -> u64 {
+    let s = std::fs::read_to_string("/proc/self/schedstat").expect("schedstat");
+    s.split_whitespace().next().and_then(|v| v.parse().ok()).expect("schedstat field")
+}
+
 fn main() {
     let mut args = std::env::args().skip(1);
-    let n: u64 = args
-        .next()
-        .and_then(|a| a.parse().ok())
-        .unwrap_or(2_000_000);
+    let n: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(4_000_000);
     let size: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(256);
     let dir = tempfile::tempdir().expect("tempdir");
     let opts = LogOptions {
-        segment_bytes: 64 << 20,
-        retain_bytes: Some(256 << 20),
+        segment_bytes: SEGMENT_BYTES,
+        retain_bytes: Some(4 * SEGMENT_BYTES),
         fsync: FsyncPolicy::Never,
         ..LogOptions::default()
     };
     let mut log = Log::open(dir.path(), opts).expect("open");
     let s = log.create_stream("bench").expect("stream");
     let data: Vec<u8> = (0..size).map(|i| b'a' + (i % 26) as u8).collect();
-    let t0 = Instant::now();
-    for i in 0..n {
-        if i % 4096 == 4095 {
+    let mut appended = 0u64;
+    let mut framed = 0u64;
+    let mut append = |log: &mut Log, framed: &mut u64| {
+        appended += 1;
+        if appended.is_multiple_of(4096) {
             log.enforce_retention(SystemTime::now()).expect("retention");
         }
-        log.append(s, None, &data).expect("append");
+        let r = log.append(s, None, &data).expect("append");
+        *framed += log.record(s, r.id.seq).expect("record").len() as u64;
+    };
+    while framed < 6 * SEGMENT_BYTES {
+        append(&mut log, &mut framed);
     }
-    let dt = t0.elapsed();
+    let (t0, c0, f0) = (Instant::now(), cpu_ns(), framed);
+    for _ in 0..n {
+        append(&mut log, &mut framed);
+    }
+    let (wall, cpu) = (t0.elapsed().as_nanos() as f64, (cpu_ns() - c0) as f64);
+    let (n_f, framed_f) = (n as f64, (framed - f0) as f64);
     println!(
-        "{n} appends of {size} B: {:.0} ns/append wall, {:.0} MB/s payload wall",
-        dt.as_nanos() as f64 / n as f64,
-        (n as f64 * size as f64) / dt.as_secs_f64() / 1e6
+        "{n} appends of {size} B payload ({:.0} B framed): {:.0} ns/append on CPU \
+         ({:.0} MB/s payload, {:.0} MB/s framed per CPU-second); {:.0} ns/append wall",
+        framed_f / n_f,
+        cpu / n_f,
+        n_f * size as f64 / cpu * 1e3,
+        framed_f / cpu * 1e3,
+        wall / n_f,
     );
 }
