@@ -10,6 +10,7 @@ matplotlib (pip install matplotlib).
 import glob
 import json
 import os
+import statistics
 import sys
 
 import matplotlib
@@ -24,9 +25,9 @@ PCTS = [("p50_us", "p50"), ("p99_us", "p99"), ("p999_us", "p99.9"), ("max_us", "
 
 def main():
     src, dst = sys.argv[1], sys.argv[2]
-    data = {}
+    rounds = {}
     for path in sorted(glob.glob(os.path.join(src, "*-*.json"))):
-        base = os.path.basename(path)[:-5]
+        base = os.path.basename(path)[:-5].split(".r")[0]  # <scenario>-<system>[.rN]
         scenario, system = base.rsplit("-", 1)
         if system not in SYSTEMS or scenario == "idle":
             continue
@@ -37,7 +38,15 @@ def main():
         for r in reports:
             name = scenario if r["scenario"] != "slow-baseline" else scenario + " (baseline)"
             if r["latency"]["count"]:
-                data.setdefault(name, {})[system] = r["latency"]
+                rounds.setdefault(name, {}).setdefault(system, []).append(r["latency"])
+    # Median over rounds of each percentile.
+    data = {
+        sc: {
+            system: {key: statistics.median(l[key] for l in lats) for key, _ in PCTS}
+            for system, lats in by_sys.items()
+        }
+        for sc, by_sys in rounds.items()
+    }
     scenarios = sorted(data)
     if not scenarios:
         sys.exit("no latency data in " + src)
@@ -59,7 +68,9 @@ def main():
         ax.grid(axis="y", which="both", alpha=0.3)
     axes[0][0].set_ylabel("end-to-end latency, us (log)")
     axes[0][0].legend()
-    fig.suptitle("publish -> subscriber receipt latency, same run, server core 0 / bench core 1")
+    fig.suptitle(
+        "publish -> subscriber receipt latency (median of rounds), server core 0 / bench core 1"
+    )
     fig.tight_layout()
     fig.savefig(dst, dpi=110)
     print("wrote", dst)

@@ -220,6 +220,9 @@ run_both() {
 }
 
 EV=$((SECS * 2000000))
+# Latency at a fixed rate both servers sustain (the saturating runs below measure queueing).
+run_both latency-1x100 fanout --streams 1 --subscribers-per-stream 100 --events-per-stream "$EV" \
+  --publish-secs-max "$SECS" --rate-events-per-sec 1000
 run_both fanout-1x100 fanout --streams 1 --subscribers-per-stream 100 --events-per-stream "$EV" \
   --publish-secs-max "$SECS" --pipeline-depth 64
 run_both streams-1000x1 fanout --streams 1000 --subscribers-per-stream 1 --events-per-stream "$EV" \
@@ -286,7 +289,7 @@ def row(sc, metric, n, g, fmt="{:.0f}"):
         r = f"{g / n:.2f}" if n else "n/a"
     f = lambda v: "n/a" if v is None else fmt.format(v)
     print(f"| {sc} | {metric} | {f(n)} | {f(g)} | {r} |")
-for sc in ["fanout-1x100", "fanout-1x100-batch100", "streams-1000x1", "resume-storm", "slow", "idle"]:
+for sc in ["latency-1x100", "fanout-1x100", "fanout-1x100-batch100", "streams-1000x1", "resume-storm", "slow", "idle"]:
     n, g = load(sc, "nchan"), load(sc, "gateway")
     if n is None and g is None:
         continue

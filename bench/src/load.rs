@@ -505,6 +505,16 @@ pub fn run(cfg: &LoadConfig) -> Result<LoadResult, LoadError> {
         .iter()
         .filter(|s| s.phase == SubPhase::Streaming)
         .count();
+    let pending = subs
+        .iter()
+        .filter(|s| !matches!(s.phase, SubPhase::Streaming | SubPhase::Over))
+        .count();
+    if pending > 0 {
+        ctx.error(format!(
+            "{pending} subscribers had no response headers after --connect-secs-max {}",
+            cfg.connect_secs_max
+        ));
+    }
 
     if let Some(hold) = cfg.idle_hold_secs {
         let after_connect = sample(&cfg.target_pids)?;
