@@ -416,3 +416,69 @@ fn tens_of_thousands_of_streams() {
     assert_eq!(log.append(StreamId(0), None, b"again").unwrap().id.seq, 2);
     assert_eq!(log.streams().count(), STREAMS as usize);
 }
+
+#[test]
+fn records_lost_below_the_checkpointed_tail_are_never_reused() {
+    // fsync=never: retention writes the checkpoint without syncing; a power loss may then take
+    // records the checkpoint counted. Their sequence numbers must not be reused, now or later.
+    let dir = tempfile::tempdir().unwrap();
+    let o = || LogOptions {
+        retain_bytes: Some(65536),
+        ..opts(65536)
+    };
+    let mut log = Log::open(dir.path(), o()).unwrap();
+    let a = log.create_stream("a").unwrap();
+    let seg1 = dir.path().join(format!("{:020}.seg", 1));
+    while !seg1.exists() {
+        log.append(a, None, "x".repeat(500).as_bytes()).unwrap();
+    }
+    for _ in 0..4 {
+        log.append(a, None, b"in segment 1").unwrap();
+    }
+    log.enforce_retention(SystemTime::now()).unwrap();
+    let tail = log.bounds(a).unwrap().tail;
+    drop(log);
+    // Power loss: the last two entries of segment 1 never reached the disk.
+    let mut bytes = std::fs::read(&seg1).unwrap();
+    let mut n = 0;
+    while bytes[bytes.len() - 32 * (n + 1)..bytes.len() - 32 * n]
+        .iter()
+        .any(|&b| b != 0)
+    {
+        n += 1;
+    }
+    for i in n - 2..n {
+        let at = bytes.len() - 32 * (i + 1);
+        bytes[at..at + 32].fill(0);
+    }
+    std::fs::write(&seg1, &bytes).unwrap();
+
+    let mut log = Log::open(dir.path(), o()).unwrap();
+    assert_eq!(log.recovery().streams_behind_checkpoint, vec![a]);
+    let b = Bounds {
+        floor: tail + 1,
+        tail,
+        visible_tail: tail,
+    };
+    assert_eq!(log.bounds(a).unwrap(), b);
+    assert!(matches!(
+        log.read(a, tail, 100),
+        Err(ReadError::Truncated { .. })
+    ));
+    let r = log.append(a, None, b"after the loss").unwrap();
+    assert_eq!(r.id.seq, tail + 1);
+    drop(log);
+    let log = Log::open(dir.path(), o()).unwrap();
+    assert_eq!(
+        log.bounds(a).unwrap(),
+        Bounds {
+            floor: tail + 1,
+            tail: tail + 1,
+            visible_tail: tail + 1
+        }
+    );
+    assert_eq!(
+        log.record(a, tail + 1).unwrap().as_bytes(),
+        format!("id: {}\ndata: after the loss\n\n", r.id).as_bytes()
+    );
+}

@@ -95,8 +95,8 @@ pub(super) fn open(dir: &Path, opts: LogOptions) -> Result<Log, OpenError> {
         by_name: HashMap::new(),
         report,
         lock: Arc::clone(&lock),
+        ckpt_tails: Vec::new(),
     };
-    let mut ckpt_tails = Vec::new();
     if let Some(c) = &ckpt {
         for (i, s) in c.streams.iter().enumerate() {
             let name: Box<str> = s.name.as_str().into();
@@ -104,7 +104,7 @@ pub(super) fn open(dir: &Path, opts: LogOptions) -> Result<Log, OpenError> {
             scan.streams
                 .push(StreamState::new(name.clone(), s.floor, s.floor - 1));
             scan.by_name.insert(name, StreamId(i as u32));
-            ckpt_tails.push(s.tail);
+            scan.ckpt_tails.push(s.tail);
         }
     }
 
@@ -123,6 +123,7 @@ pub(super) fn open(dir: &Path, opts: LogOptions) -> Result<Log, OpenError> {
         mut streams,
         by_name,
         mut report,
+        ckpt_tails,
         ..
     } = scan;
     let epoch = epoch.expect("at least one segment was scanned");
@@ -136,7 +137,12 @@ pub(super) fn open(dir: &Path, opts: LogOptions) -> Result<Log, OpenError> {
             st.index.clear();
             st.floor = ckpt_tail + 1;
             st.tail = ckpt_tail;
-            report.streams_behind_checkpoint.push(StreamId(i as u32));
+            if !report
+                .streams_behind_checkpoint
+                .contains(&StreamId(i as u32))
+            {
+                report.streams_behind_checkpoint.push(StreamId(i as u32));
+            }
         }
     }
     for st in &mut streams {
@@ -261,6 +267,8 @@ fn segment_is_blank(path: &Path) -> Result<bool, OpenError> {
 
 struct Scan {
     lock: Arc<File>,
+    /// Checkpointed tail of each stream the checkpoint knows.
+    ckpt_tails: Vec<Seq>,
     epoch: Option<Epoch>,
     streams: Vec<StreamState>,
     by_name: HashMap<Box<str>, StreamId>,
@@ -370,11 +378,26 @@ impl Scan {
                         .get_mut(e.stream.0 as usize)
                         .ok_or(corrupt(CorruptReason::UnknownStream(e.stream)))?;
                     if e.seq != st.tail + 1 {
-                        return Err(corrupt(CorruptReason::SequenceGap {
-                            stream: e.stream,
-                            expected: st.tail + 1,
-                            found: e.seq,
-                        }));
+                        match self.ckpt_tails.get(e.stream.0 as usize) {
+                            // Records up to the checkpointed tail were lost (power loss under
+                            // `fsync=never`, see `open`) and an earlier open continued the
+                            // stream after them: skip the lost range again.
+                            Some(&t) if st.tail < t && e.seq == t + 1 => {
+                                st.index.clear();
+                                st.floor = t + 1;
+                                st.tail = t;
+                                if !self.report.streams_behind_checkpoint.contains(&e.stream) {
+                                    self.report.streams_behind_checkpoint.push(e.stream);
+                                }
+                            }
+                            _ => {
+                                return Err(corrupt(CorruptReason::SequenceGap {
+                                    stream: e.stream,
+                                    expected: st.tail + 1,
+                                    found: e.seq,
+                                }));
+                            }
+                        }
                     }
                     st.index.push_back(Loc {
                         seg: number as u32,
