@@ -25,6 +25,13 @@
 //! | 13 | `ReplayWindowAhead` | own contiguous window, `head > N + 1` | `Replay` | The seed's silent gap: N+1..head-1 would be skipped. |
 //! | 14 | `ReplayWindowBehind` | own contiguous window, `head < N + 1` | `Replay` | Duplicate risk: trimming the window needs byte bookkeeping the log already has. |
 //!
+//! Cases the seed does not name, and where they land: N = 0 on an untruncated stream →
+//! row 8-14 (replay from 1) or row 6 if the stream is empty; N = 0 after retention → row 5;
+//! N between the visible and the real tail (appended, not yet durable) → row 4; a window
+//! lying wholly or partly below the floor can only be row 7 if `head == N + 1 >= f`, so a
+//! served window never starts below the floor; a window of an earlier epoch (the log was
+//! recreated) → row 9.
+//!
 //! A `Replay` reads the log from N+1 (which is `>= f`, so the read cannot be truncated at plan
 //! time; if retention runs between planning and reading, the read itself returns `Truncated`).
 #![forbid(unsafe_code)]
