@@ -1,21 +1,35 @@
 #!/usr/bin/env bash
-# Runs the official MCP conformance suite (@modelcontextprotocol/conformance, pinned in
-# mcp-tests/package-lock.json) against the gateway, with mcp-fixture (our SDK-based MCP server)
-# behind it as a stdio upstream (--upstream-cmd). Runs the active server suite plus the
-# scenarios the issue names explicitly: server-sse-polling, server-sse-multiple-streams,
-# server-session-lifecycle (and json-schema-2020-12). Loopback only; every step is bounded.
-# Exit status: 0 when no check FAILED; non-zero otherwise (or when setup fails). Checks with
-# status WARNING are listed at the end (they do not fail the run; see gateway/src/mcp/SPEC-NOTES.md).
-# Usage: scripts/conformance.sh [--release]   (env CONFORMANCE_OUT=dir keeps the JSON results)
+# The MCP front's end-to-end stage:
+# 1. the official MCP conformance suite (@modelcontextprotocol/conformance, pinned in
+#    mcp-tests/package-lock.json) against the gateway, with mcp-fixture (our SDK-based MCP
+#    server) behind it as a stdio upstream (--upstream-cmd): the active server suite plus the
+#    scenarios the issue names: server-sse-polling, server-sse-multiple-streams,
+#    server-session-lifecycle (and json-schema-2020-12);
+# 2. the exactly-once tests with the official clients: mcp-tests/exactly-once.mjs (TypeScript
+#    SDK; also server-everything as upstream) and mcp-tests/exactly_once.py (PyPI `mcp`).
+# Loopback only; every step is bounded. Exit status: 0 when no conformance check FAILED and
+# both client test files pass; non-zero otherwise (or when setup fails). Conformance checks
+# with status WARNING are listed (they do not fail the run; see gateway/src/mcp/SPEC-NOTES.md).
+# Usage: scripts/conformance.sh [--release] [--no-clients]
+#        (env CONFORMANCE_OUT=dir keeps the JSON results)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 PROFILE=debug
-[[ ${1:-} == --release ]] && PROFILE=release
+CLIENTS=1
+for arg in "$@"; do
+  case "$arg" in
+    --release) PROFILE=release ;;
+    --no-clients) CLIENTS=0 ;;
+    *) echo "conformance.sh: unknown argument '$arg'" >&2; exit 2 ;;
+  esac
+done
 
 fail() { echo "conformance: FAIL: $*" >&2; exit 1; }
 
-NODE_BIN=$(scripts/setup-node.sh | tail -1) || fail "scripts/setup-node.sh failed"
+SETUP_ARGS=()
+[[ $CLIENTS == 1 ]] && SETUP_ARGS=(--python)
+NODE_BIN=$(scripts/setup-node.sh "${SETUP_ARGS[@]}" | tail -1) || fail "scripts/setup-node.sh failed"
 export PATH=$NODE_BIN:$PATH
 [[ $(node --version) == v22.* ]] || fail "node 22 expected from $NODE_BIN, got $(node --version)"
 CONFORMANCE=$ROOT/mcp-tests/node_modules/.bin/conformance
@@ -76,7 +90,8 @@ for s in server-sse-polling server-sse-multiple-streams server-session-lifecycle
 done
 
 echo "== verdict"
-node - "$OUT" <<'EOF'
+STATUS=0
+node - "$OUT" <<'EOF' || STATUS=1
 const fs = require('fs'), path = require('path');
 const out = process.argv[2];
 const files = [];
@@ -98,3 +113,15 @@ console.log(`${files.length} scenario result files, ${success} checks passed, ${
 if (files.length < 5) { console.log('too few result files: the suite did not run'); process.exit(1); }
 process.exit(failures === 0 ? 0 : 1);
 EOF
+
+# The client tests start their own gateways.
+kill -TERM "$GW_PID" 2>/dev/null || true
+wait "$GW_PID" 2>/dev/null || true
+if [[ $CLIENTS == 1 ]]; then
+  echo "== exactly-once: TypeScript SDK client (mcp-tests/exactly-once.mjs)"
+  GATEWAY_BIN=$GATEWAY timeout 900 node mcp-tests/exactly-once.mjs || STATUS=1
+  echo "== exactly-once: Python mcp client (mcp-tests/exactly_once.py)"
+  GATEWAY_BIN=$GATEWAY timeout 900 .tools/venv/bin/python mcp-tests/exactly_once.py || STATUS=1
+fi
+[[ $STATUS == 0 ]] && echo "conformance: PASS" || echo "conformance: FAIL" >&2
+exit $STATUS
