@@ -105,6 +105,17 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
         logs_per_core[shards::core_of_shard(s, cores)].push((s, log));
     }
 
+    // Every connection is an fd; leave room for logs, listeners and eventfds.
+    let fds_wanted = cfg.connections_max as u64 + 256 + u64::from(shard_count) * 8;
+    match sys::raise_nofile(fds_wanted) {
+        Ok(n) if n < fds_wanted => eprintln!(
+            "gateway: warning: RLIMIT_NOFILE is {n}, below --connections-max plus overhead \
+             ({fds_wanted}); accepts will fail with EMFILE before the limit"
+        ),
+        Ok(_) => {}
+        Err(e) => eprintln!("gateway: warning: cannot raise RLIMIT_NOFILE: {e}"),
+    }
+
     let signals = sys::block_shutdown_signals();
 
     let listen_cores = if cfg.listen_cores_max == 0 {

@@ -219,6 +219,23 @@ pub fn allowed_cpus() -> Vec<usize> {
         .collect()
 }
 
+/// Raises the soft RLIMIT_NOFILE towards `want` (capped by the hard limit); returns the
+/// resulting soft limit.
+pub fn raise_nofile(want: u64) -> io::Result<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `lim` is valid for writes of one rlimit.
+    cvt(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) })?;
+    if lim.rlim_cur < want {
+        lim.rlim_cur = want.min(lim.rlim_max);
+        // SAFETY: `lim` is an initialized rlimit read by the call.
+        cvt(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) })?;
+    }
+    Ok(lim.rlim_cur)
+}
+
 /// Blocks SIGINT and SIGTERM in the calling thread (inherited by threads it spawns) and
 /// returns the set, for [`wait_signal`].
 pub fn block_shutdown_signals() -> libc::sigset_t {
