@@ -223,6 +223,8 @@ struct Core {
     next_retention: Instant,
     shutting_down: Option<Instant>,
     limits: HeadLimits,
+    /// The multishot accept ended on an error; re-armed by the next tick.
+    accept_paused: bool,
     /// The MCP front, on the core that owns the MCP shard when `--upstream-cmd` is set.
     mcp: Option<Box<mcp_glue::Mcp>>,
 }
@@ -279,6 +281,7 @@ pub fn run_core(setup: CoreSetup, shared: Arc<Shared>, ready: impl FnOnce(Result
         next_retention: now,
         shutting_down: None,
         limits,
+        accept_paused: false,
         mcp: None,
     };
     core.arm_accept();
@@ -471,18 +474,21 @@ impl Core {
     }
 
     fn on_accept(&mut self, res: i32, flags: u32) {
-        if !cqueue::more(flags) && self.shutting_down.is_none() && self.listener.is_some() {
-            self.arm_accept();
-        }
         if res < 0 {
             if res != -libc::ECANCELED {
                 eprintln!(
-                    "core {}: accept: {}",
+                    "core {}: accept: {} (re-armed at the next tick)",
                     self.id,
                     std::io::Error::from_raw_os_error(-res)
                 );
+                // EMFILE/ENFILE/ENOMEM persist while the backlog is non-empty: re-arming now
+                // would spin. The tick re-arms.
+                self.accept_paused = !cqueue::more(flags);
             }
             return;
+        }
+        if !cqueue::more(flags) && self.shutting_down.is_none() && self.listener.is_some() {
+            self.arm_accept();
         }
         let fd = res;
         self.m().accepted_total.fetch_add(1, Relaxed);
@@ -1575,6 +1581,10 @@ impl Core {
 
     fn tick(&mut self) {
         let now = self.now;
+        if self.accept_paused && self.shutting_down.is_none() {
+            self.accept_paused = false;
+            self.arm_accept();
+        }
         let cfg = &self.shared.cfg;
         let idle = Duration::from_secs(cfg.idle_timeout_secs);
         let header = Duration::from_secs(cfg.header_timeout_secs);
