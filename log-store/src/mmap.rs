@@ -43,23 +43,11 @@ pub(crate) struct WriteToken {
 
 impl SharedMap {
     /// Maps the first `len` bytes of `file` (opened read-write, at least `len` long, blocks
-    /// allocated) and returns the map with nothing frozen, and its unique token.
-    pub(crate) fn map(
-        file: &File,
-        len: usize,
-        populate: bool,
-    ) -> io::Result<(SharedMap, WriteToken)> {
+    /// allocated), lazily, and returns the map with nothing frozen, and its unique token.
+    pub(crate) fn map(file: &File, len: usize) -> io::Result<(SharedMap, WriteToken)> {
         let mut opts = MmapOptions::new();
         opts.len(len);
         let raw = opts.map_raw(file)?;
-        if populate {
-            // Fault every page in writable now (one fault per page, at segment creation) rather
-            // than a read fault at populate plus a write-protect fault at the first append.
-            // Older kernels lack MADV_POPULATE_WRITE: fall back to a read populate.
-            if raw.advise(memmap2::Advice::PopulateWrite).is_err() {
-                raw.advise(memmap2::Advice::PopulateRead).ok();
-            }
-        }
         let id = NEXT_MAP_ID.fetch_add(1, Ordering::Relaxed);
         Ok((
             SharedMap {
@@ -126,6 +114,26 @@ impl SharedMap {
         self.frozen.store(end, Ordering::Release);
     }
 
+    /// Faults the pages covering `[off, off + len)` in, writable, without changing their
+    /// contents (`MADV_POPULATE_WRITE`; `MADV_POPULATE_READ` on kernels without it; nothing if
+    /// both fail), so the appends that follow take no page faults. Clamped to the mapping.
+    pub(crate) fn populate(&self, off: usize, len: usize) {
+        let off = off.min(self.len);
+        let len = len.min(self.len - off);
+        if len == 0 {
+            return;
+        }
+        if self
+            .raw
+            .advise_range(memmap2::Advice::PopulateWrite, off, len)
+            .is_err()
+        {
+            self.raw
+                .advise_range(memmap2::Advice::PopulateRead, off, len)
+                .ok();
+        }
+    }
+
     /// Writes dirty pages of the mapping to the file and waits (`msync(MS_SYNC)`).
     pub(crate) fn flush(&self) -> io::Result<()> {
         self.raw.flush()
@@ -188,7 +196,7 @@ mod tests {
     fn frozen_and_private_regions() {
         let f = tempfile::tempfile().unwrap();
         fallocate(&f, 8192).unwrap();
-        let (m, mut tok) = SharedMap::map(&f, 8192, false).unwrap();
+        let (m, mut tok) = SharedMap::map(&f, 8192).unwrap();
         m.private_mut(&mut tok, 0, 4).copy_from_slice(b"abcd");
         m.freeze(&mut tok, 4);
         assert_eq!(m.read_frozen(0, 4), b"abcd");

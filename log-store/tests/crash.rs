@@ -453,3 +453,44 @@ mod corruption {
         }
     }
 }
+
+#[test]
+fn recycled_segment_whose_adoption_never_reached_the_disk_is_dropped() {
+    // fsync=never: adopting the spare writes nothing synchronously. After a power loss the new
+    // segment's file may still hold the previous generation entirely (old header included).
+    let dir = tempfile::tempdir().unwrap();
+    let o = || LogOptions {
+        retain_bytes: Some(SEG),
+        ..opts()
+    };
+    let mut log = Log::open(dir.path(), o()).unwrap();
+    let a = log.create_stream("a").unwrap();
+    while !dir.path().join(seg_name(1)).exists() {
+        log.append(a, None, "old ".repeat(30).as_bytes()).unwrap();
+    }
+    log.enforce_retention(std::time::SystemTime::now()).unwrap();
+    let stale = fs::read(dir.path().join("spare")).unwrap();
+    while !dir.path().join(seg_name(2)).exists() {
+        log.append(a, None, "mid ".repeat(30).as_bytes()).unwrap();
+    }
+    for _ in 0..3 {
+        log.append(a, None, b"in segment 2").unwrap();
+    }
+    let mut want = contents(&log);
+    drop(log);
+    let in_seg2 = entries(&fs::read(dir.path().join(seg_name(2))).unwrap()).len();
+    fs::write(dir.path().join(seg_name(2)), &stale).unwrap();
+    let log = Log::open(dir.path(), o()).unwrap();
+    for _ in 0..in_seg2 {
+        want[0].pop();
+    }
+    assert_eq!(
+        contents(&log),
+        want,
+        "segment 2 dropped, nothing of segment 0 resurrected"
+    );
+    assert!(
+        dir.path().join(seg_name(2)).exists(),
+        "a fresh segment 2 is active"
+    );
+}

@@ -65,9 +65,11 @@ pub(super) fn open(dir: &Path, opts: LogOptions) -> Result<Log, OpenError> {
         }
     }
     let mut numbers = live;
-    // A crash while creating the last segment leaves it blank (no header, no entry): remove it.
+    // A crash while creating the last segment leaves it blank (no header, no entry), or, when
+    // it was a recycled spare under `fsync=never`, with the previous generation's header (a
+    // smaller segment number): nothing in it can be valid. Remove it.
     if let Some(&last) = numbers.last()
-        && segment_is_blank(&segment_path(dir, last))?
+        && segment_is_blank_or_stale(&segment_path(dir, last), last)?
     {
         let p = segment_path(dir, last);
         fs::remove_file(&p).map_err(io_err(&p))?;
@@ -245,12 +247,19 @@ fn list_segments(dir: &Path) -> Result<Vec<u64>, OpenError> {
     Ok(numbers)
 }
 
-/// True when the file has no header and no first entry (all zero, or shorter than both).
-fn segment_is_blank(path: &Path) -> Result<bool, OpenError> {
+/// True when the file has no header and no first entry (all zero, or shorter than both), or
+/// a valid header of an older segment number (a recycled file whose new header was lost).
+fn segment_is_blank_or_stale(path: &Path, number: u64) -> Result<bool, OpenError> {
     let f = File::open(path).map_err(io_err(path))?;
     let len = f.metadata().map_err(io_err(path))?.len();
     let mut head = [0u8; HEADER_BYTES];
     let n = f.read_at(&mut head, 0).map_err(io_err(path))?;
+    if n == HEADER_BYTES
+        && let Ok(h) = Header::decode(&head)
+        && h.number < number
+    {
+        return Ok(true);
+    }
     if head[..n].iter().any(|&b| b != 0) {
         return Ok(false);
     }
@@ -294,7 +303,7 @@ impl Scan {
         {
             return Err(OpenError::BadSegmentSize { path, bytes });
         }
-        let (map, mut tok) = SharedMap::map(&file, bytes as usize, false).map_err(io_err(&path))?;
+        let (map, mut tok) = SharedMap::map(&file, bytes as usize).map_err(io_err(&path))?;
         let header_bytes = map.read_private(&tok, 0, HEADER_BYTES);
         let header = Header::decode(header_bytes).map_err(|reason| OpenError::BadHeader {
             path: path.clone(),
@@ -503,6 +512,8 @@ impl Scan {
             entries,
             sealed,
             chain,
+            populated_high: data_end,
+            populated_low: entry_low,
         };
         Ok((meta, (active, sealed)))
     }
