@@ -86,6 +86,11 @@ pub struct Config {
     #[arg(long, default_value_t = 30)]
     pub resume_grace_secs: u64,
 
+    /// Disconnected subscribers' windows kept per stream for aligned resumes (oldest dropped
+    /// first). 0 = never park.
+    #[arg(long, default_value_t = 64)]
+    pub parked_windows_per_stream_max: usize,
+
     /// Events a subscriber may fall behind the stream's tail before it gets `event: truncated`
     /// and is closed.
     #[arg(long, default_value_t = 1_000_000)]

@@ -89,7 +89,6 @@ const SOCKET_URING_OP_TX_TIMESTAMP: u32 = 4;
 const SCM_TSTAMP_ACK: u32 = 2;
 const IORING_TIMESTAMP_TYPE_SHIFT: u32 = 17;
 const IOV_MAX_PER_SEND: usize = 1024;
-const PARKED_PER_STREAM_MAX: usize = 64;
 const RECV_BYTES_MIN: usize = 4096;
 const PIPELINED_PER_CALL_MAX: usize = 256;
 const TICK: Duration = Duration::from_millis(100);
@@ -1504,6 +1503,7 @@ impl Core {
     fn close_conn(&mut self, slot: u32) {
         self.mcp_conn_closed(slot);
         let grace = Duration::from_secs(self.shared.cfg.resume_grace_secs);
+        let parked_max = self.shared.cfg.parked_windows_per_stream_max;
         let now = self.now;
         let conn = self.slots[slot as usize].conn.as_mut().expect("live slot");
         if conn.closing {
@@ -1534,7 +1534,11 @@ impl Core {
             self.shared.metrics[self.id]
                 .subscribers
                 .fetch_sub(1, Relaxed);
-            if !events.is_empty() && grace > Duration::ZERO && self.shutting_down.is_none() {
+            if !events.is_empty()
+                && grace > Duration::ZERO
+                && parked_max > 0
+                && self.shutting_down.is_none()
+            {
                 let list = self.parked.entry(key).or_default();
                 list.push_back(Parked {
                     head: events[0].seq,
@@ -1545,7 +1549,7 @@ impl Core {
                 self.shared.metrics[self.id]
                     .parked_windows
                     .fetch_add(1, Relaxed);
-                if list.len() > PARKED_PER_STREAM_MAX {
+                if list.len() > parked_max {
                     list.pop_front();
                     self.shared.metrics[self.id]
                         .parked_windows
