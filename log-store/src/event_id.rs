@@ -138,7 +138,8 @@ const DIGIT_PAIRS: &[u8; 200] = b"\
 6061626364656667686970717273747576777879\
 8081828384858687888990919293949596979899";
 
-fn encode_decimal(v: u64, out: &mut [u8]) -> usize {
+/// Writes `v` in decimal into `out` and returns the number of digits.
+pub(crate) fn encode_decimal(v: u64, out: &mut [u8]) -> usize {
     let n = decimal_len(v);
     let mut x = v;
     let mut i = n;

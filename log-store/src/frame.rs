@@ -4,7 +4,7 @@
 //! validate UTF-8 (the caller does) and does no I/O.
 #![forbid(unsafe_code)]
 
-use crate::event_id::EventId;
+use crate::event_id::{Epoch, EventId, Seq, StreamId, decimal_len, encode_decimal};
 
 /// True when `chunk` contains CR or LF. Fixed-size input so the compiler vectorizes the fold.
 fn chunk_has_break(chunk: &[u8; 32]) -> bool {
@@ -77,14 +77,29 @@ const ID_PREFIX: &[u8] = b"id: ";
 const EVENT_PREFIX: &[u8] = b"event: ";
 const DATA_PREFIX: &[u8] = b"data: ";
 
-/// Exact framed length of an event.
+/// The constant start of every event of one stream: `id: {epoch:016x}-{stream}-`. Built once
+/// per stream so an append only formats its sequence number.
+pub(crate) fn id_prefix(epoch: Epoch, stream: StreamId) -> Box<[u8]> {
+    let id = EventId {
+        epoch,
+        stream,
+        seq: 0,
+    };
+    let mut buf = [0u8; crate::event_id::EVENT_ID_BYTES_MAX];
+    let n = id.encode(&mut buf);
+    // Drop the trailing "0" (seq) and keep "...-".
+    [ID_PREFIX, &buf[..n - 1]].concat().into_boxed_slice()
+}
+
+/// Exact framed length of an event whose id line starts with `prefix` (see [`id_prefix`]).
 pub(crate) fn framed_len(
-    id: &EventId,
+    prefix: &[u8],
+    seq: Seq,
     event_type: Option<&str>,
     data: &[u8],
     lines: Lines,
 ) -> usize {
-    let mut n = ID_PREFIX.len() + id.encoded_len() + 1;
+    let mut n = prefix.len() + decimal_len(seq) + 1;
     if let Some(t) = event_type {
         n += EVENT_PREFIX.len() + t.len() + 1;
     }
@@ -108,13 +123,14 @@ fn put(out: &mut [u8], at: usize, bytes: &[u8]) -> usize {
 /// Writes the framed event into `out`, which must be exactly `framed_len(..)` bytes.
 pub(crate) fn write_frame(
     out: &mut [u8],
-    id: &EventId,
+    prefix: &[u8],
+    seq: Seq,
     event_type: Option<&str>,
     data: &[u8],
     lines: Lines,
 ) {
-    let mut at = put(out, 0, ID_PREFIX);
-    at += id.encode(&mut out[at..]);
+    let mut at = put(out, 0, prefix);
+    at += encode_decimal(seq, &mut out[at..]);
     at = put(out, at, b"\n");
     if let Some(t) = event_type {
         at = put(out, at, EVENT_PREFIX);
@@ -142,7 +158,6 @@ pub(crate) fn write_frame(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event_id::{Epoch, StreamId};
 
     fn frame(t: Option<&str>, data: &[u8]) -> String {
         let id = EventId {
@@ -151,8 +166,9 @@ mod tests {
             seq: 3,
         };
         let lines = split(data);
-        let mut v = vec![0; framed_len(&id, t, data, lines)];
-        write_frame(&mut v, &id, t, data, lines);
+        let prefix = id_prefix(id.epoch, id.stream);
+        let mut v = vec![0; framed_len(&prefix, id.seq, t, data, lines)];
+        write_frame(&mut v, &prefix, id.seq, t, data, lines);
         String::from_utf8(v).unwrap()
     }
 

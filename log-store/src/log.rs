@@ -447,6 +447,8 @@ struct Loc {
 
 #[derive(Debug)]
 struct StreamState {
+    /// `id: {epoch}-{stream}-`, the constant start of this stream's framed events.
+    id_prefix: Box<[u8]>,
     name: Box<str>,
     floor: Seq,
     tail: Seq,
@@ -459,8 +461,9 @@ struct StreamState {
 }
 
 impl StreamState {
-    fn new(name: Box<str>, floor: Seq, tail: Seq) -> StreamState {
+    fn new(epoch: Epoch, id: StreamId, name: Box<str>, floor: Seq, tail: Seq) -> StreamState {
         StreamState {
+            id_prefix: frame::id_prefix(epoch, id),
             name,
             floor,
             tail,
@@ -703,7 +706,8 @@ impl Log {
         self.write_record(Kind::StreamName, id, 0, ts, name.len(), |buf| {
             buf.copy_from_slice(name.as_bytes())
         });
-        self.streams.push(StreamState::new(name.into(), 1, 0));
+        self.streams
+            .push(StreamState::new(self.epoch, id, name.into(), 1, 0));
         self.by_name.insert(name.into(), id);
         Ok(id)
     }
@@ -739,7 +743,7 @@ impl Log {
             seq,
         };
         let lines = frame::split(data);
-        let framed_bytes = frame::framed_len(&id, event_type, data, lines);
+        let framed_bytes = frame::framed_len(&st.id_prefix, seq, event_type, data, lines);
         if framed_bytes > self.opts.record_bytes_max as usize {
             return Err(AppendError::RecordTooLarge {
                 framed_bytes,
@@ -748,9 +752,12 @@ impl Log {
         }
         self.ensure_room(framed_bytes)?;
         let ts = mmap::coarse_unix_ms();
+        // Borrow the prefix out of the stream for the duration of the write (no allocation).
+        let prefix = std::mem::take(&mut self.streams[stream.0 as usize].id_prefix);
         let loc = self.write_record(Kind::Event, stream, seq, ts, framed_bytes, |buf| {
-            frame::write_frame(buf, &id, event_type, data, lines)
+            frame::write_frame(buf, &prefix, seq, event_type, data, lines)
         });
+        self.streams[stream.0 as usize].id_prefix = prefix;
         let meta = self.segs.back_mut().expect("active segment");
         let seg_number = meta.seg.number;
         let st = &mut self.streams[stream.0 as usize];

@@ -103,8 +103,14 @@ pub(super) fn open(dir: &Path, opts: LogOptions) -> Result<Log, OpenError> {
         for (i, s) in c.streams.iter().enumerate() {
             let name: Box<str> = s.name.as_str().into();
             // During the scan `tail` is "last indexed": the first retained record must be `floor`.
-            scan.streams
-                .push(StreamState::new(name.clone(), s.floor, s.floor - 1));
+            let epoch = c.epoch;
+            scan.streams.push(StreamState::new(
+                epoch,
+                StreamId(i as u32),
+                name.clone(),
+                s.floor,
+                s.floor - 1,
+            ));
             scan.by_name.insert(name, StreamId(i as u32));
             scan.ckpt_tails.push(s.tail);
         }
@@ -432,7 +438,9 @@ impl Scan {
                             return Err(corrupt(CorruptReason::StreamNameMismatch(e.stream)));
                         }
                     } else if id == self.streams.len() {
-                        self.streams.push(StreamState::new(name.into(), 1, 0));
+                        let epoch = self.epoch.expect("header read before entries");
+                        self.streams
+                            .push(StreamState::new(epoch, e.stream, name.into(), 1, 0));
                         self.by_name.insert(name.into(), e.stream);
                     } else {
                         return Err(corrupt(CorruptReason::StreamIdGap {
