@@ -482,3 +482,12 @@ fn records_lost_below_the_checkpointed_tail_are_never_reused() {
         format!("id: {}\ndata: after the loss\n\n", r.id).as_bytes()
     );
 }
+
+#[test]
+fn log_is_send_and_slices_are_send_and_sync() {
+    fn send<T: Send>() {}
+    fn send_sync<T: Send + Sync>() {}
+    send::<Log>();
+    send_sync::<log_store::LogSlice>();
+    send_sync::<log_store::ReadBatch>();
+}
