@@ -6,8 +6,8 @@
 //!   transfer decoding), [`payload`] (counter + timestamp payloads), [`checker`] (per-subscriber
 //!   gap/duplicate/reorder checker), [`target`] (URL templates, ID styles), [`procstat`]
 //!   parsing, [`report`] (table and JSON), [`scrape`] (Prometheus text sums).
-//! - Thin drivers: [`load`] (one mio/epoll loop for publishers and subscribers) and [`probe`]
-//!   (a blocking too-old-ID probe).
+//! - Thin drivers: [`load`] (one mio/epoll loop for publishers and subscribers), [`probe`]
+//!   (a blocking too-old-ID probe) and [`mcp`] (MCP sessions with cut-and-resume tool calls).
 //!
 //! Invariant: bench talks to the server only over the wire (and reads its `/proc` figures);
 //! it links nothing of the gateway. There is no `unsafe` code in this crate.
@@ -16,6 +16,7 @@
 pub mod checker;
 pub mod chunked;
 pub mod load;
+pub mod mcp;
 pub mod payload;
 pub mod probe;
 pub mod procstat;

@@ -1,7 +1,7 @@
 //! The `bench` command line: parses flags into a scenario, runs it with the `bench` library and
 //! prints a table (or JSON). Exit status: 0 clean, 1 invariant violations (gaps, duplicates,
 //! reorders, undelivered events, failed subscribers, publish errors), 2 the run could not be
-//! carried out (bad flags, target down), 3 the scenario is not implemented yet (`mcp`).
+//! carried out (bad flags, target down).
 //!
 //! It contains no protocol logic; see the library's modules for that.
 #![forbid(unsafe_code)]
@@ -13,6 +13,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 
 use bench::load::{self, LoadConfig};
+use bench::mcp;
 use bench::probe::{self, ProbeConfig};
 use bench::procstat;
 use bench::report::Report;
@@ -23,8 +24,7 @@ use bench::target::{IdStyle, PublishStyle, UrlTemplate};
 ///
 /// Every scenario checks, per subscriber, that events arrive contiguous, gap-free and
 /// duplicate-free (an explicit truncation notice — HTTP 410 or `event: truncated` — is counted
-/// as explicit, not as a gap). Exit status: 0 clean, 1 violations, 2 run failed, 3 scenario
-/// not implemented yet.
+/// as explicit, not as a gap). Exit status: 0 clean, 1 violations, 2 run failed.
 #[derive(Debug, Parser)]
 #[command(name = "bench", version)]
 struct Cli {
@@ -90,10 +90,44 @@ enum Cmd {
         #[arg(long, default_value_t = 1)]
         source_addr_first: u8,
     },
-    /// NOT YET IMPLEMENTED: needs the gateway's MCP front (issue 4). Exits with status 3.
+    /// M MCP sessions (gateway's MCP front, --upstream-cmd running mcp-fixture) calling
+    /// `progress_stream`; each call's SSE response is cut at random byte offsets and resumed
+    /// with GET + Last-Event-ID; progress must be exactly 1..count, in order, then the result.
     Mcp {
-        #[command(flatten)]
-        common: Common,
+        /// The gateway's MCP endpoint.
+        #[arg(long, default_value = "http://127.0.0.1:8080/mcp")]
+        mcp_url: String,
+        /// Concurrent MCP sessions (one thread each).
+        #[arg(long, default_value_t = 10)]
+        sessions: usize,
+        /// Tool calls per session, one after another.
+        #[arg(long, default_value_t = 3)]
+        calls_per_session: usize,
+        /// Progress notifications per call.
+        #[arg(long, default_value_t = 200)]
+        progress_count: u64,
+        /// Milliseconds between progress notifications.
+        #[arg(long, default_value_t = 2)]
+        interval_ms: u64,
+        /// Cuts (each followed by a resume) per call.
+        #[arg(long, default_value_t = 3)]
+        cuts_per_call: u32,
+        /// A cut happens up to this many bytes (uniformly drawn) into a connection's body,
+        /// after the first 128 bytes.
+        #[arg(long, default_value_t = 2000)]
+        cut_bytes_max: usize,
+        /// Timeout per call.
+        #[arg(long, default_value_t = 30.0)]
+        timeout_secs: f64,
+        /// Label for the report.
+        #[arg(long, default_value = "gateway")]
+        label: String,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Seed for cut offsets.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
     },
     /// Publish N events, then resume from an early (possibly no longer retained) ID and report
     /// whether the server answers explicitly (410 / `event: truncated`) or skips silently.
@@ -312,6 +346,7 @@ fn with_load(mut cfg: LoadConfig, l: &Load) -> LoadConfig {
 enum Outcome {
     Reports(Vec<Report>, Option<String>),
     Probe(probe::ProbeReport),
+    Mcp(mcp::McpReport),
 }
 
 fn run(cmd: &Cmd) -> Result<(Outcome, bool), String> {
@@ -420,9 +455,32 @@ fn run(cmd: &Cmd) -> Result<(Outcome, bool), String> {
             }
             Ok((Outcome::Reports(vec![report], None), common.json))
         }
-        Cmd::Mcp { .. } => Err(
-            "not yet implemented: the mcp scenario needs the gateway's MCP front (issue 4)".into(),
-        ),
+        Cmd::Mcp {
+            mcp_url,
+            sessions,
+            calls_per_session,
+            progress_count,
+            interval_ms,
+            cuts_per_call,
+            cut_bytes_max,
+            timeout_secs,
+            label,
+            json,
+            seed,
+        } => {
+            let cfg = mcp::McpConfig {
+                url: UrlTemplate::parse(mcp_url).map_err(|e| format!("--mcp-url: {e}"))?,
+                sessions: *sessions,
+                calls_per_session: *calls_per_session,
+                progress_count: *progress_count,
+                interval_ms: *interval_ms,
+                cuts_per_call: *cuts_per_call,
+                cut_bytes_max: (*cut_bytes_max).max(1),
+                timeout_secs: *timeout_secs,
+                seed: *seed,
+            };
+            Ok((Outcome::Mcp(mcp::run(&cfg, label)?), *json))
+        }
         Cmd::GapProbe {
             common,
             events,
@@ -454,12 +512,6 @@ fn run(cmd: &Cmd) -> Result<(Outcome, bool), String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if matches!(cli.cmd, Cmd::Mcp { .. }) {
-        eprintln!(
-            "bench mcp: not yet implemented: needs the gateway's MCP front (issue 4); nothing was measured"
-        );
-        return ExitCode::from(3);
-    }
     let (outcome, json) = match run(&cli.cmd) {
         Ok(v) => v,
         Err(e) => {
@@ -486,6 +538,21 @@ fn main() -> ExitCode {
             }
             if violations > 0 {
                 eprintln!("bench: {violations} invariant violation(s)");
+                return ExitCode::from(1);
+            }
+            ExitCode::SUCCESS
+        }
+        Outcome::Mcp(r) => {
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&r).expect("report serialises")
+                );
+            } else {
+                print!("{}", r.table());
+            }
+            if r.violations > 0 {
+                eprintln!("bench: {} invariant violation(s)", r.violations);
                 return ExitCode::from(1);
             }
             ExitCode::SUCCESS

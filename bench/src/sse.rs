@@ -9,13 +9,16 @@
 //! comments (`:` lines) and `retry:` are ignored.
 
 /// Bytes of a line kept when the line spans reads; longer lines keep only this prefix.
-pub const LINE_KEEP_BYTES: usize = 160;
+pub const LINE_KEEP_BYTES: usize = DATA_PREFIX_BYTES_MAX + 16;
 /// Longest event ID we store; a longer ID is reported as `id_too_long`.
 pub const ID_BYTES_MAX: usize = 96;
 /// Longest `event:` type we store (longer types are cut, which is fine for classification).
 pub const EVENT_TYPE_BYTES_MAX: usize = 32;
-/// Bytes of the first `data:` line kept for the payload header.
+/// Bytes of the first `data:` line kept by default (enough for the bench's payload header).
 pub const DATA_PREFIX_BYTES: usize = 64;
+/// Most bytes of the first `data:` line a parser can be asked to keep
+/// ([`SseParser::with_data_keep_bytes`], for JSON messages such as MCP's).
+pub const DATA_PREFIX_BYTES_MAX: usize = 1024;
 
 /// One dispatched event, borrowed from the parser's fixed buffers.
 #[derive(Debug, Clone, Copy)]
@@ -26,7 +29,8 @@ pub struct Event<'a> {
     pub id_too_long: bool,
     /// The `event:` type, empty for the default `message` type.
     pub event_type: &'a [u8],
-    /// The first [`DATA_PREFIX_BYTES`] bytes of the first `data:` line.
+    /// The first bytes (the parser's data keep, [`DATA_PREFIX_BYTES`] by default) of the first
+    /// `data:` line.
     pub data_prefix: &'a [u8],
     /// Number of `data:` lines in the event.
     pub data_lines: u32,
@@ -48,8 +52,9 @@ pub struct SseParser {
     committed_len: usize,
     event_type: [u8; EVENT_TYPE_BYTES_MAX],
     event_type_len: usize,
-    data: [u8; DATA_PREFIX_BYTES],
+    data: [u8; DATA_PREFIX_BYTES_MAX],
     data_len: usize,
+    data_keep: usize,
     data_lines: u32,
     comments: u64,
 }
@@ -74,11 +79,20 @@ impl SseParser {
             committed_len: 0,
             event_type: [0; EVENT_TYPE_BYTES_MAX],
             event_type_len: 0,
-            data: [0; DATA_PREFIX_BYTES],
+            data: [0; DATA_PREFIX_BYTES_MAX],
             data_len: 0,
+            data_keep: DATA_PREFIX_BYTES,
             data_lines: 0,
             comments: 0,
         }
+    }
+
+    /// A parser keeping up to `n` bytes (at most [`DATA_PREFIX_BYTES_MAX`]) of each event's
+    /// first data line.
+    pub fn with_data_keep_bytes(n: usize) -> Self {
+        let mut p = Self::new();
+        p.data_keep = n.min(DATA_PREFIX_BYTES_MAX);
+        p
     }
 
     /// Forget any partial event and line (a new connection). The last event ID string is
@@ -168,7 +182,7 @@ impl SseParser {
         match name {
             b"data" => {
                 if self.data_lines == 0 {
-                    let n = value.len().min(DATA_PREFIX_BYTES);
+                    let n = value.len().min(self.data_keep);
                     self.data[..n].copy_from_slice(&value[..n]);
                     self.data_len = n;
                 }
