@@ -491,3 +491,32 @@ fn log_is_send_and_slices_are_send_and_sync() {
     send_sync::<log_store::LogSlice>();
     send_sync::<log_store::ReadBatch>();
 }
+
+#[test]
+fn retention_by_age_deletes_only_sealed_segments_older_than_retain_secs() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = LogOptions {
+        retain_secs: Some(60),
+        ..opts(65536)
+    };
+    let mut log = Log::open(dir.path(), o).unwrap();
+    let a = log.create_stream("a").unwrap();
+    while !dir.path().join(format!("{:020}.seg", 2)).exists() {
+        log.append(a, None, "z".repeat(800).as_bytes()).unwrap();
+    }
+    let now = SystemTime::now();
+    // Nothing is a minute old yet.
+    assert_eq!(log.enforce_retention(now).unwrap().segments_deleted, 0);
+    assert_eq!(log.bounds(a).unwrap().floor, 1);
+    // Two minutes later both sealed segments are expired; the active one is kept regardless.
+    let later = now + Duration::from_secs(120);
+    let report = log.enforce_retention(later).unwrap();
+    assert_eq!(report.segments_deleted, 2);
+    let b = log.bounds(a).unwrap();
+    assert_eq!(log.record(a, b.floor).unwrap().segment_number(), 2);
+    assert!(matches!(
+        log.read(a, b.floor - 1, 10),
+        Err(ReadError::Truncated { .. })
+    ));
+    assert_eq!(report.floors_advanced, vec![(a, b.floor)]);
+}
