@@ -520,3 +520,70 @@ fn retention_by_age_deletes_only_sealed_segments_older_than_retain_secs() {
     ));
     assert_eq!(report.floors_advanced, vec![(a, b.floor)]);
 }
+
+/// Needs root (mounts a 300 KiB tmpfs: room for 4 segments of 64 KiB, not 5): `sudo cargo test -p log-store --test basic -- --ignored`.
+#[test]
+#[ignore = "mounts a tmpfs: needs root"]
+fn full_disk_is_a_clean_disk_full_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=300k", "tmpfs"])
+        .arg(dir.path())
+        .status()
+        .expect("run mount");
+    assert!(mounted.success(), "mount failed (needs root)");
+    let result = std::panic::catch_unwind(|| {
+        let o = || LogOptions {
+            retain_bytes: Some(65536),
+            ..opts(65536)
+        };
+        let mut log = Log::open(dir.path(), o()).unwrap();
+        let a = log.create_stream("a").unwrap();
+        let payload = "f".repeat(900);
+        let mut full = None;
+        for _ in 0..10_000 {
+            match log.append(a, None, payload.as_bytes()) {
+                Ok(_) => {}
+                Err(e) => {
+                    full = Some(e);
+                    break;
+                }
+            }
+        }
+        assert!(matches!(full, Some(AppendError::DiskFull)), "{full:?}");
+        let b = log.bounds(a).unwrap();
+        assert!(matches!(
+            log.append(a, None, b"x"),
+            Err(AppendError::DiskFull)
+        ));
+        assert_eq!(log.bounds(a).unwrap(), b, "failed appends appended nothing");
+        assert_eq!(
+            log.read(a, 1, usize::MAX).unwrap().last,
+            b.tail,
+            "still readable"
+        );
+        drop(log);
+        // Reopening a full log works (read-only until space is freed) ...
+        let mut log = Log::open(dir.path(), o()).unwrap();
+        assert_eq!(log.bounds(a).unwrap(), b);
+        assert!(matches!(
+            log.append(a, None, b"x"),
+            Err(AppendError::DiskFull)
+        ));
+        // ... and retention frees a segment file, which the next roll reuses.
+        assert!(
+            log.enforce_retention(SystemTime::now())
+                .unwrap()
+                .segments_deleted
+                > 0
+        );
+        let r = log.append(a, None, b"after retention").unwrap();
+        assert_eq!(r.id.seq, b.tail + 1);
+    });
+    let _ = std::process::Command::new("umount")
+        .arg(dir.path())
+        .status();
+    if let Err(e) = result {
+        std::panic::resume_unwind(e);
+    }
+}

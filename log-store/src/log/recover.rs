@@ -184,7 +184,13 @@ pub(super) fn open(dir: &Path, opts: LogOptions) -> Result<Log, OpenError> {
         SyncError::Poisoned => unreachable!("fresh log is not poisoned"),
     })?;
     if sealed_last {
-        log.roll().map_err(|e| append_to_open(dir, e))?;
+        match log.roll() {
+            Ok(()) => {}
+            // A full disk must not keep the log from being read: stay sealed; every append
+            // retries the roll (and reports DiskFull) until retention or the operator frees space.
+            Err(AppendError::DiskFull) => {}
+            Err(e) => return Err(append_to_open(dir, e)),
+        }
     }
     log.recovery = report;
     Ok(log)
