@@ -29,6 +29,7 @@ BENCH_CORE=1
 NCHAN_PORT=18081
 GW_PORT=18080
 GW_DEMO_PORT=18082
+GW_MCP_PORT=18083
 
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -243,6 +244,28 @@ if [[ $SKIP_IDLE == 0 ]]; then
   GW_ARGS+=(--source-addr-first 101)
   REPEAT=1 run_both idle idle --connections "$IDLE" --streams 100 --hold-secs 3 --connect-secs-max 60 \
     --connects-inflight-max 1024
+fi
+
+# MCP sessions with cuts and resumes: gateway only (nchan has no MCP front); needs Node for the
+# fixture (scripts/setup-node.sh), skipped without it.
+NODE_BIN=$ROOT/.tools/node22/node_modules/.bin
+[[ -x $NODE_BIN/node ]] || NODE_BIN=$(dirname "$(command -v node 2>/dev/null || echo /nonexistent/node)")
+if [[ -x $NODE_BIN/node && -d $ROOT/mcp-fixture/node_modules ]]; then
+  echo "== MCP gateway on core $SERVER_CORE (127.0.0.1:$GW_MCP_PORT, mcp-fixture upstream)"
+  PATH=$NODE_BIN:$PATH taskset -c "$SERVER_CORE" "$GATEWAY" --listen "127.0.0.1:$GW_MCP_PORT" \
+    --data-dir "$WORK/gw-mcp" --cores 1 --upstream-cmd "node '$ROOT/mcp-fixture/server.mjs'" \
+    >"$WORK/gateway-mcp.log" 2>&1 &
+  PIDS+=("$!")
+  wait_listening "$WORK/gateway-mcp.log"
+  echo "-- mcp [gateway]: bench mcp --sessions 20 --calls-per-session 3 --progress-count 200 --cuts-per-call 3"
+  rc=0
+  timeout 300 taskset -c "$BENCH_CORE" "$BENCH" mcp --mcp-url "http://127.0.0.1:$GW_MCP_PORT/mcp" \
+    --sessions 20 --calls-per-session 3 --progress-count 200 --interval-ms 2 --cuts-per-call 3 \
+    >"$OUT/mcp-gateway.txt" 2>&1 || rc=$?
+  cat "$OUT/mcp-gateway.txt"
+  if [[ $rc -eq 1 ]]; then STATUS=1; fi
+else
+  echo "== skipping mcp: no node or no mcp-fixture/node_modules (run scripts/setup-node.sh)"
 fi
 
 echo
