@@ -63,9 +63,9 @@ pub struct LoadConfig {
     pub idle_hold_secs: Option<f64>,
     /// Resume storm: connections cut per second (0 = none).
     pub cuts_per_sec: f64,
-    /// Spread subscriber source addresses over 127.0.0.1 ..= 127.0.0.<n> (1 = no bind).
+    /// Spread subscriber source addresses over `127.0.0.<first>` .. (`source_addrs` of them).
     pub source_addrs: u8,
-    /// First source address's last octet (127.0.0.<first> ..); with `source_addrs` 1 and
+    /// First source address's last octet (`127.0.0.<first>`); with `source_addrs` 1 and
     /// `source_addr_first` 1 no bind is done at all.
     pub source_addr_first: u8,
     pub connects_inflight_max: usize,

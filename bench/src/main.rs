@@ -479,7 +479,10 @@ fn run(cmd: &Cmd) -> Result<(Outcome, bool), String> {
                 timeout_secs: *timeout_secs,
                 seed: *seed,
             };
-            Ok((Outcome::Mcp(mcp::run(&cfg, label)?), *json))
+            Ok((
+                Outcome::Mcp(mcp::run(&cfg, label).map_err(|e| e.to_string())?),
+                *json,
+            ))
         }
         Cmd::GapProbe {
             common,
@@ -503,7 +506,7 @@ fn run(cmd: &Cmd) -> Result<(Outcome, bool), String> {
                 resume_query: resume_query.clone(),
             };
             Ok((
-                Outcome::Probe(probe::run(&cfg, &common.label)?),
+                Outcome::Probe(probe::run(&cfg, &common.label).map_err(|e| e.to_string())?),
                 common.json,
             ))
         }

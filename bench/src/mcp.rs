@@ -29,6 +29,57 @@ const CUT_BYTES_MIN: usize = 128;
 /// Protocol version the bench speaks.
 pub const MCP_PROTOCOL_VERSION: &str = "2025-06-18";
 
+/// Why a session or a call could not be carried out (as opposed to what it observed).
+#[derive(Debug)]
+pub enum McpError {
+    /// The flags cannot work.
+    BadConfig(&'static str),
+    /// TCP connect to the gateway failed.
+    Connect {
+        addr: std::net::SocketAddr,
+        err: std::io::Error,
+    },
+    /// A socket operation failed during `step` (an HTTP method or "SSE").
+    Io {
+        step: &'static str,
+        err: std::io::Error,
+    },
+    /// The gateway closed the connection before a response head.
+    Closed { step: &'static str },
+    /// A response head did not parse.
+    BadResponse {
+        step: &'static str,
+        why: httparse::Error,
+    },
+    /// A request was answered with an unexpected status (or not as SSE where SSE is needed).
+    Refused { step: &'static str, status: u16 },
+    /// `initialize` came back without `Mcp-Session-Id`.
+    NoSessionId,
+    /// The response stream ended or was cut before any event ID: nothing to resume from.
+    NoEventId,
+    /// No result before `--timeout-secs`.
+    Timeout,
+    /// A chunked body was malformed.
+    Chunked(crate::chunked::ChunkError),
+}
+
+impl std::fmt::Display for McpError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            McpError::BadConfig(s) => write!(f, "{s}"),
+            McpError::Connect { addr, err } => write!(f, "connect {addr}: {err}"),
+            McpError::Io { step, err } => write!(f, "{step}: {err}"),
+            McpError::Closed { step } => write!(f, "{step}: closed before the response head"),
+            McpError::BadResponse { step, why } => write!(f, "{step}: bad response head: {why}"),
+            McpError::Refused { step, status } => write!(f, "{step} answered HTTP {status}"),
+            McpError::NoSessionId => write!(f, "initialize answered without Mcp-Session-Id"),
+            McpError::NoEventId => write!(f, "stream ended or cut before its first event ID"),
+            McpError::Timeout => write!(f, "no result before --timeout-secs"),
+            McpError::Chunked(e) => write!(f, "chunked body: {e}"),
+        }
+    }
+}
+
 /// Scenario settings (flags).
 #[derive(Debug, Clone)]
 pub struct McpConfig {
@@ -84,9 +135,11 @@ struct Shared {
 }
 
 /// Run the scenario.
-pub fn run(cfg: &McpConfig, label: &str) -> Result<McpReport, String> {
+pub fn run(cfg: &McpConfig, label: &str) -> Result<McpReport, McpError> {
     if cfg.progress_count == 0 || cfg.sessions == 0 {
-        return Err("--sessions and --progress-count must be at least 1".into());
+        return Err(McpError::BadConfig(
+            "--sessions and --progress-count must be at least 1",
+        ));
     }
     let hist = || Histogram::new_with_bounds(1, 600_000_000_000, 3).expect("static bounds");
     let shared = Mutex::new(Shared {
@@ -219,16 +272,19 @@ struct Resp {
 
 fn request(
     cfg: &McpConfig,
-    method: &str,
+    method: &'static str,
     session: Option<&str>,
     last_id: Option<&[u8]>,
     body: Option<&str>,
-) -> Result<Resp, String> {
+) -> Result<Resp, McpError> {
     let timeout = Duration::from_secs_f64(cfg.timeout_secs);
-    let mut sock = TcpStream::connect_timeout(&cfg.url.addr, timeout)
-        .map_err(|e| format!("connect {}: {e}", cfg.url.addr))?;
+    let mut sock =
+        TcpStream::connect_timeout(&cfg.url.addr, timeout).map_err(|err| McpError::Connect {
+            addr: cfg.url.addr,
+            err,
+        })?;
     sock.set_read_timeout(Some(timeout))
-        .map_err(|e| e.to_string())?;
+        .map_err(|err| McpError::Io { step: method, err })?;
     let _ = sock.set_nodelay(true);
     let mut req = format!("{method} ").into_bytes();
     cfg.url.render_path("", &mut req);
@@ -261,23 +317,22 @@ fn request(
         None => req.extend_from_slice(b"\r\n"),
     }
     sock.write_all(&req)
-        .map_err(|e| format!("{method} write: {e}"))?;
+        .map_err(|err| McpError::Io { step: method, err })?;
     let mut buf = Vec::new();
     let mut tmp = [0u8; 8192];
     loop {
         let n = sock
             .read(&mut tmp)
-            .map_err(|e| format!("{method} read: {e}"))?;
+            .map_err(|err| McpError::Io { step: method, err })?;
         if n == 0 {
-            return Err(format!(
-                "{method}: connection closed before the response head"
-            ));
+            return Err(McpError::Closed { step: method });
         }
         buf.extend_from_slice(&tmp[..n]);
         let mut headers = [httparse::EMPTY_HEADER; 32];
         let mut resp = httparse::Response::new(&mut headers);
-        if let httparse::Status::Complete(len) =
-            resp.parse(&buf).map_err(|e| format!("bad response: {e}"))?
+        if let httparse::Status::Complete(len) = resp
+            .parse(&buf)
+            .map_err(|why| McpError::BadResponse { step: method, why })?
         {
             let header = |name: &str| {
                 resp.headers
@@ -299,7 +354,7 @@ fn request(
 }
 
 /// Read a plain (non-SSE) body.
-fn read_body(r: &mut Resp) -> Result<Vec<u8>, String> {
+fn read_body(r: &mut Resp) -> Result<Vec<u8>, McpError> {
     let mut body = std::mem::take(&mut r.body_start);
     let want = r.content_length.unwrap_or(usize::MAX);
     let mut tmp = [0u8; 8192];
@@ -307,7 +362,7 @@ fn read_body(r: &mut Resp) -> Result<Vec<u8>, String> {
         match r.sock.read(&mut tmp) {
             Ok(0) => break,
             Ok(n) => body.extend_from_slice(&tmp[..n]),
-            Err(e) => return Err(format!("body read: {e}")),
+            Err(err) => return Err(McpError::Io { step: "body", err }),
         }
     }
     Ok(body)
@@ -324,7 +379,7 @@ fn read_sse(
     cut_at: Option<usize>,
     deadline: Instant,
     on_event: &mut OnEvent<'_>,
-) -> Result<bool, String> {
+) -> Result<bool, McpError> {
     let mut dechunk = r.chunked.then(Dechunker::new);
     let mut pending = std::mem::take(&mut r.body_start);
     let mut seen = 0usize;
@@ -350,7 +405,7 @@ fn read_sse(
                 while !rest.is_empty() && !d.is_done() {
                     let used = d
                         .feed(rest, &mut |b| sse.feed(b, &mut on))
-                        .map_err(|e| e.to_string())?;
+                        .map_err(McpError::Chunked)?;
                     rest = &rest[used..];
                 }
             }
@@ -364,29 +419,29 @@ fn read_sse(
             return Ok(true);
         }
         if Instant::now() > deadline {
-            return Err("no result before the timeout".into());
+            return Err(McpError::Timeout);
         }
         match r.sock.read(&mut tmp) {
             Ok(0) => return Ok(false),
             Ok(n) => pending.extend_from_slice(&tmp[..n]),
-            Err(e) => return Err(format!("SSE read: {e}")),
+            Err(err) => return Err(McpError::Io { step: "SSE", err }),
         }
     }
 }
 
-fn session(cfg: &McpConfig, index: usize, shared: &Mutex<Shared>) -> Result<(), String> {
+fn session(cfg: &McpConfig, index: usize, shared: &Mutex<Shared>) -> Result<(), McpError> {
     let mut rng = Rng::new(cfg.seed.wrapping_add(index as u64 * 0x9e37_79b9));
     let init = format!(
         r#"{{"jsonrpc":"2.0","id":0,"method":"initialize","params":{{"protocolVersion":"{MCP_PROTOCOL_VERSION}","capabilities":{{}},"clientInfo":{{"name":"bench","version":"0"}}}}}}"#
     );
     let mut r = request(cfg, "POST", None, None, Some(&init))?;
     if r.status != 200 {
-        return Err(format!("initialize answered HTTP {}", r.status));
+        return Err(McpError::Refused {
+            step: "initialize",
+            status: r.status,
+        });
     }
-    let sid = r
-        .session_id
-        .clone()
-        .ok_or("initialize answered without Mcp-Session-Id")?;
+    let sid = r.session_id.clone().ok_or(McpError::NoSessionId)?;
     if r.sse {
         let mut p = SseParser::with_data_keep_bytes(MCP_DATA_KEEP_BYTES);
         let deadline = Instant::now() + Duration::from_secs_f64(cfg.timeout_secs);
@@ -403,10 +458,10 @@ fn session(cfg: &McpConfig, index: usize, shared: &Mutex<Shared>) -> Result<(), 
         Some(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#),
     )?;
     if r.status != 202 && r.status != 200 {
-        return Err(format!(
-            "notifications/initialized answered HTTP {}",
-            r.status
-        ));
+        return Err(McpError::Refused {
+            step: "notifications/initialized",
+            status: r.status,
+        });
     }
     let _ = read_body(&mut r);
     shared.lock().expect("lock").sessions_up += 1;
@@ -434,7 +489,7 @@ fn one_call(
     call: u64,
     rng: &mut Rng,
     shared: &Mutex<Shared>,
-) -> Result<(), String> {
+) -> Result<(), McpError> {
     let body = format!(
         r#"{{"jsonrpc":"2.0","id":{call},"method":"tools/call","params":{{"name":"progress_stream","arguments":{{"count":{},"interval_ms":{}}},"_meta":{{"progressToken":"t{call}"}}}}}}"#,
         cfg.progress_count, cfg.interval_ms
@@ -443,10 +498,10 @@ fn one_call(
     let deadline = started + Duration::from_secs_f64(cfg.timeout_secs);
     let mut r = request(cfg, "POST", Some(sid), None, Some(&body))?;
     if r.status != 200 || !r.sse {
-        return Err(format!(
-            "tools/call answered HTTP {} (sse: {})",
-            r.status, r.sse
-        ));
+        return Err(McpError::Refused {
+            step: "tools/call (SSE expected)",
+            status: r.status,
+        });
     }
     // Progress k is the k-th event; the checker wants 0-based counters.
     let mut checker = Checker::new(0);
@@ -504,14 +559,14 @@ fn one_call(
         if !cut {
             // The server ended the stream before the result: resume like a client would.
             if sse.last_id().is_empty() {
-                return Err("stream ended before its first event".into());
+                return Err(McpError::NoEventId);
             }
         } else {
             cuts += 1;
             cuts_left -= 1;
         }
         if sse.last_id().is_empty() {
-            return Err("cut before the first event ID: nothing to resume from".into());
+            return Err(McpError::NoEventId);
         }
         drop(r);
         resume_started = Some(Instant::now());
@@ -524,7 +579,10 @@ fn one_call(
             break;
         }
         if r.status != 200 || !r.sse {
-            return Err(format!("resume answered HTTP {}", r.status));
+            return Err(McpError::Refused {
+                step: "GET resume (SSE expected)",
+                status: r.status,
+            });
         }
     }
     let mut bad = 0;

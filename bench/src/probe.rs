@@ -13,6 +13,82 @@ use crate::payload::{parse_payload, write_payload};
 use crate::sse::SseParser;
 use crate::target::UrlTemplate;
 
+/// Why the probe could not be carried out (as opposed to what the server answered).
+#[derive(Debug)]
+pub enum ProbeError {
+    /// The flags cannot work.
+    BadConfig(&'static str),
+    /// TCP connect to the server failed.
+    Connect {
+        addr: std::net::SocketAddr,
+        err: std::io::Error,
+    },
+    /// A socket operation failed during `step`.
+    Io {
+        step: &'static str,
+        err: std::io::Error,
+    },
+    /// The server closed the connection during `step`.
+    Closed { step: &'static str },
+    /// Nothing arrived before the timeout during `step`.
+    Timeout { step: &'static str },
+    /// A response head did not parse.
+    BadResponse {
+        step: &'static str,
+        why: httparse::Error,
+    },
+    /// A publish response had no `Content-Length`.
+    NoContentLength,
+    /// A publish was refused.
+    PublishRefused { status: u16, body: String },
+    /// The recorder's subscription was refused.
+    RecorderRefused { status: u16 },
+    /// The recorder itself was sent `event: truncated` (it fell behind).
+    RecorderTruncated,
+    /// The recorder never saw the event to resume from.
+    RecorderMissed {
+        counter: u64,
+        seen: u64,
+        events: u64,
+    },
+    /// A chunked body was malformed.
+    Chunked(crate::chunked::ChunkError),
+}
+
+impl std::fmt::Display for ProbeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ProbeError::BadConfig(s) => write!(f, "{s}"),
+            ProbeError::Connect { addr, err } => write!(f, "connect {addr}: {err}"),
+            ProbeError::Io { step, err } => write!(f, "{step}: {err}"),
+            ProbeError::Closed { step } => write!(f, "{step}: the server closed the connection"),
+            ProbeError::Timeout { step } => write!(f, "{step}: nothing before the timeout"),
+            ProbeError::BadResponse { step, why } => write!(f, "{step}: bad response head: {why}"),
+            ProbeError::NoContentLength => write!(f, "publish response without Content-Length"),
+            ProbeError::PublishRefused { status, body } => {
+                write!(f, "publish answered HTTP {status}: {body}")
+            }
+            ProbeError::RecorderRefused { status } => {
+                write!(f, "recorder subscribe answered HTTP {status}")
+            }
+            ProbeError::RecorderTruncated => {
+                write!(f, "the recorder itself was sent event: truncated")
+            }
+            ProbeError::RecorderMissed {
+                counter,
+                seen,
+                events,
+            } => {
+                write!(
+                    f,
+                    "the recorder did not see event {counter} (saw {seen} of {events})"
+                )
+            }
+            ProbeError::Chunked(e) => write!(f, "chunked body: {e}"),
+        }
+    }
+}
+
 /// What the server answered to the early resume.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub enum ProbeOutcome {
@@ -88,11 +164,15 @@ fn subscribe(
     last_id: Option<&str>,
     query: Option<&str>,
     timeout: Duration,
-) -> Result<Sub, String> {
-    let mut sock = TcpStream::connect_timeout(&url.addr, timeout)
-        .map_err(|e| format!("connect {}: {e}", url.addr))?;
+) -> Result<Sub, ProbeError> {
+    const STEP: &str = "subscribe";
+    let mut sock =
+        TcpStream::connect_timeout(&url.addr, timeout).map_err(|err| ProbeError::Connect {
+            addr: url.addr,
+            err,
+        })?;
     sock.set_read_timeout(Some(Duration::from_millis(200)))
-        .map_err(|e| e.to_string())?;
+        .map_err(|err| ProbeError::Io { step: STEP, err })?;
     let mut req = b"GET ".to_vec();
     url.render_path(stream, &mut req);
     if let Some(q) = query {
@@ -111,16 +191,16 @@ fn subscribe(
     }
     req.extend_from_slice(b"\r\n");
     sock.write_all(&req)
-        .map_err(|e| format!("subscribe write: {e}"))?;
+        .map_err(|err| ProbeError::Io { step: STEP, err })?;
     let deadline = Instant::now() + timeout;
     let mut buf = Vec::new();
     let mut tmp = [0u8; 4096];
     loop {
         if Instant::now() > deadline {
-            return Err("no response headers before the timeout".into());
+            return Err(ProbeError::Timeout { step: STEP });
         }
         match sock.read(&mut tmp) {
-            Ok(0) if buf.is_empty() => return Err("server closed without a response".into()),
+            Ok(0) => return Err(ProbeError::Closed { step: STEP }),
             Ok(n) => buf.extend_from_slice(&tmp[..n]),
             Err(e)
                 if matches!(
@@ -130,12 +210,13 @@ fn subscribe(
             {
                 continue;
             }
-            Err(e) => return Err(format!("subscribe read: {e}")),
+            Err(err) => return Err(ProbeError::Io { step: STEP, err }),
         }
         let mut headers = [httparse::EMPTY_HEADER; 32];
         let mut resp = httparse::Response::new(&mut headers);
-        if let httparse::Status::Complete(len) =
-            resp.parse(&buf).map_err(|e| format!("bad response: {e}"))?
+        if let httparse::Status::Complete(len) = resp
+            .parse(&buf)
+            .map_err(|why| ProbeError::BadResponse { step: STEP, why })?
         {
             let chunked = resp
                 .headers
@@ -156,7 +237,7 @@ fn subscribe(
 /// Called per event with (id, event type, data prefix); returns true to stop reading.
 type StopFn<'a> = dyn FnMut(&[u8], &[u8], &[u8]) -> bool + 'a;
 
-fn read_events(sub: &mut Sub, deadline: Instant, stop: &mut StopFn<'_>) -> Result<(), String> {
+fn read_events(sub: &mut Sub, deadline: Instant, stop: &mut StopFn<'_>) -> Result<(), ProbeError> {
     let mut pending = std::mem::take(&mut sub.body_start);
     let mut tmp = [0u8; 16384];
     let mut stopped = false;
@@ -173,7 +254,7 @@ fn read_events(sub: &mut Sub, deadline: Instant, stop: &mut StopFn<'_>) -> Resul
                     while !rest.is_empty() {
                         let used = d
                             .feed(rest, &mut |b| sub.sse.feed(b, &mut on_event))
-                            .map_err(|e| e.to_string())?;
+                            .map_err(ProbeError::Chunked)?;
                         rest = &rest[used..];
                     }
                 }
@@ -192,7 +273,12 @@ fn read_events(sub: &mut Sub, deadline: Instant, stop: &mut StopFn<'_>) -> Resul
                     e.kind(),
                     std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
                 ) => {}
-            Err(e) => return Err(format!("read: {e}")),
+            Err(err) => {
+                return Err(ProbeError::Io {
+                    step: "read events",
+                    err,
+                });
+            }
         }
     }
 }
@@ -203,12 +289,18 @@ fn publish(
     n: u64,
     payload_bytes: usize,
     timeout: Duration,
-    after_window: &mut dyn FnMut(u64) -> Result<(), String>,
-) -> Result<(), String> {
-    let mut sock = TcpStream::connect_timeout(&url.addr, timeout)
-        .map_err(|e| format!("connect {}: {e}", url.addr))?;
+    after_window: &mut dyn FnMut(u64) -> Result<(), ProbeError>,
+) -> Result<(), ProbeError> {
+    let mut sock =
+        TcpStream::connect_timeout(&url.addr, timeout).map_err(|err| ProbeError::Connect {
+            addr: url.addr,
+            err,
+        })?;
     sock.set_read_timeout(Some(timeout))
-        .map_err(|e| e.to_string())?;
+        .map_err(|err| ProbeError::Io {
+            step: "publish",
+            err,
+        })?;
     let mut path = Vec::new();
     url.render_path(stream, &mut path);
     let path = String::from_utf8_lossy(&path).into_owned();
@@ -232,8 +324,10 @@ fn publish(
             );
             req.extend_from_slice(&payload);
         }
-        sock.write_all(&req)
-            .map_err(|e| format!("publish write: {e}"))?;
+        sock.write_all(&req).map_err(|err| ProbeError::Io {
+            step: "publish",
+            err,
+        })?;
         c += window;
         for _ in 0..window {
             read_response(&mut sock, &mut buf)?;
@@ -247,14 +341,15 @@ fn publish(
 const PROBE_PIPELINE_DEPTH: u64 = 64;
 
 /// Read one complete publish response (Content-Length framed) from `sock`, buffering extra bytes.
-fn read_response(sock: &mut TcpStream, buf: &mut Vec<u8>) -> Result<(), String> {
+fn read_response(sock: &mut TcpStream, buf: &mut Vec<u8>) -> Result<(), ProbeError> {
+    const STEP: &str = "publish response";
     {
         loop {
             let mut headers = [httparse::EMPTY_HEADER; 32];
             let mut resp = httparse::Response::new(&mut headers);
             if let httparse::Status::Complete(len) = resp
                 .parse(buf)
-                .map_err(|e| format!("bad publish response: {e}"))?
+                .map_err(|why| ProbeError::BadResponse { step: STEP, why })?
             {
                 let code = resp.code.unwrap_or(0);
                 let cl: usize = resp
@@ -262,13 +357,13 @@ fn read_response(sock: &mut TcpStream, buf: &mut Vec<u8>) -> Result<(), String> 
                     .iter()
                     .find(|h| h.name.eq_ignore_ascii_case("content-length"))
                     .and_then(|h| std::str::from_utf8(h.value).ok()?.trim().parse().ok())
-                    .ok_or("publish response without Content-Length")?;
+                    .ok_or(ProbeError::NoContentLength)?;
                 if buf.len() >= len + cl {
                     if code / 100 != 2 {
-                        return Err(format!(
-                            "publish answered HTTP {code}: {}",
-                            String::from_utf8_lossy(&buf[len..len + cl])
-                        ));
+                        return Err(ProbeError::PublishRefused {
+                            status: code,
+                            body: String::from_utf8_lossy(&buf[len..len + cl]).into_owned(),
+                        });
                     }
                     buf.drain(..len + cl);
                     return Ok(());
@@ -276,24 +371,26 @@ fn read_response(sock: &mut TcpStream, buf: &mut Vec<u8>) -> Result<(), String> 
             }
             let mut tmp = [0u8; 4096];
             match sock.read(&mut tmp) {
-                Ok(0) => return Err("server closed the publisher connection".into()),
+                Ok(0) => return Err(ProbeError::Closed { step: STEP }),
                 Ok(k) => buf.extend_from_slice(&tmp[..k]),
-                Err(e) => return Err(format!("publish read: {e}")),
+                Err(err) => return Err(ProbeError::Io { step: STEP, err }),
             }
         }
     }
 }
 
 /// Run the probe.
-pub fn run(cfg: &ProbeConfig, label: &str) -> Result<ProbeReport, String> {
+pub fn run(cfg: &ProbeConfig, label: &str) -> Result<ProbeReport, ProbeError> {
     if cfg.resume_after_counter + 1 >= cfg.events {
-        return Err("--resume-after-counter must be below --events - 1".into());
+        return Err(ProbeError::BadConfig(
+            "--resume-after-counter must be below --events - 1",
+        ));
     }
     let timeout = Duration::from_secs_f64(cfg.timeout_secs);
     // 1. A recorder subscribed before the first publish sees every event and its ID.
     let mut rec = subscribe(&cfg.subscribe, &cfg.stream, None, None, timeout)?;
     if rec.status != 200 {
-        return Err(format!("recorder subscribe answered HTTP {}", rec.status));
+        return Err(ProbeError::RecorderRefused { status: rec.status });
     }
     // The recorder keeps up with the publisher (it must not become a slow consumer itself).
     let mut resume_id = None;
@@ -320,7 +417,7 @@ pub fn run(cfg: &ProbeConfig, label: &str) -> Result<ProbeReport, String> {
                 seen >= published
             })?;
             if recorder_truncated {
-                return Err("the recorder itself was sent event: truncated".into());
+                return Err(ProbeError::RecorderTruncated);
             }
             Ok(())
         },
@@ -328,11 +425,10 @@ pub fn run(cfg: &ProbeConfig, label: &str) -> Result<ProbeReport, String> {
     drop(rec);
     // Let the server apply its retention (the gateway enforces it about once a second).
     std::thread::sleep(Duration::from_secs_f64(cfg.settle_secs));
-    let resume_id = resume_id.ok_or_else(|| {
-        format!(
-            "the recorder did not see event {} (saw {seen} of {})",
-            cfg.resume_after_counter, cfg.events
-        )
+    let resume_id = resume_id.ok_or(ProbeError::RecorderMissed {
+        counter: cfg.resume_after_counter,
+        seen,
+        events: cfg.events,
     })?;
     // 2. Resume from that early ID.
     let mut sub = subscribe(
