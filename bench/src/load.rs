@@ -101,6 +101,10 @@ pub struct LoadResult {
     pub latency_fast_ns: Histogram<u64>,
     pub latency_slow_ns: Histogram<u64>,
     pub resume_ns: Histogram<u64>,
+    /// Cut → the resumed connection's 200 response head (the rest of `resume_ns` is the
+    /// server's time to the first event).
+    pub resume_headers_ns: Histogram<u64>,
+    /// Connections cut (resume storm).
     pub cuts: u64,
     pub server_closes: u64,
     pub reconnects: u64,
@@ -280,6 +284,7 @@ struct Ctx {
     latency_fast: Histogram<u64>,
     latency_slow: Histogram<u64>,
     resume: Histogram<u64>,
+    resume_headers: Histogram<u64>,
     server_closes: u64,
     reconnects: u64,
     http_410: u64,
@@ -288,6 +293,8 @@ struct Ctx {
     published: u64,
     responses: u64,
     errors: Vec<String>,
+    /// Connections actually cut (a scheduled cut happens at the subscriber's next read).
+    cuts: u64,
     /// Subscribers to reconnect (resume) before any first-time connect.
     reconnect_queue: VecDeque<usize>,
     rng: Rng,
@@ -397,6 +404,7 @@ pub fn run(cfg: &LoadConfig) -> Result<LoadResult, LoadError> {
         latency_fast: new_hist(),
         latency_slow: new_hist(),
         resume: new_hist(),
+        resume_headers: new_hist(),
         server_closes: 0,
         reconnects: 0,
         http_410: 0,
@@ -405,6 +413,7 @@ pub fn run(cfg: &LoadConfig) -> Result<LoadResult, LoadError> {
         published: 0,
         responses: 0,
         errors: Vec::new(),
+        cuts: 0,
         reconnect_queue: VecDeque::new(),
         rng: Rng::new(cfg.seed),
     };
@@ -587,6 +596,7 @@ pub fn run(cfg: &LoadConfig) -> Result<LoadResult, LoadError> {
             latency_fast_ns: ctx.latency_fast,
             latency_slow_ns: ctx.latency_slow,
             resume_ns: ctx.resume,
+            resume_headers_ns: ctx.resume_headers,
             cuts: 0,
             server_closes: ctx.server_closes,
             reconnects: ctx.reconnects,
@@ -655,7 +665,7 @@ pub fn run(cfg: &LoadConfig) -> Result<LoadResult, LoadError> {
     let total_events = cfg.events_per_stream * cfg.streams as u64;
     let mut publish_end: Option<Instant> = None;
     let mut drain_deadline: Option<Instant> = None;
-    let mut cuts = 0u64;
+    let mut cuts_scheduled = 0u64;
     let mut last_slow_tick = window_start;
     let mut last_sample = window_start;
     let mut last_done_check = window_start;
@@ -709,7 +719,7 @@ pub fn run(cfg: &LoadConfig) -> Result<LoadResult, LoadError> {
         if cfg.cuts_per_sec > 0.0 && publishing {
             let due = (now.duration_since(window_start).as_secs_f64() * cfg.cuts_per_sec) as u64;
             let mut tries = 0;
-            while cuts < due && tries < 64 {
+            while cuts_scheduled < due && tries < 64 {
                 tries += 1;
                 let i = ctx.rng.below(nsubs as u64) as usize;
                 let s = &mut subs[i];
@@ -719,7 +729,7 @@ pub fn run(cfg: &LoadConfig) -> Result<LoadResult, LoadError> {
                     && !s.slow
                 {
                     s.cut_after_bytes = Some(usize::MAX); // decided at the next read (random point)
-                    cuts += 1;
+                    cuts_scheduled += 1;
                 }
             }
         }
@@ -881,7 +891,8 @@ pub fn run(cfg: &LoadConfig) -> Result<LoadResult, LoadError> {
         latency_fast_ns: ctx.latency_fast,
         latency_slow_ns: ctx.latency_slow,
         resume_ns: ctx.resume,
-        cuts,
+        resume_headers_ns: ctx.resume_headers,
+        cuts: ctx.cuts,
         server_closes: ctx.server_closes,
         reconnects: ctx.reconnects,
         http_410: ctx.http_410,
@@ -1150,6 +1161,10 @@ fn sub_read(
                     continue;
                 }
                 HeaderOutcome::Ok { consumed } => {
+                    if let Some(t0) = s.resume_started {
+                        let ns = now.saturating_duration_since(t0).as_nanos().max(1) as u64;
+                        let _ = ctx.resume_headers.record(ns);
+                    }
                     *connecting -= 1;
                     s.phase = SubPhase::Streaming;
                     s.phase_since = now;
@@ -1196,6 +1211,7 @@ fn sub_read(
             return;
         }
         if cut_now {
+            ctx.cuts += 1;
             s.cut_after_bytes = None;
             close_sub(cfg, s, poll, connecting, ctx, true);
             if s.phase == SubPhase::Down {

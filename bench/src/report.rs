@@ -64,6 +64,8 @@ pub struct Report {
     pub latency: Percentiles,
     pub latency_slow: Percentiles,
     pub resume: Percentiles,
+    /// Cut → 200 response head of the resumed connection.
+    pub resume_headers: Percentiles,
     pub check: CheckCounts,
     pub check_slow: CheckCounts,
     pub violations: u64,
@@ -117,6 +119,7 @@ impl Report {
             latency: Percentiles::of(&r.latency_fast_ns),
             latency_slow: Percentiles::of(&r.latency_slow_ns),
             resume: Percentiles::of(&r.resume_ns),
+            resume_headers: Percentiles::of(&r.resume_headers_ns),
             check: r.fast,
             check_slow: r.slow,
             violations,
@@ -187,6 +190,11 @@ impl Report {
                     "{:.0} / {:.0} / {:.0} / {:.0}",
                     r.p50_us, r.p99_us, r.p999_us, r.max_us
                 ),
+            );
+            let h = &self.resume_headers;
+            row(
+                "  of which to 200 head p50/p99 us",
+                format!("{:.0} / {:.0}", h.p50_us, h.p99_us),
             );
         }
         if let Some(s) = &self.server {

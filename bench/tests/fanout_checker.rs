@@ -319,6 +319,9 @@ fn cut_and_resume_stays_gap_free() {
         "resumes measured {}",
         r.resume_ns.len()
     );
+    // A first event after a resume implies its head came first; every head follows a cut.
+    assert!(r.resume_headers_ns.len() >= r.resume_ns.len());
+    assert!(r.resume_headers_ns.len() <= r.cuts);
     assert_eq!(r.fast.violations(), 0, "{:?} {:?}", r.fast, r.errors);
     assert_eq!(r.fast.events, 2 * 4 * 3000);
 }
