@@ -331,7 +331,9 @@ for sc in ["latency-1x100", "fanout-1x100", "fanout-1x100-batch100", "streams-10
         row(sc, "fast p99 with slow / without", q(n, nb), q(g, gb), "{:.2f}")
         row(sc, "slow subscribers' backlog at end (events)", n.get("slow_backlog_events"), g.get("slow_backlog_events"))
     if sc == "resume-storm":
-        row(sc, "resume p99 us", (n.get("resume") or {}).get("p99_us"), (g.get("resume") or {}).get("p99_us"))
+        for q in ("p50_us", "p99_us"):
+            row(sc, f"resume (cut -> first event) {q[:-3]} us", (n.get("resume") or {}).get(q), (g.get("resume") or {}).get(q))
+            row(sc, f"  of which cut -> 200 head {q[:-3]} us", (n.get("resume_headers") or {}).get(q), (g.get("resume_headers") or {}).get(q))
     if sc == "idle":
         row(sc, "connections held", n.get("subscribers_up"), g.get("subscribers_up"))
         row(sc, "server bytes / idle connection", n.get("idle_bytes_per_connection"), g.get("idle_bytes_per_connection"))
