@@ -1,0 +1,440 @@
+//! End-to-end tests of the MCP front over real loopback sockets, with a real stdio upstream
+//! process (`tests/mcp_upstream.awk`, so no Node is needed): session lifecycle and header
+//! rules, a long progress stream cut at several points and resumed with GET + Last-Event-ID
+//! (delivered exactly once, in order), the same across a gateway restart, an upstream death
+//! answered with explicit errors. Clients are plain blocking std TCP with timeouts; every wait
+//! is bounded. The official SDK clients and the conformance suite run in scripts/conformance.sh.
+#![forbid(unsafe_code)]
+
+mod common;
+
+use common::Gateway;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+fn upstream_cmd() -> String {
+    // mawk reads a pipe in blocks unless told to be interactive (line by line); gawk and
+    // busybox awk read lines as they come.
+    let script = format!("{}/tests/mcp_upstream.awk", env!("CARGO_MANIFEST_DIR"));
+    format!(
+        "if awk -W version 2>&1 | grep -q mawk; then exec awk -W interactive -f '{script}'; else exec awk -f '{script}'; fi"
+    )
+}
+
+fn start() -> Gateway {
+    Gateway::start(&[
+        "--cores",
+        "2",
+        "--upstream-cmd",
+        &upstream_cmd(),
+        "--mcp-retry-ms",
+        "50",
+    ])
+}
+
+/// One HTTP exchange on a fresh connection; the response is read as far as its head, then
+/// either its Content-Length body or (SSE) left open for `next_event`.
+struct Exchange {
+    stream: TcpStream,
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+    buf: Vec<u8>,
+    eof: bool,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct Ev {
+    id: Option<String>,
+    event: Option<String>,
+    data: String,
+}
+
+impl Exchange {
+    fn send(addr: SocketAddr, method: &str, headers: &[(&str, &str)], body: &str) -> Exchange {
+        let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(20)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut req = format!(
+            "{method} /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {}\r\n",
+            body.len()
+        );
+        for (k, v) in headers {
+            req.push_str(&format!("{k}: {v}\r\n"));
+        }
+        req.push_str("\r\n");
+        req.push_str(body);
+        s.write_all(req.as_bytes()).unwrap();
+        let mut x = Exchange {
+            stream: s,
+            status: 0,
+            headers: Vec::new(),
+            body: Vec::new(),
+            buf: Vec::new(),
+            eof: false,
+        };
+        let end = loop {
+            if let Some(i) = x.buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            assert!(x.fill(), "closed before the response head");
+        };
+        let head = String::from_utf8(x.buf[..end].to_vec()).unwrap();
+        x.buf.drain(..end);
+        let mut lines = head.split("\r\n");
+        x.status = lines
+            .next()
+            .unwrap()
+            .split(' ')
+            .nth(1)
+            .unwrap()
+            .parse()
+            .unwrap();
+        for l in lines.filter(|l| !l.is_empty()) {
+            let (k, v) = l.split_once(':').unwrap();
+            x.headers
+                .push((k.trim().to_ascii_lowercase(), v.trim().to_owned()));
+        }
+        if let Some(len) = x
+            .header("content-length")
+            .map(|v| v.parse::<usize>().unwrap())
+        {
+            while x.buf.len() < len {
+                assert!(x.fill(), "closed inside the body");
+            }
+            x.body = x.buf.drain(..len).collect();
+        }
+        x
+    }
+
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap()
+    }
+
+    fn fill(&mut self) -> bool {
+        let mut tmp = [0u8; 16384];
+        let n = self.stream.read(&mut tmp).expect("read within the timeout");
+        self.buf.extend_from_slice(&tmp[..n]);
+        self.eof |= n == 0;
+        n > 0
+    }
+
+    /// The next SSE event (blocks, bounded by the read timeout); None at end of stream.
+    fn next_event(&mut self) -> Option<Ev> {
+        loop {
+            if let Some(i) = self.buf.windows(2).position(|w| w == b"\n\n") {
+                let block: Vec<u8> = self.buf.drain(..i + 2).collect();
+                let text = String::from_utf8(block).unwrap();
+                let mut ev = Ev {
+                    id: None,
+                    event: None,
+                    data: String::new(),
+                };
+                let mut has_field = false;
+                for line in text.lines() {
+                    if let Some(v) = line.strip_prefix("id: ") {
+                        ev.id = Some(v.to_owned());
+                    } else if let Some(v) = line.strip_prefix("event: ") {
+                        ev.event = Some(v.to_owned());
+                    } else if let Some(v) =
+                        line.strip_prefix("data: ").or(line.strip_prefix("data:"))
+                    {
+                        ev.data.push_str(v);
+                    } else {
+                        continue; // retry:, comments
+                    }
+                    has_field = true;
+                }
+                if has_field {
+                    return Some(ev);
+                }
+                continue;
+            }
+            if self.eof || !self.fill() {
+                return None;
+            }
+        }
+    }
+}
+
+const INIT: &str = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"e2e","version":"1"}}}"#;
+const ACCEPT: (&str, &str) = ("Accept", "application/json, text/event-stream");
+
+fn initialize(addr: SocketAddr) -> String {
+    let mut x = Exchange::send(addr, "POST", &[ACCEPT], INIT);
+    assert_eq!(x.status, 200);
+    assert_eq!(x.header("content-type"), Some("text/event-stream"));
+    let sid = x.header("mcp-session-id").expect("session id").to_owned();
+    let priming = x.next_event().unwrap();
+    assert!(
+        priming.id.is_some() && priming.data.is_empty(),
+        "priming first: {priming:?}"
+    );
+    let resp = x.next_event().unwrap();
+    let v: serde_json::Value = serde_json::from_str(&resp.data).unwrap();
+    assert_eq!(v["result"]["protocolVersion"], "2025-11-25");
+    assert_eq!(x.next_event(), None, "the stream ends after its response");
+    let n = Exchange::send(
+        addr,
+        "POST",
+        &[ACCEPT, ("Mcp-Session-Id", &sid)],
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+    );
+    assert_eq!(n.status, 202);
+    sid
+}
+
+fn progress_of(ev: &Ev) -> Option<u64> {
+    let v: serde_json::Value = serde_json::from_str(&ev.data).ok()?;
+    v["params"]["progress"].as_u64()
+}
+
+#[test]
+fn mcp_session_lifecycle_and_header_rules() {
+    let g = start();
+    let a = g.addr;
+    let sid = initialize(a);
+    assert!(sid.len() >= 32 && sid.bytes().all(|b| (0x21..=0x7e).contains(&b)));
+    // Origin / Host (DNS rebinding).
+    let x = Exchange::send(
+        a,
+        "POST",
+        &[
+            ACCEPT,
+            ("Mcp-Session-Id", &sid),
+            ("Origin", "http://evil.example"),
+        ],
+        r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#,
+    );
+    assert_eq!(x.status, 403);
+    // Session rules.
+    let x = Exchange::send(
+        a,
+        "POST",
+        &[ACCEPT],
+        r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#,
+    );
+    assert_eq!(x.status, 400);
+    let x = Exchange::send(
+        a,
+        "POST",
+        &[ACCEPT, ("Mcp-Session-Id", "nope")],
+        r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#,
+    );
+    assert_eq!(x.status, 404);
+    // Version header.
+    let x = Exchange::send(
+        a,
+        "POST",
+        &[
+            ACCEPT,
+            ("Mcp-Session-Id", &sid),
+            ("MCP-Protocol-Version", "1999-01-01"),
+        ],
+        r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#,
+    );
+    assert_eq!(x.status, 400);
+    // Modern era: GET → 405; header mirror mismatch → 400 -32020.
+    let x = Exchange::send(a, "GET", &[("MCP-Protocol-Version", "2026-07-28")], "");
+    assert_eq!(x.status, 405);
+    let x = Exchange::send(
+        a,
+        "POST",
+        &[
+            ACCEPT,
+            ("MCP-Protocol-Version", "2026-07-28"),
+            ("Mcp-Method", "tools/list"),
+            ("Mcp-Name", "t"),
+        ],
+        r#"{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"t"}}"#,
+    );
+    assert_eq!(
+        (x.status, x.json()["error"]["code"].as_i64()),
+        (400, Some(-32020))
+    );
+    // A request round trip on its own stream.
+    let mut x = Exchange::send(
+        a,
+        "POST",
+        &[ACCEPT, ("Mcp-Session-Id", &sid)],
+        r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#,
+    );
+    assert_eq!(x.status, 200);
+    assert!(x.next_event().unwrap().data.is_empty());
+    assert!(x.next_event().unwrap().data.contains(r#""id":1"#));
+    // DELETE, then 404.
+    let x = Exchange::send(a, "DELETE", &[("Mcp-Session-Id", &sid)], "");
+    assert_eq!(x.status, 200);
+    let x = Exchange::send(
+        a,
+        "POST",
+        &[ACCEPT, ("Mcp-Session-Id", &sid)],
+        r#"{"jsonrpc":"2.0","id":2,"method":"ping"}"#,
+    );
+    assert_eq!(x.status, 404);
+}
+
+/// A long progress stream cut three times (after the priming event and mid-stream) and
+/// resumed with GET + Last-Event-ID each time; then the gateway restarts and a resume from an
+/// early id replays the rest of that stream from the log. Every progress value is seen exactly
+/// once, in order, and the result last.
+#[test]
+fn mcp_progress_stream_resumes_exactly_once_across_cuts_and_restart() {
+    let mut g = start();
+    let a = g.addr;
+    let sid = initialize(a);
+    let count = 40u64;
+    let body = format!(
+        r#"{{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{{"name":"p","arguments":{{"count":{count},"interval_ms":15}},"_meta":{{"progressToken":7}}}}}}"#
+    );
+    let mut x = Exchange::send(a, "POST", &[ACCEPT, ("Mcp-Session-Id", &sid)], &body);
+    assert_eq!(x.status, 200);
+    let mut seen: Vec<u64> = Vec::new();
+    let mut ids: Vec<String> = Vec::new();
+    let mut result = None;
+    // Read a few events per connection, then drop it and resume from the last id.
+    for take in [1usize, 6, 9, usize::MAX] {
+        let mut n = 0;
+        while n < take {
+            let Some(ev) = x.next_event() else { break };
+            n += 1;
+            if let Some(id) = &ev.id {
+                ids.push(id.clone());
+            }
+            if let Some(p) = progress_of(&ev) {
+                seen.push(p);
+            } else if ev.data.contains(r#""result""#) {
+                result = Some(ev.data.clone());
+            }
+        }
+        if result.is_some() {
+            break;
+        }
+        drop(x);
+        let last = ids.last().unwrap().clone();
+        x = Exchange::send(
+            a,
+            "GET",
+            &[
+                ("Accept", "text/event-stream"),
+                ("Mcp-Session-Id", &sid),
+                ("Last-Event-ID", &last),
+            ],
+            "",
+        );
+        assert_eq!(x.status, 200, "resume from {last}");
+        // A resumed response restates the client's position first (no message data).
+        let re = x.next_event().unwrap();
+        assert_eq!(
+            (re.id.as_deref(), re.data.as_str()),
+            (Some(last.as_str()), "")
+        );
+    }
+    let result = result.expect("the result arrived");
+    assert!(result.contains(&format!(r#""sent":{count}"#)));
+    assert_eq!(
+        seen,
+        (1..=count).collect::<Vec<_>>(),
+        "progress exactly once, in order"
+    );
+    // Restart; resume from the 10th event id: the rest of the stream comes from the log.
+    assert!(g.stop(), "clean shutdown");
+    let dir = g.data_dir.clone();
+    let g2 = Gateway::start_in(
+        &dir,
+        &[
+            "--cores",
+            "2",
+            "--upstream-cmd",
+            &upstream_cmd(),
+            "--mcp-retry-ms",
+            "50",
+        ],
+    );
+    let from = &ids[10];
+    let mut r = Exchange::send(
+        g2.addr,
+        "GET",
+        &[
+            ("Accept", "text/event-stream"),
+            ("Mcp-Session-Id", &sid),
+            ("Last-Event-ID", from),
+        ],
+        "",
+    );
+    assert_eq!(r.status, 200);
+    let mut replay = Vec::new();
+    let mut got_result = false;
+    while let Some(ev) = r.next_event() {
+        if let Some(p) = progress_of(&ev) {
+            replay.push(p);
+        }
+        got_result |= ev.data.contains(r#""result""#);
+    }
+    // ids[0] is the priming event (seq 1): ids[10] is progress 10.
+    assert_eq!(replay, (11..=count).collect::<Vec<_>>());
+    assert!(got_result, "the replay ends with the result");
+    // The recovered session takes no new requests (its upstream is gone): 404, re-initialize.
+    let x = Exchange::send(
+        g2.addr,
+        "POST",
+        &[ACCEPT, ("Mcp-Session-Id", &sid)],
+        r#"{"jsonrpc":"2.0","id":8,"method":"ping"}"#,
+    );
+    assert_eq!(x.status, 404);
+    // An id from beyond the stream's tail is an explicit 400, never an empty 200.
+    let (prefix, _) = from.rsplit_once('-').unwrap();
+    let beyond = format!("{prefix}-999999");
+    let x = Exchange::send(
+        g2.addr,
+        "GET",
+        &[
+            ("Accept", "text/event-stream"),
+            ("Mcp-Session-Id", &sid),
+            ("Last-Event-ID", &beyond),
+        ],
+        "",
+    );
+    assert_eq!(x.status, 400);
+    assert_eq!(x.json()["error"]["data"]["requested"], beyond);
+}
+
+/// The upstream dies mid-request: the request's stream ends with a JSON-RPC error, the
+/// session is gone (404).
+#[test]
+fn mcp_upstream_death_ends_requests_with_errors() {
+    let g = start();
+    let a = g.addr;
+    let sid = initialize(a);
+    let mut x = Exchange::send(
+        a,
+        "POST",
+        &[ACCEPT, ("Mcp-Session-Id", &sid)],
+        r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"die"}}"#,
+    );
+    assert_eq!(x.status, 200);
+    let mut last = None;
+    while let Some(ev) = x.next_event() {
+        last = Some(ev);
+    }
+    let v: serde_json::Value = serde_json::from_str(&last.expect("an error event").data).unwrap();
+    assert_eq!(v["id"], 3);
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("upstream"),
+        "{v}"
+    );
+    let x = Exchange::send(
+        a,
+        "POST",
+        &[ACCEPT, ("Mcp-Session-Id", &sid)],
+        r#"{"jsonrpc":"2.0","id":4,"method":"ping"}"#,
+    );
+    assert_eq!(x.status, 404);
+}
