@@ -19,3 +19,11 @@ if cargo nextest --version >/dev/null 2>&1; then
 else
   cargo test --workspace --locked --no-fail-fast
 fi
+
+echo "== MCP front: conformance suite + exactly-once tests with the official clients"
+# Installs Node 22 / npm deps / the Python mcp client locally (.tools/, from npm and PyPI) on
+# first use; a failed install fails the run here, loudly.
+if ! bash scripts/conformance.sh; then
+  echo "FAILED: scripts/conformance.sh (MCP setup, conformance suite or client tests); see above" >&2
+  exit 1
+fi
