@@ -41,7 +41,8 @@ if [[ $PROFILE == release ]]; then
 else
   cargo build -p gateway --locked >&2
 fi
-GATEWAY=$ROOT/target/$PROFILE/gateway
+GATEWAY=${CARGO_TARGET_DIR:-$ROOT/target}/$PROFILE/gateway
+[[ -x $GATEWAY ]] || fail "gateway binary not found at $GATEWAY"
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/mcp-conformance.XXXXXX")
 OUT=${CONFORMANCE_OUT:-$WORK/results}
