@@ -438,3 +438,55 @@ fn mcp_upstream_death_ends_requests_with_errors() {
     );
     assert_eq!(x.status, 404);
 }
+
+/// Backpressure per stream: a client that never reads its (large) stream does not stall the
+/// session's upstream or its other streams — the flood goes to the log — and when it finally
+/// reads, it gets every event exactly once.
+#[test]
+fn mcp_unread_stream_does_not_stall_other_streams() {
+    let g = start();
+    let a = g.addr;
+    let sid = initialize(a);
+    let big = 20_000u64;
+    let call = |id: u64, count: u64| {
+        format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"p","arguments":{{"count":{count}}},"_meta":{{"progressToken":{id}}}}}}}"#
+        )
+    };
+    // ~2 MB of progress for a client that does not read.
+    let mut slow = Exchange::send(
+        a,
+        "POST",
+        &[ACCEPT, ("Mcp-Session-Id", &sid)],
+        &call(1, big),
+    );
+    assert_eq!(slow.status, 200);
+    // Another request of the same session completes meanwhile.
+    let mut fast = Exchange::send(a, "POST", &[ACCEPT, ("Mcp-Session-Id", &sid)], &call(2, 3));
+    assert_eq!(fast.status, 200);
+    let mut fast_progress = Vec::new();
+    let mut fast_result = false;
+    while let Some(ev) = fast.next_event() {
+        if let Some(p) = progress_of(&ev) {
+            fast_progress.push(p);
+        }
+        fast_result |= ev.data.contains(r#""result""#);
+    }
+    assert_eq!(fast_progress, vec![1, 2, 3]);
+    assert!(
+        fast_result,
+        "the fast request finished while the slow stream was unread"
+    );
+    // Now the slow client reads everything: exactly once, in order, then the result.
+    let mut n = 0u64;
+    let mut slow_result = false;
+    while let Some(ev) = slow.next_event() {
+        if let Some(p) = progress_of(&ev) {
+            n += 1;
+            assert_eq!(p, n, "progress in order without gaps");
+        }
+        slow_result |= ev.data.contains(r#""result""#);
+    }
+    assert_eq!(n, big);
+    assert!(slow_result);
+}
