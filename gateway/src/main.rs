@@ -21,8 +21,6 @@ use clap::Parser;
 
 mod config;
 mod http;
-// The MCP front's pure core; the reactor drives it once `--upstream-cmd` is wired (MCP phase 2).
-#[allow(dead_code)]
 mod mcp;
 mod metrics;
 mod probe;

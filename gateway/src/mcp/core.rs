@@ -540,6 +540,26 @@ impl McpCore {
                 );
             }
         };
+        // A 2026-07-28 body (protocol version in `_meta`) without the version header would be
+        // mistaken for a legacy request: the header is required in that era (SPEC M4).
+        if header_version.is_none()
+            && let Body::Single(m) = &parsed
+            && let Some(v) = m.meta_protocol_version()
+        {
+            let id = match &m.kind {
+                Kind::Request { id, .. } => Some(id.clone()),
+                _ => None,
+            };
+            let e = headers::MirrorError::MissingVersion;
+            return self.error(
+                conn,
+                400,
+                id.as_ref(),
+                jsonrpc::HEADER_MISMATCH,
+                &e.to_string(),
+                Some(json!({ "body_version": v })),
+            );
+        }
         let is_init = matches!(&parsed, Body::Single(Message { kind: Kind::Request { method, .. }, .. }) if method == "initialize");
         if is_init {
             let Body::Single(msg) = parsed else {

@@ -1383,6 +1383,25 @@ fn modern_mcp_method_is_case_sensitive() {
     assert_eq!(h.resp(c).json()["error"]["code"], -32020);
 }
 
+/// SPEC M4: a modern body without the version header is refused, not treated as legacy.
+#[test]
+fn modern_body_without_version_header_is_32020() {
+    let mut h = H::new();
+    let c = h.post(
+        &[
+            ("accept", "text/event-stream"),
+            ("mcp-method", "tools/call"),
+            ("mcp-name", "t"),
+        ],
+        &modern_call(4, "t", None),
+    );
+    assert_eq!(h.status(c), 400);
+    let b = h.resp(c).json();
+    assert_eq!(b["error"]["code"], -32020);
+    assert_eq!(b["id"], 4);
+    assert!(h.spawned.is_empty());
+}
+
 /// SPEC M7.
 #[test]
 fn modern_notification_is_202() {

@@ -496,6 +496,12 @@ impl Core {
         m.core.shutdown();
         self.mcp_apply();
         if let Some(m) = self.mcp.as_mut() {
+            eprintln!(
+                "core {}: MCP front stopping {} upstream(s); {:?}",
+                self.id,
+                m.ups.children(),
+                m.core.stats()
+            );
             m.ups.stop_all();
         }
     }

@@ -128,7 +128,6 @@ impl fmt::Display for ClassifyError {
 
 pub const PARSE_ERROR: i64 = -32700;
 pub const INVALID_REQUEST: i64 = -32600;
-pub const INTERNAL_ERROR: i64 = -32603;
 /// MCP `HeaderMismatch` (2026-07-28 streamable HTTP, Server Validation).
 pub const HEADER_MISMATCH: i64 = -32020;
 /// Gateway-defined (implementation range -32000..-32099): the resume position is gone.
