@@ -110,6 +110,11 @@ for (const f of files) {
     if (c.status === 'WARNING') { warnings++; console.log(`WARNING ${scenario} ${c.id}: ${c.errorMessage ?? ''}`); }
   }
 }
+// The gateway cuts POST streams held past --mcp-post-hold-ms, so the polling scenario must have
+// resumed through GET + Last-Event-ID (SUCCESS), not merely seen the answer on the POST (INFO).
+const resumed = files.some((f) => JSON.parse(fs.readFileSync(f, 'utf8'))
+  .some((c) => c.id === 'server-sse-disconnect-resume' && c.status === 'SUCCESS'));
+if (!resumed) { failures++; console.log('FAILURE server-sse-polling: server-sse-disconnect-resume was not exercised (no SUCCESS)'); }
 console.log(`${files.length} scenario result files, ${success} checks passed, ${failures} failed, ${warnings} warnings`);
 if (files.length < 5) { console.log('too few result files: the suite did not run'); process.exit(1); }
 process.exit(failures === 0 ? 0 : 1);

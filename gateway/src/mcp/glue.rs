@@ -22,6 +22,9 @@ pub(crate) const MCP_SHARD_ANCHOR: &str = "mcp/";
 /// itself when more are queued).
 const UPSTREAM_EVENTS_PER_TURN_MAX: usize = 4096;
 
+/// How often exited upstream children are looked for (a `try_wait` per child).
+const REAP_INTERVAL: Duration = Duration::from_millis(100);
+
 /// MCP state of the owning core.
 pub(super) struct Mcp {
     core: McpCore,
@@ -29,6 +32,10 @@ pub(super) struct Mcp {
     shard: u32,
     t0: Instant,
     next_conn: ConnId,
+    /// The core's next timer, recomputed after every input (so idle reactor turns cost O(1)).
+    deadline_ms: Option<u64>,
+    /// When exited children are next reaped (every `REAP_INTERVAL`, or on a closed stdout).
+    next_reap: Instant,
     /// Core connection id → (slot, generation, close after response).
     conns: HashMap<ConnId, (u32, u32, bool)>,
     /// Slot → the MCP connection id of the request / SSE response it carries.
@@ -129,12 +136,15 @@ impl Core {
             args.mcp_path,
             core.sessions_live()
         );
+        let deadline_ms = core.poll_timeout();
         self.mcp = Some(Box::new(Mcp {
             core,
             ups,
             shard,
             t0,
             next_conn: 1,
+            deadline_ms,
+            next_reap: t0,
             conns: HashMap::new(),
             by_slot: HashMap::new(),
         }));
@@ -258,6 +268,7 @@ impl Core {
         loop {
             let Some(m) = self.mcp.as_mut() else { return };
             let Some(action) = m.core.poll_action() else {
+                m.deadline_ms = m.core.poll_timeout();
                 return;
             };
             let shard = m.shard;
@@ -473,11 +484,14 @@ impl Core {
             self.mcp_apply();
         }
         let Some(m) = self.mcp.as_mut() else { return };
-        for (id, status) in m.ups.poll(now) {
-            m.core
-                .handle_upstream_exit(now_ms, id, &format!("upstream exited: {status}"));
+        if now >= m.next_reap {
+            m.next_reap = now + REAP_INTERVAL;
+            for (id, status) in m.ups.poll(now) {
+                m.core
+                    .handle_upstream_exit(now_ms, id, &format!("upstream exited: {status}"));
+            }
         }
-        if m.core.poll_timeout().is_some_and(|t| t <= now_ms) {
+        if m.deadline_ms.is_some_and(|t| t <= now_ms) {
             m.core.handle_tick(now_ms);
         }
         self.mcp_apply();
@@ -486,7 +500,9 @@ impl Core {
     /// Hook for the reactor's wait: the MCP core's next timer.
     pub(super) fn mcp_deadline(&self) -> Option<Instant> {
         let m = self.mcp.as_ref()?;
-        Some(m.t0 + Duration::from_millis(m.core.poll_timeout()?))
+        let timer = m.deadline_ms.map(|ms| m.t0 + Duration::from_millis(ms));
+        let reap = (m.ups.children() > 0).then_some(m.next_reap);
+        [timer, reap].into_iter().flatten().min()
     }
 
     /// Hook from `begin_shutdown` (before the logs are synced): every session ends with
