@@ -321,6 +321,8 @@ for sc in ["latency-1x100", "fanout-1x100", "fanout-1x100-batch100", "streams-10
         row(sc, "delivered events/s", n.get("delivered_per_sec"), g.get("delivered_per_sec"))
         row(sc, "published events/s", n.get("published_per_sec"), g.get("published_per_sec"))
         row(sc, "server CPU us / delivered event", cpu_us(n), cpu_us(g), "{:.2f}")
+        wait = lambda r: (r.get("server") or {}).get("runqueue_wait_secs")
+        row(sc, "server waited for its core (s, noise)", wait(n), wait(g), "{:.2f}")
         row(sc, "latency p50 us", (n.get("latency") or {}).get("p50_us"), (g.get("latency") or {}).get("p50_us"))
         row(sc, "latency p99 us", (n.get("latency") or {}).get("p99_us"), (g.get("latency") or {}).get("p99_us"))
         row(sc, "latency p99.9 us", (n.get("latency") or {}).get("p999_us"), (g.get("latency") or {}).get("p999_us"))

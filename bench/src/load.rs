@@ -79,6 +79,8 @@ pub struct LoadConfig {
 #[derive(Debug, Clone, Copy, Default, serde::Serialize)]
 pub struct ServerFigures {
     pub cpu_secs: f64,
+    /// Seconds the server's threads were runnable but waiting for a CPU over the window.
+    pub runqueue_wait_secs: f64,
     pub rss_start_kib: u64,
     pub rss_end_kib: u64,
     pub rss_peak_sampled_kib: u64,
@@ -569,6 +571,8 @@ pub fn run(cfg: &LoadConfig) -> Result<LoadResult, LoadError> {
         let server = match (before_connect, end) {
             (Some(b), Some(e)) => Some(ServerFigures {
                 cpu_secs: (e.cpu_ticks - b.cpu_ticks) as f64 / procstat::ticks_per_second() as f64,
+                runqueue_wait_secs: e.runqueue_wait_ns.saturating_sub(b.runqueue_wait_ns) as f64
+                    / 1e9,
                 rss_start_kib: b.rss_kib,
                 rss_end_kib: e.rss_kib,
                 rss_peak_sampled_kib: peak,
@@ -867,6 +871,7 @@ pub fn run(cfg: &LoadConfig) -> Result<LoadResult, LoadError> {
     let server = match (start_sample, end_sample) {
         (Some(b), Some(e)) => Some(ServerFigures {
             cpu_secs: (e.cpu_ticks - b.cpu_ticks) as f64 / procstat::ticks_per_second() as f64,
+            runqueue_wait_secs: e.runqueue_wait_ns.saturating_sub(b.runqueue_wait_ns) as f64 / 1e9,
             rss_start_kib: b.rss_kib,
             rss_end_kib: e.rss_kib,
             rss_peak_sampled_kib: peak_rss.max(e.rss_kib),

@@ -37,6 +37,9 @@ pub struct ProcSample {
     pub rss_kib: u64,
     /// Peak resident set (high-water mark), KiB.
     pub hwm_kib: u64,
+    /// Time the processes' threads were runnable but waiting for a CPU, ns (summed over
+    /// `/proc/<pid>/task/*/schedstat`): how much a shared, busy core held the server back.
+    pub runqueue_wait_ns: u64,
 }
 
 /// (utime, stime) from the text of `/proc/<pid>/stat`. The command name may contain spaces
@@ -70,6 +73,22 @@ pub fn parse_status(text: &str) -> Option<(u64, u64)> {
     Some((field("VmRSS:")?, field("VmHWM:")?))
 }
 
+/// The run-queue wait (second field, ns) of a `schedstat` line.
+pub fn parse_schedstat_wait(text: &str) -> Option<u64> {
+    text.split_ascii_whitespace().nth(1)?.parse().ok()
+}
+
+/// Run-queue wait of every thread of `pid`, summed (0 when unreadable: threads come and go).
+fn runqueue_wait_ns(pid: u32) -> u64 {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    dir.flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|t| parse_schedstat_wait(&t))
+        .sum()
+}
+
 /// Sample and sum `pids`.
 pub fn sample(pids: &[u32]) -> Result<ProcSample, ProcError> {
     let mut s = ProcSample::default();
@@ -96,6 +115,7 @@ pub fn sample(pids: &[u32]) -> Result<ProcSample, ProcError> {
         s.cpu_ticks += u + st;
         s.rss_kib += rss;
         s.hwm_kib += hwm;
+        s.runqueue_wait_ns += runqueue_wait_ns(pid);
     }
     Ok(s)
 }
@@ -142,6 +162,12 @@ mod tests {
         let t = "Name:\tx\nVmHWM:\t   2048 kB\nVmRSS:\t    1024 kB\n";
         assert_eq!(parse_status(t), Some((1024, 2048)));
         assert_eq!(parse_status("Name: x\n"), None);
+    }
+
+    #[test]
+    fn schedstat_wait_field() {
+        assert_eq!(parse_schedstat_wait("123 456 7\n"), Some(456));
+        assert_eq!(parse_schedstat_wait("123"), None);
     }
 
     #[test]

@@ -199,6 +199,10 @@ impl Report {
         }
         if let Some(s) = &self.server {
             row("server cpu s", format!("{:.2}", s.raw.cpu_secs));
+            row(
+                "server runnable-but-waiting s",
+                format!("{:.2}", s.raw.runqueue_wait_secs),
+            );
             if let Some(v) = s.cpu_secs_per_million_delivered {
                 row(
                     "server cpu s / 1M delivered",
