@@ -263,6 +263,11 @@ impl Checkpoint {
                 .map_err(|_| CheckpointError::Malformed("stream name not UTF-8"))?
                 .to_owned();
             at += n;
+            // `tail + 1` must exist: it is the next append's sequence (found by fuzzing:
+            // a checksum-valid checkpoint with tail = u64::MAX overflowed here).
+            if tail == u64::MAX {
+                return Err(CheckpointError::Malformed("tail has no successor"));
+            }
             if floor == 0 || floor > tail + 1 {
                 return Err(CheckpointError::Malformed("floor outside [1, tail + 1]"));
             }
@@ -341,5 +346,29 @@ mod tests {
         b[40] ^= 1;
         assert_eq!(Checkpoint::decode(&b), Err(CheckpointError::BadChecksum));
         assert_eq!(Checkpoint::decode(&b[..10]), Err(CheckpointError::TooShort));
+    }
+
+    /// Regression (fuzz target `log_forged`): a checksum-valid checkpoint whose tail is
+    /// `u64::MAX` is malformed (no next sequence), not an arithmetic overflow.
+    #[test]
+    fn checkpoint_with_tail_at_u64_max_is_malformed() {
+        for (floor, tail) in [(1, u64::MAX), (u64::MAX, u64::MAX), (0, u64::MAX)] {
+            let c = Checkpoint {
+                epoch: Epoch(5),
+                first_live_segment: 0,
+                streams: vec![CheckpointStream {
+                    name: "a".into(),
+                    floor,
+                    tail,
+                }],
+            };
+            assert!(
+                matches!(
+                    Checkpoint::decode(&c.encode()),
+                    Err(CheckpointError::Malformed(_))
+                ),
+                "floor {floor} tail {tail}"
+            );
+        }
     }
 }

@@ -212,6 +212,10 @@ pub enum CorruptReason {
     },
     /// A segment that is not the last one has no seal entry.
     NotSealed,
+    /// An event with sequence `u64::MAX`: sequences stop below it, so `tail + 1` always exists.
+    SequenceOverflow {
+        stream: StreamId,
+    },
 }
 
 /// Why an append (or `create_stream`) failed. Nothing was appended when it fails.
@@ -235,6 +239,8 @@ pub enum AppendError {
     DiskFull,
     /// An fsync failed earlier; the log refuses writes (reopen to recover from disk).
     Poisoned,
+    /// The stream's next sequence would be `u64::MAX` (never a valid sequence).
+    SequenceExhausted(StreamId),
     Io(io::Error),
 }
 
@@ -328,6 +334,7 @@ impl fmt::Display for AppendError {
             AppendError::TooManyStreams => write!(f, "too many streams"),
             AppendError::DiskFull => write!(f, "disk full: cannot allocate a new segment"),
             AppendError::Poisoned => write!(f, "log is poisoned by an earlier fsync failure"),
+            AppendError::SequenceExhausted(s) => write!(f, "stream {s} has used every sequence"),
             AppendError::Io(e) => write!(f, "log write failed: {e}"),
         }
     }
@@ -735,6 +742,10 @@ impl Log {
             return Err(AppendError::DataNotUtf8 {
                 valid_up_to: e.valid_up_to(),
             });
+        }
+        // Sequences stop below u64::MAX (recovery refuses it), so `tail + 1` never overflows.
+        if st.tail >= u64::MAX - 1 {
+            return Err(AppendError::SequenceExhausted(stream));
         }
         let seq = st.tail + 1;
         let id = EventId {

@@ -398,6 +398,13 @@ impl Scan {
                         .streams
                         .get_mut(e.stream.0 as usize)
                         .ok_or(corrupt(CorruptReason::UnknownStream(e.stream)))?;
+                    // Found by fuzzing (`log_forged`): a checksum-valid event with sequence
+                    // u64::MAX overflowed `tail + 1`; it is never a valid sequence.
+                    if e.seq == u64::MAX {
+                        return Err(corrupt(CorruptReason::SequenceOverflow {
+                            stream: e.stream,
+                        }));
+                    }
                     if e.seq != st.tail + 1 {
                         match self.ckpt_tails.get(e.stream.0 as usize) {
                             // Records up to the checkpointed tail were lost (power loss under
