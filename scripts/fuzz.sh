@@ -12,16 +12,16 @@ secs="${1:-60}"
 shift || true
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-  targets=(event_id http_head batch_body sse_frame log_recovery)
+  targets=(event_id http_head batch_body sse_frame log_recovery log_forged)
 fi
 cpu="${FUZZ_CPU:-1}"
 export RUSTC_BOOTSTRAP=1
-cargo fuzz build -O
+cargo fuzz build -O -a
 for t in "${targets[@]}"; do
   mkdir -p "corpus/$t"
   seeds=()
   if [ -d "seeds/$t" ]; then seeds=("seeds/$t"); fi
   echo "== $t: ${secs}s on cpu $cpu"
-  taskset -c "$cpu" cargo fuzz run -O "$t" "corpus/$t" "${seeds[@]}" -- \
+  taskset -c "$cpu" cargo fuzz run -O -a "$t" "corpus/$t" "${seeds[@]}" -- \
     -max_total_time="$secs" -print_final_stats=1 -rss_limit_mb=2048 -timeout=10
 done
