@@ -581,4 +581,75 @@ mod tests {
             }
         }
     }
+
+    proptest! {
+        /// The TX-timestamp key is the low 32 bits of the last ACKed byte's offset; any true
+        /// ACK position within 2^32 bytes below `queued` is rebuilt exactly (the wrap case
+        /// included), and a key that cannot be (beyond anything queued) confirms nothing.
+        #[test]
+        fn tskey_rebuilds_every_position_within_the_wrap(
+            queued in 1u64..(1 << 40), back in 0u64..(1 << 32),
+        ) {
+            let acked = queued.saturating_sub(back).max(1);
+            prop_assert_eq!(acked_from_tskey((acked - 1) as u32, queued), acked);
+            if queued < (1 << 32) {
+                // A key above `queued - 1` names a byte never written.
+                for key in [queued as u32, u32::MAX] {
+                    if u64::from(key) >= queued {
+                        prop_assert_eq!(acked_from_tskey(key, queued), 0);
+                    }
+                }
+            }
+        }
+
+        /// A disconnect racing a send completion: the kernel took `taken >= sent` bytes (the
+        /// last send's CQE is not processed), the peer ACKed `peer <= taken`, TX-timestamp ACKs
+        /// up to `ts <= peer` may have arrived ahead of the CQE, and the close path tightens
+        /// with SIOCOUTQ (`taken - peer`). Whatever the interleaving, the parked window holds
+        /// every event the peer did not ACK completely, contiguously and byte-exact: nothing
+        /// the client may lack is ever released on a send result or a stale count.
+        #[test]
+        fn disconnect_racing_a_send_completion_releases_nothing_unacked(
+            lens in proptest::collection::vec(1u32..30, 1..30),
+            sent_frac in 0u32..=100, taken_frac in 0u32..=100,
+            peer_frac in 0u32..=100, ts_frac in 0u32..=100,
+        ) {
+            let mut w: Window<B> = Window::new();
+            let head = b"HTTP/1.1 200 OK\r\n\r\n";
+            w.push_bytes(Run::whole(b(head)));
+            let mut stream = head.to_vec();
+            let mut ends = Vec::new();
+            for (i, &l) in lens.iter().enumerate() {
+                let bytes = vec![i as u8; l as usize];
+                stream.extend_from_slice(&bytes);
+                ends.push((i as u64 + 1, stream.len() as u64 - u64::from(l), stream.len() as u64));
+                w.push_events(i as u64 + 1, vec![b(&bytes)], &[l]);
+            }
+            let q = w.queued();
+            let sent = q * u64::from(sent_frac) / 100;
+            let taken = sent + (q - sent) * u64::from(taken_frac) / 100;
+            let peer = taken * u64::from(peer_frac) / 100;
+            let ts = peer * u64::from(ts_frac) / 100;
+            w.on_sent(sent);
+            if ts > 0 {
+                // A TX-timestamp ACK of byte `ts - 1`, possibly ahead of the send's CQE.
+                w.on_acked(acked_from_tskey((ts - 1) as u32, q));
+            }
+            w.on_acked(acked_from_outq(w.sent(), taken - peer));
+            prop_assert!(w.acked() <= peer, "confirmed more than the peer ACKed");
+            let parked = w.take_events();
+            let unacked: Vec<_> = ends.iter().filter(|e| e.2 > peer).collect();
+            prop_assert!(parked.len() >= unacked.len());
+            for (k, p) in parked.iter().enumerate() {
+                prop_assert_eq!(p.seq, parked[0].seq + k as u64, "parked window not contiguous");
+                let e = ends[p.seq as usize - 1];
+                let bytes: Vec<u8> = p.runs.iter().flat_map(|r| r.bytes().to_vec()).collect();
+                prop_assert_eq!(&bytes[..], &stream[e.1 as usize..e.2 as usize]);
+            }
+            if let Some(first_unacked) = unacked.first() {
+                prop_assert!(parked[0].seq <= first_unacked.0);
+                prop_assert_eq!(parked.last().map(|p| p.seq), Some(lens.len() as u64));
+            }
+        }
+    }
 }
