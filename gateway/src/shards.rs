@@ -45,6 +45,12 @@ pub enum ShardMapError {
     Io(std::io::Error),
     /// `shards.json` exists but is not `{"shards": <n>}` with 1 <= n <= 4096.
     Corrupt(String),
+    /// `shards.json` is missing but the directory already holds shard logs: recreating it with
+    /// `--shards-on-create` could change the count and silently re-route every stream to a
+    /// shard that does not hold its history.
+    Missing {
+        shard_dirs: usize,
+    },
 }
 
 impl std::fmt::Display for ShardMapError {
@@ -52,6 +58,11 @@ impl std::fmt::Display for ShardMapError {
         match self {
             ShardMapError::Io(e) => write!(f, "shard map: {e}"),
             ShardMapError::Corrupt(s) => write!(f, "shard map shards.json is corrupt: {s}"),
+            ShardMapError::Missing { shard_dirs } => write!(
+                f,
+                "shards.json is missing but {shard_dirs} shard directories exist; refusing to \
+                 guess the shard count (restore shards.json as {{\"shards\": <original count>}})"
+            ),
         }
     }
 }
@@ -72,6 +83,10 @@ pub fn load_or_create(data_dir: &Path, on_create: u32) -> Result<u32, ShardMapEr
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             assert!((1..=4096).contains(&on_create));
+            let shard_dirs = existing_shard_dirs(data_dir).map_err(ShardMapError::Io)?;
+            if shard_dirs > 0 {
+                return Err(ShardMapError::Missing { shard_dirs });
+            }
             std::fs::create_dir_all(data_dir).map_err(ShardMapError::Io)?;
             let tmp = data_dir.join("shards.json.tmp");
             let mut f = std::fs::File::create(&tmp).map_err(ShardMapError::Io)?;
@@ -86,6 +101,28 @@ pub fn load_or_create(data_dir: &Path, on_create: u32) -> Result<u32, ShardMapEr
         }
         Err(e) => Err(ShardMapError::Io(e)),
     }
+}
+
+/// Number of `shard-<digits>` directories in `data_dir` (0 if it does not exist).
+fn existing_shard_dirs(data_dir: &Path) -> std::io::Result<usize> {
+    let entries = match std::fs::read_dir(data_dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(e),
+    };
+    let mut n = 0;
+    for entry in entries {
+        let entry = entry?;
+        let name = entry.file_name();
+        let is_shard = name
+            .to_str()
+            .and_then(|s| s.strip_prefix("shard-"))
+            .is_some_and(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()));
+        if is_shard && entry.file_type()?.is_dir() {
+            n += 1;
+        }
+    }
+    Ok(n)
 }
 
 #[cfg(test)]
@@ -110,5 +147,26 @@ mod tests {
             load_or_create(d.path(), 3),
             Err(ShardMapError::Corrupt(_))
         ));
+    }
+
+    /// Regression (adversarial review): a lost shards.json next to existing shard logs used to
+    /// be recreated from `--shards-on-create`, silently re-routing streams away from their
+    /// history when the count differed. Now it is an explicit error and nothing is written.
+    #[test]
+    fn missing_map_beside_shard_logs_is_refused() {
+        let d = tempfile::tempdir().unwrap();
+        for s in 0..8 {
+            std::fs::create_dir_all(shard_dir(d.path(), s)).unwrap();
+        }
+        std::fs::create_dir_all(d.path().join("shard-notes")).unwrap();
+        match load_or_create(d.path(), 3) {
+            Err(ShardMapError::Missing { shard_dirs }) => assert_eq!(shard_dirs, 8),
+            other => panic!("expected Missing, got {other:?}"),
+        }
+        assert!(!d.path().join("shards.json").exists());
+        // A fresh (or not yet existing) directory is still created.
+        let fresh = d.path().join("new");
+        assert_eq!(load_or_create(&fresh, 3).unwrap(), 3);
+        assert_eq!(load_or_create(&fresh, 5).unwrap(), 3);
     }
 }

@@ -453,3 +453,65 @@ fn restart_with_more_cores_resumes_every_stream() {
         );
     }
 }
+
+/// The shard count is fixed at creation (`shards.json`). If that file is lost next to existing
+/// shard logs, a restart with another `--shards-on-create` used to recreate it with the new
+/// count and silently re-route streams away from their history (a stream "restarting" at
+/// sequence 1). It must refuse to start instead, naming the cause; restoring the file brings
+/// every stream back intact.
+#[test]
+fn lost_shard_map_is_refused_not_guessed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut g = Gateway::start_in(tmp.path(), &["--cores", "1", "--shards-on-create", "8"]);
+    let ids: Vec<String> = (0..5)
+        .map(|i| publish(g.addr, &format!("map{i}"), "kept"))
+        .collect();
+    assert!(g.stop());
+    let map = std::fs::read(tmp.path().join("shards.json")).unwrap();
+    std::fs::remove_file(tmp.path().join("shards.json")).unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_gateway"))
+        .arg("--data-dir")
+        .arg(tmp.path())
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--cores",
+            "1",
+            "--shards-on-create",
+            "3",
+        ])
+        .args(["--segment-bytes", "1048576"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut waited = 0;
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        waited += 1;
+        if waited > 600 {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("gateway started without its shard map");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert!(!status.success());
+    assert!(err.contains("shards.json is missing"), "{err}");
+    assert!(!tmp.path().join("shards.json").exists(), "nothing guessed");
+    std::fs::write(tmp.path().join("shards.json"), map).unwrap();
+    let g = Gateway::start_in(tmp.path(), &["--cores", "2"]);
+    for (i, id) in ids.iter().enumerate() {
+        let mut s = Sse::open(g.addr, &format!("/v1/streams/map{i}?from=earliest"), None);
+        assert_eq!(s.next_event().unwrap().id.as_deref(), Some(id.as_str()));
+    }
+}
