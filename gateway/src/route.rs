@@ -8,6 +8,11 @@ use crate::http::{Head, Method};
 /// Longest accepted stream name in bytes.
 pub const STREAM_NAME_BYTES_MAX: usize = 200;
 
+/// Event types only the gateway emits: `event: truncated` is its in-band notice that events
+/// were skipped. A published event of that type would be indistinguishable to a client that
+/// switches on the type, so a producer could make subscribers believe (or miss) a truncation.
+pub const RESERVED_EVENT_TYPES: [&str; 1] = ["truncated"];
+
 /// What a request asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Route {
@@ -75,6 +80,8 @@ pub enum RouteError {
     NotAcceptable,
     /// POST without Content-Length.
     LengthRequired,
+    /// `Event-Type` names a type only the gateway emits ([`RESERVED_EVENT_TYPES`]).
+    ReservedEventType,
 }
 
 impl RouteError {
@@ -100,6 +107,11 @@ impl RouteError {
                 411,
                 "length_required",
                 "POST needs a Content-Length body".into(),
+            ),
+            RouteError::ReservedEventType => (
+                400,
+                "reserved_event_type",
+                "event types reserved for the gateway's own notices: truncated".into(),
             ),
         }
     }
@@ -160,6 +172,14 @@ pub fn route(head: &Head) -> Result<Route, RouteError> {
             let stream = valid_name(name)?;
             if !head.has_content_length {
                 return Err(RouteError::LengthRequired);
+            }
+            if t == "events"
+                && head
+                    .event_type
+                    .as_deref()
+                    .is_some_and(|e| RESERVED_EVENT_TYPES.contains(&e))
+            {
+                return Err(RouteError::ReservedEventType);
             }
             Ok(if t == "events" {
                 Route::Publish { stream }
@@ -251,6 +271,8 @@ pub enum BatchError {
     EventTooLarge { index: usize },
     /// `event` contains CR or LF.
     BadEventType { index: usize },
+    /// `event` is reserved for the gateway's own notices ([`RESERVED_EVENT_TYPES`]).
+    ReservedEventType { index: usize },
     /// No events at all.
     Empty,
 }
@@ -271,6 +293,11 @@ impl BatchError {
                 400,
                 "bad_event_type",
                 format!("event {index}: event type must not contain CR or LF"),
+            ),
+            BatchError::ReservedEventType { index } => (
+                400,
+                "reserved_event_type",
+                format!("event {index}: event type is reserved for the gateway's own notices"),
             ),
             BatchError::Empty => (400, "bad_batch", "batch has no events".into()),
         }
@@ -326,6 +353,9 @@ pub fn parse_batch(body: &[u8], event_bytes_max: usize) -> Result<Vec<BatchEvent
                 Some(serde_json::Value::String(s)) => {
                     if s.contains(['\r', '\n']) {
                         return Err(BatchError::BadEventType { index });
+                    }
+                    if RESERVED_EVENT_TYPES.contains(&s.as_str()) {
+                        return Err(BatchError::ReservedEventType { index });
                     }
                     Some(s.clone())
                 }
@@ -475,5 +505,27 @@ mod tests {
             Err(BatchError::Malformed { .. })
         ));
         assert_eq!(parse_batch(b"", 10), Err(BatchError::Empty));
+    }
+
+    /// Regression (adversarial review): a producer could publish `event: truncated`, which a
+    /// subscriber cannot tell from the gateway's own notice that events were skipped.
+    #[test]
+    fn reserved_event_type_is_refused() {
+        assert_eq!(
+            route(&head(
+                "POST /v1/streams/a/events HTTP/1.1\r\nContent-Length: 1\r\nEvent-Type: truncated\r\n\r\n"
+            )),
+            Err(RouteError::ReservedEventType)
+        );
+        assert!(matches!(
+            route(&head(
+                "POST /v1/streams/a/events HTTP/1.1\r\nContent-Length: 1\r\nEvent-Type: Truncated\r\n\r\n"
+            )),
+            Ok(Route::Publish { .. })
+        ));
+        assert_eq!(
+            parse_batch(br#"[{"data":"x"},{"data":"y","event":"truncated"}]"#, 10),
+            Err(BatchError::ReservedEventType { index: 1 })
+        );
     }
 }

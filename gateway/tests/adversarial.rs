@@ -515,3 +515,36 @@ fn lost_shard_map_is_refused_not_guessed() {
         assert_eq!(s.next_event().unwrap().id.as_deref(), Some(id.as_str()));
     }
 }
+
+/// `event: truncated` is the gateway's in-band "you missed events" notice (no `id:`). A
+/// producer publishing that type would let subscribers mistake an ordinary event for a
+/// truncation (or learn to ignore real ones): refused, single and batch, appending nothing.
+#[test]
+fn producers_cannot_forge_the_truncation_notice() {
+    let g = Gateway::start(&["--cores", "1", "--fsync", "never"]);
+    let (st, _, body) = request(
+        g.addr,
+        "POST",
+        "/v1/streams/forge/events",
+        &[("Event-Type", "truncated")],
+        b"{\"error\":\"truncated\",\"requested\":1,\"floor\":99,\"tail\":99}",
+    );
+    assert_eq!(
+        (st, json(&body)["error"].as_str()),
+        (400, Some("reserved_event_type"))
+    );
+    let (st, _, body) = request(
+        g.addr,
+        "POST",
+        "/v1/streams/forge/events:batch",
+        &[],
+        b"{\"data\":\"ok\"}\n{\"event\":\"truncated\",\"data\":\"x\"}\n",
+    );
+    assert_eq!(
+        (st, json(&body)["error"].as_str()),
+        (400, Some("reserved_event_type"))
+    );
+    let id = publish(g.addr, "forge", "first");
+    assert_eq!(seq_of(&id), 1, "a refused publish appended something");
+    assert_eq!(all_events(&g, "forge", 1), vec![(1, "first".to_string())]);
+}
