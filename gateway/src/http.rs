@@ -69,6 +69,9 @@ pub enum HttpError {
     Malformed(&'static str),
     /// Not HTTP/1.0 or 1.1 → 505.
     Version,
+    /// A single-valued header repeated with different values (`Last-Event-ID`): which one a
+    /// proxy honoured is unknowable, and resuming from the other would skip or repeat → 400.
+    ConflictingHeader(&'static str),
 }
 
 impl HttpError {
@@ -103,6 +106,11 @@ impl HttpError {
                 format!("malformed request: {what}"),
             ),
             HttpError::Version => (505, "http_version", "only HTTP/1.0 and 1.1".into()),
+            HttpError::ConflictingHeader(h) => (
+                400,
+                "conflicting_header",
+                format!("header {h} repeated with different values"),
+            ),
         }
     }
 }
@@ -191,7 +199,11 @@ pub fn parse_head(buf: &[u8], limits: &HeadLimits) -> Result<Option<Head>, HttpE
                 .trim()
                 .eq_ignore_ascii_case("100-continue");
         } else if name.eq_ignore_ascii_case("last-event-id") {
-            head.last_event_id = Some(text(h.value, "Last-Event-ID")?.trim().to_owned());
+            let v = text(h.value, "Last-Event-ID")?.trim();
+            if head.last_event_id.as_deref().is_some_and(|prev| prev != v) {
+                return Err(HttpError::ConflictingHeader("Last-Event-ID"));
+            }
+            head.last_event_id = Some(v.to_owned());
         } else if name.eq_ignore_ascii_case("accept") {
             head.accept = Some(text(h.value, "Accept")?.to_owned());
         } else if name.eq_ignore_ascii_case("event-type") {
@@ -351,6 +363,22 @@ mod tests {
         }
         let twice = b"POST /x HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n";
         assert_eq!(parse_head(twice, &L), Err(HttpError::BadContentLength));
+    }
+
+    /// Regression (adversarial review): two different Last-Event-IDs used to resolve silently
+    /// to the last one; an intermediary that honoured the first would resume elsewhere.
+    #[test]
+    fn conflicting_last_event_ids_are_refused() {
+        let two =
+            b"GET /v1/streams/a HTTP/1.1\r\nLast-Event-ID: x-1-2\r\nLast-Event-ID: x-1-3\r\n\r\n";
+        assert_eq!(
+            parse_head(two, &L),
+            Err(HttpError::ConflictingHeader("Last-Event-ID"))
+        );
+        let same =
+            b"GET /v1/streams/a HTTP/1.1\r\nLast-Event-ID: x-1-2\r\nlast-event-id:  x-1-2\r\n\r\n";
+        let h = parse_head(same, &L).unwrap().unwrap();
+        assert_eq!(h.last_event_id.as_deref(), Some("x-1-2"));
     }
 
     #[test]
