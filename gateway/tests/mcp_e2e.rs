@@ -490,3 +490,52 @@ fn mcp_unread_stream_does_not_stall_other_streams() {
     assert_eq!(n, big);
     assert!(slow_result);
 }
+
+/// The 2026-07-28 (stateless) front: no session, no priming; the gateway's upstream id and
+/// progress token rewriting is invisible to the client (its own id and token come back).
+#[test]
+fn mcp_modern_request_round_trip() {
+    let g = start();
+    let a = g.addr;
+    let body = r#"{"jsonrpc":"2.0","id":"client-7","method":"tools/call","params":{"name":"p","arguments":{"count":3},"_meta":{"progressToken":"tok-a","io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}"#;
+    let mut x = Exchange::send(
+        a,
+        "POST",
+        &[
+            ACCEPT,
+            ("MCP-Protocol-Version", "2026-07-28"),
+            ("Mcp-Method", "tools/call"),
+            ("Mcp-Name", "p"),
+        ],
+        body,
+    );
+    assert_eq!(x.status, 200);
+    assert_eq!(
+        x.header("mcp-session-id"),
+        None,
+        "no session in the modern era"
+    );
+    let mut msgs = Vec::new();
+    while let Some(ev) = x.next_event() {
+        assert!(!ev.data.is_empty(), "no priming event in the modern era");
+        msgs.push(serde_json::from_str::<serde_json::Value>(&ev.data).unwrap());
+    }
+    assert_eq!(msgs.len(), 4, "{msgs:?}");
+    for (i, m) in msgs[..3].iter().enumerate() {
+        assert_eq!(m["params"]["progressToken"], "tok-a");
+        assert_eq!(m["params"]["progress"], i as u64 + 1);
+    }
+    assert_eq!(msgs[3]["id"], "client-7");
+    assert_eq!(msgs[3]["result"]["structuredContent"]["sent"], 3);
+    // GET is 405 in this era, whatever the session header says.
+    let x = Exchange::send(
+        a,
+        "GET",
+        &[
+            ("MCP-Protocol-Version", "2026-07-28"),
+            ("Mcp-Session-Id", "x"),
+        ],
+        "",
+    );
+    assert_eq!(x.status, 405);
+}
