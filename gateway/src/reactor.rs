@@ -954,6 +954,36 @@ impl Core {
                 return;
             }
         };
+        // A batch is all or nothing: check every event's framed size against the log's record
+        // limit before appending any (data within --event-bytes-max can still frame larger,
+        // each line break costing a `data: ` prefix; the log would refuse it mid-batch).
+        let (record_max, tail, epoch) = (
+            log.options().record_bytes_max as usize,
+            log.bounds(sid).expect("stream exists").tail,
+            log.epoch(),
+        );
+        let too_large = events.iter().enumerate().find_map(|(i, (ev, data))| {
+            let id = EventId {
+                epoch,
+                stream: sid,
+                seq: tail.saturating_add(1 + i as u64),
+            };
+            let framed = sse::framed_event_bytes(id.encoded_len(), ev.as_deref(), data);
+            (framed > record_max).then(|| {
+                format!(
+                    "event {i}: framed record of {framed} bytes exceeds the record limit \
+                     {record_max} (each line of data costs a `data: ` prefix)"
+                )
+            })
+        });
+        if let Some(msg) = too_large {
+            self.error(slot, 413, "event_too_large", &msg, close);
+            return;
+        }
+        let log = self
+            .logs
+            .get_mut(&shard)
+            .expect("owner core holds the shard");
         let mut ids = Vec::with_capacity(events.len());
         let mut all_durable = true;
         let mut last_seq = 0;

@@ -42,9 +42,72 @@ pub fn truncated_event(json: &str) -> Vec<u8> {
     format!("event: truncated\ndata: {json}\n\n").into_bytes()
 }
 
+/// Exact length of an event as the log frames it (`log-store/DESIGN.md`): `id: <id>\n`, an
+/// optional `event: <type>\n`, one `data: <line>\n` per line of `data` (split on CRLF, LF or
+/// CR), then `\n`. `id_bytes` is the textual ID's length. Lets a batch be checked against the
+/// log's record limit before any of it is appended.
+pub fn framed_event_bytes(id_bytes: usize, event_type: Option<&str>, data: &[u8]) -> usize {
+    let (mut lines, mut break_bytes, mut i) = (1usize, 0usize, 0usize);
+    while i < data.len() {
+        match data[i] {
+            b'\r' if data.get(i + 1) == Some(&b'\n') => {
+                lines += 1;
+                break_bytes += 2;
+                i += 1;
+            }
+            b'\r' | b'\n' => {
+                lines += 1;
+                break_bytes += 1;
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    let event = event_type.map_or(0, |t| "event: ".len() + t.len() + 1);
+    "id: ".len() + id_bytes + 1 + event + data.len() - break_bytes + "data: \n".len() * lines + 1
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The computed length equals what the log really writes, for line-break shapes that
+    /// matter (CRLF counted once, lone CR, trailing and leading breaks, empty data).
+    #[test]
+    fn framed_event_bytes_matches_the_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = log_store::LogOptions {
+            segment_bytes: 1 << 20,
+            record_bytes_max: 64 << 10,
+            fsync: log_store::FsyncPolicy::Never,
+            ..log_store::LogOptions::default()
+        };
+        let mut log = log_store::Log::open(dir.path(), opts).unwrap();
+        let s = log.create_stream("f").unwrap();
+        let datas: [&[u8]; 9] = [
+            b"",
+            b"x",
+            b"a\r\nb",
+            b"a\rb\nc",
+            b"\r\r\n\n",
+            b"\n",
+            b"trailing\r",
+            b"\r\nlead",
+            b"\xc3\xa9t\xc3\xa9\n\n",
+        ];
+        for (k, data) in datas.iter().enumerate() {
+            for t in [None, Some(""), Some("kind")] {
+                let a = log.append(s, t, data).unwrap();
+                let real = log.record(s, a.id.seq).unwrap().as_bytes().len();
+                let id_bytes = a.id.to_string().len();
+                assert_eq!(
+                    framed_event_bytes(id_bytes, t, data),
+                    real,
+                    "data {k} type {t:?}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn truncated_event_has_no_id_and_parses() {

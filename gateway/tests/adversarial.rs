@@ -548,3 +548,45 @@ fn producers_cannot_forge_the_truncation_notice() {
     assert_eq!(seq_of(&id), 1, "a refused publish appended something");
     assert_eq!(all_events(&g, "forge", 1), vec![(1, "first".to_string())]);
 }
+
+/// A batch is validated as a whole before anything is appended (README). An event whose data
+/// is within `--event-bytes-max` can still frame larger than the log's record limit (every
+/// line break costs a `data: ` prefix): such a batch must be refused with nothing appended,
+/// not half-appended behind an error a retrying client would duplicate.
+#[test]
+fn batch_whose_event_frames_too_large_appends_nothing() {
+    let g = Gateway::start(&[
+        "--cores",
+        "1",
+        "--fsync",
+        "never",
+        "--event-bytes-max",
+        "4096",
+    ]);
+    let lines = "\n".repeat(4000); // 4000 bytes of data, ~28 KB framed
+    let body = format!(
+        "{}\n{}\n",
+        serde_json::json!({ "data": "fits" }),
+        serde_json::json!({ "data": lines })
+    );
+    let (st, _, resp) = request(
+        g.addr,
+        "POST",
+        "/v1/streams/whole/events:batch",
+        &[],
+        body.as_bytes(),
+    );
+    let v = json(&resp);
+    assert_eq!(
+        (st, v["error"].as_str()),
+        (413, Some("event_too_large")),
+        "{v}"
+    );
+    assert!(
+        v.get("appended_ids")
+            .is_none_or(|a| a.as_array().is_some_and(|a| a.is_empty())),
+        "part of a refused batch was appended: {v}"
+    );
+    let id = publish(g.addr, "whole", "next");
+    assert_eq!(seq_of(&id), 1, "part of a refused batch was appended");
+}
