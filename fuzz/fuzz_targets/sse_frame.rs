@@ -6,6 +6,8 @@
 //! - an accepted event read back with `record` parses as exactly one event whose `id` is the
 //!   returned ID, whose type is the given one and whose data is the given data with line
 //!   breaks normalized to LF (what the SSE client reassembles).
+//! - the gateway's `sse::framed_event_bytes` (its all-or-nothing batch pre-check) equals the
+//!   length the log framed (or reported in `RecordTooLarge`).
 //! Also the gateway's own `event: truncated` notice: one event, no `id:`, the JSON intact.
 #![no_main]
 
@@ -14,7 +16,8 @@ use std::time::SystemTime;
 
 use libfuzzer_sys::fuzz_target;
 use log_store::{AppendError, FsyncPolicy, Log, LogOptions, StreamId};
-use sse_gateway_fuzz::sse::{TruncatedReason, truncated_event, truncated_json};
+use log_store::EventId;
+use sse_gateway_fuzz::sse::{TruncatedReason, framed_event_bytes, truncated_event, truncated_json};
 use sse_gateway_fuzz::{Input, normalize_breaks, parse_sse};
 
 const RECORD_BYTES_MAX: u32 = 16 * 1024;
@@ -79,6 +82,11 @@ fuzz_target!(|data: &[u8]| {
                 assert_eq!(ev.id, a.id.to_string());
                 assert_eq!(ev.event.as_deref(), event_type.filter(|t| !t.is_empty()));
                 assert_eq!(ev.data, normalize_breaks(text));
+                // The gateway's pre-check of batches computes the same length as the log.
+                assert_eq!(
+                    framed_event_bytes(a.id.encoded_len(), event_type, payload),
+                    rec.as_bytes().len()
+                );
                 fx.appends += 1;
                 if fx.appends % 64 == 0 {
                     fx.log.enforce_retention(SystemTime::now()).expect("retention");
@@ -95,6 +103,8 @@ fuzz_target!(|data: &[u8]| {
                     }
                     AppendError::RecordTooLarge { framed_bytes, .. } => {
                         assert!(framed_bytes > RECORD_BYTES_MAX as usize);
+                        let id = EventId { epoch: fx.log.epoch(), stream: fx.stream, seq: before.tail + 1 };
+                        assert_eq!(framed_event_bytes(id.encoded_len(), event_type, payload), framed_bytes);
                     }
                     other => panic!("unexpected append error {other:?}"),
                 }
