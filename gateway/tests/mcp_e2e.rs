@@ -539,3 +539,65 @@ fn mcp_modern_request_round_trip() {
     );
     assert_eq!(x.status, 405);
 }
+
+/// 2026-07-28: closing the response stream is the cancellation; the gateway tells the stdio
+/// upstream with `notifications/cancelled` naming the request (by the id the upstream saw).
+#[test]
+fn mcp_modern_stream_close_cancels_upstream() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("upstream-input.log");
+    let script = format!("{}/tests/mcp_upstream.awk", env!("CARGO_MANIFEST_DIR"));
+    let cmd = format!(
+        "if awk -W version 2>&1 | grep -q mawk; then exec awk -W interactive -v trace='{l}' -f '{script}'; else exec awk -v trace='{l}' -f '{script}'; fi",
+        l = log.display()
+    );
+    let g = Gateway::start(&["--cores", "2", "--upstream-cmd", &cmd]);
+    let body = r#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"p","arguments":{"count":50,"interval_ms":20},"_meta":{"progressToken":5,"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}"#;
+    let mut x = Exchange::send(
+        g.addr,
+        "POST",
+        &[
+            ACCEPT,
+            ("MCP-Protocol-Version", "2026-07-28"),
+            ("Mcp-Method", "tools/call"),
+            ("Mcp-Name", "p"),
+        ],
+        body,
+    );
+    assert_eq!(x.status, 200);
+    let first = x.next_event().expect("a first progress event");
+    assert!(first.data.contains(r#""progressToken":5"#), "{first:?}");
+    drop(x); // the client closes the stream
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let (up_id, cancelled) = loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        let up_id = lines
+            .iter()
+            .find(|v| v["method"] == "tools/call")
+            .map(|v| v["id"].clone());
+        let cancel = lines
+            .iter()
+            .find(|v| v["method"] == "notifications/cancelled")
+            .cloned();
+        if let (Some(id), Some(c)) = (up_id, cancel) {
+            break (id, c);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no notifications/cancelled upstream within 20 s: {text}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(
+        cancelled["params"]["requestId"], up_id,
+        "cancels the request the upstream knows"
+    );
+    assert_ne!(
+        up_id, 5,
+        "the upstream saw the gateway's id, not the client's"
+    );
+}

@@ -8,7 +8,9 @@
 #                                           apart, then a result {"sent": count}
 #   tools/call with name "die"           -> exits with status 3 (upstream death)
 #   any other request                    -> empty result; notifications are ignored.
+# With -v trace=<file>, every received line is appended to <file> (tests check what arrived).
 {
+  if (trace != "") { print $0 >> trace; fflush(trace) }
   id = ""; method = ""; n = 0; tok = ""; ms = 0
   if (match($0, /"id":("[^"]*"|[0-9]+)/)) id = substr($0, RSTART + 5, RLENGTH - 5)
   if (match($0, /"method":"[^"]*"/)) method = substr($0, RSTART + 10, RLENGTH - 11)
