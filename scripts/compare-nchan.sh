@@ -60,6 +60,9 @@ cleanup() {
     for _ in $(seq 1 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
     kill -9 "$p" 2>/dev/null || true
   done
+  # Keep the servers' own output (a crash's message) with the results.
+  cp "$WORK"/*.log "$OUT"/ 2>/dev/null || true
+  cp "$WORK"/nginx/error.log "$OUT"/nginx-error.log 2>/dev/null || true
   rm -rf "$WORK"
 }
 trap cleanup EXIT INT TERM
@@ -204,6 +207,9 @@ run_one() {
   timeout $((SECS * 3 + 90)) taskset -c "$BENCH_CORE" "$BENCH" "$@" "${args[@]}" --json \
     >"$file.json" 2>"$file.err" || rc=$?
   echo "$rc" >"$file.rc"
+  if [[ $sys == gateway ]] && ! kill -0 "$GW_PID" 2>/dev/null; then
+    echo "   THE GATEWAY PROCESS IS GONE (see gateway.log in $OUT)"
+  fi
   if [[ $rc -ne 0 ]]; then
     echo "   exit $rc: $(tail -n 3 "$file.err")"
     if [[ $rc -eq 1 ]]; then STATUS=1; fi
@@ -322,7 +328,7 @@ for sc in ["latency-1x100", "fanout-1x100", "fanout-1x100-batch100", "streams-10
         row(sc, "published events/s", n.get("published_per_sec"), g.get("published_per_sec"))
         row(sc, "server CPU us / delivered event", cpu_us(n), cpu_us(g), "{:.2f}")
         wait = lambda r: (r.get("server") or {}).get("runqueue_wait_secs")
-        row(sc, "server waited for its core (s, noise)", wait(n), wait(g), "{:.2f}")
+        row(sc, "server threads' run-queue wait (s, summed)", wait(n), wait(g), "{:.2f}")
         row(sc, "latency p50 us", (n.get("latency") or {}).get("p50_us"), (g.get("latency") or {}).get("p50_us"))
         row(sc, "latency p99 us", (n.get("latency") or {}).get("p99_us"), (g.get("latency") or {}).get("p99_us"))
         row(sc, "latency p99.9 us", (n.get("latency") or {}).get("p999_us"), (g.get("latency") or {}).get("p999_us"))
