@@ -241,6 +241,8 @@ pub enum AppendError {
     Poisoned,
     /// The stream's next sequence would be `u64::MAX` (never a valid sequence).
     SequenceExhausted(StreamId),
+    /// The active segment is numbered `u64::MAX`: no segment can follow it.
+    SegmentNumbersExhausted,
     Io(io::Error),
 }
 
@@ -335,6 +337,7 @@ impl fmt::Display for AppendError {
             AppendError::DiskFull => write!(f, "disk full: cannot allocate a new segment"),
             AppendError::Poisoned => write!(f, "log is poisoned by an earlier fsync failure"),
             AppendError::SequenceExhausted(s) => write!(f, "stream {s} has used every sequence"),
+            AppendError::SegmentNumbersExhausted => write!(f, "no segment number left"),
             AppendError::Io(e) => write!(f, "log write failed: {e}"),
         }
     }
@@ -1053,6 +1056,16 @@ impl Log {
     }
 
     fn roll(&mut self) -> Result<(), AppendError> {
+        // Found by fuzzing (`log_forged`): a last segment numbered u64::MAX (a forged name or
+        // checkpoint) overflowed `number + 1` here.
+        let number = self
+            .segs
+            .back()
+            .expect("active")
+            .seg
+            .number
+            .checked_add(1)
+            .ok_or(AppendError::SegmentNumbersExhausted)?;
         let durable = self.opts.fsync != FsyncPolicy::Never;
         if !self.active.sealed {
             let entries = self.active.entries;
@@ -1067,7 +1080,6 @@ impl Log {
                 }
             }
         }
-        let number = self.segs.back().expect("active").seg.number + 1;
         let (meta, active) = create_segment(
             &self.dir,
             self.epoch,

@@ -189,6 +189,9 @@ pub(super) fn open(dir: &Path, opts: LogOptions) -> Result<Log, OpenError> {
             // A full disk must not keep the log from being read: stay sealed; every append
             // retries the roll (and reports DiskFull) until retention or the operator frees space.
             Err(AppendError::DiskFull) => {}
+            // Likewise a sealed last segment numbered u64::MAX (only a forged directory): the
+            // log stays readable; appends report SegmentNumbersExhausted.
+            Err(AppendError::SegmentNumbersExhausted) => {}
             Err(e) => return Err(append_to_open(dir, e)),
         }
     }
