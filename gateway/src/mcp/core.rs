@@ -977,6 +977,26 @@ impl McpCore {
                 );
             }
         };
+        // A complete stream resumed at (or past) its last record has nothing more to give. A
+        // client only does that when the stream ended without the response it waits for (its
+        // session was recovered after a crash); an empty 200 would make it reconnect forever.
+        let complete_at = match self.sessions[sid].streams.get(&n) {
+            Some(st) => st.complete,
+            None => Some(bounds.tail),
+        };
+        if let Some(last) = complete_at
+            && from > last
+        {
+            self.stats.resumes_rejected += 1;
+            return self.error(
+                conn,
+                410,
+                None,
+                jsonrpc::RESUME_TRUNCATED,
+                &format!("Gone: the stream ended at seq {last}; nothing follows {text}"),
+                Some(json!({ "requested": text, "stream": stream_name, "tail": last, "ended": true })),
+            );
+        }
         self.stats.resumes_ok += 1;
         let retry = self.cfg.retry_ms;
         let sess = self.sessions.get_mut(sid).expect("checked");

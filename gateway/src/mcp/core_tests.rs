@@ -1245,6 +1245,27 @@ fn recovered_session_resumes_after_restart() {
     assert_eq!(h.status(p), 404);
 }
 
+/// A complete stream resumed at its last record: explicit 410 (an empty 200 would make the
+/// client reconnect in a loop), never a silent success.
+#[test]
+fn resume_after_end_of_complete_stream_is_410() {
+    let mut h = H::new();
+    let (sid, up, _) = h.init();
+    let a = h.post_s(&sid, &call(1, "a", None));
+    h.upstream_line(up, &result(1));
+    let last = h.event_id(a, 2);
+    h.close(a);
+    let r = h.get_s(&sid, Some(&last));
+    assert_eq!(h.status(r), 410);
+    let e = h.resp(r).json()["error"].clone();
+    assert_eq!(e["data"]["ended"], true);
+    assert_eq!(e["data"]["tail"], 2);
+    // Resuming before the end still replays the rest.
+    let mid = h.event_id(a, 1);
+    let r = h.get_s(&sid, Some(&mid));
+    assert_eq!(h.msgs(r).len(), 1);
+}
+
 /// Shutdown answers every unanswered request in the log, so resumes after a restart end.
 #[test]
 fn shutdown_fails_inflight_requests() {
@@ -1663,6 +1684,11 @@ proptest! {
                         let n = 1 + (marker % tail.max(1)); // some position in 1..=tail
                         let last = EventId { epoch: EPOCH, stream: StreamId(id as u32), seq: n.min(tail) }.to_string();
                         let r = h.get_s(&sid, Some(&last));
+                        if h.complete.get(&s.stream).is_some_and(|&e| n.min(tail) >= e) {
+                            // Resuming a complete stream at its end: explicit 410, nothing replayed.
+                            prop_assert_eq!(h.status(r), 410);
+                            continue;
+                        }
                         let want: Vec<Vec<u8>> = h.log.recs[id][n.min(tail) as usize..].iter().map(|r| r.1.clone()).collect();
                         let got: Vec<Vec<u8>> = h.records(r).into_iter().map(|r| r.2).collect();
                         prop_assert_eq!(got, want);
