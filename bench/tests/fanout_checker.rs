@@ -212,8 +212,8 @@ fn config(addr: SocketAddr, subscribers: usize, events: u64) -> LoadConfig {
         batch_events: 1,
         publish_batch: None,
         publish_secs_max: 10.0,
-        drain_secs_max: 3.0,
-        connect_secs_max: 5.0,
+        drain_secs_max: 20.0, // ends as soon as every subscriber has everything
+        connect_secs_max: 30.0,
         idle_hold_secs: None,
         cuts_per_sec: 0.0,
         source_addrs: 1,
