@@ -6,7 +6,7 @@
 #   bash scripts/fuzz.sh [SECONDS_PER_TARGET=60] [TARGET...]
 #   FUZZ_CPU=1 (cpu to pin to)
 # Corpora live in fuzz/corpus/<target> (git-ignored), crashes in fuzz/artifacts/<target>.
-set -euo pipefail
+set -uo pipefail
 cd "$(dirname "$0")/../fuzz"
 secs="${1:-60}"
 shift || true
@@ -16,12 +16,18 @@ if [ ${#targets[@]} -eq 0 ]; then
 fi
 cpu="${FUZZ_CPU:-1}"
 export RUSTC_BOOTSTRAP=1
-cargo fuzz build -O -a
+cargo fuzz build -O -a || exit 1
+failed=()
 for t in "${targets[@]}"; do
   mkdir -p "corpus/$t"
   seeds=()
   if [ -d "seeds/$t" ]; then seeds=("seeds/$t"); fi
   echo "== $t: ${secs}s on cpu $cpu"
   taskset -c "$cpu" cargo fuzz run -O -a "$t" "corpus/$t" "${seeds[@]}" -- \
-    -max_total_time="$secs" -print_final_stats=1 -rss_limit_mb=2048 -timeout=10
+    -max_total_time="$secs" -print_final_stats=1 -rss_limit_mb=2048 -timeout=10 || failed+=("$t")
 done
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "fuzz: crashes in: ${failed[*]} (see fuzz/artifacts/)"
+  exit 1
+fi
+echo "fuzz: no crash"

@@ -119,13 +119,14 @@ fn write_damaged(t: &Template, dir: &Path, inp: &mut Input<'_>) {
             // Flip a byte in the last 4 KiB (the entry slots grow down from the end).
             2 | 3 => b[len - 1 - at % len.min(4096)] ^= x | 1,
             // Overwrite a whole entry slot (a torn or stale 32-byte entry).
-            4 => {
+            4 if len >= 32 => {
                 let slot = 1 + at % (len / 32).min(128);
                 let s = len - 32 * slot;
                 for (k, byte) in b[s..s + 32].iter_mut().enumerate() {
                     *byte = x.wrapping_mul(k as u8 + 1);
                 }
             }
+            4 => {}
             // Flip a byte in the header (first 64 bytes).
             5 => b[at % len.min(64)] ^= x | 1,
             // Truncate.
