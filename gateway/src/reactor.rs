@@ -1160,6 +1160,7 @@ impl Core {
                         then_log_from,
                     } => {
                         self.m().resume(ResumeClass::Aligned);
+                        preamble = sse::subscribe_head_resumed(retry_ms, "aligned");
                         let parked = self.take_parked(key, window_from);
                         let evs: Vec<_> = parked
                             .into_iter()
@@ -1176,10 +1177,12 @@ impl Core {
                     }
                     ResumePlan::Replay { from } => {
                         self.m().resume(ResumeClass::Replay);
+                        preamble = sse::subscribe_head_resumed(retry_ms, "replay");
                         from
                     }
                     ResumePlan::UpToDate { from } => {
                         self.m().resume(ResumeClass::UpToDate);
+                        preamble = sse::subscribe_head_resumed(retry_ms, "up-to-date");
                         from
                     }
                     ResumePlan::Truncated {
@@ -1188,6 +1191,7 @@ impl Core {
                         tail,
                     } => {
                         self.m().resume(ResumeClass::Truncated);
+                        preamble = sse::subscribe_head_resumed(retry_ms, "truncated");
                         let json =
                             sse::truncated_json(TruncatedReason::Truncated, requested, floor, tail);
                         match q.on_truncated {

@@ -8,9 +8,20 @@
 /// delimited by connection close (no Content-Length, no chunking), so events can be sent
 /// straight from the mapped log without per-chunk framing.
 pub fn subscribe_head(retry_ms: u64) -> Vec<u8> {
+    head(retry_ms, "")
+}
+
+/// The same head for a resume (a `Last-Event-ID` was given), with an
+/// `X-Resume-Class: <class>` header saying how the server classified it (`aligned`,
+/// `replay`, `up-to-date`, or `truncated` for the in-band `on_truncated` answers).
+pub fn subscribe_head_resumed(retry_ms: u64, class: &str) -> Vec<u8> {
+    head(retry_ms, &format!("X-Resume-Class: {class}\r\n"))
+}
+
+fn head(retry_ms: u64, extra: &str) -> Vec<u8> {
     format!(
         "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n\
-         Connection: close\r\nX-Accel-Buffering: no\r\n\r\nretry: {retry_ms}\n\n"
+         Connection: close\r\nX-Accel-Buffering: no\r\n{extra}\r\nretry: {retry_ms}\n\n"
     )
     .into_bytes()
 }
@@ -130,5 +141,14 @@ mod tests {
         assert!(h.contains("Content-Type: text/event-stream\r\n"));
         assert!(h.contains("Cache-Control: no-cache\r\n"));
         assert!(h.ends_with("\r\n\r\nretry: 500\n\n"));
+        assert!(!h.contains("X-Resume-Class"));
+    }
+
+    #[test]
+    fn resumed_head_names_the_class() {
+        let h = String::from_utf8(subscribe_head_resumed(500, "up-to-date")).unwrap();
+        assert!(h.starts_with("HTTP/1.1 200 OK\r\n"));
+        assert!(h.contains("\r\nX-Resume-Class: up-to-date\r\n\r\nretry: 500\n\n"));
+        assert_eq!(h.matches("\r\n\r\n").count(), 1);
     }
 }

@@ -1,0 +1,251 @@
+//! End-to-end tests of the `X-Resume-Class` response header over real loopback sockets against
+//! the built `gateway` binary: a resume says how the server classified it (`replay`,
+//! `up-to-date`, `aligned`, `truncated`), a plain subscription carries no such header, and the
+//! headers agree with the `gateway_resumes_total` counters. No timed assertions: every wait is
+//! bounded and only correctness is asserted. Uses the helpers of `tests/common`.
+#![forbid(unsafe_code)]
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use common::*;
+
+/// A subscription whose response head is kept (the shared `Sse` helper drops it).
+struct Sub {
+    stream: TcpStream,
+    status: u16,
+    head: String,
+    buf: Vec<u8>,
+    pos: usize,
+}
+
+impl Sub {
+    fn open(addr: SocketAddr, path: &str, last_event_id: Option<&str>) -> Sub {
+        let mut s = connect(addr);
+        let mut req = format!("GET {path} HTTP/1.1\r\nHost: t\r\nAccept: text/event-stream\r\n");
+        if let Some(id) = last_event_id {
+            req.push_str(&format!("Last-Event-ID: {id}\r\n"));
+        }
+        req.push_str("\r\n");
+        s.write_all(req.as_bytes()).unwrap();
+        let mut buf = Vec::new();
+        let mut tmp = [0u8; 65536];
+        let end = loop {
+            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            let n = s.read(&mut tmp).expect("read head");
+            assert!(n > 0, "connection closed before the response head");
+            buf.extend_from_slice(&tmp[..n]);
+        };
+        let head = String::from_utf8(buf[..end].to_vec()).unwrap();
+        let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+        Sub {
+            stream: s,
+            status,
+            head,
+            buf,
+            pos: end,
+        }
+    }
+
+    /// The `X-Resume-Class` header's value, if present (header names are case-insensitive).
+    fn class(&self) -> Option<String> {
+        self.head.split("\r\n").find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("x-resume-class")
+                .then(|| v.trim().to_string())
+        })
+    }
+
+    /// IDs of the complete events buffered so far (blocks without `id:` are skipped).
+    fn take_ids(&mut self) -> Vec<String> {
+        let mut ids = Vec::new();
+        while let Some(end) = self.buf[self.pos..].windows(2).position(|w| w == b"\n\n") {
+            let block = String::from_utf8(self.buf[self.pos..self.pos + end].to_vec()).unwrap();
+            self.pos += end + 2;
+            if let Some(id) = block.lines().find_map(|l| l.strip_prefix("id: ")) {
+                ids.push(id.to_string());
+            }
+        }
+        ids
+    }
+
+    /// Blocks (bounded by the read timeout) for the next event's ID; None on EOF.
+    fn next_id(&mut self) -> Option<String> {
+        let mut tmp = [0u8; 65536];
+        loop {
+            if let Some(end) = self.buf[self.pos..].windows(2).position(|w| w == b"\n\n") {
+                let block = String::from_utf8(self.buf[self.pos..self.pos + end].to_vec()).unwrap();
+                self.pos += end + 2;
+                if let Some(id) = block.lines().find_map(|l| l.strip_prefix("id: ")) {
+                    return Some(id.to_string());
+                }
+                continue;
+            }
+            let n = self.stream.read(&mut tmp).expect("sse read");
+            if n == 0 {
+                return None;
+            }
+            self.buf.extend_from_slice(&tmp[..n]);
+        }
+    }
+}
+
+/// Replay (no parked window, the successor is in the log), up-to-date (the newest ID) and no
+/// header at all on a subscription that is not a resume, by header and by query parameter.
+#[test]
+fn replay_and_up_to_date_resumes_say_so() {
+    let g = Gateway::start(&["--cores", "1", "--fsync", "never"]);
+    let ids = publish_batch(g.addr, "rc", &["a".into(), "b".into(), "c".into()]);
+
+    let plain = Sub::open(g.addr, "/v1/streams/rc?from=earliest", None);
+    assert_eq!((plain.status, plain.class()), (200, None));
+
+    let mut replay = Sub::open(g.addr, "/v1/streams/rc", Some(&ids[0]));
+    assert_eq!(replay.status, 200);
+    assert_eq!(replay.class().as_deref(), Some("replay"));
+    assert_eq!(replay.next_id().as_deref(), Some(ids[1].as_str()));
+
+    let by_query = Sub::open(
+        g.addr,
+        &format!("/v1/streams/rc?last_event_id={}", ids[1]),
+        None,
+    );
+    assert_eq!(by_query.class().as_deref(), Some("replay"));
+
+    let mut latest = Sub::open(g.addr, "/v1/streams/rc", Some(&ids[2]));
+    assert_eq!(latest.status, 200);
+    assert_eq!(latest.class().as_deref(), Some("up-to-date"));
+    let id4 = publish(g.addr, "rc", "d");
+    assert_eq!(latest.next_id().as_deref(), Some(id4.as_str()));
+
+    assert_eq!(g.metric("gateway_resumes_total", "class=\"replay\""), 2);
+    assert_eq!(g.metric("gateway_resumes_total", "class=\"up_to_date\""), 1);
+    assert_eq!(g.metric("gateway_resumes_total", "class=\"aligned\""), 0);
+}
+
+/// The in-band truncated answer (`?on_truncated=earliest`) is a 200 that says `truncated`; the
+/// default answer is a 410 without the header.
+#[test]
+fn truncated_in_band_resume_says_truncated() {
+    let g = Gateway::start(&[
+        "--cores",
+        "1",
+        "--fsync",
+        "never",
+        "--segment-bytes",
+        "65536",
+        "--retain-bytes",
+        "65536",
+    ]);
+    let first = publish(g.addr, "tr", "x");
+    let payload = "t".repeat(500);
+    let mut floor = 1;
+    for round in 0..300 {
+        if round > 20 {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let datas: Vec<String> = (0..100).map(|_| payload.clone()).collect();
+        publish_batch(g.addr, "tr", &datas);
+        let (_, _, body) = request(
+            g.addr,
+            "GET",
+            &format!("/v1/streams/tr?last_event_id={first}"),
+            &[],
+            b"",
+        );
+        if let Some(f) = serde_json::from_slice::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| v["floor"].as_u64())
+        {
+            floor = f;
+            break;
+        }
+    }
+    assert!(floor > 2, "retention never deleted the first event");
+    let gone = Sub::open(g.addr, "/v1/streams/tr", Some(&first));
+    assert_eq!((gone.status, gone.class()), (410, None));
+    let mut s = Sub::open(g.addr, "/v1/streams/tr?on_truncated=earliest", Some(&first));
+    assert_eq!(s.status, 200);
+    assert_eq!(s.class().as_deref(), Some("truncated"));
+    assert!(seq_of(&s.next_id().unwrap()) >= floor);
+}
+
+/// The parked-window setup of `e2e.rs` (`parked_window_resume`): a client that lets the server
+/// fill its socket, drains what arrived and leaves; resumes that the server can serve from the
+/// parked window say `aligned`, the others `replay`, and the headers seen equal the counters.
+#[test]
+fn parked_window_resume_says_aligned() {
+    let g = Gateway::start(&[
+        "--cores",
+        "1",
+        "--fsync",
+        "never",
+        "--notsent-lowat-bytes",
+        "16384",
+    ]);
+    let n = 20_000usize;
+    let payload = "z".repeat(200);
+    let mut published = 0;
+    while published < n {
+        let datas: Vec<String> = (published..published + 500)
+            .map(|i| format!("{i}:{payload}"))
+            .collect();
+        publish_batch(g.addr, "park", &datas);
+        published += 500;
+    }
+    let mut got: Vec<u64> = Vec::new();
+    let mut last: Option<String> = None;
+    let (mut aligned, mut replay, mut up_to_date) = (0u64, 0u64, 0u64);
+    for _attempt in 0..2000 {
+        if got.len() >= n {
+            break;
+        }
+        let mut s = Sub::open(g.addr, "/v1/streams/park?from=earliest", last.as_deref());
+        assert_eq!(s.status, 200);
+        match (last.is_some(), s.class().as_deref()) {
+            (false, None) => {}
+            (true, Some("aligned")) => aligned += 1,
+            (true, Some("replay")) => replay += 1,
+            (true, Some("up-to-date")) => up_to_date += 1,
+            (resumed, other) => panic!("resume={resumed}: unexpected X-Resume-Class {other:?}"),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        s.stream.set_nonblocking(true).unwrap();
+        let mut tmp = vec![0u8; 1 << 16];
+        let mut drained = 0;
+        while drained < (128 << 10) {
+            match s.stream.read(&mut tmp) {
+                Ok(0) => break,
+                Ok(k) => {
+                    s.buf.extend_from_slice(&tmp[..k]);
+                    drained += k;
+                }
+                Err(_) => break,
+            }
+        }
+        for id in s.take_ids() {
+            got.push(seq_of(&id));
+            last = Some(id);
+        }
+    }
+    assert_eq!(got.len(), n);
+    assert!(
+        got.iter().enumerate().all(|(i, &s)| s == i as u64 + 1),
+        "gap or duplicate"
+    );
+    eprintln!("headers: aligned={aligned} replay={replay} up-to-date={up_to_date}");
+    assert!(aligned > 0, "no resume said aligned (replay={replay})");
+    assert_eq!(
+        (aligned, replay, up_to_date),
+        (
+            g.metric("gateway_resumes_total", "class=\"aligned\""),
+            g.metric("gateway_resumes_total", "class=\"replay\""),
+            g.metric("gateway_resumes_total", "class=\"up_to_date\""),
+        )
+    );
+}
