@@ -15,6 +15,13 @@ pub struct McpArgs {
     #[arg(long)]
     pub upstream_cmd: Option<String>,
 
+    /// Serve MCP streamable HTTP at --mcp-path in front of this streamable-HTTP MCP server
+    /// (plain `http://host:port/path`, loopback; no TLS). One upstream HTTP session per MCP
+    /// session; every message goes through the gateway's log, so the upstream needs no
+    /// resumability of its own. Exclusive with --upstream-cmd.
+    #[arg(long)]
+    pub upstream_url: Option<String>,
+
     /// Path of the MCP endpoint.
     #[arg(long, default_value = "/mcp")]
     pub mcp_path: String,
@@ -68,6 +75,11 @@ pub struct McpArgs {
 }
 
 impl McpArgs {
+    /// The front is on (one of the upstream flags is given).
+    pub fn enabled(&self) -> bool {
+        self.upstream_cmd.is_some() || self.upstream_url.is_some()
+    }
+
     /// The core's configuration.
     pub fn core_config(&self) -> McpConfig {
         McpConfig {
@@ -136,6 +148,13 @@ impl McpArgs {
             .is_some_and(|c| c.trim().is_empty())
         {
             return Err("--upstream-cmd is empty".into());
+        }
+        if let Some(url) = &self.upstream_url {
+            if self.upstream_cmd.is_some() {
+                return Err("--upstream-cmd and --upstream-url are exclusive".into());
+            }
+            super::http_upstream::parse_url(url)
+                .map_err(|e| format!("--upstream-url {url:?}: {e}"))?;
         }
         Ok(())
     }

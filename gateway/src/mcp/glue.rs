@@ -9,7 +9,7 @@
 //! the reactor's private connection and subscriber types; it holds no protocol logic itself.
 //! All MCP streams (`mcp/...`) hash to one shard (see `shards::shard_of`), so one core owns
 //! the MCP state; requests landing on other cores are handed to it like any stream request.
-//! Not done here: `--upstream-url` (HTTP upstreams).
+//! `--upstream-url` uses the same [`UpstreamSet`] holding HTTP clients instead of children.
 
 use super::*;
 use crate::mcp::core::{Action, ConnId, HttpMethod, HttpRequest, LogView, McpCore};
@@ -100,20 +100,26 @@ impl Core {
     /// recovers the sessions whose streams are in its log.
     pub(super) fn mcp_setup(&mut self) {
         let args = &self.shared.cfg.mcp;
-        let Some(cmd) = args.upstream_cmd.clone() else {
+        if !args.enabled() {
             return;
-        };
+        }
         let (shard, owner) = mcp_owner(&self.shared);
         if owner != self.id {
             return;
         }
         let efd = self.efd;
         let wake: Arc<dyn Fn() + Send + Sync> = Arc::new(move || sys::eventfd_wake(efd));
-        let ups = UpstreamSet::new(
-            cmd,
-            args.upstream_limits(self.shared.cfg.event_bytes_max),
-            wake,
-        );
+        let limits = args.upstream_limits(self.shared.cfg.event_bytes_max);
+        let ups = match (&args.upstream_cmd, &args.upstream_url) {
+            (Some(cmd), _) => UpstreamSet::new(cmd.clone(), limits, wake),
+            (None, Some(url)) => UpstreamSet::new_http(
+                crate::mcp::http_upstream::parse_url(url)
+                    .expect("--upstream-url is checked by McpArgs::validate at start"),
+                limits,
+                wake,
+            ),
+            (None, None) => unreachable!("enabled() checked"),
+        };
         let mut core = McpCore::new(
             args.core_config(),
             Box::new(|| {
@@ -159,7 +165,7 @@ impl Core {
     /// The MCP endpoint's path when the front is on.
     pub(super) fn mcp_path(&self) -> Option<String> {
         let args = &self.shared.cfg.mcp;
-        args.upstream_cmd.as_ref().map(|_| args.mcp_path.clone())
+        args.enabled().then(|| args.mcp_path.clone())
     }
 
     /// A request on the MCP path: wait for its body, hand it to the MCP core's owner, or run it.

@@ -18,5 +18,6 @@ pub mod config;
 pub mod core;
 pub mod era;
 pub mod headers;
+pub mod http_upstream;
 pub mod jsonrpc;
 pub mod upstream;

@@ -10,9 +10,14 @@
 //! processes are few and slow compared to client sockets, and blocking threads keep this
 //! module free of `unsafe`. Kill = close stdin (the MCP stdio shutdown), then SIGKILL after
 //! `kill_grace_ms` if the child has not exited; exited children are reaped by `poll`.
+//!
+//! With `--upstream-url` the same set holds HTTP clients instead of children
+//! ([`super::http_upstream`]); the interface and the events are the same, so the core and the
+//! driver do not know which kind they talk to.
 #![forbid(unsafe_code)]
 
 use super::core::UpstreamId;
+use super::http_upstream::{HttpTarget, HttpUpstream};
 use crossbeam::channel::{self, Receiver, Sender, TrySendError};
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -57,6 +62,9 @@ pub struct UpstreamSet {
     rx: Receiver<UpstreamEvent>,
     wake: Arc<dyn Fn() + Send + Sync>,
     procs: HashMap<UpstreamId, Proc>,
+    /// `--upstream-url`: HTTP clients instead of children.
+    target: Option<HttpTarget>,
+    http: HashMap<UpstreamId, (HttpUpstream, Option<Instant>)>,
 }
 
 impl std::fmt::Debug for UpstreamSet {
@@ -64,6 +72,7 @@ impl std::fmt::Debug for UpstreamSet {
         f.debug_struct("UpstreamSet")
             .field("cmd", &self.cmd)
             .field("children", &self.procs.len())
+            .field("http", &self.http.len())
             .finish()
     }
 }
@@ -83,15 +92,40 @@ impl UpstreamSet {
             rx,
             wake,
             procs: HashMap::new(),
+            target: None,
+            http: HashMap::new(),
         }
     }
 
+    /// A set of HTTP clients towards `target` (`--upstream-url`).
+    pub fn new_http(
+        target: HttpTarget,
+        limits: UpstreamLimits,
+        wake: Arc<dyn Fn() + Send + Sync>,
+    ) -> UpstreamSet {
+        let mut s = UpstreamSet::new(String::new(), limits, wake);
+        s.target = Some(target);
+        s
+    }
+
     pub fn children(&self) -> usize {
-        self.procs.len()
+        self.procs.len() + self.http.len()
     }
 
     /// Starts the child for `id`. `session` is exported as `MCP_GATEWAY_SESSION`.
     pub fn spawn(&mut self, id: UpstreamId, session: Option<&str>) -> Result<(), String> {
+        if let Some(t) = &self.target {
+            let h = HttpUpstream::start(
+                id,
+                t.clone(),
+                self.limits.line_bytes_max,
+                self.limits.queue_lines_max,
+                self.tx.clone(),
+                self.wake.clone(),
+            )?;
+            self.http.insert(id, (h, None));
+            return Ok(());
+        }
         let mut cmd = Command::new("sh");
         cmd.arg("-c")
             .arg(&self.cmd)
@@ -163,6 +197,19 @@ impl UpstreamSet {
     /// input fast enough to keep the queue under the limit is reported stuck (the caller
     /// treats it as exited).
     pub fn send(&mut self, id: UpstreamId, line: Vec<u8>) -> Result<(), String> {
+        if let Some((h, _)) = self.http.get(&id) {
+            let Some(tx) = h.lines() else {
+                return Err("upstream is being stopped".into());
+            };
+            return match tx.try_send(line) {
+                Ok(()) => Ok(()),
+                Err(TrySendError::Full(_)) => Err(format!(
+                    "upstream backlog over {} messages (--mcp-upstream-queue-lines-max)",
+                    self.limits.queue_lines_max
+                )),
+                Err(TrySendError::Disconnected(_)) => Err("upstream client stopped".into()),
+            };
+        }
         let Some(p) = self.procs.get_mut(&id) else {
             return Err("upstream is gone".into());
         };
@@ -181,6 +228,10 @@ impl UpstreamSet {
 
     /// Closes the child's stdin now; SIGKILL after the grace period if it is still running.
     pub fn kill(&mut self, id: UpstreamId, now: Instant) {
+        if let Some((h, at)) = self.http.get_mut(&id) {
+            h.stop();
+            at.get_or_insert(now + Duration::from_millis(self.limits.kill_grace_ms));
+        }
         if let Some(p) = self.procs.get_mut(&id) {
             p.stdin = None;
             p.kill_at
@@ -211,6 +262,15 @@ impl UpstreamSet {
         for (id, _) in &ended {
             self.procs.remove(id);
         }
+        for (id, (h, at)) in &mut self.http {
+            if h.finished() {
+                ended.push((*id, "HTTP upstream client stopped".into()));
+            } else if at.is_some_and(|t| t <= now) {
+                h.force();
+                *at = None;
+            }
+        }
+        self.http.retain(|_, (h, _)| !h.finished());
         ended
     }
 
@@ -219,12 +279,20 @@ impl UpstreamSet {
         for p in self.procs.values_mut() {
             p.stdin = None;
         }
+        for (h, _) in self.http.values_mut() {
+            h.stop();
+        }
         let deadline = Instant::now() + Duration::from_millis(self.limits.kill_grace_ms);
-        while !self.procs.is_empty() && Instant::now() < deadline {
+        while !(self.procs.is_empty() && self.http.is_empty()) && Instant::now() < deadline {
             self.procs
                 .retain(|_, p| !matches!(p.child.try_wait(), Ok(Some(_)) | Err(_)));
+            self.http.retain(|_, (h, _)| !h.finished());
             std::thread::sleep(Duration::from_millis(5));
         }
+        for (h, _) in self.http.values() {
+            h.force();
+        }
+        self.http.clear();
         for p in self.procs.values_mut() {
             let _ = p.child.kill();
             let _ = p.child.wait();
