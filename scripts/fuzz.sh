@@ -25,6 +25,10 @@ for t in "${targets[@]}"; do
   echo "== $t: ${secs}s on cpu $cpu"
   taskset -c "$cpu" cargo fuzz run -O -a "$t" "corpus/$t" "${seeds[@]}" -- \
     -max_total_time="$secs" -print_final_stats=1 -rss_limit_mb=2048 -timeout=10 || failed+=("$t")
+  # Targets keep a scratch log in /dev/shm (or /tmp) for the whole process; libFuzzer exits
+  # without running destructors, so remove what this run left behind.
+  rm -rf /dev/shm/fuzz-sse-frame* /dev/shm/fuzz-recovery* /dev/shm/fuzz-forged* \
+    /tmp/fuzz-sse-frame* /tmp/fuzz-recovery* /tmp/fuzz-forged*
 done
 if [ ${#failed[@]} -gt 0 ]; then
   echo "fuzz: crashes in: ${failed[*]} (see fuzz/artifacts/)"
