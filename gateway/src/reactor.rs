@@ -75,15 +75,18 @@ const OP_SEND: u8 = 4;
 const OP_POLL: u8 = 5;
 const OP_TXTS: u8 = 6;
 const OP_CANCEL: u8 = 7;
+const OP_WATCH: u8 = 8;
 
 const F_RECV: u8 = 1;
 const F_SEND: u8 = 2;
 const F_POLL: u8 = 4;
 const F_TXTS: u8 = 8;
+/// A subscriber's multishot poll for input/hang-up (it replaces recv on subscriber sockets).
+const F_WATCH: u8 = 16;
 /// Operations that point at connection memory (or whose fd use we must see end) before the
 /// fd may be closed and the slot reused. The TX timestamp command carries no buffer: its late
 /// completions are recognized as stale by generation.
-const F_OWNING: u8 = F_RECV | F_SEND | F_POLL;
+const F_OWNING: u8 = F_RECV | F_SEND | F_POLL | F_WATCH;
 
 const SOCKET_URING_OP_TX_TIMESTAMP: u32 = 4;
 const SCM_TSTAMP_ACK: u32 = 2;
@@ -435,9 +438,10 @@ impl Core {
                     OP_SEND => F_SEND,
                     OP_POLL => F_POLL,
                     OP_TXTS => F_TXTS,
+                    OP_WATCH => F_WATCH,
                     _ => unreachable!("unknown op {op}"),
                 };
-                if !(op == OP_TXTS && cqueue::more(flags)) {
+                if !(matches!(op, OP_TXTS | OP_WATCH) && cqueue::more(flags)) {
                     conn.inflight &= !bit;
                 }
                 let closing = conn.closing;
@@ -450,6 +454,7 @@ impl Core {
                     OP_SEND => self.on_send(slot, res),
                     OP_POLL => self.pump(slot),
                     OP_TXTS => self.on_tx_timestamp(slot, res, flags),
+                    OP_WATCH => self.on_watch(slot, res, flags),
                     _ => unreachable!(),
                 }
             }
@@ -597,9 +602,10 @@ impl Core {
         let now = self.now;
         let conn = self.conn(slot);
         if let State::Sub(_) = conn.state {
-            // A subscriber has nothing more to say; discard and keep watching for EOF.
+            // A recv armed before the connection became a subscriber: discard, and watch for
+            // EOF with the poll from now on.
             conn.rlen = 0;
-            self.arm_recv(slot);
+            self.arm_watch(slot);
             return;
         }
         conn.rlen += res as usize;
@@ -608,6 +614,52 @@ impl Core {
             conn.head_started = Some(now);
         }
         self.process_http(slot);
+    }
+
+    /// Arms a subscriber's multishot poll for input and hang-up, unless it is armed.
+    ///
+    /// Why not a recv: a subscriber socket has TX ACK timestamps on, and every timestamp
+    /// queued on its error queue wakes the socket's waiters with EPOLLERR. A recv parked on
+    /// io_uring's internal poll is woken, retried, finds no data, and — having been polled
+    /// once already — is punted to an io-wq worker thread that blocks in `tcp_recvmsg` (one
+    /// thread per subscriber, woken by every ACK). A multishot poll stays armed in the
+    /// kernel instead: a spurious wake costs one CQE, never a thread.
+    fn arm_watch(&mut self, slot: u32) {
+        let gen_ = self.gen_of(slot);
+        let conn = self.conn(slot);
+        if conn.inflight & F_WATCH != 0 || conn.closing {
+            return;
+        }
+        conn.inflight |= F_WATCH;
+        let mask = (libc::POLLIN | libc::POLLRDHUP) as u32;
+        let e = opcode::PollAdd::new(types::Fd(conn.fd), mask)
+            .multi(true)
+            .build()
+            .user_data(ud(slot, gen_, OP_WATCH));
+        // SAFETY: poll points at no memory of ours.
+        unsafe { self.push(e) };
+    }
+
+    /// A subscriber's poll fired: hang-up or reset closes; input is read and discarded (a
+    /// subscriber has nothing more to say); an error-queue wake (a TX timestamp) is ignored.
+    fn on_watch(&mut self, slot: u32, res: i32, flags: u32) {
+        if res < 0 {
+            self.close_conn(slot);
+            return;
+        }
+        let mask = res as u32 as i16;
+        if mask & (libc::POLLHUP | libc::POLLRDHUP) != 0 {
+            self.close_conn(slot);
+            return;
+        }
+        if mask & libc::POLLIN != 0 && sys::discard_input(self.conn(slot).fd) == sys::Input::Gone {
+            self.close_conn(slot);
+            return;
+        }
+        // Ended without F_MORE (e.g. a full completion queue ends multishot polls): re-arm.
+        if !cqueue::more(flags) {
+            self.arm_watch(slot);
+        }
     }
 
     /// Queues a response that is ready now (after any earlier ones) and sends what can go.
@@ -1350,8 +1402,10 @@ impl Core {
             // SAFETY: the command points at no memory of ours.
             unsafe { self.push(e) };
         }
+        // EOF detection: the multishot poll (see arm_watch). A recv still in flight from the
+        // HTTP phase hands over to the poll when it completes (on_recv).
         if self.conn(slot).inflight & F_RECV == 0 {
-            self.arm_recv(slot);
+            self.arm_watch(slot);
         }
         self.pump(slot);
     }

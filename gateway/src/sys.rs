@@ -161,6 +161,37 @@ pub fn outq_bytes(fd: RawFd) -> io::Result<u64> {
     Ok(v.max(0) as u64)
 }
 
+/// What [`discard_input`] found on a socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Input {
+    /// Nothing (more) to read now; the peer is still there.
+    Open,
+    /// End of stream or a socket error: the peer is gone.
+    Gone,
+}
+
+/// Reads and drops whatever a peer sent, without blocking (bounded: 64 reads of 4 KiB; more
+/// is left for the next poll wake-up).
+pub fn discard_input(fd: RawFd) -> Input {
+    let mut buf = [0u8; 4096];
+    for _ in 0..64 {
+        // SAFETY: `buf` is valid for writes of its length during the call.
+        let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+        match n {
+            0 => return Input::Gone,
+            n if n > 0 => continue,
+            _ => {
+                let e = io::Error::last_os_error().raw_os_error();
+                return match e {
+                    Some(libc::EAGAIN | libc::EINTR) => Input::Open,
+                    _ => Input::Gone,
+                };
+            }
+        }
+    }
+    Input::Open
+}
+
 /// A non-blocking, close-on-exec eventfd.
 pub fn eventfd() -> io::Result<RawFd> {
     // SAFETY: plain syscall with constant arguments.
