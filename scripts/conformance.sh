@@ -4,7 +4,8 @@
 #    mcp-tests/package-lock.json) against the gateway, with mcp-fixture (our SDK-based MCP
 #    server) behind it as a stdio upstream (--upstream-cmd): the active server suite plus the
 #    scenarios the issue names: server-sse-polling, server-sse-multiple-streams,
-#    server-session-lifecycle (and json-schema-2020-12);
+#    server-session-lifecycle (and json-schema-2020-12); then the same again with mcp-fixture as
+#    a streamable-HTTP upstream without resumability (`server.mjs --http 0`, --upstream-url);
 # 2. the exactly-once tests with the official clients: mcp-tests/exactly-once.mjs (TypeScript
 #    SDK; also server-everything as upstream) and mcp-tests/exactly_once.py (PyPI `mcp`).
 # Loopback only; every step is bounded. Exit status: 0 when no conformance check FAILED and
@@ -49,50 +50,62 @@ OUT=${CONFORMANCE_OUT:-$WORK/results}
 mkdir -p "$OUT"
 GW_PID=
 cleanup() {
-  if [[ -n $GW_PID ]] && kill -0 "$GW_PID" 2>/dev/null; then
-    kill -TERM "$GW_PID" 2>/dev/null || true
-    for _ in $(seq 50); do kill -0 "$GW_PID" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$GW_PID" 2>/dev/null || true
-  fi
+  stop_pids "$GW_PID" "${FX_PID:-}"
   [[ -z ${CONFORMANCE_OUT:-} ]] && rm -rf "$WORK"
   return 0
 }
 trap cleanup EXIT
 
-echo "== starting gateway with mcp-fixture behind it"
-# --mcp-post-hold-ms: a POST stream whose response takes longer than this is cut after its
-# priming event, so server-sse-polling exercises GET + Last-Event-ID resumption from the log.
-"$GATEWAY" --listen 127.0.0.1:0 --data-dir "$WORK/data" --cores 2 \
-  --upstream-cmd "node '$ROOT/mcp-fixture/server.mjs'" --mcp-post-hold-ms 50 \
-  >"$WORK/gateway.out" 2>"$WORK/gateway.err" &
-GW_PID=$!
-ADDR=
-for _ in $(seq 300); do
-  ADDR=$(sed -n 's/^listening on //p' "$WORK/gateway.out" | head -1)
-  [[ -n $ADDR ]] && break
-  kill -0 "$GW_PID" 2>/dev/null || { cat "$WORK/gateway.err" >&2; fail "gateway exited at start"; }
-  sleep 0.1
-done
-[[ -n $ADDR ]] || fail "gateway did not print its address within 30 s"
-URL=http://$ADDR/mcp
-echo "   $URL"
-
-run() { # name, args...
-  local name=$1; shift
-  echo "== conformance: $name"
-  if ! timeout 600 "$CONFORMANCE" server --url "$URL" --timeout 30000 -o "$OUT/$name" "$@" >"$OUT/$name.log" 2>&1; then
-    echo "   (conformance exited non-zero; see $OUT/$name.log)" >&2
-  fi
-  grep -E "✓|✗|^Total|Passed:" "$OUT/$name.log" | sed 's/^/   /' || true
+FX_PID=
+stop_pids() {
+  for pid in "$@"; do
+    [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null || continue
+    kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
+  return 0
 }
-run suite
-for s in server-sse-polling server-sse-multiple-streams server-session-lifecycle json-schema-2020-12; do
-  run "$s" --scenario "$s"
-done
 
-echo "== verdict"
-STATUS=0
-node - "$OUT" <<'EOF' || STATUS=1
+# One pass: the gateway with the given upstream flags, the suite and the named scenarios, the
+# verdict over this pass's results. $1 = pass name, rest = upstream flags.
+conformance_pass() {
+  local pass=$1; shift
+  local out=$OUT/$pass
+  mkdir -p "$out"
+  echo "== [$pass] starting gateway: $*"
+  # --mcp-post-hold-ms: a POST stream whose response takes longer than this is cut after its
+  # priming event, so server-sse-polling exercises GET + Last-Event-ID resumption from the log.
+  "$GATEWAY" --listen 127.0.0.1:0 --data-dir "$WORK/data-$pass" --cores 2 \
+    "$@" --mcp-post-hold-ms 50 \
+    >"$WORK/gateway-$pass.out" 2>"$WORK/gateway-$pass.err" &
+  GW_PID=$!
+  local addr=
+  for _ in $(seq 300); do
+    addr=$(sed -n 's/^listening on //p' "$WORK/gateway-$pass.out" | head -1)
+    [[ -n $addr ]] && break
+    kill -0 "$GW_PID" 2>/dev/null || { cat "$WORK/gateway-$pass.err" >&2; fail "gateway exited at start"; }
+    sleep 0.1
+  done
+  [[ -n $addr ]] || fail "gateway did not print its address within 30 s"
+  URL=http://$addr/mcp
+  echo "   $URL"
+  run() { # name, args...
+    local name=$1; shift
+    echo "== [$pass] conformance: $name"
+    if ! timeout 600 "$CONFORMANCE" server --url "$URL" --timeout 30000 -o "$out/$name" "$@" >"$out/$name.log" 2>&1; then
+      echo "   (conformance exited non-zero; see $out/$name.log)" >&2
+    fi
+    grep -E "✓|✗|^Total|Passed:" "$out/$name.log" | sed 's/^/   /' || true
+  }
+  run suite
+  for s in server-sse-polling server-sse-multiple-streams server-session-lifecycle json-schema-2020-12; do
+    run "$s" --scenario "$s"
+  done
+  echo "== [$pass] verdict"
+  local rc=0
+  node - "$out" <<'EOF' || rc=1
 const fs = require('fs'), path = require('path');
 const out = process.argv[2];
 const files = [];
@@ -119,10 +132,33 @@ console.log(`${files.length} scenario result files, ${success} checks passed, ${
 if (files.length < 5) { console.log('too few result files: the suite did not run'); process.exit(1); }
 process.exit(failures === 0 ? 0 : 1);
 EOF
+  stop_pids "$GW_PID"
+  GW_PID=
+  return $rc
+}
+
+STATUS=0
+# Pass 1: mcp-fixture as a stdio upstream (--upstream-cmd).
+conformance_pass stdio --upstream-cmd "node '$ROOT/mcp-fixture/server.mjs'" || STATUS=1
+
+# Pass 2: mcp-fixture as a streamable-HTTP upstream WITHOUT resumability (--upstream-url): the
+# gateway's log makes its streams resumable.
+echo "== starting mcp-fixture --http (no event store)"
+node "$ROOT/mcp-fixture/server.mjs" --http 0 2>"$WORK/fixture-http.err" &
+FX_PID=$!
+FX_URL=
+for _ in $(seq 300); do
+  FX_URL=$(sed -n 's/^mcp-fixture: streamable HTTP on //p' "$WORK/fixture-http.err" | head -1)
+  [[ -n $FX_URL ]] && break
+  kill -0 "$FX_PID" 2>/dev/null || { cat "$WORK/fixture-http.err" >&2; fail "mcp-fixture --http exited at start"; }
+  sleep 0.1
+done
+[[ -n $FX_URL ]] || fail "mcp-fixture --http did not print its URL within 30 s"
+conformance_pass http --upstream-url "$FX_URL" || STATUS=1
+stop_pids "$FX_PID"
+FX_PID=
 
 # The client tests start their own gateways.
-kill -TERM "$GW_PID" 2>/dev/null || true
-wait "$GW_PID" 2>/dev/null || true
 if [[ $CLIENTS == 1 ]]; then
   echo "== exactly-once: TypeScript SDK client (mcp-tests/exactly-once.mjs)"
   GATEWAY_BIN=$GATEWAY timeout 900 node mcp-tests/exactly-once.mjs || STATUS=1

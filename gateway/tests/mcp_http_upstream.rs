@@ -1,0 +1,497 @@
+//! End-to-end tests of `--upstream-url`: the gateway in front of a streamable-HTTP MCP server
+//! that keeps no history (a tiny in-test server on std::net, loopback, every wait bounded). It
+//! checks that the upstream's JSON and SSE (chunked, multi-line `data`) answers reach the
+//! client, that the upstream's session id and protocol version go on later requests, that its
+//! GET stream is tried and its session DELETEd at the end, that a progress stream cut by the
+//! client resumes exactly once from the gateway's log (the upstream cannot resume), that an
+//! upstream which ends a stream without the response, answers 500, or forgets the session
+//! produces explicit JSON-RPC errors, and that `https://` is refused at start.
+#![forbid(unsafe_code)]
+
+mod common;
+mod mcp_client;
+
+use common::Gateway;
+use mcp_client::{Ev, Exchange};
+use serde_json::{Value, json};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const ACCEPT: (&str, &str) = ("Accept", "application/json, text/event-stream");
+const UP_SESSION: &str = "up-session-1";
+
+/// One request the upstream saw.
+#[derive(Debug, Clone)]
+struct Seen {
+    method: String,
+    headers: Vec<(String, String)>,
+    body: Value,
+}
+
+impl Seen {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// A minimal streamable-HTTP MCP server without resumability. Tools (by `params.name`):
+/// `progress` (`arguments.count` progress notifications, then the result, as a chunked SSE
+/// stream), `cut` (one progress notification, then the stream ends without a response),
+/// `fail` (HTTP 500), `gone` (404: the session is unknown).
+struct Upstream {
+    url: String,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+impl Upstream {
+    fn start() -> Upstream {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.set_nonblocking(true).unwrap();
+        let url = format!("http://{}/mcp", l.local_addr().unwrap());
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (seen2, stop2) = (seen.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let deadline = Instant::now() + Duration::from_secs(120);
+            while !stop2.load(Ordering::SeqCst) && Instant::now() < deadline {
+                match l.accept() {
+                    Ok((s, _)) => {
+                        let seen = seen2.clone();
+                        std::thread::spawn(move || serve(s, &seen));
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            }
+        });
+        Upstream { url, seen, stop }
+    }
+
+    fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    /// Waits (bounded) until a request matching `f` was seen.
+    fn wait_for(&self, what: &str, f: impl Fn(&Seen) -> bool) -> Seen {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(s) = self.seen().into_iter().find(|s| f(s)) {
+                return s;
+            }
+            assert!(Instant::now() < deadline, "upstream never saw {what}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+fn serve(s: TcpStream, seen: &Mutex<Vec<Seen>>) {
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    let mut line = String::new();
+    if r.read_line(&mut line).unwrap_or(0) == 0 {
+        return;
+    }
+    let method = line.split(' ').next().unwrap_or("").to_owned();
+    let mut headers = Vec::new();
+    let mut len = 0usize;
+    loop {
+        line.clear();
+        r.read_line(&mut line).unwrap();
+        let l = line.trim_end();
+        if l.is_empty() {
+            break;
+        }
+        let (k, v) = l.split_once(':').unwrap();
+        if k.eq_ignore_ascii_case("content-length") {
+            len = v.trim().parse().unwrap();
+        }
+        headers.push((k.trim().to_owned(), v.trim().to_owned()));
+    }
+    let mut body = vec![0u8; len];
+    r.read_exact(&mut body).unwrap();
+    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    seen.lock().unwrap().push(Seen {
+        method: method.clone(),
+        headers,
+        body: body.clone(),
+    });
+    let mut w = s;
+    let plain = |w: &mut TcpStream, status: &str, extra: &str, body: &str| {
+        let _ = write!(
+            w,
+            "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{extra}Connection: close\r\n\r\n{body}",
+            body.len()
+        );
+    };
+    match method.as_str() {
+        "GET" => {
+            return plain(
+                &mut w,
+                "405 Method Not Allowed",
+                "Allow: POST, DELETE\r\n",
+                "",
+            );
+        }
+        "DELETE" => return plain(&mut w, "200 OK", "", ""),
+        _ => {}
+    }
+    let id = body.get("id").cloned();
+    let Some(id) = id else {
+        return plain(&mut w, "202 Accepted", "", ""); // notification or response
+    };
+    match body["method"].as_str() {
+        Some("initialize") => {
+            let v = body["params"]["protocolVersion"].clone();
+            let resp = json!({"jsonrpc":"2.0","id":id,"result":{"protocolVersion":v,
+                "capabilities":{"tools":{}},"serverInfo":{"name":"in-test","version":"1"}}});
+            let extra = format!("Mcp-Session-Id: {UP_SESSION}\r\n");
+            plain(&mut w, "200 OK", &extra, &resp.to_string());
+        }
+        Some("tools/call") => {
+            let token = body["params"]["_meta"]["progressToken"].clone();
+            let progress = |p: u64| {
+                json!({"jsonrpc":"2.0","method":"notifications/progress",
+                    "params":{"progressToken":token,"progress":p}})
+            };
+            let chunk = |w: &mut TcpStream, text: &str| {
+                let _ = write!(w, "{:x}\r\n{text}\r\n", text.len());
+            };
+            let sse_head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n";
+            match body["params"]["name"].as_str() {
+                Some("progress") => {
+                    let n = body["params"]["arguments"]["count"].as_u64().unwrap();
+                    let _ = w.write_all(sse_head.as_bytes());
+                    chunk(&mut w, ": a comment\nid: up-1\ndata:\n\n"); // the SDK's priming
+                    for p in 0..n {
+                        // Every 7th event split over two data lines (joined with \n, which
+                        // is JSON whitespace between two tokens).
+                        let text = progress(p).to_string();
+                        let ev = if p % 7 == 3 {
+                            let at = text.find(",\"params\"").unwrap();
+                            let (a, b) = text.split_at(at);
+                            format!("event: message\ndata: {a}\ndata: {b}\n\n")
+                        } else {
+                            format!("data: {text}\r\n\r\n")
+                        };
+                        chunk(&mut w, &ev);
+                    }
+                    let resp = json!({"jsonrpc":"2.0","id":id,"result":{"content":[{"type":"text","text":"done"}]}});
+                    chunk(&mut w, &format!("data: {resp}\n\n"));
+                    let _ = w.write_all(b"0\r\n\r\n");
+                }
+                Some("cut") => {
+                    let _ = w.write_all(sse_head.as_bytes());
+                    chunk(&mut w, &format!("data: {}\n\n", progress(0)));
+                    let _ = w.write_all(b"0\r\n\r\n");
+                }
+                Some("fail") => plain(&mut w, "500 Internal Server Error", "", "boom"),
+                Some("gone") => plain(&mut w, "404 Not Found", "", "{}"),
+                _ => {
+                    let resp = json!({"jsonrpc":"2.0","id":id,"error":{"code":-32602,"message":"unknown tool"}});
+                    plain(&mut w, "200 OK", "", &resp.to_string());
+                }
+            }
+        }
+        _ => {
+            let resp = json!({"jsonrpc":"2.0","id":id,"result":{}});
+            plain(&mut w, "200 OK", "", &resp.to_string());
+        }
+    }
+}
+
+fn start(up: &Upstream) -> Gateway {
+    Gateway::start(&[
+        "--cores",
+        "2",
+        "--upstream-url",
+        &up.url,
+        "--mcp-retry-ms",
+        "50",
+    ])
+}
+
+fn initialize(addr: SocketAddr) -> String {
+    let init = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"e2e","version":"1"}}}"#;
+    let mut x = Exchange::send(addr, "POST", &[ACCEPT], init);
+    assert_eq!(x.status, 200);
+    let sid = x.header("mcp-session-id").expect("session id").to_owned();
+    assert_ne!(sid, UP_SESSION, "the gateway mints its own session ids");
+    let mut resp = None;
+    while let Some(ev) = x.next_event() {
+        if !ev.data.is_empty() {
+            resp = Some(ev);
+        }
+    }
+    let v: Value = serde_json::from_str(&resp.expect("initialize result").data).unwrap();
+    assert_eq!(v["id"], 0);
+    assert_eq!(v["result"]["protocolVersion"], "2025-06-18");
+    let n = Exchange::send(
+        addr,
+        "POST",
+        &[ACCEPT, ("Mcp-Session-Id", &sid)],
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+    );
+    assert_eq!(n.status, 202);
+    sid
+}
+
+fn call(addr: SocketAddr, sid: &str, id: u64, body: Value) -> Exchange {
+    let mut b = body;
+    b["jsonrpc"] = json!("2.0");
+    b["id"] = json!(id);
+    b["method"] = json!("tools/call");
+    let x = Exchange::send(
+        addr,
+        "POST",
+        &[ACCEPT, ("Mcp-Session-Id", sid)],
+        &b.to_string(),
+    );
+    assert_eq!(x.status, 200, "{}", String::from_utf8_lossy(&x.body));
+    x
+}
+
+/// The messages (non-empty data) of a stream until it ends.
+fn messages(x: &mut Exchange) -> Vec<Value> {
+    let mut out = Vec::new();
+    while let Some(Ev { data, .. }) = x.next_event() {
+        if !data.is_empty() {
+            out.push(serde_json::from_str(&data).unwrap());
+        }
+    }
+    out
+}
+
+/// The whole legacy round trip through an upstream without resumability, with a client cut
+/// in the middle of a progress stream resumed exactly once from the gateway's log.
+#[test]
+fn mcp_http_upstream_round_trip_and_resume_from_our_log() {
+    let up = Upstream::start();
+    let g = start(&up);
+    let a = g.addr;
+    let sid = initialize(a);
+
+    let count = 60u64;
+    let mut x = call(
+        a,
+        &sid,
+        7,
+        json!({"params":{"name":"progress","arguments":{"count":count},"_meta":{"progressToken":"t7"}}}),
+    );
+    // Read a few messages, then drop the connection mid-stream.
+    let mut got: Vec<Value> = Vec::new();
+    let mut last_id = None;
+    while got.len() < 11 {
+        let ev = x.next_event().expect("stream open");
+        last_id = ev.id.clone().or(last_id);
+        if !ev.data.is_empty() {
+            got.push(serde_json::from_str(&ev.data).unwrap());
+        }
+    }
+    drop(x);
+    let last_id = last_id.expect("events carry ids");
+    let mut r = Exchange::send(
+        a,
+        "GET",
+        &[
+            ("Accept", "text/event-stream"),
+            ("Mcp-Session-Id", &sid),
+            ("Last-Event-ID", &last_id),
+        ],
+        "",
+    );
+    assert_eq!(r.status, 200);
+    got.extend(messages(&mut r));
+    let progress: Vec<u64> = got
+        .iter()
+        .filter_map(|m| m["params"]["progress"].as_u64())
+        .collect();
+    assert_eq!(
+        progress,
+        (0..count).collect::<Vec<_>>(),
+        "every progress notification exactly once, in order"
+    );
+    let last = got.last().unwrap();
+    assert_eq!(last["id"], 7);
+    assert_eq!(last["result"]["content"][0]["text"], "done");
+    assert!(
+        got.iter()
+            .all(|m| m["params"]["progressToken"] != json!(null) || m["id"] == 7)
+    );
+
+    // The upstream's session id and negotiated version went on the later requests.
+    let seen = up.seen();
+    let init = seen
+        .iter()
+        .find(|s| s.body["method"] == "initialize")
+        .unwrap();
+    assert_eq!(init.header("mcp-session-id"), None);
+    let tool = seen
+        .iter()
+        .find(|s| s.body["method"] == "tools/call")
+        .unwrap();
+    assert_eq!(tool.header("mcp-session-id"), Some(UP_SESSION));
+    assert_eq!(tool.header("mcp-protocol-version"), Some("2025-06-18"));
+    assert!(
+        tool.body["params"]["_meta"]["progressToken"] == "t7",
+        "{:?}",
+        tool.body
+    );
+    up.wait_for("the GET stream", |s| {
+        s.method == "GET" && s.header("mcp-session-id") == Some(UP_SESSION)
+    });
+
+    // A stream the upstream ends without the response: the progress, then an explicit error.
+    let mut x = call(
+        a,
+        &sid,
+        8,
+        json!({"params":{"name":"cut","_meta":{"progressToken":8}}}),
+    );
+    let m = messages(&mut x);
+    assert_eq!(m.len(), 2, "{m:?}");
+    assert_eq!(m[0]["params"]["progress"], 0);
+    assert_eq!(m[1]["id"], 8);
+    assert!(
+        m[1]["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("without a response"),
+        "{}",
+        m[1]
+    );
+
+    // An HTTP error from the upstream: an explicit JSON-RPC error naming it.
+    let mut x = call(a, &sid, 9, json!({"params":{"name":"fail"}}));
+    let m = messages(&mut x);
+    assert_eq!(m.len(), 1, "{m:?}");
+    assert_eq!(m[0]["id"], 9);
+    assert!(
+        m[0]["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("HTTP 500"),
+        "{}",
+        m[0]
+    );
+
+    // The session still works; DELETE ends it upstream too.
+    let mut x = call(a, &sid, 10, json!({"params":{"name":"other"}}));
+    let m = messages(&mut x);
+    assert_eq!(m[0]["error"]["message"], "unknown tool");
+    let d = Exchange::send(a, "DELETE", &[("Mcp-Session-Id", &sid)], "");
+    assert_eq!(d.status, 200);
+    up.wait_for("DELETE of its session", |s| {
+        s.method == "DELETE" && s.header("mcp-session-id") == Some(UP_SESSION)
+    });
+    let x = Exchange::send(
+        a,
+        "POST",
+        &[ACCEPT, ("Mcp-Session-Id", &sid)],
+        r#"{"jsonrpc":"2.0","id":11,"method":"ping"}"#,
+    );
+    assert_eq!(x.status, 404);
+}
+
+/// An upstream that forgets the session (404) ends the gateway session: the request in flight
+/// gets an error, later requests 404.
+#[test]
+fn mcp_http_upstream_losing_its_session_ends_ours() {
+    let up = Upstream::start();
+    let g = start(&up);
+    let a = g.addr;
+    let sid = initialize(a);
+    let mut x = call(a, &sid, 3, json!({"params":{"name":"gone"}}));
+    let m = messages(&mut x);
+    assert_eq!(m.len(), 1, "{m:?}");
+    assert_eq!(m[0]["id"], 3);
+    assert!(
+        m[0]["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("upstream"),
+        "{}",
+        m[0]
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let x = Exchange::send(
+            a,
+            "POST",
+            &[ACCEPT, ("Mcp-Session-Id", &sid)],
+            r#"{"jsonrpc":"2.0","id":4,"method":"ping"}"#,
+        );
+        if x.status == 404 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "session never ended: {}",
+            x.status
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// No TLS client: an https:// upstream is refused at start with a message saying so, and so
+/// is the combination with --upstream-cmd.
+#[test]
+fn mcp_https_upstream_is_refused_at_start() {
+    for args in [
+        vec!["--upstream-url", "https://127.0.0.1:9/mcp"],
+        vec![
+            "--upstream-url",
+            "http://127.0.0.1:9/mcp",
+            "--upstream-cmd",
+            "cat",
+        ],
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_gateway"))
+            .arg("--data-dir")
+            .arg(dir.path())
+            .args(["--listen", "127.0.0.1:0"])
+            .args(&args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("gateway with {args:?} did not exit");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let mut err = String::new();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
+        assert!(!status.success(), "{args:?}");
+        let want = if args[1].starts_with("https") {
+            "no TLS"
+        } else {
+            "exclusive"
+        };
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+}
