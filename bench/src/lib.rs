@@ -5,7 +5,8 @@
 //! - Pure cores (no sockets, no clock): [`sse`] (streaming SSE parser), [`chunked`] (chunked
 //!   transfer decoding), [`payload`] (counter + timestamp payloads), [`checker`] (per-subscriber
 //!   gap/duplicate/reorder checker), [`target`] (URL templates, ID styles), [`procstat`]
-//!   parsing, [`report`] (table and JSON), [`scrape`] (Prometheus text sums).
+//!   parsing, [`report`] (table and JSON), [`scrape`] (Prometheus text sums),
+//!   [`resume_class`] (the server's `X-Resume-Class` answer, per-class resume latency).
 //! - Thin drivers: [`load`] (one mio/epoll loop for publishers and subscribers), [`probe`]
 //!   (a blocking too-old-ID probe) and [`mcp`] (MCP sessions with cut-and-resume tool calls).
 //!
@@ -21,6 +22,7 @@ pub mod payload;
 pub mod probe;
 pub mod procstat;
 pub mod report;
+pub mod resume_class;
 pub mod scrape;
 pub mod sse;
 pub mod target;

@@ -19,6 +19,7 @@ use crate::checker::{CheckCounts, Checker};
 use crate::chunked::Dechunker;
 use crate::payload::{PAYLOAD_HEADER_BYTES, parse_payload, write_payload};
 use crate::procstat::{self, ProcSample};
+use crate::resume_class::{ByClass, ResumeClass};
 use crate::sse::{Event, SseParser};
 use crate::target::{IdStyle, PublishStyle, UrlTemplate, gateway_seq};
 
@@ -63,6 +64,12 @@ pub struct LoadConfig {
     pub idle_hold_secs: Option<f64>,
     /// Resume storm: connections cut per second (0 = none).
     pub cuts_per_sec: f64,
+    /// Resume storm: a subscriber due for a cut cuts only once it has read its socket to
+    /// EAGAIN and its last byte read ends an event (instead of at a random byte of a read), so
+    /// the server's retained window can start exactly at N+1 (an aligned resume).
+    pub cut_at_boundary: bool,
+    /// SO_RCVBUF of subscriber sockets, set before connect (0 = the system default).
+    pub subscriber_rcvbuf_bytes: usize,
     /// Spread subscriber source addresses over `127.0.0.<first>` .. (`source_addrs` of them).
     pub source_addrs: u8,
     /// First source address's last octet (`127.0.0.<first>`); with `source_addrs` 1 and
@@ -106,6 +113,8 @@ pub struct LoadResult {
     /// Cut → the resumed connection's 200 response head (the rest of `resume_ns` is the
     /// server's time to the first event).
     pub resume_headers_ns: Histogram<u64>,
+    /// Resume counts and latencies per class announced by the server (`X-Resume-Class`).
+    pub resume_by_class: ByClass,
     /// Connections cut (resume storm).
     pub cuts: u64,
     pub server_closes: u64,
@@ -170,6 +179,16 @@ impl From<std::io::Error> for LoadError {
 /// ephemeral port (rustix has no IP_BIND_ADDRESS_NO_PORT), so each source address gives about
 /// one ephemeral port range (~28k) of connections: spread many connections over addresses.
 pub fn connect_from(src: Option<Ipv4Addr>, dst: SocketAddr) -> std::io::Result<TcpStream> {
+    connect_with_rcvbuf(src, dst, 0)
+}
+
+/// [`connect_from`] with `SO_RCVBUF` set to `rcvbuf_bytes` before connecting (0 = default;
+/// the kernel doubles the value and enforces a minimum).
+pub fn connect_with_rcvbuf(
+    src: Option<Ipv4Addr>,
+    dst: SocketAddr,
+    rcvbuf_bytes: usize,
+) -> std::io::Result<TcpStream> {
     use rustix::net::{AddressFamily, SocketFlags, SocketType, sockopt};
     let fd = rustix::net::socket_with(
         AddressFamily::INET,
@@ -178,6 +197,9 @@ pub fn connect_from(src: Option<Ipv4Addr>, dst: SocketAddr) -> std::io::Result<T
         None,
     )?;
     sockopt::set_tcp_nodelay(&fd, true)?;
+    if rcvbuf_bytes > 0 {
+        sockopt::set_socket_recv_buffer_size(&fd, rcvbuf_bytes)?;
+    }
     if let Some(ip) = src {
         rustix::net::bind(&fd, &SocketAddrV4::new(ip, 0))?;
     }
@@ -249,6 +271,13 @@ struct Sub {
     /// Set when reconnecting after a cut with events known to be pending: resume latency is
     /// measured from here to the first event.
     resume_started: Option<Instant>,
+    /// The current connection's request carried a Last-Event-ID (it is a resume).
+    resuming: bool,
+    /// When the resume's connect started (only for resumes after a bench cut, as
+    /// `resume_started`): the per-class latencies are measured from here.
+    reconnect_at: Option<Instant>,
+    /// The class the server announced for the current connection's resume.
+    class: ResumeClass,
     slow_budget_bytes: f64,
     reconnects: u32,
     failed: bool,
@@ -287,6 +316,7 @@ struct Ctx {
     latency_slow: Histogram<u64>,
     resume: Histogram<u64>,
     resume_headers: Histogram<u64>,
+    by_class: ByClass,
     server_closes: u64,
     reconnects: u64,
     http_410: u64,
@@ -407,6 +437,7 @@ pub fn run(cfg: &LoadConfig) -> Result<LoadResult, LoadError> {
         latency_slow: new_hist(),
         resume: new_hist(),
         resume_headers: new_hist(),
+        by_class: ByClass::new(new_hist),
         server_closes: 0,
         reconnects: 0,
         http_410: 0,
@@ -434,6 +465,9 @@ pub fn run(cfg: &LoadConfig) -> Result<LoadResult, LoadError> {
             checker: Checker::new(0),
             cut_after_bytes: None,
             resume_started: None,
+            resuming: false,
+            reconnect_at: None,
+            class: ResumeClass::None,
             slow_budget_bytes: 0.0,
             reconnects: 0,
             failed: false,
@@ -601,6 +635,7 @@ pub fn run(cfg: &LoadConfig) -> Result<LoadResult, LoadError> {
             latency_slow_ns: ctx.latency_slow,
             resume_ns: ctx.resume,
             resume_headers_ns: ctx.resume_headers,
+            resume_by_class: ctx.by_class,
             cuts: 0,
             server_closes: ctx.server_closes,
             reconnects: ctx.reconnects,
@@ -911,6 +946,7 @@ pub fn run(cfg: &LoadConfig) -> Result<LoadResult, LoadError> {
         latency_slow_ns: ctx.latency_slow,
         resume_ns: ctx.resume,
         resume_headers_ns: ctx.resume_headers,
+        resume_by_class: ctx.by_class,
         cuts: ctx.cuts,
         server_closes: ctx.server_closes,
         reconnects: ctx.reconnects,
@@ -955,7 +991,8 @@ fn start_connects(
                 usize::from(cfg.source_addr_first) + i % usize::from(cfg.source_addrs.max(1));
             Ipv4Addr::new(127, 0, 0, octet.min(254) as u8)
         });
-        match connect_from(src, cfg.subscribe.addr) {
+        s.reconnect_at = s.resume_started.map(|_| Instant::now());
+        match connect_with_rcvbuf(src, cfg.subscribe.addr, cfg.subscriber_rcvbuf_bytes) {
             Ok(mut sock) => {
                 if let Err(e) = poll.registry().register(
                     &mut sock,
@@ -966,6 +1003,7 @@ fn start_connects(
                     continue;
                 }
                 build_sub_request(cfg, &names[s.stream as usize], s.sse.last_id(), &mut s.req);
+                s.resuming = !s.sse.last_id().is_empty();
                 s.req_off = 0;
                 s.sock = Some(sock);
                 s.phase = SubPhase::Connecting;
@@ -1152,7 +1190,12 @@ fn sub_read(
                 return;
             }
             Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if boundary_cut_due(cfg, s) {
+                    cut_sub(cfg, s, poll, token, connecting, ctx);
+                }
+                return;
+            }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => {
                 ctx.server_closes += 1;
@@ -1179,10 +1222,19 @@ fn sub_read(
                     }
                     continue;
                 }
-                HeaderOutcome::Ok { consumed } => {
+                HeaderOutcome::Ok { consumed, class } => {
+                    s.class = class;
+                    if s.resuming {
+                        ctx.by_class.resumes[class.index()] += 1;
+                    }
                     if let Some(t0) = s.resume_started {
                         let ns = now.saturating_duration_since(t0).as_nanos().max(1) as u64;
                         let _ = ctx.resume_headers.record(ns);
+                    }
+                    if let Some(t0) = s.reconnect_at {
+                        // The clock now, not the poll batch's `now`: sub-ms figures.
+                        let ns = t0.elapsed().as_nanos().max(1) as u64;
+                        let _ = ctx.by_class.to_head_ns[class.index()].record(ns);
                     }
                     *connecting -= 1;
                     s.phase = SubPhase::Streaming;
@@ -1210,9 +1262,10 @@ fn sub_read(
                 }
             }
         }
-        // Resume storm: cut at a random point inside this read (often mid-event).
+        // Resume storm: cut at a random point inside this read (often mid-event); with
+        // --cut-at-boundary the cut waits for EAGAIN at an event boundary instead (above).
         let mut cut_now = false;
-        if let Some(left) = s.cut_after_bytes {
+        if let Some(left) = s.cut_after_bytes.filter(|_| !cfg.cut_at_boundary) {
             let left = if left == usize::MAX && !body.is_empty() {
                 ctx.rng.below(body.len() as u64) as usize
             } else {
@@ -1230,19 +1283,41 @@ fn sub_read(
             return;
         }
         if cut_now {
-            ctx.cuts += 1;
-            s.cut_after_bytes = None;
-            close_sub(cfg, s, poll, connecting, ctx, true);
-            if s.phase == SubPhase::Down {
-                s.reconnects += 1;
-                s.resume_started = Some(Instant::now());
-                requeue(s, token, ctx);
-            }
+            cut_sub(cfg, s, poll, token, connecting, ctx);
             return;
         }
-        if n < want {
+        // A boundary cut needs the socket read to EAGAIN: a short read does not prove it.
+        if n < want && !(cfg.cut_at_boundary && s.cut_after_bytes.is_some()) {
             return;
         }
+    }
+}
+
+/// Whether a subscriber due for a `--cut-at-boundary` cut may cut now that its socket said
+/// EAGAIN: it is streaming and its last byte read ends an event (nothing partial buffered).
+fn boundary_cut_due(cfg: &LoadConfig, s: &Sub) -> bool {
+    cfg.cut_at_boundary
+        && s.cut_after_bytes.is_some()
+        && s.phase == SubPhase::Streaming
+        && !s.sse.mid_event()
+}
+
+/// Cut a subscriber's connection (resume storm) and queue its resume from its last event ID.
+fn cut_sub(
+    cfg: &LoadConfig,
+    s: &mut Sub,
+    poll: &Poll,
+    token: Token,
+    connecting: &mut usize,
+    ctx: &mut Ctx,
+) {
+    ctx.cuts += 1;
+    s.cut_after_bytes = None;
+    close_sub(cfg, s, poll, connecting, ctx, true);
+    if s.phase == SubPhase::Down {
+        s.reconnects += 1;
+        s.resume_started = Some(Instant::now());
+        requeue(s, token, ctx);
     }
 }
 
@@ -1257,7 +1332,11 @@ fn requeue(s: &mut Sub, token: Token, ctx: &mut Ctx) {
 
 enum HeaderOutcome {
     Partial,
-    Ok { consumed: usize },
+    Ok {
+        consumed: usize,
+        /// What `X-Resume-Class` said (`None` without the header).
+        class: ResumeClass,
+    },
     Gone,
     Bad(String),
 }
@@ -1290,6 +1369,9 @@ fn take_headers(s: &mut Sub, bytes: &[u8], header_bytes_max: usize) -> HeaderOut
                     s.chunked = chunked.then(Dechunker::new);
                     HeaderOutcome::Ok {
                         consumed: len - prev,
+                        class: ResumeClass::from_headers(
+                            resp.headers.iter().map(|h| (h.name, h.value)),
+                        ),
                     }
                 }
                 410 => HeaderOutcome::Gone,
@@ -1314,14 +1396,19 @@ fn process_body(s: &mut Sub, body: &[u8], ctx: &mut Ctx, now: Instant) {
         checker,
         slow,
         resume_started,
+        reconnect_at,
         stream,
+        class,
         ..
     } = s;
     let mut on_event = |ev: Event<'_>| {
         if let Some(t0) = resume_started.take() {
-            let _ = ctx
-                .resume
-                .record(now.saturating_duration_since(t0).as_nanos().max(1) as u64);
+            let ns = now.saturating_duration_since(t0).as_nanos().max(1) as u64;
+            let _ = ctx.resume.record(ns);
+        }
+        if let Some(t0) = reconnect_at.take() {
+            let ns = t0.elapsed().as_nanos().max(1) as u64;
+            let _ = ctx.by_class.to_first_event_ns[class.index()].record(ns);
         }
         handle_event(ev, checker, ctx, *slow, now_ns);
     };

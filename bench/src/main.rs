@@ -51,6 +51,11 @@ enum Cmd {
         /// Subscriber connections cut per second.
         #[arg(long, default_value_t = 200.0)]
         cuts_per_sec: f64,
+        /// Cut a subscriber only once it has read its socket to EAGAIN and its last byte read
+        /// ends an event (not at a random byte), so the server's retained window can start at
+        /// N+1 and the resume be aligned. Pair with a small --subscriber-rcvbuf-bytes.
+        #[arg(long)]
+        cut_at_boundary: bool,
     },
     /// Fast subscribers beside slow ones reading at 1/divisor of the production rate; runs a
     /// baseline without slow subscribers first and compares fast subscribers' latency.
@@ -218,6 +223,10 @@ struct Common {
     /// Reconnects allowed per subscriber.
     #[arg(long, default_value_t = 100_000)]
     reconnects_max: u32,
+    /// SO_RCVBUF of subscriber sockets, set before connect (0 = the system default; Linux
+    /// doubles the value and enforces a minimum).
+    #[arg(long, default_value_t = 0)]
+    subscriber_rcvbuf_bytes: usize,
 }
 
 #[derive(Debug, Args)]
@@ -319,6 +328,8 @@ fn base_config(c: &Common) -> Result<LoadConfig, String> {
         connect_secs_max: c.connect_secs_max,
         idle_hold_secs: None,
         cuts_per_sec: 0.0,
+        cut_at_boundary: false,
+        subscriber_rcvbuf_bytes: c.subscriber_rcvbuf_bytes,
         source_addrs: 1,
         source_addr_first: 1,
         connects_inflight_max: c.connects_inflight_max,
@@ -374,9 +385,11 @@ fn run(cmd: &Cmd) -> Result<(Outcome, bool), String> {
             common,
             load,
             cuts_per_sec,
+            cut_at_boundary,
         } => {
             let mut cfg = with_load(base_config(common)?, load);
             cfg.cuts_per_sec = *cuts_per_sec;
+            cfg.cut_at_boundary = *cut_at_boundary;
             Ok((
                 Outcome::Reports(vec![one("resume-storm", common, &cfg)?], None),
                 common.json,

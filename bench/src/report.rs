@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use crate::checker::CheckCounts;
 use crate::load::{LoadResult, ServerFigures};
+use crate::resume_class::{ByClass, ResumeClass};
 
 /// Latency percentiles in microseconds.
 #[derive(Debug, Clone, Copy, Default, Serialize)]
@@ -33,6 +34,37 @@ impl Percentiles {
             p999_us: us(h.value_at_quantile(0.999)),
             max_us: us(h.max()),
         }
+    }
+}
+
+/// Resumes of one class (as `X-Resume-Class` announced it) and their latencies.
+#[derive(Debug, Clone, Serialize)]
+pub struct ClassReport {
+    pub class: &'static str,
+    /// Resumes answered 200 with this class (timed or not).
+    pub resumes: u64,
+    /// Reconnect (the resume's `connect()`) → 200 head; resumes after a bench cut only.
+    pub to_head: Percentiles,
+    /// Reconnect → first event on the resumed connection.
+    pub to_first_event: Percentiles,
+}
+
+impl ClassReport {
+    /// One entry per class that occurred (resumed or timed at least once).
+    pub fn all(b: &ByClass) -> Vec<ClassReport> {
+        ResumeClass::ALL
+            .iter()
+            .map(|c| {
+                let i = c.index();
+                ClassReport {
+                    class: c.label(),
+                    resumes: b.resumes[i],
+                    to_head: Percentiles::of(&b.to_head_ns[i]),
+                    to_first_event: Percentiles::of(&b.to_first_event_ns[i]),
+                }
+            })
+            .filter(|r| r.resumes > 0 || r.to_head.count > 0)
+            .collect()
     }
 }
 
@@ -66,6 +98,8 @@ pub struct Report {
     pub resume: Percentiles,
     /// Cut → 200 response head of the resumed connection.
     pub resume_headers: Percentiles,
+    /// Per class announced by the server (`X-Resume-Class`; `none` without the header).
+    pub resume_classes: Vec<ClassReport>,
     pub check: CheckCounts,
     pub check_slow: CheckCounts,
     pub violations: u64,
@@ -120,6 +154,7 @@ impl Report {
             latency_slow: Percentiles::of(&r.latency_slow_ns),
             resume: Percentiles::of(&r.resume_ns),
             resume_headers: Percentiles::of(&r.resume_headers_ns),
+            resume_classes: ClassReport::all(&r.resume_by_class),
             check: r.fast,
             check_slow: r.slow,
             violations,
@@ -195,6 +230,21 @@ impl Report {
             row(
                 "  of which to 200 head p50/p99 us",
                 format!("{:.0} / {:.0}", h.p50_us, h.p99_us),
+            );
+        }
+        for c in &self.resume_classes {
+            let (h, f) = (&c.to_head, &c.to_first_event);
+            row(
+                &format!("resume [{}] n / timed", c.class),
+                format!("{} / {}", c.resumes, f.count),
+            );
+            row(
+                &format!("  [{}] to head p50/p99/max us", c.class),
+                format!("{:.0} / {:.0} / {:.0}", h.p50_us, h.p99_us, h.max_us),
+            );
+            row(
+                &format!("  [{}] to 1st event p50/p99/max us", c.class),
+                format!("{:.0} / {:.0} / {:.0}", f.p50_us, f.p99_us, f.max_us),
             );
         }
         if let Some(s) = &self.server {

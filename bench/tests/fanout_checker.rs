@@ -14,6 +14,7 @@ use std::thread;
 use std::time::Duration;
 
 use bench::load::{self, LoadConfig};
+use bench::resume_class::ResumeClass;
 use bench::target::{IdStyle, PublishStyle, UrlTemplate};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,8 +135,15 @@ fn serve(conn: TcpStream, sh: &Shared) -> std::io::Result<()> {
         } else {
             ""
         };
+        // Like the gateway, a resume says how it was served (this server always replays).
+        let class = if last_id.is_some() {
+            "X-Resume-Class: replay\r\n"
+        } else {
+            ""
+        };
         w.write_all(
-            format!("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n{te}\r\n").as_bytes(),
+            format!("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n{te}{class}\r\n")
+                .as_bytes(),
         )?;
         // IDs are gateway-shaped: <epoch16hex>-<stream>-<seq>, seq = index + 1.
         let mut next = last_id.map(|s| s as usize).unwrap_or(0);
@@ -216,6 +224,8 @@ fn config(addr: SocketAddr, subscribers: usize, events: u64) -> LoadConfig {
         connect_secs_max: 30.0,
         idle_hold_secs: None,
         cuts_per_sec: 0.0,
+        cut_at_boundary: false,
+        subscriber_rcvbuf_bytes: 0,
         source_addrs: 1,
         source_addr_first: 1,
         connects_inflight_max: 64,
@@ -324,4 +334,39 @@ fn cut_and_resume_stays_gap_free() {
     assert!(r.resume_headers_ns.len() <= r.cuts);
     assert_eq!(r.fast.violations(), 0, "{:?} {:?}", r.fast, r.errors);
     assert_eq!(r.fast.events, 2 * 4 * 3000);
+    // Every resume carried `X-Resume-Class: replay`; each timed one is in that class.
+    let b = &r.resume_by_class;
+    let replay = ResumeClass::Replay.index();
+    assert!(b.resumes[replay] >= r.resume_ns.len());
+    assert_eq!(b.resumes.iter().sum::<u64>(), b.resumes[replay]);
+    assert_eq!(b.to_first_event_ns[replay].len(), r.resume_ns.len());
+    assert_eq!(b.to_head_ns[replay].len(), r.resume_headers_ns.len());
+}
+
+#[test]
+fn boundary_cuts_stay_gap_free_and_are_classified() {
+    let srv = start_server(Fault::None, false);
+    let mut cfg = config(srv.addr, 4, 3000);
+    storm(&mut cfg);
+    cfg.cut_at_boundary = true;
+    cfg.subscriber_rcvbuf_bytes = 4096;
+    let r = load::run(&cfg).unwrap();
+    assert!(r.cuts > 20, "cuts {}", r.cuts);
+    assert_eq!(r.fast.violations(), 0, "{:?} {:?}", r.fast, r.errors);
+    assert_eq!(r.fast.events, 2 * 4 * 3000);
+    let b = &r.resume_by_class;
+    let replay = ResumeClass::Replay.index();
+    assert!(b.to_first_event_ns[replay].len() > 20);
+    assert_eq!(b.resumes.iter().sum::<u64>(), b.resumes[replay]);
+}
+
+#[test]
+fn gap_during_a_boundary_storm_is_caught() {
+    let srv = start_server(Fault::Skip(1400), false);
+    let mut cfg = config(srv.addr, 2, 1500);
+    storm(&mut cfg);
+    cfg.cut_at_boundary = true;
+    cfg.subscriber_rcvbuf_bytes = 4096;
+    let r = load::run(&cfg).unwrap();
+    assert!(r.fast.gaps >= 1, "{:?}", r.fast);
 }
