@@ -44,7 +44,8 @@ impl Seen {
 /// A minimal streamable-HTTP MCP server without resumability. Tools (by `params.name`):
 /// `progress` (`arguments.count` progress notifications, then the result, as a chunked SSE
 /// stream), `cut` (one progress notification, then the stream ends without a response),
-/// `fail` (HTTP 500), `gone` (404: the session is unknown).
+/// `fail` (HTTP 500), `gone` (404: the session is unknown), `big` (a JSON result with a text
+/// of `arguments.bytes` bytes).
 struct Upstream {
     url: String,
     seen: Arc<Mutex<Vec<Seen>>>,
@@ -198,6 +199,11 @@ fn serve(s: TcpStream, seen: &Mutex<Vec<Seen>>) {
                     let _ = w.write_all(b"0\r\n\r\n");
                 }
                 Some("fail") => plain(&mut w, "500 Internal Server Error", "", "boom"),
+                Some("big") => {
+                    let n = body["params"]["arguments"]["bytes"].as_u64().unwrap() as usize;
+                    let resp = json!({"jsonrpc":"2.0","id":id,"result":{"content":[{"type":"text","text":"x".repeat(n)}]}});
+                    plain(&mut w, "200 OK", "", &resp.to_string());
+                }
                 Some("gone") => plain(&mut w, "404 Not Found", "", "{}"),
                 _ => {
                     let resp = json!({"jsonrpc":"2.0","id":id,"error":{"code":-32602,"message":"unknown tool"}});
@@ -213,14 +219,20 @@ fn serve(s: TcpStream, seen: &Mutex<Vec<Seen>>) {
 }
 
 fn start(up: &Upstream) -> Gateway {
-    Gateway::start(&[
+    start_with(up, &[])
+}
+
+fn start_with(up: &Upstream, extra: &[&str]) -> Gateway {
+    let mut args = vec![
         "--cores",
         "2",
         "--upstream-url",
         &up.url,
         "--mcp-retry-ms",
         "50",
-    ])
+    ];
+    args.extend_from_slice(extra);
+    Gateway::start(&args)
 }
 
 fn initialize(addr: SocketAddr) -> String {
@@ -494,4 +506,67 @@ fn mcp_https_upstream_is_refused_at_start() {
         };
         assert!(err.contains(want), "{args:?}: {err}");
     }
+}
+
+/// A response the log refuses (record too large: 64 KiB segments cap records at 32 KiB while
+/// --event-bytes-max stays 64 KiB) answers its request with an explicit JSON-RPC error at the
+/// same stream position; the stream stays gap-free (a resume from its priming event replays
+/// exactly the error), the session and the gateway keep working, and what was stored before
+/// is intact.
+#[test]
+fn mcp_response_the_log_refuses_is_an_explicit_error() {
+    let up = Upstream::start();
+    let mut g = start_with(&up, &["--segment-bytes", "65536"]);
+    let a = g.addr;
+    let sid = initialize(a);
+    let mut x = call(
+        a,
+        &sid,
+        5,
+        json!({"params":{"name":"big","arguments":{"bytes":8000}}}),
+    );
+    let m = messages(&mut x);
+    assert_eq!(
+        m[0]["result"]["content"][0]["text"].as_str().unwrap().len(),
+        8000
+    );
+
+    let mut x = call(
+        a,
+        &sid,
+        6,
+        json!({"params":{"name":"big","arguments":{"bytes":40000}}}),
+    );
+    let priming = x.next_event().unwrap();
+    assert!(priming.data.is_empty());
+    let m = messages(&mut x);
+    assert_eq!(m.len(), 1, "{m:?}");
+    assert_eq!(m[0]["id"], 6);
+    assert_eq!(m[0]["error"]["code"], -32005);
+    let msg = m[0]["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("could not be stored"), "{msg}");
+
+    // The error is in the log at the response's position: a resume replays it, nothing else.
+    let mut r = Exchange::send(
+        a,
+        "GET",
+        &[
+            ("Accept", "text/event-stream"),
+            ("Mcp-Session-Id", &sid),
+            ("Last-Event-ID", priming.id.as_deref().unwrap()),
+        ],
+        "",
+    );
+    assert_eq!(r.status, 200);
+    assert_eq!(messages(&mut r), m);
+
+    // The session goes on; the gateway is alive and stops cleanly.
+    let mut x = call(
+        a,
+        &sid,
+        7,
+        json!({"params":{"name":"big","arguments":{"bytes":10}}}),
+    );
+    assert_eq!(messages(&mut x)[0]["id"], 7);
+    assert!(g.stop(), "the gateway exits 0 after a refused record");
 }

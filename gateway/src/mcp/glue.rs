@@ -40,6 +40,10 @@ pub(super) struct Mcp {
     conns: HashMap<ConnId, (u32, u32, bool)>,
     /// Slot → the MCP connection id of the request / SSE response it carries.
     by_slot: HashMap<u32, ConnId>,
+    /// Streams whose log refused a record and its substitute (disk full, poisoned log): the
+    /// core's sequence prediction is ahead of the log, so nothing more is appended to them,
+    /// their connections are closed and resuming them is an explicit 503 (stream → reason).
+    broken: HashMap<String, String>,
 }
 
 impl std::fmt::Debug for Mcp {
@@ -153,6 +157,7 @@ impl Core {
             next_reap: t0,
             conns: HashMap::new(),
             by_slot: HashMap::new(),
+            broken: HashMap::new(),
         }));
     }
 
@@ -284,34 +289,7 @@ impl Core {
                     status,
                     headers,
                     body,
-                } => {
-                    let Some((slot, gen_, close)) = m.conns.remove(&conn) else {
-                        continue;
-                    };
-                    // The slot may carry a newer MCP connection by now: keep its mapping.
-                    if m.by_slot.get(&slot) == Some(&conn) {
-                        m.by_slot.remove(&slot);
-                    }
-                    if self.conn_mut(slot, gen_).is_none_or(|c| c.closing) {
-                        continue;
-                    }
-                    let mut out = format!(
-                        "HTTP/1.1 {status} {}\r\nContent-Length: {}\r\n",
-                        reason(status),
-                        body.len()
-                    );
-                    for (k, v) in &headers {
-                        out.push_str(&format!("{k}: {v}\r\n"));
-                    }
-                    out.push_str(if close {
-                        "Connection: close\r\n\r\n"
-                    } else {
-                        "\r\n"
-                    });
-                    let mut bytes = out.into_bytes();
-                    bytes.extend_from_slice(&body);
-                    self.send_response(slot, bytes, close);
-                }
+                } => self.mcp_respond(conn, status, &headers, &body),
                 Action::CreateStream { stream } => {
                     let log = self.logs.get_mut(&shard).expect("MCP shard");
                     if let Err(e) = log.create_stream(&stream) {
@@ -327,11 +305,33 @@ impl Core {
                     event_type,
                     data,
                 } => {
+                    if m.broken.contains_key(&stream) {
+                        eprintln!(
+                            "core {}: MCP message for broken stream {stream} (seq {seq}) not stored",
+                            self.id
+                        );
+                        continue;
+                    }
+                    let id_core = self.id;
                     let log = self.logs.get_mut(&shard).expect("MCP shard");
                     let sid = log
                         .stream_id(&stream)
                         .expect("the core creates a stream before appending to it");
-                    match log.append(sid, event_type, &data) {
+                    let appended = match log.append(sid, event_type, &data) {
+                        Ok(a) => Ok(a),
+                        // An operating error (record too large, disk full): the same position
+                        // gets an explicit error record instead (the request is answered with a
+                        // JSON-RPC error), so the stream stays gap-free and the core's
+                        // sequence prediction holds.
+                        Err(e) => {
+                            let why = e.to_string();
+                            eprintln!("core {id_core}: MCP append to {stream} failed: {why}");
+                            let (t, sub) = crate::mcp::jsonrpc::not_stored_substitute(&data, &why);
+                            log.append(sid, t, &sub)
+                                .map_err(|e2| format!("{why}; then {e2}"))
+                        }
+                    };
+                    match appended {
                         Ok(a) => {
                             assert_eq!(
                                 a.id.seq, seq,
@@ -340,10 +340,7 @@ impl Core {
                             );
                             self.record_appends(shard, sid, 1);
                         }
-                        // An operating error (disk full, record too large): said loudly; the
-                        // core's sequence prediction for this stream is now off, so the next
-                        // append on it will stop the process rather than leave a silent gap.
-                        Err(e) => eprintln!("core {}: MCP append to {stream} failed: {e}", self.id),
+                        Err(why) => self.mcp_break_stream(shard, sid, stream, why),
                     }
                 }
                 Action::OpenSse {
@@ -358,6 +355,19 @@ impl Core {
                     let Some(&(slot, gen_, _)) = m.conns.get(&conn) else {
                         continue;
                     };
+                    if let Some(why) = m.broken.get(&stream) {
+                        let body = crate::mcp::jsonrpc::error_body(
+                            None,
+                            crate::mcp::jsonrpc::NOT_STORED,
+                            &format!(
+                                "stream {stream} cannot be served: its log refused a record ({why})"
+                            ),
+                            Some(serde_json::json!({ "stream": stream })),
+                        );
+                        let headers = vec![("Content-Type", "application/json".to_owned())];
+                        self.mcp_respond(conn, 503, &headers, &body);
+                        continue;
+                    }
                     if self.conn_mut(slot, gen_).is_none_or(|c| c.closing) {
                         self.mcp_conn_gone(conn);
                         continue;
@@ -388,6 +398,9 @@ impl Core {
                     self.pump(slot);
                 }
                 Action::StreamComplete { stream, last_seq } => {
+                    if m.broken.contains_key(&stream) {
+                        continue; // its connections are closed; the log ends before last_seq
+                    }
                     let Some(sid) = self.logs[&shard].stream_id(&stream) else {
                         continue;
                     };
@@ -433,6 +446,62 @@ impl Core {
                     let now = self.now;
                     m.ups.kill(upstream, now);
                 }
+            }
+        }
+    }
+
+    /// A plain (non-SSE) response on the core's connection `conn`.
+    fn mcp_respond(
+        &mut self,
+        conn: ConnId,
+        status: u16,
+        headers: &[(&'static str, String)],
+        body: &[u8],
+    ) {
+        let Some(m) = self.mcp.as_mut() else { return };
+        let Some((slot, gen_, close)) = m.conns.remove(&conn) else {
+            return;
+        };
+        // The slot may carry a newer MCP connection by now: keep its mapping.
+        if m.by_slot.get(&slot) == Some(&conn) {
+            m.by_slot.remove(&slot);
+        }
+        if self.conn_mut(slot, gen_).is_none_or(|c| c.closing) {
+            return;
+        }
+        let mut out = format!(
+            "HTTP/1.1 {status} {}\r\nContent-Length: {}\r\n",
+            reason(status),
+            body.len()
+        );
+        for (k, v) in headers {
+            out.push_str(&format!("{k}: {v}\r\n"));
+        }
+        out.push_str(if close {
+            "Connection: close\r\n\r\n"
+        } else {
+            "\r\n"
+        });
+        let mut bytes = out.into_bytes();
+        bytes.extend_from_slice(body);
+        self.send_response(slot, bytes, close);
+    }
+
+    /// The log refused a record of `stream` and its substitute: nothing more goes to it, its
+    /// open connections are closed (the client sees the records up to the log's tail, then the
+    /// end; resuming gets an explicit 503), and the process keeps running.
+    fn mcp_break_stream(&mut self, shard: u32, sid: StreamId, stream: String, why: String) {
+        eprintln!(
+            "core {}: MCP stream {stream} broken (no record could be stored): {why}",
+            self.id
+        );
+        if let Some(m) = self.mcp.as_mut() {
+            m.broken.insert(stream, why); // first: closing re-enters the core
+        }
+        let subs = self.subs.get(&(shard, sid)).cloned().unwrap_or_default();
+        for (slot, gen_) in subs {
+            if self.conn_mut(slot, gen_).is_some_and(|c| !c.closing) {
+                self.close_conn(slot);
             }
         }
     }

@@ -279,9 +279,76 @@ pub fn error_body(id: Option<&RpcId>, code: i64, message: &str, data: Option<Val
         .expect("serde_json::Value always serialises")
 }
 
+/// Gateway-defined: a message could not be stored in the log (record too large, disk full).
+pub const NOT_STORED: i64 = -32005;
+
+/// The record that takes the place of a stream record the log refused (`why`), at the same
+/// position, so the stream stays gap-free and the refusal is explicit: a response becomes a
+/// JSON-RPC error response for the same id (the request is answered); anything else becomes
+/// an `event: error` record naming the lost message's method. Returns (event type, data).
+pub fn not_stored_substitute(data: &[u8], why: &str) -> (Option<&'static str>, Vec<u8>) {
+    let message =
+        format!("a message from the upstream could not be stored in the gateway's log: {why}");
+    let v: Value = serde_json::from_slice(data).unwrap_or(Value::Null);
+    let is_response = v.get("result").is_some() || v.get("error").is_some();
+    match v.get("id") {
+        Some(id) if is_response && !id.is_null() => {
+            let body = json!({
+                "jsonrpc": "2.0",
+                "id": id,
+                "error": { "code": NOT_STORED, "message": message, "data": { "bytes": data.len() } },
+            });
+            (None, serde_json::to_vec(&body).expect("Value serialises"))
+        }
+        _ => {
+            let body = json!({
+                "error": message,
+                "code": NOT_STORED,
+                "method": v.get("method"),
+                "bytes": data.len(),
+            });
+            (
+                Some("error"),
+                serde_json::to_vec(&body).expect("Value serialises"),
+            )
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn not_stored_response_becomes_error_for_same_id() {
+        let (t, d) = not_stored_substitute(
+            br#"{"jsonrpc":"2.0","id":"a7","result":{"x":1}}"#,
+            "too large",
+        );
+        assert_eq!(t, None);
+        let v: Value = serde_json::from_slice(&d).unwrap();
+        assert_eq!(v["id"], "a7");
+        assert_eq!(v["error"]["code"], NOT_STORED);
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("too large")
+        );
+        let (t, d) = not_stored_substitute(
+            br#"{"jsonrpc":"2.0","method":"notifications/progress"}"#,
+            "x",
+        );
+        assert_eq!(t, Some("error"));
+        let v: Value = serde_json::from_slice(&d).unwrap();
+        assert_eq!(v["method"], "notifications/progress");
+        // A server request (has id and method) is not a response: an error event, not an answer.
+        let (t, _) = not_stored_substitute(
+            br#"{"jsonrpc":"2.0","id":1,"method":"sampling/createMessage"}"#,
+            "x",
+        );
+        assert_eq!(t, Some("error"));
+    }
 
     fn one(bytes: &str) -> Message {
         match classify(bytes.as_bytes(), 8).unwrap() {
