@@ -3,8 +3,10 @@
 //! parked window, requests pipelined before and after a subscribe, a handoff of a request that
 //! arrives in pieces with more requests behind it, `Last-Event-ID` with sequence 0 or the
 //! largest sequence, a resume at exactly the retained floor, `from=earliest` on a truncated
-//! stream, restarts with another `--cores`). Every wait is bounded by the harness' read
-//! timeout or a loop count; only correctness is asserted, never timing.
+//! stream, restarts with another `--cores`, a lost shard map, a subscribe on a connection
+//! that first carried publishes, producers forging the truncation notice, a batch that frames
+//! too large). Every wait is bounded by the harness' read timeout or a loop count; only
+//! correctness is asserted, never timing.
 #![forbid(unsafe_code)]
 
 mod common;
@@ -589,4 +591,73 @@ fn batch_whose_event_frames_too_large_appends_nothing() {
     );
     let id = publish(g.addr, "whole", "next");
     assert_eq!(seq_of(&id), 1, "part of a refused batch was appended");
+}
+
+/// A subscription on a keep-alive connection that first carried publishes: the window's byte 0
+/// is the first byte after the subscribe, while the socket may still hold unacknowledged bytes
+/// of the earlier answers (they must not be counted as ACKs of events). The client reads part
+/// of the stream, drops the connection with unread bytes (RST), and resumes: exactly N+1
+/// onwards. Both ACK sources: TX timestamps and the SIOCOUTQ fallback.
+#[test]
+fn subscribe_after_publishes_on_the_same_connection_then_resume() {
+    for extra in [&[][..], &["--no-tx-timestamps"][..]] {
+        let mut args = vec![
+            "--cores",
+            "1",
+            "--fsync",
+            "never",
+            "--notsent-lowat-bytes",
+            "16384",
+        ];
+        args.extend_from_slice(extra);
+        let g = Gateway::start(&args);
+        let payload = "k".repeat(300);
+        for chunk in 0..6 {
+            let datas: Vec<String> = (0..500)
+                .map(|i| format!("{}:{payload}", chunk * 500 + i + 1))
+                .collect();
+            publish_batch(g.addr, "keep", &datas);
+        }
+        let total = 3000u64;
+        let mut last: Option<String> = None;
+        let mut n = 0u64;
+        for _round in 0..40 {
+            if n >= total {
+                break;
+            }
+            // Two publishes to another stream, then the subscribe, all on one connection.
+            let mut s = connect(g.addr);
+            let mut req = String::new();
+            for _ in 0..2 {
+                req.push_str("POST /v1/streams/other/events HTTP/1.1\r\nHost: t\r\nContent-Length: 1\r\n\r\nx");
+            }
+            req.push_str("GET /v1/streams/keep?from=earliest HTTP/1.1\r\nHost: t\r\n");
+            if let Some(l) = &last {
+                req.push_str(&format!("Last-Event-ID: {l}\r\n"));
+            }
+            req.push_str("\r\n");
+            s.write_all(req.as_bytes()).unwrap();
+            let mut r = BufReader::new(s);
+            for _ in 0..2 {
+                assert_eq!(read_response(&mut r).0, 201);
+            }
+            let mut sub = RawSse::head(r);
+            // Read a bounded number of events, then leave with the rest unread.
+            for _ in 0..150 {
+                let Some((id, _, data)) = sub.next() else {
+                    break;
+                };
+                let id = id.expect("event id");
+                assert_eq!(seq_of(&id), n + 1, "gap or duplicate");
+                assert!(data.starts_with(&format!("{}:", n + 1)));
+                n += 1;
+                last = Some(id);
+                if n >= total {
+                    break;
+                }
+            }
+            drop(sub);
+        }
+        assert_eq!(n, total, "did not reach the tail within the rounds");
+    }
 }
