@@ -70,6 +70,8 @@ pub struct CoreMetrics {
     pub resumes: [AtomicU64; 7],
     /// Pre-rendered `gateway_stream_*` lines for this core's streams.
     pub streams_snapshot: Mutex<String>,
+    /// Pre-rendered `gateway_mcp_*` lines (only the MCP owner core writes them).
+    pub mcp_snapshot: Mutex<String>,
 }
 
 impl CoreMetrics {
@@ -152,6 +154,9 @@ pub fn render(cores: &[CoreMetrics]) -> String {
     let _ = writeln!(out, "# TYPE gateway_stream_visible_tail gauge");
     for m in cores {
         out.push_str(&m.streams_snapshot.lock().expect("metrics lock"));
+    }
+    for m in cores {
+        out.push_str(&m.mcp_snapshot.lock().expect("metrics lock"));
     }
     out
 }

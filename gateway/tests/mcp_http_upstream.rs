@@ -275,6 +275,30 @@ fn call(addr: SocketAddr, sid: &str, id: u64, body: Value) -> Exchange {
     x
 }
 
+/// Waits (bounded: the MCP metrics snapshot is refreshed every 250 ms) until every
+/// `gateway_mcp_*` line named in `want` (exact text before the value) has that value.
+fn wait_metrics(addr: SocketAddr, want: &[(&str, u64)]) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, _, body) = common::request(addr, "GET", "/metrics", &[], b"");
+        assert_eq!(status, 200);
+        let text = String::from_utf8(body).unwrap();
+        let value = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<u64>().ok())
+        };
+        let got: Vec<Option<u64>> = want.iter().map(|(n, _)| value(n)).collect();
+        if want.iter().zip(&got).all(|((_, v), g)| Some(*v) == *g) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "metrics never reached {want:?}: got {got:?}\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// The messages (non-empty data) of a stream until it ends.
 fn messages(x: &mut Exchange) -> Vec<Value> {
     let mut out = Vec::new();
@@ -415,6 +439,22 @@ fn mcp_http_upstream_round_trip_and_resume_from_our_log() {
         r#"{"jsonrpc":"2.0","id":11,"method":"ping"}"#,
     );
     assert_eq!(x.status, 404);
+    // Up: initialize, initialized, four tools/call. Down (made-up errors count as upstream
+    // messages): initialize result, 60 progress + result, cut's progress + made-up error,
+    // fail's made-up error, unknown tool's error.
+    wait_metrics(
+        a,
+        &[
+            ("gateway_mcp_sessions_open", 0),
+            ("gateway_mcp_sessions_created_total", 1),
+            ("gateway_mcp_sessions_terminated_total", 1),
+            ("gateway_mcp_messages_up_total", 6),
+            ("gateway_mcp_messages_down_total", 1 + 61 + 2 + 1 + 1),
+            ("gateway_mcp_upstream_deaths_total", 0),
+            ("gateway_mcp_resumes_total{class=\"ok\"}", 1),
+            ("gateway_mcp_records_refused_total", 0),
+        ],
+    );
 }
 
 /// An upstream that forgets the session (404) ends the gateway session: the request in flight
@@ -455,6 +495,13 @@ fn mcp_http_upstream_losing_its_session_ends_ours() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+    wait_metrics(
+        a,
+        &[
+            ("gateway_mcp_upstream_deaths_total", 1),
+            ("gateway_mcp_sessions_terminated_total", 1),
+        ],
+    );
 }
 
 /// No TLS client: an https:// upstream is refused at start with a message saying so, and so
@@ -568,5 +615,13 @@ fn mcp_response_the_log_refuses_is_an_explicit_error() {
         json!({"params":{"name":"big","arguments":{"bytes":10}}}),
     );
     assert_eq!(messages(&mut x)[0]["id"], 7);
+    wait_metrics(
+        a,
+        &[
+            ("gateway_mcp_records_refused_total", 1),
+            ("gateway_mcp_streams_broken", 0),
+            ("gateway_mcp_sessions_open", 1),
+        ],
+    );
     assert!(g.stop(), "the gateway exits 0 after a refused record");
 }

@@ -159,6 +159,8 @@ pub struct McpStats {
     pub resumes_truncated: u64,
     pub resumes_rejected: u64,
     pub modern_cancels: u64,
+    /// Upstreams that ended while the core still used them (not stopped by the core).
+    pub upstream_deaths: u64,
 }
 
 /// Why a session ended (for the error responses of its unanswered requests).
@@ -341,6 +343,20 @@ impl McpCore {
 
     pub fn sessions_live(&self) -> usize {
         self.sessions.len()
+    }
+
+    /// Streams held in memory (live or attached), all sessions and the modern front.
+    pub fn streams_live(&self) -> usize {
+        self.sessions
+            .values()
+            .map(|s| s.streams.len())
+            .sum::<usize>()
+            + self.modern.streams.len()
+    }
+
+    /// Connections (SSE responses) attached to streams.
+    pub fn connections_live(&self) -> usize {
+        self.conns.len()
     }
 
     /// After a restart: tell the core about one existing log stream (name and tail), so the
@@ -1416,7 +1432,11 @@ impl McpCore {
     /// dies, its open streams get an explicit error event and its in-flight requests get
     /// JSON-RPC errors").
     pub fn handle_upstream_exit(&mut self, _now_ms: u64, upstream: UpstreamId, why: &str) {
-        match self.upstreams.remove(&upstream) {
+        let owner = self.upstreams.remove(&upstream);
+        if owner.is_some() {
+            self.stats.upstream_deaths += 1;
+        }
+        match owner {
             Some(Owner::Session(sid)) => {
                 if let Some(s) = self.sessions.get_mut(&sid) {
                     s.upstream = None; // already gone: no KillUpstream

@@ -25,6 +25,9 @@ const UPSTREAM_EVENTS_PER_TURN_MAX: usize = 4096;
 /// How often exited upstream children are looked for (a `try_wait` per child).
 const REAP_INTERVAL: Duration = Duration::from_millis(100);
 
+/// How often the `gateway_mcp_*` metrics snapshot is refreshed while MCP state changes.
+const METRICS_INTERVAL: Duration = Duration::from_millis(250);
+
 /// MCP state of the owning core.
 pub(super) struct Mcp {
     core: McpCore,
@@ -44,6 +47,13 @@ pub(super) struct Mcp {
     /// core's sequence prediction is ahead of the log, so nothing more is appended to them,
     /// their connections are closed and resuming them is an explicit 503 (stream → reason).
     broken: HashMap<String, String>,
+    /// Messages handed to upstreams (lines / POST bodies).
+    messages_up: u64,
+    /// Records the log refused (replaced by an error record, or breaking the stream).
+    records_refused: u64,
+    /// Something changed since the last metrics snapshot; refreshed at `next_metrics`.
+    metrics_dirty: bool,
+    next_metrics: Instant,
 }
 
 impl std::fmt::Debug for Mcp {
@@ -52,6 +62,106 @@ impl std::fmt::Debug for Mcp {
             .field("core", &self.core)
             .field("ups", &self.ups)
             .finish()
+    }
+}
+
+impl Mcp {
+    /// The `gateway_mcp_*` lines of `/metrics` (Prometheus text format).
+    fn render_metrics(&self) -> String {
+        use std::fmt::Write as _;
+        let st = self.core.stats();
+        let mut out = String::with_capacity(2048);
+        let mut one = |name: &str, kind: &str, labels: &[(&str, &str, u64)], v: Option<u64>| {
+            let _ = writeln!(out, "# TYPE gateway_mcp_{name} {kind}");
+            if let Some(v) = v {
+                let _ = writeln!(out, "gateway_mcp_{name} {v}");
+            }
+            for (k, l, v) in labels {
+                let _ = writeln!(out, "gateway_mcp_{name}{{{k}=\"{l}\"}} {v}");
+            }
+        };
+        one(
+            "sessions_open",
+            "gauge",
+            &[],
+            Some(self.core.sessions_live() as u64),
+        );
+        one(
+            "sessions_created_total",
+            "counter",
+            &[],
+            Some(st.sessions_minted),
+        );
+        one(
+            "sessions_terminated_total",
+            "counter",
+            &[],
+            Some(st.sessions_terminated),
+        );
+        one(
+            "streams_open",
+            "gauge",
+            &[],
+            Some(self.core.streams_live() as u64),
+        );
+        one(
+            "sse_connections",
+            "gauge",
+            &[],
+            Some(self.core.connections_live() as u64),
+        );
+        one("upstreams", "gauge", &[], Some(self.ups.children() as u64));
+        one(
+            "upstream_deaths_total",
+            "counter",
+            &[],
+            Some(st.upstream_deaths),
+        );
+        one("messages_up_total", "counter", &[], Some(self.messages_up));
+        one(
+            "messages_down_total",
+            "counter",
+            &[],
+            Some(st.upstream_lines),
+        );
+        one(
+            "messages_dropped_total",
+            "counter",
+            &[
+                ("reason", "not_jsonrpc", st.upstream_garbage_lines),
+                ("reason", "no_destination", st.orphan_messages),
+            ],
+            None,
+        );
+        one(
+            "resumes_total",
+            "counter",
+            &[
+                ("class", "ok", st.resumes_ok),
+                ("class", "truncated", st.resumes_truncated),
+                ("class", "rejected", st.resumes_rejected),
+            ],
+            None,
+        );
+        one(
+            "modern_cancels_total",
+            "counter",
+            &[],
+            Some(st.modern_cancels),
+        );
+        one(
+            "records_refused_total",
+            "counter",
+            &[],
+            Some(self.records_refused),
+        );
+        one(
+            "streams_broken",
+            "gauge",
+            &[],
+            Some(self.broken.len() as u64),
+        );
+        out
     }
 }
 
@@ -158,6 +268,10 @@ impl Core {
             conns: HashMap::new(),
             by_slot: HashMap::new(),
             broken: HashMap::new(),
+            messages_up: 0,
+            records_refused: 0,
+            metrics_dirty: true,
+            next_metrics: t0,
         }));
     }
 
@@ -282,6 +396,7 @@ impl Core {
                 m.deadline_ms = m.core.poll_timeout();
                 return;
             };
+            m.metrics_dirty = true;
             let shard = m.shard;
             match action {
                 Action::Respond {
@@ -324,6 +439,7 @@ impl Core {
                         // JSON-RPC error), so the stream stays gap-free and the core's
                         // sequence prediction holds.
                         Err(e) => {
+                            self.mcp.as_mut().expect("checked").records_refused += 1;
                             let why = e.to_string();
                             eprintln!("core {id_core}: MCP append to {stream} failed: {why}");
                             let (t, sub) = crate::mcp::jsonrpc::not_stored_substitute(&data, &why);
@@ -434,6 +550,7 @@ impl Core {
                     }
                 }
                 Action::SendUpstream { upstream, line } => {
+                    m.messages_up += 1;
                     if let Err(e) = m.ups.send(upstream, line) {
                         let now = self.now;
                         let now_ms = self.mcp_now_ms();
@@ -570,6 +687,15 @@ impl Core {
             m.core.handle_tick(now_ms);
         }
         self.mcp_apply();
+        if let Some(m) = self.mcp.as_mut()
+            && m.metrics_dirty
+            && now >= m.next_metrics
+        {
+            m.metrics_dirty = false;
+            m.next_metrics = now + METRICS_INTERVAL;
+            let text = m.render_metrics();
+            *self.m().mcp_snapshot.lock().expect("metrics lock") = text;
+        }
     }
 
     /// Hook for the reactor's wait: the MCP core's next timer.
@@ -577,7 +703,8 @@ impl Core {
         let m = self.mcp.as_ref()?;
         let timer = m.deadline_ms.map(|ms| m.t0 + Duration::from_millis(ms));
         let reap = (m.ups.children() > 0).then_some(m.next_reap);
-        [timer, reap].into_iter().flatten().min()
+        let metrics = m.metrics_dirty.then_some(m.next_metrics);
+        [timer, reap, metrics].into_iter().flatten().min()
     }
 
     /// Hook from `begin_shutdown` (before the logs are synced): every session ends with
