@@ -65,9 +65,14 @@ pub struct LoadConfig {
     /// Resume storm: connections cut per second (0 = none).
     pub cuts_per_sec: f64,
     /// Resume storm: a subscriber due for a cut cuts only once it has read its socket to
-    /// EAGAIN and its last byte read ends an event (instead of at a random byte of a read), so
-    /// the server's retained window can start exactly at N+1 (an aligned resume).
+    /// EAGAIN (everything its TCP received, and so ACKed, has been read), wherever its last
+    /// byte falls (instead of at a random byte of a read, leaving received bytes unread).
+    pub cut_at_eagain: bool,
+    /// Like `cut_at_eagain`, and the last byte read must also end an event.
     pub cut_at_boundary: bool,
+    /// Resume storm: a subscriber due for a cut first stops reading for this long (a stalled
+    /// client: the server's backlog to it grows), then reads and cuts. 0 = no pause.
+    pub cut_pause_ms: u64,
     /// SO_RCVBUF of subscriber sockets, set before connect (0 = the system default).
     pub subscriber_rcvbuf_bytes: usize,
     /// Spread subscriber source addresses over `127.0.0.<first>` .. (`source_addrs` of them).
@@ -278,6 +283,8 @@ struct Sub {
     reconnect_at: Option<Instant>,
     /// The class the server announced for the current connection's resume.
     class: ResumeClass,
+    /// A cut is due and the subscriber does not read until then (`cut_pause_ms`).
+    paused_until: Option<Instant>,
     slow_budget_bytes: f64,
     reconnects: u32,
     failed: bool,
@@ -467,6 +474,7 @@ pub fn run(cfg: &LoadConfig) -> Result<LoadResult, LoadError> {
             resume_started: None,
             resuming: false,
             reconnect_at: None,
+            paused_until: None,
             class: ResumeClass::None,
             slow_budget_bytes: 0.0,
             reconnects: 0,
@@ -768,7 +776,28 @@ pub fn run(cfg: &LoadConfig) -> Result<LoadResult, LoadError> {
                     && !s.slow
                 {
                     s.cut_after_bytes = Some(usize::MAX); // decided at the next read (random point)
+                    if cfg.cut_pause_ms > 0 {
+                        s.paused_until = Some(now + Duration::from_millis(cfg.cut_pause_ms));
+                    }
                     cuts_scheduled += 1;
+                }
+            }
+        }
+        // Stalled subscribers due for a cut: read again (edge-triggered: nothing else will).
+        if cfg.cut_pause_ms > 0 {
+            for (i, s) in subs.iter_mut().enumerate() {
+                if s.paused_until.is_some_and(|t| t <= now) {
+                    s.paused_until = None;
+                    sub_read(
+                        cfg,
+                        s,
+                        &poll,
+                        Token(i),
+                        &mut ctx,
+                        &mut scratch,
+                        &mut connecting,
+                        now,
+                    );
                 }
             }
         }
@@ -1142,6 +1171,7 @@ fn handle_sub_event(
     if matches!(s.phase, SubPhase::Headers | SubPhase::Streaming)
         && (ev.is_readable() || ev.is_read_closed())
         && !(s.slow && s.phase == SubPhase::Streaming)
+        && s.paused_until.is_none()
     {
         sub_read(cfg, s, poll, token, ctx, scratch, connecting, now);
     }
@@ -1265,7 +1295,7 @@ fn sub_read(
         // Resume storm: cut at a random point inside this read (often mid-event); with
         // --cut-at-boundary the cut waits for EAGAIN at an event boundary instead (above).
         let mut cut_now = false;
-        if let Some(left) = s.cut_after_bytes.filter(|_| !cfg.cut_at_boundary) {
+        if let Some(left) = s.cut_after_bytes.filter(|_| !cuts_at_eagain(cfg)) {
             let left = if left == usize::MAX && !body.is_empty() {
                 ctx.rng.below(body.len() as u64) as usize
             } else {
@@ -1287,19 +1317,24 @@ fn sub_read(
             return;
         }
         // A boundary cut needs the socket read to EAGAIN: a short read does not prove it.
-        if n < want && !(cfg.cut_at_boundary && s.cut_after_bytes.is_some()) {
+        if n < want && !(cuts_at_eagain(cfg) && s.cut_after_bytes.is_some()) {
             return;
         }
     }
 }
 
-/// Whether a subscriber due for a `--cut-at-boundary` cut may cut now that its socket said
-/// EAGAIN: it is streaming and its last byte read ends an event (nothing partial buffered).
+fn cuts_at_eagain(cfg: &LoadConfig) -> bool {
+    cfg.cut_at_eagain || cfg.cut_at_boundary
+}
+
+/// Whether a subscriber due for an EAGAIN cut may cut now that its socket said EAGAIN: it is
+/// streaming, not stalled, and (with `cut_at_boundary`) its last byte read ends an event.
 fn boundary_cut_due(cfg: &LoadConfig, s: &Sub) -> bool {
-    cfg.cut_at_boundary
+    cuts_at_eagain(cfg)
         && s.cut_after_bytes.is_some()
+        && s.paused_until.is_none()
         && s.phase == SubPhase::Streaming
-        && !s.sse.mid_event()
+        && !(cfg.cut_at_boundary && s.sse.mid_event())
 }
 
 /// Cut a subscriber's connection (resume storm) and queue its resume from its last event ID.

@@ -54,8 +54,16 @@ enum Cmd {
         /// Cut a subscriber only once it has read its socket to EAGAIN and its last byte read
         /// ends an event (not at a random byte), so the server's retained window can start at
         /// N+1 and the resume be aligned. Pair with a small --subscriber-rcvbuf-bytes.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "cut_at_eagain")]
         cut_at_boundary: bool,
+        /// Cut a subscriber once it has read its socket to EAGAIN, wherever its last byte
+        /// falls (mid-event included): nothing its TCP ACKed is left unread.
+        #[arg(long)]
+        cut_at_eagain: bool,
+        /// A subscriber due for a cut first stops reading this long (a stalled client whose
+        /// backlog grows in the server), then reads and cuts. 0 = no pause.
+        #[arg(long, default_value_t = 0)]
+        cut_pause_ms: u64,
     },
     /// Fast subscribers beside slow ones reading at 1/divisor of the production rate; runs a
     /// baseline without slow subscribers first and compares fast subscribers' latency.
@@ -329,6 +337,8 @@ fn base_config(c: &Common) -> Result<LoadConfig, String> {
         idle_hold_secs: None,
         cuts_per_sec: 0.0,
         cut_at_boundary: false,
+        cut_at_eagain: false,
+        cut_pause_ms: 0,
         subscriber_rcvbuf_bytes: c.subscriber_rcvbuf_bytes,
         source_addrs: 1,
         source_addr_first: 1,
@@ -386,10 +396,14 @@ fn run(cmd: &Cmd) -> Result<(Outcome, bool), String> {
             load,
             cuts_per_sec,
             cut_at_boundary,
+            cut_at_eagain,
+            cut_pause_ms,
         } => {
             let mut cfg = with_load(base_config(common)?, load);
             cfg.cuts_per_sec = *cuts_per_sec;
             cfg.cut_at_boundary = *cut_at_boundary;
+            cfg.cut_at_eagain = *cut_at_eagain;
+            cfg.cut_pause_ms = *cut_pause_ms;
             Ok((
                 Outcome::Reports(vec![one("resume-storm", common, &cfg)?], None),
                 common.json,

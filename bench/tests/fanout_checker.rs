@@ -225,6 +225,8 @@ fn config(addr: SocketAddr, subscribers: usize, events: u64) -> LoadConfig {
         idle_hold_secs: None,
         cuts_per_sec: 0.0,
         cut_at_boundary: false,
+        cut_at_eagain: false,
+        cut_pause_ms: 0,
         subscriber_rcvbuf_bytes: 0,
         source_addrs: 1,
         source_addr_first: 1,
@@ -361,11 +363,26 @@ fn boundary_cuts_stay_gap_free_and_are_classified() {
 }
 
 #[test]
-fn gap_during_a_boundary_storm_is_caught() {
+fn stalled_eagain_cuts_stay_gap_free() {
+    let srv = start_server(Fault::None, false);
+    let mut cfg = config(srv.addr, 4, 3000);
+    storm(&mut cfg);
+    cfg.cut_at_eagain = true;
+    cfg.cut_pause_ms = 5;
+    cfg.subscriber_rcvbuf_bytes = 4096;
+    let r = load::run(&cfg).unwrap();
+    assert!(r.cuts > 20, "cuts {}", r.cuts);
+    assert_eq!(r.fast.violations(), 0, "{:?} {:?}", r.fast, r.errors);
+    assert_eq!(r.fast.events, 2 * 4 * 3000);
+}
+
+#[test]
+fn gap_during_a_stalled_eagain_storm_is_caught() {
     let srv = start_server(Fault::Skip(1400), false);
     let mut cfg = config(srv.addr, 2, 1500);
     storm(&mut cfg);
-    cfg.cut_at_boundary = true;
+    cfg.cut_at_eagain = true;
+    cfg.cut_pause_ms = 5;
     cfg.subscriber_rcvbuf_bytes = 4096;
     let r = load::run(&cfg).unwrap();
     assert!(r.fast.gaps >= 1, "{:?}", r.fast);
