@@ -8,8 +8,11 @@
 //!
 //! It does not interpret messages (that is `core`), and it uses no io_uring: pipes to child
 //! processes are few and slow compared to client sockets, and blocking threads keep this
-//! module free of `unsafe`. Kill = close stdin (the MCP stdio shutdown), then SIGKILL after
-//! `kill_grace_ms` if the child has not exited; exited children are reaped by `poll`.
+//! module free of `unsafe`. Kill = the MCP stdio shutdown (`2025-11-25/basic/lifecycle.mdx`):
+//! close stdin; if the child has not exited after `kill_grace_ms`, SIGTERM (sent by running
+//! `kill -TERM <pid>` on a helper thread, as std has no SIGTERM and this crate forbids
+//! `unsafe`; the pid cannot have been reused because the child is not reaped yet); after
+//! another `kill_grace_ms`, SIGKILL. Exited children are reaped by `poll`.
 //!
 //! With `--upstream-url` the same set holds HTTP clients instead of children
 //! ([`super::http_upstream`]); the interface and the events are the same, so the core and the
@@ -51,7 +54,24 @@ pub struct UpstreamLimits {
 struct Proc {
     child: Child,
     stdin: Option<Sender<Vec<u8>>>,
+    /// When SIGTERM is due (set by `kill`, cleared once sent).
+    term_at: Option<Instant>,
     kill_at: Option<Instant>,
+}
+
+/// Sends SIGTERM to an unreaped child of ours without blocking the caller.
+fn sigterm(child: &Child) {
+    let pid = child.id().to_string();
+    let _ = std::thread::Builder::new()
+        .name("mcp-sigterm".into())
+        .spawn(move || {
+            let _ = Command::new("kill")
+                .args(["-TERM", &pid])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        });
 }
 
 /// All upstream children of one reactor core.
@@ -187,6 +207,7 @@ impl UpstreamSet {
             Proc {
                 child,
                 stdin: Some(in_tx),
+                term_at: None,
                 kill_at: None,
             },
         );
@@ -226,7 +247,8 @@ impl UpstreamSet {
         }
     }
 
-    /// Closes the child's stdin now; SIGKILL after the grace period if it is still running.
+    /// Closes the child's stdin now; SIGTERM after the grace period and SIGKILL after another
+    /// one if it is still running (`poll` sends them).
     pub fn kill(&mut self, id: UpstreamId, now: Instant) {
         if let Some((h, at)) = self.http.get_mut(&id) {
             h.stop();
@@ -234,8 +256,11 @@ impl UpstreamSet {
         }
         if let Some(p) = self.procs.get_mut(&id) {
             p.stdin = None;
-            p.kill_at
-                .get_or_insert(now + Duration::from_millis(self.limits.kill_grace_ms));
+            if p.kill_at.is_none() {
+                let grace = Duration::from_millis(self.limits.kill_grace_ms);
+                p.term_at = Some(now + grace);
+                p.kill_at = Some(now + 2 * grace);
+            }
         }
     }
 
@@ -251,6 +276,10 @@ impl UpstreamSet {
             match p.child.try_wait() {
                 Ok(Some(status)) => ended.push((*id, status.to_string())),
                 Ok(None) => {
+                    if p.term_at.is_some_and(|t| t <= now) {
+                        sigterm(&p.child);
+                        p.term_at = None;
+                    }
                     if p.kill_at.is_some_and(|t| t <= now) {
                         let _ = p.child.kill();
                         p.kill_at = None;
@@ -262,19 +291,24 @@ impl UpstreamSet {
         for (id, _) in &ended {
             self.procs.remove(id);
         }
+        let mut finished = Vec::new();
         for (id, (h, at)) in &mut self.http {
             if h.finished() {
-                ended.push((*id, "HTTP upstream client stopped".into()));
+                finished.push(*id);
             } else if at.is_some_and(|t| t <= now) {
                 h.force();
                 *at = None;
             }
         }
-        self.http.retain(|_, (h, _)| !h.finished());
+        for id in finished {
+            self.http.remove(&id);
+            ended.push((id, "HTTP upstream client stopped".into()));
+        }
         ended
     }
 
-    /// Shutdown: close every stdin, wait up to the grace period, then SIGKILL the rest.
+    /// Shutdown: close every stdin, wait up to the grace period, SIGTERM the rest, wait up to
+    /// another grace period, then SIGKILL what is left.
     pub fn stop_all(&mut self) {
         for p in self.procs.values_mut() {
             p.stdin = None;
@@ -282,12 +316,20 @@ impl UpstreamSet {
         for (h, _) in self.http.values_mut() {
             h.stop();
         }
-        let deadline = Instant::now() + Duration::from_millis(self.limits.kill_grace_ms);
-        while !(self.procs.is_empty() && self.http.is_empty()) && Instant::now() < deadline {
-            self.procs
-                .retain(|_, p| !matches!(p.child.try_wait(), Ok(Some(_)) | Err(_)));
-            self.http.retain(|_, (h, _)| !h.finished());
-            std::thread::sleep(Duration::from_millis(5));
+        let grace = Duration::from_millis(self.limits.kill_grace_ms);
+        for step in 0..2 {
+            let deadline = Instant::now() + grace;
+            while !(self.procs.is_empty() && self.http.is_empty()) && Instant::now() < deadline {
+                self.procs
+                    .retain(|_, p| !matches!(p.child.try_wait(), Ok(Some(_)) | Err(_)));
+                self.http.retain(|_, (h, _)| !h.finished());
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            if step == 0 {
+                for p in self.procs.values() {
+                    sigterm(&p.child);
+                }
+            }
         }
         for (h, _) in self.http.values() {
             h.force();
@@ -424,7 +466,36 @@ mod tests {
         assert!(matches!(next(&s), UpstreamEvent::Closed(_)));
     }
 
-    /// A child that ignores stdin EOF is SIGKILLed after the grace period.
+    /// Polls with a clock `ahead` of real time until the child ends (bounded).
+    fn ended_within(s: &mut UpstreamSet, ahead: Duration) -> Vec<(UpstreamId, String)> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut ended = Vec::new();
+        while ended.is_empty() && Instant::now() < deadline {
+            ended = s.poll(Instant::now() + ahead);
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        ended
+    }
+
+    /// A child that ignores stdin EOF but not SIGTERM ends by SIGTERM after one grace period.
+    #[test]
+    fn child_ignoring_eof_gets_sigterm_after_grace() {
+        let (mut s, _) = set("exec sleep 30", 1024);
+        let id = UpstreamId(4);
+        s.spawn(id, None).unwrap();
+        let t0 = Instant::now();
+        s.kill(id, t0);
+        assert!(
+            s.poll(t0).is_empty(),
+            "nothing is signalled before the grace"
+        );
+        // 1.5 grace periods ahead: SIGTERM is due, SIGKILL is not.
+        let ended = ended_within(&mut s, Duration::from_millis(3_000));
+        assert_eq!(ended.len(), 1);
+        assert!(ended[0].1.contains("SIGTERM"), "{}", ended[0].1);
+    }
+
+    /// A child that ignores stdin EOF and SIGTERM is SIGKILLed after the second grace period.
     #[test]
     fn stubborn_child_is_killed_after_grace() {
         let (mut s, _) = set("trap '' TERM; exec sleep 30", 1024);
@@ -433,14 +504,9 @@ mod tests {
         let t0 = Instant::now();
         s.kill(id, t0);
         assert!(s.poll(t0).is_empty());
-        let deadline = t0 + Duration::from_secs(10);
-        let mut ended = Vec::new();
-        while ended.is_empty() && Instant::now() < deadline {
-            ended = s.poll(Instant::now() + Duration::from_secs(3));
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        let ended = ended_within(&mut s, Duration::from_millis(4_500));
         assert_eq!(ended.len(), 1);
-        assert!(ended[0].1.contains("signal"), "{}", ended[0].1);
+        assert!(ended[0].1.contains("SIGKILL"), "{}", ended[0].1);
     }
 
     #[test]
