@@ -11,7 +11,8 @@
 //! module free of `unsafe`. Kill = the MCP stdio shutdown (`2025-11-25/basic/lifecycle.mdx`):
 //! close stdin; if the child has not exited after `kill_grace_ms`, SIGTERM (sent by running
 //! `kill -TERM <pid>` on a helper thread, as std has no SIGTERM and this crate forbids
-//! `unsafe`; the pid cannot have been reused because the child is not reaped yet); after
+//! `unsafe`; the pid cannot have been reused because the child is not reaped until that
+//! helper has finished); after
 //! another `kill_grace_ms`, SIGKILL. Exited children are reaped by `poll`.
 //!
 //! With `--upstream-url` the same set holds HTTP clients instead of children
@@ -26,6 +27,7 @@ use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// What the reader threads report.
@@ -56,13 +58,18 @@ struct Proc {
     stdin: Option<Sender<Vec<u8>>>,
     /// When SIGTERM is due (set by `kill`, cleared once sent).
     term_at: Option<Instant>,
+    /// Set when a SIGTERM helper has finished; the child is not reaped before (pid reuse).
+    term_sent: Option<Arc<AtomicBool>>,
     kill_at: Option<Instant>,
 }
 
-/// Sends SIGTERM to an unreaped child of ours without blocking the caller.
-fn sigterm(child: &Child) {
+/// Sends SIGTERM to an unreaped child of ours without blocking the caller; the flag is set
+/// once the helper is done (the caller must not reap the child before).
+fn sigterm(child: &Child) -> Arc<AtomicBool> {
     let pid = child.id().to_string();
-    let _ = std::thread::Builder::new()
+    let done = Arc::new(AtomicBool::new(false));
+    let d = done.clone();
+    let started = std::thread::Builder::new()
         .name("mcp-sigterm".into())
         .spawn(move || {
             let _ = Command::new("kill")
@@ -71,7 +78,19 @@ fn sigterm(child: &Child) {
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .status();
+            d.store(true, Ordering::SeqCst);
         });
+    if started.is_err() {
+        done.store(true, Ordering::SeqCst); // no SIGTERM; SIGKILL follows after the grace
+    }
+    done
+}
+
+/// A SIGTERM helper is still running for this child.
+fn term_pending(p: &Proc) -> bool {
+    p.term_sent
+        .as_ref()
+        .is_some_and(|d| !d.load(Ordering::SeqCst))
 }
 
 /// All upstream children of one reactor core.
@@ -208,6 +227,7 @@ impl UpstreamSet {
                 child,
                 stdin: Some(in_tx),
                 term_at: None,
+                term_sent: None,
                 kill_at: None,
             },
         );
@@ -273,12 +293,16 @@ impl UpstreamSet {
     pub fn poll(&mut self, now: Instant) -> Vec<(UpstreamId, String)> {
         let mut ended = Vec::new();
         for (id, p) in &mut self.procs {
+            if term_pending(p) {
+                continue;
+            }
             match p.child.try_wait() {
                 Ok(Some(status)) => ended.push((*id, status.to_string())),
                 Ok(None) => {
                     if p.term_at.is_some_and(|t| t <= now) {
-                        sigterm(&p.child);
+                        p.term_sent = Some(sigterm(&p.child));
                         p.term_at = None;
+                        continue; // SIGKILL, if due, on a later poll (after the helper)
                     }
                     if p.kill_at.is_some_and(|t| t <= now) {
                         let _ = p.child.kill();
@@ -320,14 +344,15 @@ impl UpstreamSet {
         for step in 0..2 {
             let deadline = Instant::now() + grace;
             while !(self.procs.is_empty() && self.http.is_empty()) && Instant::now() < deadline {
-                self.procs
-                    .retain(|_, p| !matches!(p.child.try_wait(), Ok(Some(_)) | Err(_)));
+                self.procs.retain(|_, p| {
+                    term_pending(p) || !matches!(p.child.try_wait(), Ok(Some(_)) | Err(_))
+                });
                 self.http.retain(|_, (h, _)| !h.finished());
                 std::thread::sleep(Duration::from_millis(5));
             }
             if step == 0 {
-                for p in self.procs.values() {
-                    sigterm(&p.child);
+                for p in self.procs.values_mut() {
+                    p.term_sent = Some(sigterm(&p.child));
                 }
             }
         }
@@ -335,9 +360,15 @@ impl UpstreamSet {
             h.force();
         }
         self.http.clear();
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while self.procs.values().any(term_pending) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
         for p in self.procs.values_mut() {
             let _ = p.child.kill();
-            let _ = p.child.wait();
+            if !term_pending(p) {
+                let _ = p.child.wait(); // else left unreaped rather than risk a reused pid
+            }
         }
         self.procs.clear();
     }
