@@ -12,6 +12,8 @@
 //! - [`headers`]: header lookup, `Origin`/`Host` allow-list, 2026-07-28 mirror checks.
 //! - [`core`]: sessions, stream routing (each message on exactly one stream), resume
 //!   decisions via `log_store::resume::plan_resume`, timers (hold, idle).
+//! - [`upstream`], [`http_upstream`] (drivers, threads): stdio children (`--upstream-cmd`) or
+//!   streamable-HTTP clients (`--upstream-url`) behind one interface.
 #![forbid(unsafe_code)]
 
 pub mod config;
