@@ -122,7 +122,8 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
         cfg.listen_cores_max.min(cores)
     };
     let mut listeners = Vec::with_capacity(listen_cores);
-    let first = sys::listener(cfg.listen, 4096).map_err(|e| format!("bind {}: {e}", cfg.listen))?;
+    let first =
+        sys::listener_first(cfg.listen, 4096).map_err(|e| format!("bind {}: {e}", cfg.listen))?;
     let addr = sys::local_addr(first).map_err(|e| e.to_string())?;
     listeners.push(first);
     for _ in 1..listen_cores {

@@ -63,6 +63,45 @@ pub fn listener(addr: SocketAddr, backlog: i32) -> io::Result<RawFd> {
     }
 }
 
+/// Like [`listener`], for the first of the process's listeners: fails with `AddrInUse` when
+/// another socket already listens on `addr`. SO_REUSEPORT alone would let a second gateway
+/// process (same user) join the port silently, and the kernel would then split connections
+/// between two logs with different epochs: resumes answered `wrong_epoch`, counters read
+/// from either process. A probe socket without SO_REUSEPORT sees the existing listener.
+pub fn listener_first(addr: SocketAddr, backlog: i32) -> io::Result<RawFd> {
+    if addr.port() != 0 {
+        let family = if addr.is_ipv4() {
+            libc::AF_INET
+        } else {
+            libc::AF_INET6
+        };
+        // SAFETY: plain syscall with constant arguments.
+        let probe =
+            cvt(unsafe { libc::socket(family, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) })?;
+        let res = (|| {
+            // SO_REUSEADDR only: TIME_WAIT leftovers of an earlier run are no conflict.
+            setsockopt_int(probe, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1)?;
+            let (storage, len) = sockaddr(addr);
+            // SAFETY: `storage` is a valid sockaddr of `len` bytes living across the call.
+            cvt(unsafe { libc::bind(probe, (&raw const storage).cast(), len) })
+        })();
+        close(probe);
+        if let Err(e) = res {
+            if e.kind() == io::ErrorKind::AddrInUse {
+                return Err(io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    format!(
+                        "another process already listens on {addr} (SO_REUSEPORT would \
+                         share the port with it and split the streams between two logs)"
+                    ),
+                ));
+            }
+            return Err(e);
+        }
+    }
+    listener(addr, backlog)
+}
+
 /// The address a socket is bound to.
 pub fn local_addr(fd: RawFd) -> io::Result<SocketAddr> {
     // SAFETY: sockaddr_storage is plain data; all-zero is a valid value.

@@ -174,3 +174,40 @@ fn descriptor_limit_on_accept_neither_aborts_nor_stops_serving() {
     );
     assert!(ok && served, "gateway stopped serving after EMFILE");
 }
+
+#[test]
+fn a_second_gateway_cannot_share_the_port() {
+    let a = Gateway::start(&["--cores", "2"]);
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mut b = Command::new(env!("CARGO_BIN_EXE_gateway"))
+        .args(["--segment-bytes", "1048576", "--cores", "1", "--listen"])
+        .arg(a.addr.to_string())
+        .arg("--data-dir")
+        .arg(tmp.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn second gateway");
+    let exited = eventually(20, || b.try_wait().ok().flatten().is_some());
+    if !exited {
+        let _ = b.kill();
+    }
+    let status = b.wait().expect("wait");
+    let mut err = String::new();
+    let _ = b.stderr.take().expect("stderr").read_to_string(&mut err);
+    assert!(
+        exited && !status.success(),
+        "second gateway started on {}",
+        a.addr
+    );
+    assert!(
+        err.contains("another process already listens"),
+        "stderr: {err}"
+    );
+    // The first one still owns every connection: all IDs carry its one epoch.
+    let epochs: std::collections::HashSet<String> = (0..8)
+        .map(|i| publish(a.addr, "p", &format!("x{i}")))
+        .map(|id| id.split('-').next().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(epochs.len(), 1, "{epochs:?}");
+}
