@@ -1308,8 +1308,11 @@ impl Core {
     ) -> ResumePlan {
         let now = self.now;
         let parked = self.parked.get_mut(&key);
+        let mut expired = 0;
         let window = parked.and_then(|list| {
+            let before = list.len();
             list.retain(|p| p.expires > now);
+            expired = before - list.len();
             let want = requested.seq.checked_add(1)?;
             list.iter()
                 .find(|p| p.head == want)
@@ -1322,6 +1325,8 @@ impl Core {
                     contiguous: true,
                 })
         });
+        // Expired windows dropped here leave the gauge too (else it only ever grows).
+        self.m().parked_windows.fetch_sub(expired as u64, Relaxed);
         let input = log_store::ResumeInput {
             log_epoch: epoch,
             stream: key.1,
