@@ -227,6 +227,10 @@ struct Core {
     limits: HeadLimits,
     /// The multishot accept ended on an error; re-armed by the next tick.
     accept_paused: bool,
+    /// Submissions that found the SQ full and could not be submitted right away (the kernel
+    /// refused with EBUSY/EAGAIN: completion queue overflowing, memory pressure); queued in
+    /// order ahead of later ones and submitted by the run loop after it reaped completions.
+    sq_backlog: VecDeque<squeue::Entry>,
     /// The MCP front, on the core that owns the MCP shard when `--upstream-cmd` is set.
     mcp: Option<Box<mcp_glue::Mcp>>,
 }
@@ -284,6 +288,7 @@ pub fn run_core(setup: CoreSetup, shared: Arc<Shared>, ready: impl FnOnce(Result
         shutting_down: None,
         limits,
         accept_paused: false,
+        sq_backlog: VecDeque::new(),
         mcp: None,
     };
     core.arm_accept();
@@ -323,15 +328,39 @@ impl Core {
     /// # Safety
     /// Every buffer and iovec the entry points at must stay valid and unmoved until its
     /// completion is reaped.
+    ///
+    /// Never panics on a full queue: when the kernel cannot take the queued entries now
+    /// (EBUSY with the completion queue overflowing, EAGAIN/ENOMEM, EINTR), the entry waits
+    /// in `sq_backlog` for the run loop (which reaps completions first), keeping its order.
     unsafe fn push(&mut self, e: squeue::Entry) {
-        for _ in 0..2 {
-            // SAFETY: forwarded from the caller's contract.
-            if unsafe { self.ring.submission().push(&e) }.is_ok() {
+        if self.sq_backlog.is_empty() {
+            for attempt in 0..2 {
+                // SAFETY: forwarded from the caller's contract.
+                if unsafe { self.ring.submission().push(&e) }.is_ok() {
+                    return;
+                }
+                if attempt == 0 {
+                    match self.ring.submit() {
+                        Ok(_) => {}
+                        Err(err) if is_transient(&err) => break,
+                        Err(err) => panic!("io_uring submit: {err}"),
+                    }
+                }
+            }
+        }
+        self.sq_backlog.push_back(e);
+    }
+
+    /// Moves backlogged submissions into the SQ, as many as fit.
+    fn drain_sq_backlog(&mut self) {
+        while let Some(e) = self.sq_backlog.front() {
+            // SAFETY: entries in the backlog were pushed under `push`'s contract: what they
+            // point at stays valid until their completions (the in-flight flags were set).
+            if unsafe { self.ring.submission().push(e) }.is_err() {
                 return;
             }
-            self.ring.submit().expect("io_uring submit");
+            self.sq_backlog.pop_front();
         }
-        panic!("submission queue stays full after submit");
     }
 
     fn arm_accept(&mut self) {
@@ -359,18 +388,19 @@ impl Core {
     fn run(&mut self) {
         let mut cqes: Vec<(u64, i32, u32)> = Vec::with_capacity(4096);
         loop {
-            let wait = self.wait_duration();
+            self.drain_sq_backlog();
+            let (want, wait) = if self.sq_backlog.is_empty() {
+                (1, self.wait_duration())
+            } else {
+                (0, Duration::ZERO)
+            };
             let ts = types::Timespec::new()
                 .sec(wait.as_secs())
                 .nsec(wait.subsec_nanos());
             let args = types::SubmitArgs::new().timespec(&ts);
-            match self.ring.submitter().submit_with_args(1, &args) {
+            match self.ring.submitter().submit_with_args(want, &args) {
                 Ok(_) => {}
-                Err(e)
-                    if matches!(
-                        e.raw_os_error(),
-                        Some(libc::ETIME | libc::EINTR | libc::EBUSY)
-                    ) => {}
+                Err(e) if e.raw_os_error() == Some(libc::ETIME) || is_transient(&e) => {}
                 Err(e) => panic!("io_uring_enter: {e}"),
             }
             self.now = Instant::now();
@@ -1836,6 +1866,14 @@ impl Core {
             }
         }
     }
+}
+
+/// io_uring_enter errors that pass once completions are reaped or memory frees up.
+fn is_transient(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EINTR | libc::EBUSY | libc::EAGAIN | libc::ENOMEM)
+    )
 }
 
 /// Status and code for a failed append or stream creation.
