@@ -625,3 +625,41 @@ fn mcp_response_the_log_refuses_is_an_explicit_error() {
     );
     assert!(g.stop(), "the gateway exits 0 after a refused record");
 }
+
+/// An upstream that cannot be reached: initialize is answered with an explicit JSON-RPC error
+/// (on its stream), the session is gone (404), the gateway keeps serving.
+#[test]
+fn mcp_unreachable_http_upstream_is_an_explicit_error() {
+    // A port nobody listens on: bind, note it, close.
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("http://127.0.0.1:{port}/mcp");
+    let g = Gateway::start(&["--cores", "2", "--upstream-url", &url]);
+    let a = g.addr;
+    let init = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"e2e","version":"1"}}}"#;
+    let mut x = Exchange::send(a, "POST", &[ACCEPT], init);
+    assert_eq!(x.status, 200);
+    let sid = x.header("mcp-session-id").unwrap().to_owned();
+    let m = messages(&mut x);
+    assert_eq!(m.len(), 1, "{m:?}");
+    assert_eq!(m[0]["id"], 0);
+    assert!(
+        m[0]["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("upstream"),
+        "{}",
+        m[0]
+    );
+    let x = Exchange::send(
+        a,
+        "POST",
+        &[ACCEPT, ("Mcp-Session-Id", &sid)],
+        r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#,
+    );
+    assert_eq!(x.status, 404);
+    wait_metrics(a, &[("gateway_mcp_upstream_deaths_total", 1)]);
+}
