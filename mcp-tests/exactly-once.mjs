@@ -10,7 +10,9 @@
 //   token     the connection is dropped by the client, and a new transport resumes with an
 //             explicit resumption token (the SDK's `resumptionToken` send option);
 //   restart   the gateway is restarted (SIGTERM, same data dir) between the cut and the resume;
-//   everything  @modelcontextprotocol/server-everything as the stdio upstream, with cuts.
+//   everything  @modelcontextprotocol/server-everything as the stdio upstream, with cuts;
+//   http      as auto, with mcp-fixture as a streamable-HTTP upstream WITHOUT resumability
+//             (`server.mjs --http 0` behind `--upstream-url`): the resumes come from our log.
 // Cuts fall anywhere after a response's first event (priming, or the re-primed id of a resumed
 // response), mid-event included. Seeds are printed; rerun one with SEED=<n> (DEBUG_CUTS=1
 // shows where each cut fell). Every wait is bounded. Exit 0 = all passed.
@@ -57,6 +59,7 @@ async function freePort() {
 }
 
 class Gateway {
+  // upstreamCmd = null: the upstream is given in extraArgs (--upstream-url).
   constructor(upstreamCmd, extraArgs = []) {
     this.dataDir = mkdtempSync(path.join(tmpdir(), 'mcp-eo-'));
     this.upstreamCmd = upstreamCmd;
@@ -66,7 +69,8 @@ class Gateway {
   async start(port) {
     this.port = port ?? this.port ?? (await freePort());
     const args = ['--listen', `127.0.0.1:${this.port}`, '--data-dir', this.dataDir, '--cores', '2',
-      '--upstream-cmd', this.upstreamCmd, '--mcp-retry-ms', '50', ...this.extraArgs];
+      ...(this.upstreamCmd === null ? [] : ['--upstream-cmd', this.upstreamCmd]),
+      '--mcp-retry-ms', '50', ...this.extraArgs];
     this.proc = spawn(GATEWAY_BIN, args, { stdio: ['ignore', 'pipe', 'pipe'] });
     this.proc.stderr.on('data', (d) => { this.stderr = (this.stderr + d).slice(-20000); });
     let out = '';
@@ -202,9 +206,44 @@ async function connectClient(url, name) {
 
 // --- tests ---------------------------------------------------------------------------------
 
-async function testAuto(seed) {
+// mcp-fixture in streamable-HTTP mode (no event store) on an ephemeral port.
+async function startHttpFixture() {
+  const proc = spawn(process.execPath, [path.join(ROOT, 'mcp-fixture/server.mjs'), '--http', '0'],
+    { stdio: ['ignore', 'ignore', 'pipe'] });
+  let err = '';
+  const url = await new Promise((resolve, reject) => {
+    const t = setTimeout(() => reject(new Error(`mcp-fixture --http did not start in 20 s: ${err}`)), 20_000);
+    proc.stderr.on('data', (d) => {
+      err = (err + d).slice(-20000);
+      const m = err.match(/streamable HTTP on (\S+)/);
+      if (m) { clearTimeout(t); resolve(m[1]); }
+    });
+    proc.on('exit', (code) => { clearTimeout(t); reject(new Error(`mcp-fixture --http exited (${code}): ${err}`)); });
+  });
+  proc.removeAllListeners('exit');
+  const stop = async () => {
+    if (proc.exitCode !== null || proc.signalCode !== null) return;
+    const exited = new Promise((r) => proc.once('exit', r));
+    proc.kill('SIGTERM');
+    const t = setTimeout(() => proc.kill('SIGKILL'), 2_000); // open GET streams hold http.close
+    await exited;
+    clearTimeout(t);
+  };
+  return { url, stop };
+}
+
+async function testHttp(seed) {
+  const fx = await startHttpFixture();
+  try {
+    return await testAuto(seed, new Gateway(null, ['--upstream-url', fx.url]));
+  } finally {
+    await fx.stop();
+  }
+}
+
+async function testAuto(seed, gateway) {
   const rand = rng(seed);
-  const gw = new Gateway(FIXTURE);
+  const gw = gateway ?? new Gateway(FIXTURE);
   await gw.start();
   const proxy = new CutProxy(gw.port, rand);
   await proxy.start();
@@ -389,8 +428,8 @@ async function testEverything(seed) {
   }
 }
 
-const TESTS = { auto: testAuto, token: testToken, restart: testRestart, everything: testEverything };
-const ROUNDS = { auto: 3, token: 3, restart: 2, everything: 1 };
+const TESTS = { auto: testAuto, token: testToken, restart: testRestart, everything: testEverything, http: testHttp };
+const ROUNDS = { auto: 3, token: 3, restart: 2, everything: 1, http: 2 };
 
 const names = process.argv.slice(2).length ? process.argv.slice(2) : Object.keys(TESTS);
 let failed = 0;
