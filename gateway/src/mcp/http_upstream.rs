@@ -118,8 +118,9 @@ struct Shared {
     wake: Arc<dyn Fn() + Send + Sync>,
     /// Upstream session id and protocol version, once `initialize` has been answered.
     session: Mutex<(Option<String>, Option<String>)>,
-    /// Open sockets (POST answers, GET stream), shut down when the upstream stops.
-    sockets: Mutex<Vec<(u64, TcpStream)>>,
+    /// Open sockets (POST answers, GET stream), shut down when the upstream stops; the flag
+    /// says they were, so a socket registered later is shut down at once.
+    sockets: Mutex<(bool, Vec<(u64, TcpStream)>)>,
     next_socket: AtomicU64,
     /// Set once the upstream is known gone (reported `Closed` once).
     dead: AtomicBool,
@@ -142,7 +143,12 @@ impl Shared {
     fn register(&self, s: &TcpStream) -> Option<u64> {
         let n = self.next_socket.fetch_add(1, Ordering::Relaxed);
         let c = s.try_clone().ok()?;
-        self.sockets.lock().expect("sockets lock").push((n, c));
+        let mut g = self.sockets.lock().expect("sockets lock");
+        if g.0 {
+            let _ = c.shutdown(Shutdown::Both);
+        } else {
+            g.1.push((n, c));
+        }
         Some(n)
     }
 
@@ -151,12 +157,15 @@ impl Shared {
             self.sockets
                 .lock()
                 .expect("sockets lock")
+                .1
                 .retain(|(k, _)| *k != n);
         }
     }
 
     fn shutdown_all(&self) {
-        for (_, s) in self.sockets.lock().expect("sockets lock").drain(..) {
+        let mut g = self.sockets.lock().expect("sockets lock");
+        g.0 = true;
+        for (_, s) in g.1.drain(..) {
             let _ = s.shutdown(Shutdown::Both);
         }
     }
@@ -224,7 +233,7 @@ impl HttpUpstream {
             tx,
             wake,
             session: Mutex::new((None, None)),
-            sockets: Mutex::new(Vec::new()),
+            sockets: Mutex::new((false, Vec::new())),
             next_socket: AtomicU64::new(0),
             dead: AtomicBool::new(false),
         });
