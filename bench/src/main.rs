@@ -42,7 +42,8 @@ enum Cmd {
         load: Load,
     },
     /// Like fanout, but subscribers are cut at random points (mid-event included) and resume
-    /// with Last-Event-ID; reports resume latency (cut → first event).
+    /// with Last-Event-ID; reports resume latency (cut → first event), and per class the
+    /// server announced in `X-Resume-Class` (reconnect → 200 head, → first event).
     ResumeStorm {
         #[command(flatten)]
         common: Common,
