@@ -509,16 +509,19 @@ impl Core {
 
     fn on_accept(&mut self, res: i32, flags: u32) {
         if res < 0 {
-            if res != -libc::ECANCELED {
-                eprintln!(
-                    "core {}: accept: {} (re-armed at the next tick)",
-                    self.id,
-                    std::io::Error::from_raw_os_error(-res)
-                );
-                // EMFILE/ENFILE/ENOMEM persist while the backlog is non-empty: re-arming now
-                // would spin. The tick re-arms.
-                self.accept_paused = !cqueue::more(flags);
+            if self.shutting_down.is_some() {
+                return; // our own cancel at shutdown
             }
+            eprintln!(
+                "core {}: accept: {} (re-armed at the next tick)",
+                self.id,
+                std::io::Error::from_raw_os_error(-res)
+            );
+            // EMFILE/ENFILE/ENOMEM persist while the backlog is non-empty: re-arming now
+            // would spin. The tick re-arms. A multishot accept ended any other way (even
+            // ECANCELED, which we never ask for outside shutdown) is re-armed the same way:
+            // a listener without an armed accept leaves clients in the backlog forever.
+            self.accept_paused |= !cqueue::more(flags);
             return;
         }
         if !cqueue::more(flags) && self.shutting_down.is_none() && self.listener.is_some() {
