@@ -1684,12 +1684,27 @@ impl Core {
             }
         }
         sys::shutdown(fd);
-        if inflight != 0 {
-            let e = opcode::AsyncCancel2::new(types::CancelBuilder::fd(types::Fd(fd)).all())
-                .build()
-                .user_data(ud(0, 0, OP_CANCEL));
-            // SAFETY: cancel points at no memory of ours.
-            unsafe { self.push(e) };
+        // Cancel each operation still in flight by its user_data. Not by fd: the kernel
+        // matches a cancel by fd by walking every armed poll entry of the ring (its poll table
+        // is hashed by user_data), so with N subscribers each close cost O(N) and closing them
+        // all O(N^2) — seconds of a stalled reactor at 20k connections (perf: 81 % in
+        // io_cancel_req_match), with the listener's backlog unserved meanwhile. By user_data
+        // it is one hash bucket, and it cannot hit a socket that reuses the fd number either.
+        let gen_ = self.gen_of(slot);
+        for (bit, op) in [
+            (F_RECV, OP_RECV),
+            (F_SEND, OP_SEND),
+            (F_POLL, OP_POLL),
+            (F_TXTS, OP_TXTS),
+            (F_WATCH, OP_WATCH),
+        ] {
+            if inflight & bit != 0 {
+                let e = opcode::AsyncCancel::new(ud(slot, gen_, op))
+                    .build()
+                    .user_data(ud(0, 0, OP_CANCEL));
+                // SAFETY: cancel points at no memory of ours.
+                unsafe { self.push(e) };
+            }
         }
         self.maybe_free(slot);
     }

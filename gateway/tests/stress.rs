@@ -85,6 +85,13 @@ fn subscribers_do_not_park_kernel_worker_threads() {
         eventually(20, || g.metric("gateway_subscribers", "") == 0),
         "closed subscribers were not noticed"
     );
+    // ... and their slots freed: each close cancels the subscriber's multishot watch and TX
+    // timestamp command by user_data, and the slot is released only when those completions
+    // arrive. Only the /metrics request itself remains.
+    assert!(
+        eventually(20, || g.metric("gateway_connections", "") == 1),
+        "closed subscribers' operations were not cancelled: slots never freed"
+    );
 }
 
 /// Starts the gateway under `prlimit --nofile=N:N` (it cannot raise its own limit past it).
