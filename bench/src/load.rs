@@ -1620,7 +1620,7 @@ fn read_publisher(p: &mut Pub, ctx: &mut Ctx) -> Result<(), String> {
                         p.resp = RespState::Body(left - take);
                         break;
                     }
-                    complete_response(p, ctx);
+                    complete_response(p, ctx)?;
                 }
                 RespState::Chunked => {
                     if pos == p.rlen {
@@ -1632,7 +1632,7 @@ fn read_publisher(p: &mut Pub, ctx: &mut Ctx) -> Result<(), String> {
                         .map_err(|e| format!("publish response: {e}"))?;
                     pos += used;
                     if p.dechunk.is_done() {
-                        complete_response(p, ctx);
+                        complete_response(p, ctx)?;
                     } else {
                         break;
                     }
@@ -1644,14 +1644,21 @@ fn read_publisher(p: &mut Pub, ctx: &mut Ctx) -> Result<(), String> {
     }
 }
 
-fn complete_response(p: &mut Pub, ctx: &mut Ctx) {
+/// Accounts one complete publish response. A response with no request outstanding is the
+/// server speaking first (for example a 503 written at accept when it is at its connection
+/// limit): an explicit error for this publisher, never a panic of the load generator.
+fn complete_response(p: &mut Pub, ctx: &mut Ctx) -> Result<(), String> {
+    let Some(inflight) = p.inflight.checked_sub(1) else {
+        return Err(format!(
+            "unsolicited HTTP {} on a publisher connection with no request outstanding",
+            p.status
+        ));
+    };
     if p.status / 100 != 2 {
         ctx.publish_errors += 1;
     }
     ctx.responses += 1;
-    p.inflight = p
-        .inflight
-        .checked_sub(1)
-        .expect("a response arrived for a request we sent");
+    p.inflight = inflight;
     p.resp = RespState::Head;
+    Ok(())
 }

@@ -387,3 +387,53 @@ fn gap_during_a_stalled_eagain_storm_is_caught() {
     let r = load::run(&cfg).unwrap();
     assert!(r.fast.gaps >= 1, "{:?}", r.fast);
 }
+
+/// A server that answers one publish twice (more responses than requests — what a server that
+/// speaks first, or duplicates an answer, looks like) makes the run fail with an explicit
+/// publisher error, never a panic of the load driver.
+#[test]
+fn unsolicited_response_is_an_error_not_a_panic() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop2 = stop.clone();
+    let t = thread::spawn(move || {
+        let mut held = Vec::new();
+        for conn in listener.incoming() {
+            if stop2.load(Ordering::SeqCst) {
+                break;
+            }
+            let Ok(mut c) = conn else { continue };
+            c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") && c.read(&mut byte).unwrap_or(0) == 1 {
+                head.push(byte[0]);
+            }
+            if head.starts_with(b"GET") {
+                let _ = c.write_all(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n");
+                held.push(c); // an idle subscription until the test ends
+            } else {
+                let ok = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n";
+                let _ = c.write_all(ok);
+                let _ = c.write_all(ok);
+                held.push(c);
+            }
+        }
+    });
+    let mut cfg = config(addr, 1, 10);
+    cfg.publishers = 1;
+    cfg.pipeline_depth = 1;
+    cfg.connect_secs_max = 5.0;
+    cfg.publish_secs_max = 2.0;
+    cfg.drain_secs_max = 2.0;
+    let r = load::run(&cfg);
+    stop.store(true, Ordering::SeqCst);
+    let _ = TcpStream::connect(addr);
+    t.join().unwrap();
+    let err = format!(
+        "{:?}",
+        r.expect_err("a second answer to one request must fail the run")
+    );
+    assert!(err.contains("unsolicited HTTP 200"), "{err}");
+}
