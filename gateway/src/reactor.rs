@@ -996,6 +996,24 @@ impl Core {
         sys::eventfd_wake(self.shared.eventfds[owner]);
     }
 
+    /// The shard owning `stream` and the stream's id in that shard's log, creating the stream
+    /// if new; on a log refusal, answers `slot` with the matching error response and gives `None`.
+    fn open_stream(&mut self, slot: u32, stream: &str, close: bool) -> Option<(u32, StreamId)> {
+        let shard = self.shard_of(stream);
+        let log = self
+            .logs
+            .get_mut(&shard)
+            .expect("owner core holds the shard");
+        match log.create_stream(stream) {
+            Ok(sid) => Some((shard, sid)),
+            Err(e) => {
+                let (status, code) = append_status(&e);
+                self.error(slot, status, code, &e.to_string(), close);
+                None
+            }
+        }
+    }
+
     fn shard_of(&self, stream: &str) -> u32 {
         shards::shard_of(stream, self.shared.shards)
     }
@@ -1026,19 +1044,13 @@ impl Core {
                 return;
             }
         }
-        let shard = self.shard_of(stream);
+        let Some((shard, sid)) = self.open_stream(slot, stream, close) else {
+            return;
+        };
         let log = self
             .logs
             .get_mut(&shard)
             .expect("owner core holds the shard");
-        let sid = match log.create_stream(stream) {
-            Ok(s) => s,
-            Err(e) => {
-                let (status, code) = append_status(&e);
-                self.error(slot, status, code, &e.to_string(), close);
-                return;
-            }
-        };
         // A batch is all or nothing: check every event's framed size against the log's record
         // limit before appending any (data within --event-bytes-max can still frame larger,
         // each line break costing a `data: ` prefix; the log would refuse it mid-batch).
@@ -1203,21 +1215,15 @@ impl Core {
     // ---- subscribe ----
 
     fn subscribe(&mut self, slot: u32, stream: &str, q: route::SubscribeQuery) {
-        let shard = self.shard_of(stream);
         let retry_ms = self.shared.cfg.retry_ms;
+        // Subscribing creates the stream: subscribers commonly connect before the first publish.
+        let Some((shard, sid)) = self.open_stream(slot, stream, true) else {
+            return;
+        };
         let log = self
             .logs
             .get_mut(&shard)
             .expect("owner core holds the shard");
-        // Subscribing creates the stream: subscribers commonly connect before the first publish.
-        let sid = match log.create_stream(stream) {
-            Ok(s) => s,
-            Err(e) => {
-                let (status, code) = append_status(&e);
-                self.error(slot, status, code, &e.to_string(), true);
-                return;
-            }
-        };
         let key = (shard, sid);
         let bounds = log.bounds(sid).expect("stream exists");
         let epoch = log.epoch();
