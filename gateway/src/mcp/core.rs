@@ -293,6 +293,14 @@ impl fmt::Debug for McpCore {
 const JSON: (&str, &str) = ("content-type", "application/json");
 const SSE_HEADERS: [(&str, &str); 1] = [("x-accel-buffering", "no")];
 
+/// [`SSE_HEADERS`] as the owned list an [`Action::OpenSse`] carries.
+fn sse_headers() -> Vec<(&'static str, String)> {
+    SSE_HEADERS
+        .iter()
+        .map(|(k, v)| (*k, (*v).to_owned()))
+        .collect()
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -728,7 +736,7 @@ impl McpCore {
             event_type: None,
             data: Vec::new(),
         });
-        extra.extend(SSE_HEADERS.iter().map(|(k, v)| (*k, (*v).to_owned())));
+        extra.extend(sse_headers());
         self.actions.push_back(Action::OpenSse {
             conn,
             reprime: None,
@@ -887,10 +895,7 @@ impl McpCore {
                 stream: name.clone(),
             });
         }
-        let headers = SSE_HEADERS
-            .iter()
-            .map(|(k, v)| (*k, (*v).to_owned()))
-            .collect();
+        let headers = sse_headers();
         self.actions.push_back(Action::OpenSse {
             conn,
             reprime: None,
@@ -1051,10 +1056,7 @@ impl McpCore {
             self.actions.push_back(Action::CloseSse { conn: old });
         }
         self.conns.insert(conn, (Owner::Session(sid.to_owned()), n));
-        let headers = SSE_HEADERS
-            .iter()
-            .map(|(k, v)| (*k, (*v).to_owned()))
-            .collect();
+        let headers = sse_headers();
         self.actions.push_back(Action::OpenSse {
             conn,
             // Clients that lose a resumed response before its first new event must still know
@@ -1184,10 +1186,7 @@ impl McpCore {
             stream: name.clone(),
         });
         // SPEC M11: no priming event, no retry.
-        let headers = SSE_HEADERS
-            .iter()
-            .map(|(k, v)| (*k, (*v).to_owned()))
-            .collect();
+        let headers = sse_headers();
         self.actions.push_back(Action::OpenSse {
             conn,
             reprime: None,
