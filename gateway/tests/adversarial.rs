@@ -107,22 +107,9 @@ fn all_events(g: &Gateway, stream: &str, count: u64) -> Vec<(u64, String)> {
 /// exactly N+1..=tail. Repeated over several rounds, each round parking a fresh window.
 #[test]
 fn two_resumers_racing_for_one_parked_window() {
-    let g = Gateway::start(&[
-        "--cores",
-        "1",
-        "--fsync",
-        "never",
-        "--notsent-lowat-bytes",
-        "16384",
-    ]);
+    let g = start_for_parked_window(&[]);
     let total = 6000u64;
-    let payload = "w".repeat(200);
-    for chunk in 0..(total / 500) {
-        let datas: Vec<String> = (0..500)
-            .map(|i| format!("{}:{payload}", chunk * 500 + i + 1))
-            .collect();
-        publish_batch(g.addr, "race", &datas);
-    }
+    publish_numbered(g.addr, "race", 1, total, &"w".repeat(200));
     let mut last: Option<String> = None;
     let mut resumes = 0u64;
     for _round in 0..8 {
@@ -601,24 +588,9 @@ fn batch_whose_event_frames_too_large_appends_nothing() {
 #[test]
 fn subscribe_after_publishes_on_the_same_connection_then_resume() {
     for extra in [&[][..], &["--no-tx-timestamps"][..]] {
-        let mut args = vec![
-            "--cores",
-            "1",
-            "--fsync",
-            "never",
-            "--notsent-lowat-bytes",
-            "16384",
-        ];
-        args.extend_from_slice(extra);
-        let g = Gateway::start(&args);
-        let payload = "k".repeat(300);
-        for chunk in 0..6 {
-            let datas: Vec<String> = (0..500)
-                .map(|i| format!("{}:{payload}", chunk * 500 + i + 1))
-                .collect();
-            publish_batch(g.addr, "keep", &datas);
-        }
+        let g = start_for_parked_window(extra);
         let total = 3000u64;
+        publish_numbered(g.addr, "keep", 1, total, &"k".repeat(300));
         let mut last: Option<String> = None;
         let mut n = 0u64;
         for _round in 0..40 {

@@ -330,26 +330,9 @@ fn parked_window_resume_with_siocoutq_fallback() {
 }
 
 fn parked_window_resume(extra: &[&str]) -> Gateway {
-    let mut args = vec![
-        "--cores",
-        "1",
-        "--fsync",
-        "never",
-        "--notsent-lowat-bytes",
-        "16384",
-    ];
-    args.extend_from_slice(extra);
-    let g = Gateway::start(&args);
+    let g = start_for_parked_window(extra);
     let n = 20_000usize;
-    let payload = "z".repeat(200);
-    let mut published = 0;
-    while published < n {
-        let datas: Vec<String> = (published..published + 500)
-            .map(|i| format!("{i}:{payload}"))
-            .collect();
-        publish_batch(g.addr, "park", &datas);
-        published += 500;
-    }
+    publish_numbered(g.addr, "park", 0, n as u64, &"z".repeat(200));
     let mut got: Vec<u64> = Vec::new();
     let mut last: Option<String> = None;
     for attempt in 0..2000 {

@@ -180,24 +180,9 @@ fn truncated_in_band_resume_says_truncated() {
 /// parked window say `aligned`, the others `replay`, and the headers seen equal the counters.
 #[test]
 fn parked_window_resume_says_aligned() {
-    let g = Gateway::start(&[
-        "--cores",
-        "1",
-        "--fsync",
-        "never",
-        "--notsent-lowat-bytes",
-        "16384",
-    ]);
+    let g = start_for_parked_window(&[]);
     let n = 20_000usize;
-    let payload = "z".repeat(200);
-    let mut published = 0;
-    while published < n {
-        let datas: Vec<String> = (published..published + 500)
-            .map(|i| format!("{i}:{payload}"))
-            .collect();
-        publish_batch(g.addr, "park", &datas);
-        published += 500;
-    }
+    publish_numbered(g.addr, "park", 0, n as u64, &"z".repeat(200));
     let mut got: Vec<u64> = Vec::new();
     let mut last: Option<String> = None;
     let (mut aligned, mut replay, mut up_to_date) = (0u64, 0u64, 0u64);

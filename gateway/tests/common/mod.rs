@@ -220,6 +220,34 @@ pub fn publish_batch(addr: SocketAddr, stream: &str, datas: &[String]) -> Vec<St
         .collect()
 }
 
+/// Publishes `count` events to `stream` in batches of 500, numbered from `first`: event `n`
+/// has data `"{n}:{payload}"`.
+pub fn publish_numbered(addr: SocketAddr, stream: &str, first: u64, count: u64, payload: &str) {
+    let end = first + count;
+    let mut next = first;
+    while next < end {
+        let upto = end.min(next + 500);
+        let datas: Vec<String> = (next..upto).map(|i| format!("{i}:{payload}")).collect();
+        publish_batch(addr, stream, &datas);
+        next = upto;
+    }
+}
+
+/// Starts a gateway as the parked-window tests run it (`--cores 1 --fsync never
+/// --notsent-lowat-bytes 16384`), plus `extra` flags.
+pub fn start_for_parked_window(extra: &[&str]) -> Gateway {
+    let mut args = vec![
+        "--cores",
+        "1",
+        "--fsync",
+        "never",
+        "--notsent-lowat-bytes",
+        "16384",
+    ];
+    args.extend_from_slice(extra);
+    Gateway::start(&args)
+}
+
 /// The sequence number of an event ID `{epoch}-{stream}-{seq}`.
 pub fn seq_of(id: &str) -> u64 {
     id.rsplit('-').next().unwrap().parse().unwrap()
