@@ -458,42 +458,19 @@ fn lost_shard_map_is_refused_not_guessed() {
     assert!(g.stop());
     let map = std::fs::read(tmp.path().join("shards.json")).unwrap();
     std::fs::remove_file(tmp.path().join("shards.json")).unwrap();
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_gateway"))
-        .arg("--data-dir")
-        .arg(tmp.path())
-        .args([
-            "--listen",
-            "127.0.0.1:0",
+    // Still running after 30 s would mean it started without its shard map.
+    let (status, err) = run_to_exit(
+        tmp.path(),
+        &[
             "--cores",
             "1",
             "--shards-on-create",
             "3",
-        ])
-        .args(["--segment-bytes", "1048576"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut waited = 0;
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        waited += 1;
-        if waited > 600 {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("gateway started without its shard map");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let mut err = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut err)
-        .unwrap();
+            "--segment-bytes",
+            "1048576",
+        ],
+        30,
+    );
     assert!(!status.success());
     assert!(err.contains("shards.json is missing"), "{err}");
     assert!(!tmp.path().join("shards.json").exists(), "nothing guessed");

@@ -16,7 +16,6 @@ use mcp_client::{Ev, Exchange};
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -518,33 +517,7 @@ fn mcp_https_upstream_is_refused_at_start() {
         ],
     ] {
         let dir = tempfile::tempdir().unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_gateway"))
-            .arg("--data-dir")
-            .arg(dir.path())
-            .args(["--listen", "127.0.0.1:0"])
-            .args(&args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let status = loop {
-            if let Some(s) = child.try_wait().unwrap() {
-                break s;
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                panic!("gateway with {args:?} did not exit");
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        };
-        let mut err = String::new();
-        child
-            .stderr
-            .take()
-            .unwrap()
-            .read_to_string(&mut err)
-            .unwrap();
+        let (status, err) = common::run_to_exit(dir.path(), &args, 20);
         assert!(!status.success(), "{args:?}");
         let want = if args[1].starts_with("https") {
             "no TLS"

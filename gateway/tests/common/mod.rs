@@ -220,6 +220,41 @@ pub fn publish_batch(addr: SocketAddr, stream: &str, datas: &[String]) -> Vec<St
         .collect()
 }
 
+/// Runs the gateway binary (`--data-dir dir --listen 127.0.0.1:0`, then `args`) expecting a
+/// refused start: waits at most `secs` for it to exit by itself and returns its exit status and
+/// stderr. Panics (after killing it) if it is still running then.
+pub fn run_to_exit(dir: &Path, args: &[&str], secs: u64) -> (std::process::ExitStatus, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gateway"))
+        .arg("--data-dir")
+        .arg(dir)
+        .args(["--listen", "127.0.0.1:0"])
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn gateway");
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("wait") {
+            break st;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("gateway with {args:?} did not exit within {secs} s");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut err)
+        .expect("read stderr");
+    (status, err)
+}
+
 /// Publishes `count` events to `stream` in batches of 500, numbered from `first`: event `n`
 /// has data `"{n}:{payload}"`.
 pub fn publish_numbered(addr: SocketAddr, stream: &str, first: u64, count: u64, payload: &str) {
