@@ -10,7 +10,7 @@ mod common;
 mod mcp_client;
 
 use common::Gateway;
-use mcp_client::{Ev, Exchange};
+use mcp_client::{ACCEPT, Ev, Exchange, send_initialized};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -35,7 +35,6 @@ fn start() -> Gateway {
 }
 
 const INIT: &str = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"e2e","version":"1"}}}"#;
-const ACCEPT: (&str, &str) = ("Accept", "application/json, text/event-stream");
 
 fn initialize(addr: SocketAddr) -> String {
     let mut x = Exchange::send(addr, "POST", &[ACCEPT], INIT);
@@ -51,13 +50,7 @@ fn initialize(addr: SocketAddr) -> String {
     let v: serde_json::Value = serde_json::from_str(&resp.data).unwrap();
     assert_eq!(v["result"]["protocolVersion"], "2025-11-25");
     assert_eq!(x.next_event(), None, "the stream ends after its response");
-    let n = Exchange::send(
-        addr,
-        "POST",
-        &[ACCEPT, ("Mcp-Session-Id", &sid)],
-        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
-    );
-    assert_eq!(n.status, 202);
+    send_initialized(addr, &sid);
     sid
 }
 

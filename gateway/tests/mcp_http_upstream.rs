@@ -12,7 +12,7 @@ mod common;
 mod mcp_client;
 
 use common::Gateway;
-use mcp_client::{Ev, Exchange};
+use mcp_client::{ACCEPT, Ev, Exchange, send_initialized};
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -20,7 +20,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-const ACCEPT: (&str, &str) = ("Accept", "application/json, text/event-stream");
 const UP_SESSION: &str = "up-session-1";
 
 /// One request the upstream saw.
@@ -249,13 +248,7 @@ fn initialize(addr: SocketAddr) -> String {
     let v: Value = serde_json::from_str(&resp.expect("initialize result").data).unwrap();
     assert_eq!(v["id"], 0);
     assert_eq!(v["result"]["protocolVersion"], "2025-06-18");
-    let n = Exchange::send(
-        addr,
-        "POST",
-        &[ACCEPT, ("Mcp-Session-Id", &sid)],
-        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
-    );
-    assert_eq!(n.status, 202);
+    send_initialized(addr, &sid);
     sid
 }
 

@@ -9,6 +9,21 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
+/// The `Accept` header a Streamable HTTP client sends on every POST.
+pub const ACCEPT: (&str, &str) = ("Accept", "application/json, text/event-stream");
+
+/// Sends the `notifications/initialized` notification that completes `sid`'s initialization
+/// and checks it is accepted (202).
+pub fn send_initialized(addr: SocketAddr, sid: &str) {
+    let n = Exchange::send(
+        addr,
+        "POST",
+        &[ACCEPT, ("Mcp-Session-Id", sid)],
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+    );
+    assert_eq!(n.status, 202);
+}
+
 /// One HTTP exchange on a fresh connection; the response is read as far as its head, then
 /// either its Content-Length body or (SSE) left open for `next_event`.
 pub struct Exchange {
