@@ -121,12 +121,7 @@ fn start_with_nofile(
     BufReader::new(child.stdout.take().expect("stdout"))
         .read_line(&mut line)
         .expect("first line");
-    let addr = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-        .parse()
-        .expect("address");
+    let addr = listening_addr(&line);
     (child, addr)
 }
 

@@ -58,12 +58,7 @@ impl Gateway {
         let line = rx
             .recv_timeout(Duration::from_secs(60))
             .expect("gateway printed its address");
-        let addr = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .parse()
-            .expect("address");
+        let addr = listening_addr(&line);
         Gateway {
             child,
             addr,
@@ -218,6 +213,15 @@ pub fn publish_batch(addr: SocketAddr, stream: &str, datas: &[String]) -> Vec<St
         .iter()
         .map(|v| v.as_str().unwrap().to_string())
         .collect()
+}
+
+/// The address in the gateway's first stdout line, `listening on <addr>`.
+pub fn listening_addr(line: &str) -> SocketAddr {
+    line.trim()
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .parse()
+        .expect("address")
 }
 
 /// Runs the gateway binary (`--data-dir dir --listen 127.0.0.1:0`, then `args`) expecting a
