@@ -7,90 +7,21 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::Read;
 use std::time::Duration;
 
 use common::*;
 
-/// A subscription whose response head is kept (the shared `Sse` helper drops it).
-struct Sub {
-    stream: TcpStream,
-    status: u16,
-    head: String,
-    buf: Vec<u8>,
-    pos: usize,
+/// The `X-Resume-Class` header's value, if present.
+fn class(s: &Sse) -> Option<String> {
+    s.header("x-resume-class").map(str::to_string)
 }
 
-impl Sub {
-    fn open(addr: SocketAddr, path: &str, last_event_id: Option<&str>) -> Sub {
-        let mut s = connect(addr);
-        let mut req = format!("GET {path} HTTP/1.1\r\nHost: t\r\nAccept: text/event-stream\r\n");
-        if let Some(id) = last_event_id {
-            req.push_str(&format!("Last-Event-ID: {id}\r\n"));
-        }
-        req.push_str("\r\n");
-        s.write_all(req.as_bytes()).unwrap();
-        let mut buf = Vec::new();
-        let mut tmp = [0u8; 65536];
-        let end = loop {
-            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                break i + 4;
-            }
-            let n = s.read(&mut tmp).expect("read head");
-            assert!(n > 0, "connection closed before the response head");
-            buf.extend_from_slice(&tmp[..n]);
-        };
-        let head = String::from_utf8(buf[..end].to_vec()).unwrap();
-        let status = head.split(' ').nth(1).unwrap().parse().unwrap();
-        Sub {
-            stream: s,
-            status,
-            head,
-            buf,
-            pos: end,
-        }
-    }
-
-    /// The `X-Resume-Class` header's value, if present (header names are case-insensitive).
-    fn class(&self) -> Option<String> {
-        self.head.split("\r\n").find_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            k.eq_ignore_ascii_case("x-resume-class")
-                .then(|| v.trim().to_string())
-        })
-    }
-
-    /// IDs of the complete events buffered so far (blocks without `id:` are skipped).
-    fn take_ids(&mut self) -> Vec<String> {
-        let mut ids = Vec::new();
-        while let Some(end) = self.buf[self.pos..].windows(2).position(|w| w == b"\n\n") {
-            let block = String::from_utf8(self.buf[self.pos..self.pos + end].to_vec()).unwrap();
-            self.pos += end + 2;
-            if let Some(id) = block.lines().find_map(|l| l.strip_prefix("id: ")) {
-                ids.push(id.to_string());
-            }
-        }
-        ids
-    }
-
-    /// Blocks (bounded by the read timeout) for the next event's ID; None on EOF.
-    fn next_id(&mut self) -> Option<String> {
-        let mut tmp = [0u8; 65536];
-        loop {
-            if let Some(end) = self.buf[self.pos..].windows(2).position(|w| w == b"\n\n") {
-                let block = String::from_utf8(self.buf[self.pos..self.pos + end].to_vec()).unwrap();
-                self.pos += end + 2;
-                if let Some(id) = block.lines().find_map(|l| l.strip_prefix("id: ")) {
-                    return Some(id.to_string());
-                }
-                continue;
-            }
-            let n = self.stream.read(&mut tmp).expect("sse read");
-            if n == 0 {
-                return None;
-            }
-            self.buf.extend_from_slice(&tmp[..n]);
+/// Blocks (bounded by the read timeout) for the next event's ID; None on EOF.
+fn next_id(s: &mut Sse) -> Option<String> {
+    loop {
+        if let Some(id) = s.next_event()?.id {
+            return Some(id);
         }
     }
 }
@@ -102,26 +33,26 @@ fn replay_and_up_to_date_resumes_say_so() {
     let g = Gateway::start(&["--cores", "1", "--fsync", "never"]);
     let ids = publish_batch(g.addr, "rc", &["a".into(), "b".into(), "c".into()]);
 
-    let plain = Sub::open(g.addr, "/v1/streams/rc?from=earliest", None);
-    assert_eq!((plain.status, plain.class()), (200, None));
+    let plain = Sse::open(g.addr, "/v1/streams/rc?from=earliest", None);
+    assert_eq!((plain.status, class(&plain)), (200, None));
 
-    let mut replay = Sub::open(g.addr, "/v1/streams/rc", Some(&ids[0]));
+    let mut replay = Sse::open(g.addr, "/v1/streams/rc", Some(&ids[0]));
     assert_eq!(replay.status, 200);
-    assert_eq!(replay.class().as_deref(), Some("replay"));
-    assert_eq!(replay.next_id().as_deref(), Some(ids[1].as_str()));
+    assert_eq!(class(&replay).as_deref(), Some("replay"));
+    assert_eq!(next_id(&mut replay).as_deref(), Some(ids[1].as_str()));
 
-    let by_query = Sub::open(
+    let by_query = Sse::open(
         g.addr,
         &format!("/v1/streams/rc?last_event_id={}", ids[1]),
         None,
     );
-    assert_eq!(by_query.class().as_deref(), Some("replay"));
+    assert_eq!(class(&by_query).as_deref(), Some("replay"));
 
-    let mut latest = Sub::open(g.addr, "/v1/streams/rc", Some(&ids[2]));
+    let mut latest = Sse::open(g.addr, "/v1/streams/rc", Some(&ids[2]));
     assert_eq!(latest.status, 200);
-    assert_eq!(latest.class().as_deref(), Some("up-to-date"));
+    assert_eq!(class(&latest).as_deref(), Some("up-to-date"));
     let id4 = publish(g.addr, "rc", "d");
-    assert_eq!(latest.next_id().as_deref(), Some(id4.as_str()));
+    assert_eq!(next_id(&mut latest).as_deref(), Some(id4.as_str()));
 
     assert_eq!(g.metric("gateway_resumes_total", "class=\"replay\""), 2);
     assert_eq!(g.metric("gateway_resumes_total", "class=\"up_to_date\""), 1);
@@ -167,12 +98,12 @@ fn truncated_in_band_resume_says_truncated() {
         }
     }
     assert!(floor > 2, "retention never deleted the first event");
-    let gone = Sub::open(g.addr, "/v1/streams/tr", Some(&first));
-    assert_eq!((gone.status, gone.class()), (410, None));
-    let mut s = Sub::open(g.addr, "/v1/streams/tr?on_truncated=earliest", Some(&first));
+    let gone = Sse::open(g.addr, "/v1/streams/tr", Some(&first));
+    assert_eq!((gone.status, class(&gone)), (410, None));
+    let mut s = Sse::open(g.addr, "/v1/streams/tr?on_truncated=earliest", Some(&first));
     assert_eq!(s.status, 200);
-    assert_eq!(s.class().as_deref(), Some("truncated"));
-    assert!(seq_of(&s.next_id().unwrap()) >= floor);
+    assert_eq!(class(&s).as_deref(), Some("truncated"));
+    assert!(seq_of(&next_id(&mut s).unwrap()) >= floor);
 }
 
 /// The parked-window setup of `e2e.rs` (`parked_window_resume`): a client that lets the server
@@ -190,9 +121,9 @@ fn parked_window_resume_says_aligned() {
         if got.len() >= n {
             break;
         }
-        let mut s = Sub::open(g.addr, "/v1/streams/park?from=earliest", last.as_deref());
+        let mut s = Sse::open(g.addr, "/v1/streams/park?from=earliest", last.as_deref());
         assert_eq!(s.status, 200);
-        match (last.is_some(), s.class().as_deref()) {
+        match (last.is_some(), class(&s).as_deref()) {
             (false, None) => {}
             (true, Some("aligned")) => aligned += 1,
             (true, Some("replay")) => replay += 1,
@@ -207,15 +138,17 @@ fn parked_window_resume_says_aligned() {
             match s.stream.read(&mut tmp) {
                 Ok(0) => break,
                 Ok(k) => {
-                    s.buf.extend_from_slice(&tmp[..k]);
+                    s.inject(&tmp[..k]);
                     drained += k;
                 }
                 Err(_) => break,
             }
         }
-        for id in s.take_ids() {
-            got.push(seq_of(&id));
-            last = Some(id);
+        while let Some(e) = s.take_buffered() {
+            if let Some(id) = e.id {
+                got.push(seq_of(&id));
+                last = Some(id);
+            }
         }
     }
     assert_eq!(got.len(), n);

@@ -304,6 +304,8 @@ pub struct Event {
 pub struct Sse {
     pub stream: TcpStream,
     pub status: u16,
+    /// The response head as received (status line and headers, up to the blank line).
+    pub head: String,
     pub body: Vec<u8>,
     buf: Vec<u8>,
     pos: usize,
@@ -323,6 +325,7 @@ impl Sse {
         let mut sse = Sse {
             stream: s,
             status: 0,
+            head: String::new(),
             body: Vec::new(),
             buf: Vec::new(),
             pos: 0,
@@ -352,7 +355,16 @@ impl Sse {
             }
             sse.body = sse.buf[sse.pos..sse.pos + len].to_vec();
         }
+        sse.head = head;
         sse
+    }
+
+    /// The value of response header `name` (case-insensitive), if present.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.head.split("\r\n").find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case(name).then(|| v.trim())
+        })
     }
 
     fn fill(&mut self) -> usize {
