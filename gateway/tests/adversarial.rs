@@ -119,18 +119,7 @@ fn two_resumers_racing_for_one_parked_window() {
         assert_eq!(p.status, 200);
         resumes += u64::from(last.is_some());
         std::thread::sleep(Duration::from_millis(20));
-        p.stream.set_nonblocking(true).unwrap();
-        let mut tmp = vec![0u8; 1 << 16];
-        let mut drained = 0;
-        while drained < (96 << 10) {
-            match p.stream.read(&mut tmp) {
-                Ok(0) | Err(_) => break,
-                Ok(k) => {
-                    p.inject(&tmp[..k]);
-                    drained += k;
-                }
-            }
-        }
+        p.drain_nonblocking(96 << 10);
         let mut n = last.as_deref().map_or(0, seq_of);
         while let Some(e) = p.take_buffered() {
             let id = e.id.unwrap();

@@ -344,21 +344,9 @@ fn parked_window_resume(extra: &[&str]) -> Gateway {
         // Let the server fill the socket (the client reads nothing), then drain what arrived
         // until the socket is momentarily empty and leave mid-stream.
         std::thread::sleep(Duration::from_millis(20));
-        s.stream.set_nonblocking(true).unwrap();
-        let mut tmp = vec![0u8; 1 << 16];
-        let mut drained = 0;
         // Capped, so the run takes many attempts; an attempt that leaves unread bytes behind
         // is misaligned (replayed from the log), one that drained everything can be aligned.
-        while drained < (128 << 10) {
-            match s.stream.read(&mut tmp) {
-                Ok(0) => break,
-                Ok(k) => {
-                    s.inject(&tmp[..k]);
-                    drained += k;
-                }
-                Err(_) => break,
-            }
-        }
+        s.drain_nonblocking(128 << 10);
         let _ = attempt;
         while let Some(e) = s.take_buffered() {
             let id = e.id.unwrap();

@@ -7,7 +7,6 @@
 
 mod common;
 
-use std::io::Read;
 use std::time::Duration;
 
 use common::*;
@@ -131,19 +130,7 @@ fn parked_window_resume_says_aligned() {
             (resumed, other) => panic!("resume={resumed}: unexpected X-Resume-Class {other:?}"),
         }
         std::thread::sleep(Duration::from_millis(20));
-        s.stream.set_nonblocking(true).unwrap();
-        let mut tmp = vec![0u8; 1 << 16];
-        let mut drained = 0;
-        while drained < (128 << 10) {
-            match s.stream.read(&mut tmp) {
-                Ok(0) => break,
-                Ok(k) => {
-                    s.inject(&tmp[..k]);
-                    drained += k;
-                }
-                Err(_) => break,
-            }
-        }
+        s.drain_nonblocking(128 << 10);
         while let Some(e) = s.take_buffered() {
             if let Some(id) = e.id {
                 got.push(seq_of(&id));

@@ -392,6 +392,24 @@ impl Sse {
         }
     }
 
+    /// Switches the socket to non-blocking and buffers what has already arrived, stopping once
+    /// the socket is momentarily empty (or at EOF or a read error) or `cap_bytes` (checked
+    /// between reads) have been read; the events are then in `take_buffered`.
+    pub fn drain_nonblocking(&mut self, cap_bytes: usize) {
+        self.stream.set_nonblocking(true).unwrap();
+        let mut tmp = vec![0u8; 1 << 16];
+        let mut drained = 0;
+        while drained < cap_bytes {
+            match self.stream.read(&mut tmp) {
+                Ok(0) | Err(_) => break,
+                Ok(k) => {
+                    self.inject(&tmp[..k]);
+                    drained += k;
+                }
+            }
+        }
+    }
+
     /// Appends bytes read from the socket by the caller.
     pub fn inject(&mut self, bytes: &[u8]) {
         self.buf.extend_from_slice(bytes);
