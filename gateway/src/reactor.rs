@@ -1014,6 +1014,12 @@ impl Core {
         }
     }
 
+    /// Counts a resume refused as `class` and answers it with a 400 carrying `body`, then closes.
+    fn refuse_resume(&mut self, slot: u32, class: ResumeClass, body: &serde_json::Value) {
+        self.m().resume(class);
+        self.send_response(slot, http::json_response(400, body, true), true);
+    }
+
     fn shard_of(&self, stream: &str) -> u32 {
         shards::shard_of(stream, self.shared.shards)
     }
@@ -1303,33 +1309,30 @@ impl Core {
                         }
                     }
                     ResumePlan::BeyondTail { requested, tail } => {
-                        self.m().resume(ResumeClass::BeyondTail);
                         let body = serde_json::json!({
                             "error": "beyond_tail",
                             "message": "Last-Event-ID is beyond the stream's tail",
                             "requested": requested, "tail": tail,
                         });
-                        self.send_response(slot, http::json_response(400, &body, true), true);
+                        self.refuse_resume(slot, ResumeClass::BeyondTail, &body);
                         return;
                     }
                     ResumePlan::WrongEpoch { got, expected } => {
-                        self.m().resume(ResumeClass::WrongEpoch);
                         let body = serde_json::json!({
                             "error": "wrong_epoch",
                             "message": "Last-Event-ID belongs to another incarnation of this log",
                             "got": format!("{:016x}", got.0), "expected": format!("{:016x}", expected.0),
                         });
-                        self.send_response(slot, http::json_response(400, &body, true), true);
+                        self.refuse_resume(slot, ResumeClass::WrongEpoch, &body);
                         return;
                     }
                     ResumePlan::OtherStream { got, expected } => {
-                        self.m().resume(ResumeClass::OtherStream);
                         let body = serde_json::json!({
                             "error": "other_stream",
                             "message": "Last-Event-ID belongs to another stream",
                             "got": got.0, "expected": expected.0,
                         });
-                        self.send_response(slot, http::json_response(400, &body, true), true);
+                        self.refuse_resume(slot, ResumeClass::OtherStream, &body);
                         return;
                     }
                 }
