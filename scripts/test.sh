@@ -14,10 +14,17 @@ echo "== doc tests"
 cargo test --workspace --locked --doc
 
 echo "== tests"
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
 if cargo nextest --version >/dev/null 2>&1; then
-  cargo nextest run --workspace --locked --no-fail-fast
+  cargo nextest run --workspace --locked --no-fail-fast 2>&1 | tee "$log"
+  # "Summary [ 34.9s] 197 tests run: 197 passed, 1 skipped"
+  rust_passed=$(grep -Eo '[0-9]+ passed' "$log" | tail -1 | grep -Eo '[0-9]+')
+  rust_skipped=$(grep -Eo '[0-9]+ skipped' "$log" | tail -1 | grep -Eo '[0-9]+' || true)
 else
-  cargo test --workspace --locked --no-fail-fast
+  cargo test --workspace --locked --no-fail-fast 2>&1 | tee "$log"
+  rust_passed=$(grep -Eo '[0-9]+ passed' "$log" | awk '{ s += $1 } END { print s + 0 }')
+  rust_skipped=$(grep -Eo '[0-9]+ ignored' "$log" | awk '{ s += $1 } END { print s + 0 }')
 fi
 
 echo "== MCP front: conformance suite + exactly-once tests with the official clients"
@@ -27,3 +34,7 @@ if ! bash scripts/conformance.sh; then
   echo "FAILED: scripts/conformance.sh (MCP setup, conformance suite or client tests); see above" >&2
   exit 1
 fi
+
+# One plain closing line (every stage above exits non-zero on any failure, so reaching here
+# means none failed). It counts the Rust tests; the MCP stage printed its own verdicts above.
+echo "total: $((rust_passed)) passed, 0 failed, ${rust_skipped:-0} skipped"
