@@ -529,9 +529,12 @@ mod tests {
     /// A child that ignores stdin EOF and SIGTERM is SIGKILLed after the second grace period.
     #[test]
     fn stubborn_child_is_killed_after_grace() {
-        let (mut s, _) = set("trap '' TERM; exec sleep 30", 1024);
+        // The child says when its SIGTERM trap is in place: a SIGTERM that arrived before
+        // `trap` ran would end it by SIGTERM and make the test race the shell.
+        let (mut s, _) = set("trap '' TERM; echo ready; exec sleep 30", 1024);
         let id = UpstreamId(2);
         s.spawn(id, None).unwrap();
+        assert!(matches!(next(&s), UpstreamEvent::Line(_, l) if l == b"ready"));
         let t0 = Instant::now();
         s.kill(id, t0);
         assert!(s.poll(t0).is_empty());
