@@ -147,6 +147,29 @@ struct Sub {
     msg: libc::msghdr,
 }
 
+impl Sub {
+    /// Releases from the window what `SIOCOUTQ` says the peer ACKed (`write_seq - snd_una`,
+    /// still meaningful after a reset); returns the events that became confirmed (0 when the
+    /// ioctl fails: nothing is released on a guess).
+    fn confirm_from_outq(&mut self, fd: RawFd) -> usize {
+        match sys::outq_bytes(fd) {
+            Ok(q) => self
+                .window
+                .on_acked(crate::window::acked_from_outq(self.window.sent(), q)),
+            Err(_) => 0,
+        }
+    }
+
+    /// [`Sub::confirm_from_outq`] with the confirmation counted in the core's metrics.
+    fn confirm_from_outq_counted(&mut self, fd: RawFd, m: &CoreMetrics) {
+        let before = self.window.acked();
+        let events = self.confirm_from_outq(fd);
+        m.events_confirmed_total.fetch_add(events as u64, Relaxed);
+        m.bytes_confirmed_total
+            .fetch_add(self.window.acked() - before, Relaxed);
+    }
+}
+
 #[derive(Debug)]
 enum State {
     /// Reading / answering ordinary requests.
@@ -1561,12 +1584,8 @@ impl Core {
         let sent_events = sub.window.events_ending_within(before, before + n);
         let mut confirmed = sub.window.on_sent(n);
         let acked_before = sub.window.acked();
-        if sub.ack == AckMode::Outq
-            && let Ok(q) = sys::outq_bytes(fd)
-        {
-            confirmed += sub
-                .window
-                .on_acked(crate::window::acked_from_outq(sub.window.sent(), q));
+        if sub.ack == AckMode::Outq {
+            confirmed += sub.confirm_from_outq(fd);
         }
         let acked_bytes = sub.window.acked() - acked_before;
         let partial = n < requested;
@@ -1652,16 +1671,7 @@ impl Core {
             // ACKs whose timestamp completions are not reaped yet: SIOCOUTQ (write_seq -
             // snd_una, still meaningful after a reset) tightens the window to what the peer
             // really confirmed, so the parked head is as exact as the kernel knows it.
-            if let Ok(q) = sys::outq_bytes(fd) {
-                let before = sub.window.acked();
-                let c = sub
-                    .window
-                    .on_acked(crate::window::acked_from_outq(sub.window.sent(), q));
-                let m = &self.shared.metrics[self.id];
-                m.events_confirmed_total.fetch_add(c as u64, Relaxed);
-                m.bytes_confirmed_total
-                    .fetch_add(sub.window.acked() - before, Relaxed);
-            }
+            sub.confirm_from_outq_counted(fd, &self.shared.metrics[self.id]);
             let events = sub.window.take_events();
             if let Some(list) = self.subs.get_mut(&key) {
                 list.retain(|(s, _)| *s != slot);
@@ -1771,18 +1781,8 @@ impl Core {
                     }
                 }
                 State::Sub(sub) => {
-                    if sub.ack == AckMode::Outq
-                        && sub.window.unconfirmed_bytes() > 0
-                        && let Ok(q) = sys::outq_bytes(conn.fd)
-                    {
-                        let before = sub.window.acked();
-                        let c = sub
-                            .window
-                            .on_acked(crate::window::acked_from_outq(sub.window.sent(), q));
-                        let m = &self.shared.metrics[self.id];
-                        m.events_confirmed_total.fetch_add(c as u64, Relaxed);
-                        m.bytes_confirmed_total
-                            .fetch_add(sub.window.acked() - before, Relaxed);
+                    if sub.ack == AckMode::Outq && sub.window.unconfirmed_bytes() > 0 {
+                        sub.confirm_from_outq_counted(conn.fd, &self.shared.metrics[self.id]);
                     }
                     inflight_bytes += sub.window.unconfirmed_bytes();
                     if let Some(b) = self.logs[&sub.key.0].bounds(sub.key.1) {
