@@ -10,9 +10,11 @@
 # ratio table, the gap demo, the latency plot) go to --out.
 #
 # Usage: scripts/compare-nchan.sh [--secs N] [--repeat N] [--idle-connections N] [--out DIR]
-#        [--quick] [--skip-idle] [--plot]
+#        [--quick] [--skip-idle] [--plot] [--only NAME[,NAME...]]
 # --repeat N runs every load scenario N times, alternating nchan and gateway, and the ratio
-# table quotes medians (the machine is shared and noisy).
+# table quotes medians (the machine is shared and noisy). --only runs just the named scenarios
+# (latency-1x100, fanout-1x100, streams-1000x1, resume-storm, fanout-1x100-batch100, slow,
+# idle, mcp; the gap demo always runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -24,6 +26,7 @@ OUT=""
 QUICK=0
 SKIP_IDLE=0
 PLOT=0
+ONLY=""
 SERVER_CORE=0
 BENCH_CORE=1
 NCHAN_PORT=18081
@@ -40,7 +43,8 @@ while [[ $# -gt 0 ]]; do
     --quick) QUICK=1; shift ;;
     --skip-idle) SKIP_IDLE=1; shift ;;
     --plot) PLOT=1; shift ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    --only) ONLY=",$2,"; shift 2 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
 done
@@ -195,6 +199,8 @@ echo "== servers pinned to core $SERVER_CORE, bench pinned to core $BENCH_CORE (
 echo "== results in $OUT"
 
 STATUS=0
+# wanted NAME: is this scenario selected (all are, without --only)?
+wanted() { [[ -z $ONLY || $ONLY == *",$1,"* ]]; }
 # run_one NAME SYSTEM ROUND BENCH-ARGS...: one scenario against one system.
 run_one() {
   local name=$1 sys=$2 round=$3; shift 3
@@ -220,6 +226,7 @@ run_one() {
 run_both() {
   local name=$1; shift
   local round
+  wanted "$name" || return 0
   for round in $(seq 1 "$REPEAT"); do
     run_one "$name" nchan "$round" "$@"
     run_one "$name" gateway "$round" "$@"
@@ -238,6 +245,7 @@ run_both resume-storm resume-storm --streams 10 --subscribers-per-stream 10 \
   --events-per-stream "$EV" --rate-events-per-sec 5000 --cuts-per-sec 200 --publish-secs-max "$SECS"
 # Gateway only (nchan has no batch publish): the same fanout with 100-event batch POSTs.
 for round in $(seq 1 "$REPEAT"); do
+  wanted fanout-1x100-batch100 || break
   run_one fanout-1x100-batch100 gateway "$round" fanout --streams 1 --subscribers-per-stream 100 \
     --events-per-stream "$EV" --publish-secs-max "$SECS" --pipeline-depth 4 --batch-events 100
 done
@@ -256,7 +264,9 @@ fi
 # fixture (scripts/setup-node.sh), skipped without it.
 NODE_BIN=$ROOT/.tools/node22/node_modules/.bin
 [[ -x $NODE_BIN/node ]] || NODE_BIN=$(dirname "$(command -v node 2>/dev/null || echo /nonexistent/node)")
-if [[ -x $NODE_BIN/node && -d $ROOT/mcp-fixture/node_modules ]]; then
+if ! wanted mcp; then
+  :
+elif [[ -x $NODE_BIN/node && -d $ROOT/mcp-fixture/node_modules ]]; then
   echo "== MCP gateway on core $SERVER_CORE (127.0.0.1:$GW_MCP_PORT, mcp-fixture upstream)"
   PATH=$NODE_BIN:$PATH taskset -c "$SERVER_CORE" "$GATEWAY" --listen "127.0.0.1:$GW_MCP_PORT" \
     --data-dir "$WORK/gw-mcp" --cores 1 --upstream-cmd "node '$ROOT/mcp-fixture/server.mjs'" \

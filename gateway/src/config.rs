@@ -120,6 +120,14 @@ pub struct Config {
     /// Disable SO_TIMESTAMPING TX_ACK confirmation and use SIOCOUTQ accounting only.
     #[arg(long, default_value_t = false)]
     pub no_tx_timestamps: bool,
+
+    /// Milliseconds between TX ACK timestamp requests on one subscriber: a send asks the kernel
+    /// for an ACK timestamp only when the previous one was answered and this long has passed
+    /// (one ACK confirms every byte before it). 0 = on every send. Bytes sent in between are
+    /// confirmed by the next answered request, by SIOCOUTQ at the 100 ms tick, or at
+    /// disconnect; a longer interval trades a little send-window memory for fewer wake-ups.
+    #[arg(long, default_value_t = 20)]
+    pub tx_ack_interval_ms: u64,
 }
 
 /// A flag combination that cannot work, named exactly.

@@ -5,8 +5,6 @@
 //! [`error_response`]. Chunked request bodies are refused with 411 (send Content-Length).
 #![forbid(unsafe_code)]
 
-use std::fmt::Write as _;
-
 /// Limits on a request head; each is a CLI flag.
 #[derive(Debug, Clone, Copy)]
 pub struct HeadLimits {
@@ -264,30 +262,69 @@ pub fn reason(status: u16) -> &'static str {
 
 /// A complete response with a Content-Length body.
 pub fn response(status: u16, content_type: &str, body: &[u8], close: bool) -> Vec<u8> {
-    let mut out = String::with_capacity(128 + body.len());
-    let _ = write!(
-        out,
-        "HTTP/1.1 {status} {}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n",
-        reason(status),
-        body.len()
-    );
+    // Byte pushes, not `format!`: every publish is answered through here.
+    let mut out = Vec::with_capacity(128 + body.len());
+    out.extend_from_slice(b"HTTP/1.1 ");
+    push_decimal(&mut out, u64::from(status));
+    out.push(b' ');
+    out.extend_from_slice(reason(status).as_bytes());
+    out.extend_from_slice(b"\r\nContent-Type: ");
+    out.extend_from_slice(content_type.as_bytes());
+    out.extend_from_slice(b"\r\nContent-Length: ");
+    push_decimal(&mut out, body.len() as u64);
+    out.extend_from_slice(b"\r\n");
     if status == 405 {
-        out.push_str("Allow: GET, POST\r\n");
+        out.extend_from_slice(b"Allow: GET, POST\r\n");
     }
-    out.push_str(if close {
-        "Connection: close\r\n\r\n"
+    out.extend_from_slice(if close {
+        b"Connection: close\r\n\r\n"
     } else {
-        "Connection: keep-alive\r\n\r\n"
+        b"Connection: keep-alive\r\n\r\n"
     });
-    let mut bytes = out.into_bytes();
-    bytes.extend_from_slice(body);
-    bytes
+    out.extend_from_slice(body);
+    out
+}
+
+/// Appends `v` in decimal.
+fn push_decimal(out: &mut Vec<u8>, v: u64) {
+    let mut buf = [0u8; 20];
+    let mut i = buf.len();
+    let mut x = v;
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (x % 10) as u8;
+        x /= 10;
+        if x == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&buf[i..]);
 }
 
 /// A short JSON error: `{"error":"<code>","message":"<message>"}`.
 pub fn error_response(status: u16, code: &str, message: &str, close: bool) -> Vec<u8> {
     let body = serde_json::json!({ "error": code, "message": message }).to_string();
     response(status, "application/json", body.as_bytes(), close)
+}
+
+/// The 201 answer to a publish: `{"id":"<id>"}`, or `{"ids":[...]}` for a batch. Event IDs
+/// are ASCII hex, digits and dashes, so they need no JSON escaping; written without building a
+/// JSON value (this is on every publish's path).
+pub fn created_response(ids: &[log_store::EventId], batch: bool, close: bool) -> Vec<u8> {
+    let mut body = Vec::with_capacity(16 + ids.len() * (log_store::EVENT_ID_BYTES_MAX + 3));
+    let mut buf = [0u8; log_store::EVENT_ID_BYTES_MAX];
+    body.extend_from_slice(if batch { b"{\"ids\":[" } else { b"{\"id\":" });
+    for (i, id) in ids.iter().enumerate() {
+        if i > 0 {
+            body.push(b',');
+        }
+        let n = id.encode(&mut buf);
+        body.push(b'"');
+        body.extend_from_slice(&buf[..n]);
+        body.push(b'"');
+    }
+    body.extend_from_slice(if batch { b"]}" } else { b"}" });
+    response(201, "application/json", &body, close)
 }
 
 /// A JSON response from an already serialized body.
@@ -393,6 +430,53 @@ mod tests {
             parse_head(b"GARBAGE\r\n\r\n", &L),
             Err(HttpError::Malformed(_))
         ));
+    }
+
+    #[test]
+    fn created_response_is_the_json_a_serializer_would_write() {
+        use log_store::{Epoch, EventId, StreamId};
+        let ids: Vec<EventId> = [
+            (0u64, 0u32, 1u64),
+            (u64::MAX, u32::MAX, u64::MAX - 2),
+            (0xab, 7, 10),
+        ]
+        .iter()
+        .map(|&(e, s, q)| EventId {
+            epoch: Epoch(e),
+            stream: StreamId(s),
+            seq: q,
+        })
+        .collect();
+        for close in [false, true] {
+            let one = created_response(&ids[1..2], false, close);
+            let want = json_response(201, &serde_json::json!({ "id": ids[1].to_string() }), close);
+            assert_eq!(one, want);
+            let all = created_response(&ids, true, close);
+            let strs: Vec<String> = ids.iter().map(EventId::to_string).collect();
+            let want = json_response(201, &serde_json::json!({ "ids": strs }), close);
+            assert_eq!(all, want);
+        }
+    }
+
+    #[test]
+    fn response_head_matches_the_formatted_one() {
+        for (status, close, body) in [
+            (201u16, false, &b"{}"[..]),
+            (405, true, b""),
+            (503, false, &[b'x'; 12345][..]),
+        ] {
+            let got = response(status, "text/plain", body, close);
+            let mut want = format!(
+                "HTTP/1.1 {status} {}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n{}Connection: {}\r\n\r\n",
+                reason(status),
+                body.len(),
+                if status == 405 { "Allow: GET, POST\r\n" } else { "" },
+                if close { "close" } else { "keep-alive" },
+            )
+            .into_bytes();
+            want.extend_from_slice(body);
+            assert_eq!(got, want);
+        }
     }
 
     #[test]

@@ -143,6 +143,12 @@ struct Sub {
     /// MCP: end the response after this sequence (the stream is complete).
     end_after: Option<Seq>,
     last_write: Instant,
+    /// TX ACK sampling (see `--tx-ack-interval-ms`): when the last send asking for an ACK
+    /// timestamp was submitted, whether the send in flight asks for one, and the window offset
+    /// that request's timestamp will confirm (cleared once confirmed).
+    ack_asked_at: Option<Instant>,
+    ack_ask_in_send: bool,
+    ack_awaited: Option<u64>,
     iov: Vec<libc::iovec>,
     msg: libc::msghdr,
 }
@@ -242,6 +248,8 @@ struct Core {
     /// Connections with a response waiting for durability.
     waiting: Vec<(u32, u32)>,
     touched: Vec<StreamKey>,
+    /// Scratch for `after_turn`: the subscribers of the touched streams.
+    to_pump: Vec<(u32, u32)>,
     appended_shards: Vec<u32>,
     now: Instant,
     next_tick: Instant,
@@ -304,6 +312,7 @@ pub fn run_core(setup: CoreSetup, shared: Arc<Shared>, ready: impl FnOnce(Result
         parked: HashMap::new(),
         waiting: Vec::new(),
         touched: Vec::new(),
+        to_pump: Vec::new(),
         appended_shards: Vec::new(),
         now,
         next_tick: now + TICK,
@@ -1094,7 +1103,11 @@ impl Core {
                 stream: sid,
                 seq: tail.saturating_add(1 + i as u64),
             };
-            let framed = sse::framed_event_bytes(id.encoded_len(), ev.as_deref(), data);
+            let (id_len, ev) = (id.encoded_len(), ev.as_deref());
+            if sse::framed_event_bytes_bound(id_len, ev, data.len()) <= record_max {
+                return None; // fits however its lines break: no need to scan it
+            }
+            let framed = sse::framed_event_bytes(id_len, ev, data);
             (framed > record_max).then(|| {
                 format!(
                     "event {i}: framed record of {framed} bytes exceeds the record limit \
@@ -1110,7 +1123,7 @@ impl Core {
             .logs
             .get_mut(&shard)
             .expect("owner core holds the shard");
-        let mut ids = Vec::with_capacity(events.len());
+        let mut ids: Vec<EventId> = Vec::with_capacity(events.len());
         let mut all_durable = true;
         let mut last_seq = 0;
         for (ev, data) in &events {
@@ -1118,11 +1131,12 @@ impl Core {
                 Ok(a) => {
                     all_durable &= a.durable;
                     last_seq = a.id.seq;
-                    ids.push(a.id.to_string());
+                    ids.push(a.id);
                 }
                 Err(e) => {
                     // Events before this one of a batch are in the log; say which.
                     let (status, code) = append_status(&e);
+                    let ids: Vec<String> = ids.iter().map(EventId::to_string).collect();
                     let body = serde_json::json!({
                         "error": code, "message": e.to_string(), "appended_ids": ids,
                     });
@@ -1134,12 +1148,7 @@ impl Core {
             }
         }
         self.record_appends(shard, sid, ids.len());
-        let body = if batch {
-            serde_json::json!({ "ids": ids })
-        } else {
-            serde_json::json!({ "id": ids[0] })
-        };
-        let response = http::json_response(201, &body, close);
+        let response = http::created_response(&ids, batch, close);
         let wait = (!all_durable).then_some(((shard, sid), last_seq));
         self.enqueue(
             slot,
@@ -1189,14 +1198,18 @@ impl Core {
         touched.sort_unstable_by_key(|(s, id)| (*s, id.0));
         touched.dedup();
         self.complete_waits(&touched);
+        // Collected first (pumping may close a subscriber and edit `subs`); the buffer is kept.
+        let mut to_pump = std::mem::take(&mut self.to_pump);
         for key in &touched {
-            let subs = self.subs.get(key).cloned().unwrap_or_default();
-            for (slot, gen_) in subs {
-                if self.conn_mut(slot, gen_).is_some() {
-                    self.pump(slot);
-                }
+            to_pump.extend_from_slice(self.subs.get(key).map_or(&[][..], Vec::as_slice));
+        }
+        for &(slot, gen_) in &to_pump {
+            if self.conn_mut(slot, gen_).is_some() {
+                self.pump(slot);
             }
         }
+        to_pump.clear();
+        self.to_pump = to_pump;
         touched.clear();
         self.touched = touched;
     }
@@ -1453,6 +1466,9 @@ impl Core {
             finishing: false,
             end_after: None,
             last_write: now,
+            ack_asked_at: None,
+            ack_ask_in_send: false,
+            ack_awaited: None,
             iov: Vec::with_capacity(64),
             // SAFETY: msghdr is plain data; all-zero is a valid empty header.
             msg: unsafe { std::mem::zeroed() },
@@ -1485,6 +1501,7 @@ impl Core {
     /// wait is already in flight.
     fn pump(&mut self, slot: u32) {
         let lag_max = self.shared.cfg.lag_events_max;
+        let ack_interval = Duration::from_millis(self.shared.cfg.tx_ack_interval_ms);
         let send_max = self.shared.cfg.send_bytes_max;
         let now = self.now;
         let gen_ = self.gen_of(slot);
@@ -1558,15 +1575,44 @@ impl Core {
         });
         sub.msg.msg_iov = sub.iov.as_mut_ptr();
         sub.msg.msg_iovlen = sub.iov.len();
+        // Ask for an ACK timestamp only when the previous one was answered and the interval
+        // passed: one ACK confirms every byte before it, so the rest need none.
+        if sub.ack_awaited.is_some_and(|end| sub.window.acked() >= end) {
+            sub.ack_awaited = None;
+        }
+        sub.ack_ask_in_send = sub.ack == AckMode::TxTimestamps
+            && sub.ack_awaited.is_none()
+            && sub
+                .ack_asked_at
+                .is_none_or(|t| now.duration_since(t) >= ack_interval);
+        (sub.msg.msg_control, sub.msg.msg_controllen) = if sub.ack_ask_in_send {
+            sub.ack_asked_at = Some(now);
+            sys::tx_ack_cmsg()
+        } else {
+            (std::ptr::null_mut(), 0)
+        };
         sub.last_write = now;
         let msg: *const libc::msghdr = &sub.msg;
         conn.inflight |= F_SEND;
-        let e = opcode::SendMsg::new(types::Fd(fd), msg)
-            .flags(libc::MSG_NOSIGNAL as u32)
-            .build()
-            .user_data(ud(slot, gen_, OP_SEND));
+        // One contiguous run and no control message (the common case for a live subscriber: the
+        // next records of its stream lie side by side in the log): a plain send, which spares
+        // the kernel importing a msghdr and an iovec array.
+        let single = (sub.iov.len() == 1 && sub.msg.msg_controllen == 0)
+            .then(|| u32::try_from(sub.iov[0].iov_len).ok())
+            .flatten();
+        let e = if let Some(len) = single {
+            opcode::Send::new(types::Fd(fd), sub.iov[0].iov_base as *const u8, len)
+                .flags(libc::MSG_NOSIGNAL)
+                .build()
+        } else {
+            opcode::SendMsg::new(types::Fd(fd), msg)
+                .flags(libc::MSG_NOSIGNAL as u32)
+                .build()
+        }
+        .user_data(ud(slot, gen_, OP_SEND));
         // SAFETY: the msghdr and iovec array live in the boxed `Sub` of this slot, and every
-        // iovec points into a chunk held by the window (a LogSlice keeps its segment mapped).
+        // iovec points into a chunk held by the window (a LogSlice keeps its segment mapped);
+        // the control buffer, if any, is the never-freed `sys::tx_ack_cmsg`.
         // While F_SEND is set: the Sub is not dropped (close waits for F_SEND before freeing),
         // `iov`/`msg` are not modified (pump returns early), and the window releases no run at
         // or after `sent` (eviction stops at `acked <= sent`).
@@ -1583,6 +1629,10 @@ impl Core {
         let requested: u64 = sub.iov.iter().map(|v| v.iov_len as u64).sum();
         let sent_events = sub.window.events_ending_within(before, before + n);
         let mut confirmed = sub.window.on_sent(n);
+        if std::mem::take(&mut sub.ack_ask_in_send) {
+            // The timestamp key is the last byte this sendmsg queued.
+            sub.ack_awaited = Some(sub.window.sent());
+        }
         let acked_before = sub.window.acked();
         if sub.ack == AckMode::Outq {
             confirmed += sub.confirm_from_outq(fd);
@@ -1781,7 +1831,13 @@ impl Core {
                     }
                 }
                 State::Sub(sub) => {
-                    if sub.ack == AckMode::Outq && sub.window.unconfirmed_bytes() > 0 {
+                    // Outq mode, or sampled ACK timestamps with no request outstanding: the
+                    // bytes sent since the last request are confirmed by polling SIOCOUTQ.
+                    if sub.ack_awaited.is_some_and(|end| sub.window.acked() >= end) {
+                        sub.ack_awaited = None;
+                    }
+                    let poll = sub.ack == AckMode::Outq || sub.ack_awaited.is_none();
+                    if poll && sub.window.unconfirmed_bytes() > 0 {
                         sub.confirm_from_outq_counted(conn.fd, &self.shared.metrics[self.id]);
                     }
                     inflight_bytes += sub.window.unconfirmed_bytes();

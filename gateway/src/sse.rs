@@ -57,6 +57,21 @@ pub fn truncated_event(json: &str) -> Vec<u8> {
 /// optional `event: <type>\n`, one `data: <line>\n` per line of `data` (split on CRLF, LF or
 /// CR), then `\n`. `id_bytes` is the textual ID's length. Lets a batch be checked against the
 /// log's record limit before any of it is appended.
+/// An upper bound of [`framed_event_bytes`] from the data's length alone: every byte a line
+/// break, each costing a `data: ` prefix and a newline. When the bound fits a limit, the data
+/// need not be scanned.
+pub fn framed_event_bytes_bound(
+    id_bytes: usize,
+    event_type: Option<&str>,
+    data_len: usize,
+) -> usize {
+    let event = event_type.map_or(0, |t| "event: ".len() + t.len() + 1);
+    let lines = data_len.saturating_add(1);
+    ("id: ".len() + id_bytes + 1 + event + 1)
+        .saturating_add(data_len)
+        .saturating_add(lines.saturating_mul("data: \n".len()))
+}
+
 pub fn framed_event_bytes(id_bytes: usize, event_type: Option<&str>, data: &[u8]) -> usize {
     let (mut lines, mut break_bytes, mut i) = (1usize, 0usize, 0usize);
     while i < data.len() {
@@ -80,6 +95,36 @@ pub fn framed_event_bytes(id_bytes: usize, event_type: Option<&str>, data: &[u8]
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn framed_bound_is_never_below_the_framed_size() {
+        let cases: [&[u8]; 7] = [
+            b"",
+            b"x",
+            b"\n",
+            b"\r\n",
+            b"\r\r\n\n",
+            b"a\nb\rc\r\nd",
+            &[b'\n'; 300],
+        ];
+        for data in cases {
+            for ev in [None, Some("update")] {
+                for id in [20, 48] {
+                    let exact = framed_event_bytes(id, ev, data);
+                    assert!(
+                        framed_event_bytes_bound(id, ev, data.len()) >= exact,
+                        "{data:?} {ev:?}"
+                    );
+                }
+            }
+        }
+        // All line breaks: the bound is reached exactly.
+        let lf = [b'\n'; 9];
+        assert_eq!(
+            framed_event_bytes_bound(20, None, 9),
+            framed_event_bytes(20, None, &lf) + 9
+        );
+    }
+
     use super::*;
 
     /// The computed length equals what the log really writes, for line-break shapes that

@@ -182,14 +182,42 @@ pub fn set_notsent_lowat(fd: RawFd, bytes: u32) -> io::Result<()> {
 /// `SO_TIMESTAMPING` (asm-generic value; `libc` exposes only the flag constants).
 const SO_TIMESTAMPING: libc::c_int = 37;
 
-/// Enables TX ACK timestamps keyed by TCP byte offset (counted from the next byte written).
+/// Prepares TX ACK timestamps keyed by TCP byte offset (counted from the next byte written).
+/// No send asks for one yet: a sendmsg carrying [`tx_ack_cmsg`] does (the socket holds the
+/// key and reporting options; the per-message control adds the ACK record flag).
 pub fn enable_tx_ack_timestamps(fd: RawFd) -> io::Result<()> {
-    let flags = libc::SOF_TIMESTAMPING_TX_ACK
-        | libc::SOF_TIMESTAMPING_SOFTWARE
+    let flags = libc::SOF_TIMESTAMPING_SOFTWARE
         | libc::SOF_TIMESTAMPING_OPT_ID
         | libc::SOF_TIMESTAMPING_OPT_ID_TCP
         | libc::SOF_TIMESTAMPING_OPT_TSONLY;
     setsockopt_int(fd, libc::SOL_SOCKET, SO_TIMESTAMPING, flags as libc::c_int)
+}
+
+/// One `SOL_SOCKET/SO_TIMESTAMPING` control message carrying a `u32` of flags, laid out as
+/// `CMSG_SPACE(4)` bytes (the header is already `CMSG_ALIGN`ed on Linux; checked in a test).
+#[repr(C)]
+struct TsCmsg {
+    hdr: libc::cmsghdr,
+    flags: u32,
+}
+
+static TX_ACK_CMSG: TsCmsg = TsCmsg {
+    hdr: libc::cmsghdr {
+        cmsg_len: std::mem::size_of::<libc::cmsghdr>() + std::mem::size_of::<u32>(),
+        cmsg_level: libc::SOL_SOCKET,
+        cmsg_type: SO_TIMESTAMPING,
+    },
+    flags: libc::SOF_TIMESTAMPING_TX_ACK,
+};
+
+/// The control message that makes one sendmsg ask for a TX ACK timestamp of its last byte,
+/// as `(msg_control, msg_controllen)`. A static: the kernel only reads it, and a send in flight
+/// may point at it at any time.
+pub fn tx_ack_cmsg() -> (*mut libc::c_void, usize) {
+    (
+        std::ptr::from_ref(&TX_ACK_CMSG).cast_mut().cast(),
+        std::mem::size_of::<TsCmsg>(),
+    )
 }
 
 /// SIOCOUTQ: bytes in the socket's send queue not yet acknowledged by the peer (unsent + unacked).
@@ -328,4 +356,35 @@ pub fn wait_signal(set: &libc::sigset_t) -> i32 {
     // SAFETY: `set` is an initialized sigset_t, `sig` is valid for writes.
     unsafe { libc::sigwait(set, &mut sig) };
     sig
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn tx_ack_cmsg_has_the_kernel_layout() {
+        let (ptr, len) = super::tx_ack_cmsg();
+        // SAFETY: CMSG_SPACE is arithmetic on its argument.
+        let space = unsafe { libc::CMSG_SPACE(4) } as usize;
+        // SAFETY: as CMSG_SPACE.
+        let clen = unsafe { libc::CMSG_LEN(4) } as usize;
+        assert_eq!(len, space);
+        // SAFETY: an all-zero msghdr is valid; only its control fields are set below.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_control = ptr;
+        msg.msg_controllen = len;
+        // SAFETY: `msg` names the static control buffer of `len` bytes, which holds one header:
+        // CMSG_FIRSTHDR returns its start.
+        let first = unsafe { libc::CMSG_FIRSTHDR(&msg) };
+        // SAFETY: `first` points at the static, initialised header.
+        let c = unsafe { &*first };
+        assert_eq!(
+            (c.cmsg_len, c.cmsg_level, c.cmsg_type),
+            (clen, libc::SOL_SOCKET, super::SO_TIMESTAMPING)
+        );
+        // SAFETY: CMSG_DATA addresses the u32 inside the same header.
+        let data = unsafe { libc::CMSG_DATA(c) };
+        // SAFETY: `data` points at the static's `flags` field (4 readable bytes).
+        let flags = unsafe { data.cast::<u32>().read_unaligned() };
+        assert_eq!(flags, libc::SOF_TIMESTAMPING_TX_ACK);
+    }
 }

@@ -732,3 +732,39 @@ fn subscriber_overtaken_by_retention_is_told() {
     assert!(s.next_event().is_none(), "closed after the notice");
     assert!(g.metric("gateway_truncated_closes_total", "") >= 1);
 }
+
+/// Sampled TX ACK requests: with an interval longer than the test, only a subscriber's first
+/// send asks for an ACK timestamp, yet every event sent is confirmed (by SIOCOUTQ at the
+/// tick); with interval 0 every send asks, one timestamp each.
+#[test]
+fn tx_ack_requests_are_sampled_and_confirmation_stays_complete() {
+    const EVENTS: u64 = 40;
+    let mut timestamps = Vec::new();
+    for interval in ["600000", "0"] {
+        let g = Gateway::start(&["--cores", "1", "--tx-ack-interval-ms", interval]);
+        let mut s = Sse::open(g.addr, "/v1/streams/sampled", None);
+        assert_eq!(s.status, 200);
+        for i in 0..EVENTS {
+            // One event per send: the subscriber reads each before the next is published.
+            let id = publish(g.addr, "sampled", &format!("e{i}"));
+            assert_eq!(s.next_event().unwrap().id.as_deref(), Some(id.as_str()));
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while g.metric("gateway_events_confirmed_total", "") < EVENTS && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(
+            g.metric("gateway_events_confirmed_total", ""),
+            EVENTS,
+            "interval {interval}: every event sent is confirmed, once"
+        );
+        assert!(g.metric("gateway_events_sent_total", "") >= EVENTS);
+        timestamps.push(g.metric("gateway_tx_ack_timestamps_total", ""));
+    }
+    if timestamps[1] == 0 {
+        eprintln!("TX ACK timestamps unavailable here (SIOCOUTQ only): sampling not exercised");
+        return;
+    }
+    assert!(timestamps[0] <= 1, "one request at most: {timestamps:?}");
+    assert!(timestamps[1] >= EVENTS, "one per send: {timestamps:?}");
+}

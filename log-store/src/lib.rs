@@ -39,7 +39,7 @@ mod mmap;
 pub mod options;
 pub mod resume;
 
-pub use event_id::{Epoch, EventId, EventIdError, Seq, StreamId};
+pub use event_id::{EVENT_ID_BYTES_MAX, Epoch, EventId, EventIdError, Seq, StreamId};
 pub use log::{
     AppendError, Appended, Bounds, Log, LogSlice, OpenError, ReadBatch, ReadError, RetentionError,
     RetentionReport, SyncError, SyncReport,
