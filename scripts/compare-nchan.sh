@@ -199,6 +199,8 @@ echo "== servers pinned to core $SERVER_CORE, bench pinned to core $BENCH_CORE (
 echo "== results in $OUT"
 
 STATUS=0
+# A publisher connection whose responses stop parsing leaves its last bytes each way here.
+export BENCH_TRACE_DIR=$OUT
 # wanted NAME: is this scenario selected (all are, without --only)?
 wanted() { [[ -z $ONLY || $ONLY == *",$1,"* ]]; }
 # run_one NAME SYSTEM ROUND BENCH-ARGS...: one scenario against one system.

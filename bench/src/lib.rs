@@ -6,7 +6,8 @@
 //!   transfer decoding), [`payload`] (counter + timestamp payloads), [`checker`] (per-subscriber
 //!   gap/duplicate/reorder checker), [`target`] (URL templates, ID styles), [`procstat`]
 //!   parsing, [`report`] (table and JSON), [`scrape`] (Prometheus text sums),
-//!   [`resume_class`] (the server's `X-Resume-Class` answer, per-class resume latency).
+//!   [`resume_class`] (the server's `X-Resume-Class` answer, per-class resume latency),
+//!   [`tail`] (the last bytes of a connection, for protocol-error reports).
 //! - Thin drivers: [`load`] (one mio/epoll loop for publishers and subscribers), [`probe`]
 //!   (a blocking too-old-ID probe) and [`mcp`] (MCP sessions with cut-and-resume tool calls).
 //!
@@ -25,4 +26,5 @@ pub mod report;
 pub mod resume_class;
 pub mod scrape;
 pub mod sse;
+pub mod tail;
 pub mod target;

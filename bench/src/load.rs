@@ -21,6 +21,7 @@ use crate::payload::{PAYLOAD_HEADER_BYTES, parse_payload, write_payload};
 use crate::procstat::{self, ProcSample};
 use crate::resume_class::{ByClass, ResumeClass};
 use crate::sse::{Event, SseParser};
+use crate::tail::ByteTail;
 use crate::target::{IdStyle, PublishStyle, UrlTemplate, gateway_seq};
 
 /// Bytes of SSE framing per event beyond the payload, used to size slow readers' byte rate.
@@ -312,6 +313,9 @@ struct Pub {
     resp: RespState,
     dechunk: Dechunker,
     status: u16,
+    /// The last bytes read and written on this connection, kept when `BENCH_TRACE_DIR` is set
+    /// and written there when the response stream stops making sense.
+    trace: Option<(ByteTail, ByteTail)>,
 }
 
 /// Counters and histograms shared by all connections of a run.
@@ -682,6 +686,7 @@ pub fn run(cfg: &LoadConfig) -> Result<LoadResult, LoadError> {
             resp: RespState::Head,
             dechunk: Dechunker::new(),
             status: 0,
+            trace: trace_dir().map(|_| (ByteTail::new(TRACE_BYTES), ByteTail::new(TRACE_BYTES))),
         });
     }
     // Per-stream request heads, built once: "POST <path> HTTP/1.1\r\nHost: ..\r\nContent-Length: ".
@@ -1550,7 +1555,12 @@ fn flush_publisher(p: &mut Pub) -> std::io::Result<()> {
     while p.woff < p.wbuf.len() {
         match p.sock.write(&p.wbuf[p.woff..]) {
             Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
-            Ok(n) => p.woff += n,
+            Ok(n) => {
+                if let Some((_, w)) = &mut p.trace {
+                    w.push(&p.wbuf[p.woff..p.woff + n]);
+                }
+                p.woff += n
+            }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
@@ -1574,6 +1584,9 @@ fn read_publisher(p: &mut Pub, ctx: &mut Ctx) -> Result<(), String> {
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(format!("publisher read: {e}")),
         };
+        if let Some((r, _)) = &mut p.trace {
+            r.push(&p.rbuf[p.rlen..p.rlen + n]);
+        }
         p.rlen += n;
         let mut pos = 0;
         loop {
@@ -1605,7 +1618,17 @@ fn read_publisher(p: &mut Pub, ctx: &mut Ctx) -> Result<(), String> {
                             };
                         }
                         Ok(httparse::Status::Partial) => break,
-                        Err(e) => return Err(format!("bad publish response: {e}")),
+                        Err(e) => {
+                            let at = &p.rbuf[pos..p.rlen.min(pos + 160)];
+                            return Err(format!(
+                                "bad publish response: {e} (at byte {pos} of {} buffered, {} \
+                                 responses awaited): {:?}{}",
+                                p.rlen,
+                                p.inflight,
+                                String::from_utf8_lossy(at),
+                                dump_trace(p)
+                            ));
+                        }
                     }
                 }
                 RespState::Body(left) => {
@@ -1650,8 +1673,9 @@ fn read_publisher(p: &mut Pub, ctx: &mut Ctx) -> Result<(), String> {
 fn complete_response(p: &mut Pub, ctx: &mut Ctx) -> Result<(), String> {
     let Some(inflight) = p.inflight.checked_sub(1) else {
         return Err(format!(
-            "unsolicited HTTP {} on a publisher connection with no request outstanding",
-            p.status
+            "unsolicited HTTP {} on a publisher connection with no request outstanding{}",
+            p.status,
+            dump_trace(p)
         ));
     };
     if p.status / 100 != 2 {
@@ -1661,4 +1685,38 @@ fn complete_response(p: &mut Pub, ctx: &mut Ctx) -> Result<(), String> {
     p.inflight = inflight;
     p.resp = RespState::Head;
     Ok(())
+}
+
+/// Bytes of a publisher connection's traffic kept each way under `BENCH_TRACE_DIR`.
+const TRACE_BYTES: usize = 256 * 1024;
+
+/// `BENCH_TRACE_DIR`: where a publisher connection whose responses stop making sense writes
+/// its last bytes read and written (off when unset: nothing is kept).
+fn trace_dir() -> Option<std::path::PathBuf> {
+    std::env::var_os("BENCH_TRACE_DIR").map(Into::into)
+}
+
+/// Writes a publisher's traced bytes (if tracing) and says where, for the error message.
+fn dump_trace(p: &Pub) -> String {
+    let (Some((r, w)), Some(dir)) = (&p.trace, trace_dir()) else {
+        return String::new();
+    };
+    let base = dir.join(format!(
+        "publisher-{}-{}",
+        std::process::id(),
+        p.sock.local_addr().map_or(0, |a| a.port())
+    ));
+    let (rp, wp) = (base.with_extension("read"), base.with_extension("written"));
+    match std::fs::write(&rp, r.bytes()).and_then(|()| std::fs::write(&wp, w.bytes())) {
+        Ok(()) => format!(
+            " [last {} of {} bytes read in {}, last {} of {} written in {}]",
+            r.bytes().len(),
+            r.total(),
+            rp.display(),
+            w.bytes().len(),
+            w.total(),
+            wp.display()
+        ),
+        Err(e) => format!(" [trace not written to {}: {e}]", dir.display()),
+    }
 }
