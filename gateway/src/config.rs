@@ -108,6 +108,13 @@ pub struct Config {
     #[command(flatten)]
     pub mcp: crate::mcp::config::McpArgs,
 
+    /// Bytes of answers a keep-alive connection may have queued (not yet taken by the kernel)
+    /// before the gateway stops reading its further pipelined requests; reading resumes as the
+    /// client drains them. Bounds what a client that pipelines without reading can make the
+    /// gateway hold.
+    #[arg(long, default_value_t = 1024 * 1024)]
+    pub pipeline_answer_bytes_max: usize,
+
     /// Bytes handed to the kernel in one sendmsg to a subscriber (at most 1024 iovecs).
     #[arg(long, default_value_t = 256 * 1024)]
     pub send_bytes_max: usize,
@@ -174,6 +181,10 @@ impl Config {
             (self.keepalive_secs, "--keepalive-secs"),
             (self.lag_events_max, "--lag-events-max"),
             (self.send_bytes_max as u64, "--send-bytes-max"),
+            (
+                self.pipeline_answer_bytes_max as u64,
+                "--pipeline-answer-bytes-max",
+            ),
         ] {
             if v == 0 {
                 return Err(ConfigError::Zero(name));

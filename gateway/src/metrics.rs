@@ -63,6 +63,9 @@ pub struct CoreMetrics {
     pub inflight_bytes: AtomicU64,
     pub lag_events_max: AtomicU64,
     pub parked_windows: AtomicU64,
+    /// Answers queued on keep-alive connections and not yet taken by the kernel (bytes,
+    /// sampled at the tick); bounded per connection by `--pipeline-answer-bytes-max`.
+    pub answer_bytes_queued: AtomicU64,
     /// ACK confirmations received as SO_TIMESTAMPING TX_ACK completions.
     pub tx_ack_timestamps_total: AtomicU64,
     /// Subscribers that fell back to SIOCOUTQ accounting.
@@ -90,7 +93,7 @@ type Field = fn(&CoreMetrics) -> &AtomicU64;
 /// Renders all cores' counters as Prometheus text exposition format.
 pub fn render(cores: &[CoreMetrics]) -> String {
     let mut out = String::with_capacity(4096);
-    let scalar: [(&str, &str, Field); 18] = [
+    let scalar: [(&str, &str, Field); 19] = [
         ("gateway_connections", "gauge", |m| &m.connections),
         ("gateway_subscribers", "gauge", |m| &m.subscribers),
         ("gateway_accepted_total", "counter", |m| &m.accepted_total),
@@ -125,6 +128,9 @@ pub fn render(cores: &[CoreMetrics]) -> String {
         ("gateway_inflight_bytes", "gauge", |m| &m.inflight_bytes),
         ("gateway_lag_events_max", "gauge", |m| &m.lag_events_max),
         ("gateway_parked_windows", "gauge", |m| &m.parked_windows),
+        ("gateway_answer_bytes_queued", "gauge", |m| {
+            &m.answer_bytes_queued
+        }),
         ("gateway_tx_ack_timestamps_total", "counter", |m| {
             &m.tx_ack_timestamps_total
         }),

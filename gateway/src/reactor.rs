@@ -203,8 +203,9 @@ struct Conn {
     /// Bytes of the send in flight (a run of ready responses).
     wbuf: Vec<u8>,
     woff: usize,
-    /// Responses not yet in `wbuf`, in request order.
+    /// Responses not yet in `wbuf`, in request order, and their bytes.
     outbox: VecDeque<Outgoing>,
+    outbox_bytes: usize,
     close_after_write: bool,
     /// A request asked to close (or was refused with close): parse nothing more.
     close_requested: bool,
@@ -596,6 +597,7 @@ impl Core {
             wbuf: Vec::new(),
             woff: 0,
             outbox: VecDeque::new(),
+            outbox_bytes: 0,
             close_after_write: false,
             close_requested: false,
             sent_continue: false,
@@ -744,6 +746,7 @@ impl Core {
         let conn = self.conn(slot);
         conn.close_requested |= o.close;
         let waits = o.wait.is_some();
+        conn.outbox_bytes += o.bytes.len();
         conn.outbox.push_back(o);
         if waits && !self.waiting.contains(&(slot, gen_)) {
             self.waiting.push((slot, gen_));
@@ -761,10 +764,12 @@ impl Core {
         buf.clear();
         while conn.outbox.front().is_some_and(|o| o.wait.is_none()) {
             let o = conn.outbox.pop_front().expect("front exists");
+            conn.outbox_bytes -= o.bytes.len();
             buf.extend_from_slice(&o.bytes);
             if o.close {
                 conn.close_after_write = true;
                 conn.outbox.clear();
+                conn.outbox_bytes = 0;
                 break;
             }
         }
@@ -838,6 +843,7 @@ impl Core {
         let mcp_path = self.mcp_path();
         let cfg_event = self.shared.cfg.event_bytes_max;
         let cfg_batch = self.shared.cfg.batch_bytes_max;
+        let answer_max = self.shared.cfg.pipeline_answer_bytes_max;
         let conn = self.conn(slot);
         // Consuming buffered bytes is only sound while no recv writes into the buffer; a recv
         // is armed only when no complete request is buffered, so there is nothing to do then.
@@ -851,6 +857,11 @@ impl Core {
         // Earlier responses still queued or sending: later requests may be processed (their
         // answers queue behind), except those that take the connection over.
         let busy = !conn.outbox.is_empty() || conn.inflight & F_SEND != 0;
+        // Backpressure on pipelining: with this many answer bytes queued, read no further
+        // request (and arm no recv) until the client takes some; on_send resumes here.
+        if busy && conn.outbox_bytes + (conn.wbuf.len() - conn.woff) >= answer_max {
+            return false;
+        }
         let head = match http::parse_head(&conn.rbuf[..conn.rlen], &limits) {
             Ok(Some(h)) => h,
             Ok(None) => {
@@ -1806,7 +1817,7 @@ impl Core {
         let mut to_close = Vec::new();
         let mut to_pump = Vec::new();
         let mut timeouts = Vec::new();
-        let (mut inflight_bytes, mut lag_max) = (0u64, 0u64);
+        let (mut inflight_bytes, mut lag_max, mut answers) = (0u64, 0u64, 0u64);
         for (i, s) in self.slots.iter_mut().enumerate() {
             let Some(conn) = s.conn.as_mut() else {
                 continue;
@@ -1816,6 +1827,7 @@ impl Core {
             }
             match &mut conn.state {
                 State::Http => {
+                    answers += (conn.outbox_bytes + (conn.wbuf.len() - conn.woff)) as u64;
                     if conn.inflight & F_SEND != 0 || !conn.outbox.is_empty() {
                         continue;
                     }
@@ -1857,6 +1869,7 @@ impl Core {
         }
         let m = &self.shared.metrics[self.id];
         m.inflight_bytes.store(inflight_bytes, Relaxed);
+        m.answer_bytes_queued.store(answers, Relaxed);
         m.lag_events_max.store(lag_max, Relaxed);
         for slot in timeouts {
             self.error(
