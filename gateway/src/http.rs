@@ -5,6 +5,8 @@
 //! [`error_response`]. Chunked request bodies are refused with 411 (send Content-Length).
 #![forbid(unsafe_code)]
 
+use std::mem::MaybeUninit;
+
 /// Limits on a request head; each is a CLI flag.
 #[derive(Debug, Clone, Copy)]
 pub struct HeadLimits {
@@ -119,10 +121,19 @@ impl HttpError {
 /// header limit, so a client cannot make the buffer grow without bound.
 pub fn parse_head(buf: &[u8], limits: &HeadLimits) -> Result<Option<Head>, HttpError> {
     // Header count: parse into a buffer one larger than allowed, so "too many" is detectable.
-    let mut fields = vec![httparse::EMPTY_HEADER; limits.header_count_max + 1];
-    let mut req = httparse::Request::new(&mut fields);
+    // Uninitialised slots (nothing to zero per request), on the stack for the usual limits.
+    const ON_STACK: usize = 128;
+    let mut stack = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; ON_STACK];
+    let mut heap = Vec::new();
+    let fields: &mut [MaybeUninit<httparse::Header<'_>>] = if limits.header_count_max < ON_STACK {
+        &mut stack[..limits.header_count_max + 1]
+    } else {
+        heap.resize_with(limits.header_count_max + 1, MaybeUninit::uninit);
+        &mut heap
+    };
+    let mut req = httparse::Request::new(&mut []);
     let window = &buf[..buf.len().min(limits.header_bytes_max)];
-    let status = match req.parse(window) {
+    let status = match req.parse_with_uninit_headers(window, fields) {
         Ok(s) => s,
         Err(httparse::Error::TooManyHeaders) => return Err(HttpError::TooManyHeaders),
         Err(e) => return Err(HttpError::Malformed(httparse_error_name(e))),
@@ -375,6 +386,32 @@ mod tests {
         assert_eq!(parse_head(&line, &L), Err(HttpError::UriTooLong));
         let many = b"GET / HTTP/1.1\r\nA: 1\r\nB: 1\r\nC: 1\r\nD: 1\r\nE: 1\r\n\r\n";
         assert_eq!(parse_head(many, &L), Err(HttpError::TooManyHeaders));
+    }
+
+    #[test]
+    fn header_count_limit_is_exact_on_the_stack_and_on_the_heap() {
+        for max in [1usize, 4, 127, 128, 300] {
+            let limits = HeadLimits {
+                header_bytes_max: 64 * 1024,
+                header_count_max: max,
+            };
+            let head = |n: usize| {
+                let mut r = b"GET / HTTP/1.1\r\n".to_vec();
+                for i in 0..n {
+                    r.extend_from_slice(format!("H{i}: v\r\n").as_bytes());
+                }
+                r.extend_from_slice(b"\r\n");
+                r
+            };
+            assert!(
+                matches!(parse_head(&head(max), &limits), Ok(Some(_))),
+                "{max}"
+            );
+            assert_eq!(
+                parse_head(&head(max + 1), &limits),
+                Err(HttpError::TooManyHeaders)
+            );
+        }
     }
 
     #[test]
