@@ -311,7 +311,9 @@ def load(name, sys_, idx=-1):
         except Exception:
             pass
     return median_report(reps) if reps else None
-rounds = len(glob.glob(os.path.join(out, "fanout-1x100-nchan*.json")))
+rounds = max((len(glob.glob(os.path.join(out, f"{sc}-nchan*.json")))
+              for sc in ["latency-1x100", "fanout-1x100", "streams-1000x1", "resume-storm", "slow"]),
+             default=0)
 print(f"Medians over {rounds} round(s) per scenario and system.")
 print()
 def cpu_us(r):

@@ -21,12 +21,12 @@ variant_args() {
     random) echo ;;
   esac
 }
-for round in 1 2 3; do
+for round in $(seq 1 ${ROUNDS:-3}); do
   for v in $VARIANTS; do
     D=$(mktemp -d)
     PORT=$((18000 + RANDOM % 1000))
     taskset -c 0 "$BIN/gateway" --listen 127.0.0.1:$PORT --data-dir "$D/data" --cores 1 \
-      --fsync never >"$D/gw.log" 2>&1 &
+      --fsync never ${GW_EXTRA:-} >"$D/gw.log" 2>&1 &
     GW=$!
     for _ in $(seq 1 100); do grep -q listening "$D/gw.log" && break; sleep 0.1; done
     echo "round $round $v: load $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$OUT/run.log"
