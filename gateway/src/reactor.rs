@@ -95,6 +95,9 @@ const IOV_MAX_PER_SEND: usize = 1024;
 const RECV_BYTES_MIN: usize = 4096;
 const PIPELINED_PER_CALL_MAX: usize = 256;
 const TICK: Duration = Duration::from_millis(100);
+/// How long a sampled TX ACK request may stay unanswered before the tick confirms by
+/// `SIOCOUTQ` regardless.
+const ACK_ANSWER_WAIT_MAX: Duration = Duration::from_secs(1);
 
 fn ud(slot: u32, gen_: u32, op: u8) -> u64 {
     (u64::from(slot) << 32) | (u64::from(gen_ & 0xff_ffff) << 8) | u64::from(op)
@@ -1848,7 +1851,12 @@ impl Core {
                     if sub.ack_awaited.is_some_and(|end| sub.window.acked() >= end) {
                         sub.ack_awaited = None;
                     }
-                    let poll = sub.ack == AckMode::Outq || sub.ack_awaited.is_none();
+                    // (An answer that never comes, say on a connection the peer stopped
+                    // ACKing, must not stop confirmation: after a second, poll anyway.)
+                    let stale = sub
+                        .ack_asked_at
+                        .is_some_and(|t| now.duration_since(t) >= ACK_ANSWER_WAIT_MAX);
+                    let poll = sub.ack == AckMode::Outq || sub.ack_awaited.is_none() || stale;
                     if poll && sub.window.unconfirmed_bytes() > 0 {
                         sub.confirm_from_outq_counted(conn.fd, &self.shared.metrics[self.id]);
                     }
