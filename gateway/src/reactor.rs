@@ -202,6 +202,10 @@ struct Conn {
     inflight: u8,
     closing: bool,
     rbuf: Vec<u8>,
+    /// Received bytes are `rbuf[..rlen]`; those before `rpos` are consumed requests. Pipelined
+    /// requests advance `rpos` instead of shifting the rest down after each one; the buffer is
+    /// compacted (rpos = 0) before anything else reads it or a recv is armed.
+    rpos: usize,
     rlen: usize,
     /// Bytes of the send in flight (a run of ready responses).
     wbuf: Vec<u8>,
@@ -219,6 +223,18 @@ struct Conn {
     /// The head is complete and the body is being received: the idle timeout applies (reset
     /// by every received byte), not the header timeout.
     awaiting_body: bool,
+}
+
+impl Conn {
+    /// Moves the unconsumed bytes to the front of `rbuf`. Only while no recv is in flight.
+    fn compact(&mut self) {
+        debug_assert_eq!(self.inflight & F_RECV, 0, "compacting under a recv");
+        if self.rpos > 0 {
+            self.rbuf.copy_within(self.rpos..self.rlen, 0);
+            self.rlen -= self.rpos;
+            self.rpos = 0;
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -596,6 +612,7 @@ impl Core {
             inflight: 0,
             closing: false,
             rbuf,
+            rpos: 0,
             rlen,
             wbuf: Vec::new(),
             woff: 0,
@@ -649,6 +666,7 @@ impl Core {
         let gen_ = self.gen_of(slot);
         let conn = self.conn(slot);
         debug_assert_eq!(conn.inflight & F_RECV, 0);
+        conn.compact();
         if conn.rlen == conn.rbuf.len() {
             return; // full: the caller decides (limit errors are raised before this)
         }
@@ -674,7 +692,7 @@ impl Core {
         if let State::Sub(_) = conn.state {
             // A recv armed before the connection became a subscriber: discard, and watch for
             // EOF with the poll from now on.
-            conn.rlen = 0;
+            (conn.rpos, conn.rlen) = (0, 0);
             self.arm_watch(slot);
             return;
         }
@@ -865,9 +883,11 @@ impl Core {
         if busy && conn.outbox_bytes + (conn.wbuf.len() - conn.woff) >= answer_max {
             return false;
         }
-        let head = match http::parse_head(&conn.rbuf[..conn.rlen], &limits) {
+        let base = conn.rpos;
+        let head = match http::parse_head(&conn.rbuf[base..conn.rlen], &limits) {
             Ok(Some(h)) => h,
             Ok(None) => {
+                conn.compact();
                 if conn.rlen == 0 {
                     conn.head_started = None;
                 }
@@ -886,7 +906,10 @@ impl Core {
                 return false;
             }
         };
+        // Below, every path but the plain requests' fast path (the end of this function) works
+        // on a compacted buffer: the request then starts at 0.
         if mcp_path.as_deref() == Some(head.path.as_str()) {
+            self.conn(slot).compact();
             if busy {
                 return false;
             }
@@ -902,6 +925,7 @@ impl Core {
                 let close = close || head.content_length > 0;
                 if !close {
                     let conn = self.conn(slot);
+                    conn.compact();
                     conn.rbuf.copy_within(head.head_len..conn.rlen, 0);
                     conn.rlen -= head.head_len;
                 }
@@ -930,7 +954,8 @@ impl Core {
             return false;
         }
         let total = head.head_len + head.content_length as usize;
-        if conn.rlen < total {
+        if conn.rlen - base < total {
+            conn.compact();
             conn.awaiting_body = true;
             if conn.rbuf.len() < total && conn.inflight & F_RECV == 0 {
                 conn.rbuf.resize(total, 0);
@@ -966,14 +991,21 @@ impl Core {
         }
         let now = self.now;
         let conn = self.conn(slot);
-        let body = conn.rbuf[head.head_len..total].to_vec();
-        conn.rbuf.copy_within(total..conn.rlen, 0);
-        conn.rlen -= total;
+        if takes_over {
+            conn.compact(); // a subscribe: the connection's buffer is handed to the stream
+        }
+        let base = conn.rpos;
+        let body = conn.rbuf[base + head.head_len..base + total].to_vec();
+        conn.rpos += total;
+        if conn.rpos == conn.rlen {
+            (conn.rpos, conn.rlen) = (0, 0);
+        }
         conn.sent_continue = false;
         conn.awaiting_body = false;
-        conn.head_started = (conn.rlen > 0).then_some(now);
+        conn.head_started = (conn.rlen > conn.rpos).then_some(now);
         // A large body grew the buffer: give the memory back (no recv is in flight here).
-        if conn.rbuf.len() > 64 * 1024 && conn.rlen <= RECV_BYTES_MIN {
+        if conn.rbuf.len() > 64 * 1024 && conn.rlen - conn.rpos <= RECV_BYTES_MIN {
+            conn.compact();
             conn.rbuf.truncate(RECV_BYTES_MIN);
             conn.rbuf.shrink_to_fit();
         }
@@ -1020,11 +1052,12 @@ impl Core {
     }
 
     fn handoff(&mut self, slot: u32, owner: usize) {
-        let conn = self.slots[slot as usize].conn.take().expect("live");
+        let mut conn = self.slots[slot as usize].conn.take().expect("live");
         assert_eq!(
             conn.inflight, 0,
             "a handed-off connection has no operation in flight"
         );
+        conn.compact();
         self.free.push(slot);
         self.m().connections.fetch_sub(1, Relaxed);
         self.m().handoffs_out_total.fetch_add(1, Relaxed);
@@ -1488,7 +1521,7 @@ impl Core {
             msg: unsafe { std::mem::zeroed() },
         };
         conn.state = State::Sub(Box::new(sub));
-        conn.rlen = 0;
+        (conn.rpos, conn.rlen) = (0, 0);
         conn.rbuf.truncate(512);
         conn.rbuf.shrink_to_fit();
         self.subs.entry(key).or_default().push((slot, gen_));
