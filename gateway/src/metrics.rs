@@ -66,6 +66,9 @@ pub struct CoreMetrics {
     /// Answers queued on keep-alive connections and not yet taken by the kernel (bytes,
     /// sampled at the tick); bounded per connection by `--pipeline-answer-bytes-max`.
     pub answer_bytes_queued: AtomicU64,
+    /// Completions of single-shot operations (recv, send, POLLOUT) that matched no operation
+    /// in flight on their connection: ignored, never acted on.
+    pub unmatched_completions_total: AtomicU64,
     /// ACK confirmations received as SO_TIMESTAMPING TX_ACK completions.
     pub tx_ack_timestamps_total: AtomicU64,
     /// Subscribers that fell back to SIOCOUTQ accounting.
@@ -93,7 +96,7 @@ type Field = fn(&CoreMetrics) -> &AtomicU64;
 /// Renders all cores' counters as Prometheus text exposition format.
 pub fn render(cores: &[CoreMetrics]) -> String {
     let mut out = String::with_capacity(4096);
-    let scalar: [(&str, &str, Field); 19] = [
+    let scalar: [(&str, &str, Field); 20] = [
         ("gateway_connections", "gauge", |m| &m.connections),
         ("gateway_subscribers", "gauge", |m| &m.subscribers),
         ("gateway_accepted_total", "counter", |m| &m.accepted_total),
@@ -130,6 +133,9 @@ pub fn render(cores: &[CoreMetrics]) -> String {
         ("gateway_parked_windows", "gauge", |m| &m.parked_windows),
         ("gateway_answer_bytes_queued", "gauge", |m| {
             &m.answer_bytes_queued
+        }),
+        ("gateway_unmatched_completions_total", "counter", |m| {
+            &m.unmatched_completions_total
         }),
         ("gateway_tx_ack_timestamps_total", "counter", |m| {
             &m.tx_ack_timestamps_total

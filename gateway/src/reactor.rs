@@ -99,12 +99,33 @@ const TICK: Duration = Duration::from_millis(100);
 /// `SIOCOUTQ` regardless.
 const ACK_ANSWER_WAIT_MAX: Duration = Duration::from_secs(1);
 
-fn ud(slot: u32, gen_: u32, op: u8) -> u64 {
-    (u64::from(slot) << 32) | (u64::from(gen_ & 0xff_ffff) << 8) | u64::from(op)
+/// Bits of a slot's generation carried in user_data.
+const GEN_MASK: u32 = 0xffff;
+/// Bits of an operation's serial carried in user_data.
+const SERIAL_MASK: u16 = 0x0fff;
+
+/// user_data: slot (32 bits) | slot generation (16) | op serial (12) | op (4). The serial
+/// tells one single-shot operation of a connection from the earlier ones of the same kind.
+fn ud_serial(slot: u32, gen_: u32, op: u8, serial: u16) -> u64 {
+    (u64::from(slot) << 32)
+        | (u64::from(gen_ & GEN_MASK) << 16)
+        | (u64::from(serial & SERIAL_MASK) << 4)
+        | u64::from(op & 0x0f)
 }
 
-fn ud_split(u: u64) -> (u32, u32, u8) {
-    ((u >> 32) as u32, ((u >> 8) & 0xff_ffff) as u32, u as u8)
+/// user_data of an operation that carries no serial (multishot, core-wide, cancels).
+fn ud(slot: u32, gen_: u32, op: u8) -> u64 {
+    ud_serial(slot, gen_, op, 0)
+}
+
+/// (slot, generation, serial, op) of a user_data.
+fn ud_split(u: u64) -> (u32, u32, u16, u8) {
+    (
+        (u >> 32) as u32,
+        ((u >> 16) as u32) & GEN_MASK,
+        ((u >> 4) as u16) & SERIAL_MASK,
+        (u & 0x0f) as u8,
+    )
 }
 
 /// Bytes a subscriber window points at: a mapped log slice, or gateway-made framing.
@@ -210,6 +231,12 @@ struct Conn {
     /// Bytes of the send in flight (a run of ready responses).
     wbuf: Vec<u8>,
     woff: usize,
+    /// The latest serial given to a single-shot operation of this connection, and the serials of
+    /// the recv / send / POLLOUT poll in flight (or last submitted).
+    serial: u16,
+    recv_serial: u16,
+    send_serial: u16,
+    poll_serial: u16,
     /// Responses not yet in `wbuf`, in request order, and their bytes.
     outbox: VecDeque<Outgoing>,
     outbox_bytes: usize,
@@ -226,6 +253,22 @@ struct Conn {
 }
 
 impl Conn {
+    /// A fresh serial for the next single-shot operation (wraps at 4,096).
+    fn next_serial(&mut self) -> u16 {
+        self.serial = self.serial.wrapping_add(1) & SERIAL_MASK;
+        self.serial
+    }
+
+    /// For a single-shot op: its in-flight flag and the serial of the one in flight.
+    fn single_shot(&self, op: u8) -> Option<(u8, u16)> {
+        match op {
+            OP_RECV => Some((F_RECV, self.recv_serial)),
+            OP_SEND => Some((F_SEND, self.send_serial)),
+            OP_POLL => Some((F_POLL, self.poll_serial)),
+            _ => None,
+        }
+    }
+
     /// Moves the unconsumed bytes to the front of `rbuf`. Only while no recv is in flight.
     fn compact(&mut self) {
         debug_assert_eq!(self.inflight & F_RECV, 0, "compacting under a recv");
@@ -506,7 +549,7 @@ impl Core {
     // ---- completions ----
 
     fn handle_cqe(&mut self, u: u64, res: i32, flags: u32) {
-        let (slot, gen_, op) = ud_split(u);
+        let (slot, gen_, serial, op) = ud_split(u);
         match op {
             OP_ACCEPT => self.on_accept(res, flags),
             OP_EVENTFD => self.on_eventfd(res),
@@ -515,6 +558,26 @@ impl Core {
                 let Some(conn) = self.conn_mut(slot, gen_) else {
                     return; // stale: the slot was reused (only buffer-free ops can be late)
                 };
+                if let Some((bit, expected)) = conn.single_shot(op)
+                    && (conn.inflight & bit == 0 || serial != expected)
+                {
+                    // A completion that is not the one operation of its kind in flight (seen
+                    // here: a send's completion delivered a second time, ~14 sends later).
+                    // Acting on it would free or rewrite a buffer the real operation still
+                    // uses; it is counted and ignored.
+                    let inflight = conn.inflight & bit != 0;
+                    let m = &self.shared.metrics[self.id];
+                    let n = m.unmatched_completions_total.fetch_add(1, Relaxed);
+                    if n < 10 {
+                        eprintln!(
+                            "core {}: ignored an unmatched completion on slot {slot}: op {op}, \
+                             serial {serial}, expected {expected} (in flight: {inflight}), \
+                             result {res}, flags {flags:#x}",
+                            self.id
+                        );
+                    }
+                    return;
+                }
                 let bit = match op {
                     OP_RECV => F_RECV,
                     OP_SEND => F_SEND,
@@ -545,7 +608,7 @@ impl Core {
 
     fn conn_mut(&mut self, slot: u32, gen_: u32) -> Option<&mut Conn> {
         let s = self.slots.get_mut(slot as usize)?;
-        if s.gen_ & 0xff_ffff != gen_ {
+        if s.gen_ & GEN_MASK != gen_ {
             return None;
         }
         s.conn.as_mut()
@@ -556,7 +619,7 @@ impl Core {
     }
 
     fn gen_of(&self, slot: u32) -> u32 {
-        self.slots[slot as usize].gen_ & 0xff_ffff
+        self.slots[slot as usize].gen_ & GEN_MASK
     }
 
     fn on_accept(&mut self, res: i32, flags: u32) {
@@ -618,6 +681,10 @@ impl Core {
             woff: 0,
             outbox: VecDeque::new(),
             outbox_bytes: 0,
+            serial: 0,
+            recv_serial: 0,
+            send_serial: 0,
+            poll_serial: 0,
             close_after_write: false,
             close_requested: false,
             sent_continue: false,
@@ -674,9 +741,10 @@ impl Core {
         let len = (conn.rbuf.len() - conn.rlen) as u32;
         let fd = conn.fd;
         conn.inflight |= F_RECV;
+        conn.recv_serial = conn.next_serial();
         let e = opcode::Recv::new(types::Fd(fd), ptr, len)
             .build()
-            .user_data(ud(slot, gen_, OP_RECV));
+            .user_data(ud_serial(slot, gen_, OP_RECV, conn.recv_serial));
         // SAFETY: `rbuf[rlen..]` belongs to the connection slot, which is neither freed nor
         // resized while F_RECV is set (maybe_free and the resize sites check inflight).
         unsafe { self.push(e) };
@@ -808,10 +876,11 @@ impl Core {
         let len = (conn.wbuf.len() - conn.woff) as u32;
         let fd = conn.fd;
         conn.inflight |= F_SEND;
+        conn.send_serial = conn.next_serial();
         let e = opcode::Send::new(types::Fd(fd), ptr, len)
             .flags(libc::MSG_NOSIGNAL)
             .build()
-            .user_data(ud(slot, gen_, OP_SEND));
+            .user_data(ud_serial(slot, gen_, OP_SEND, conn.send_serial));
         // SAFETY: `wbuf` belongs to the connection slot and is not replaced or freed while
         // F_SEND is set (flush returns early while a send is in flight; maybe_free waits).
         unsafe { self.push(e) };
@@ -1270,7 +1339,7 @@ impl Core {
         for (slot, gen_) in waiting {
             let logs = &self.logs;
             let Some(conn) = self.slots.get_mut(slot as usize).and_then(|s| {
-                (s.gen_ & 0xff_ffff == gen_)
+                (s.gen_ & GEN_MASK == gen_)
                     .then_some(s.conn.as_mut())
                     .flatten()
             }) else {
@@ -1641,6 +1710,8 @@ impl Core {
         sub.last_write = now;
         let msg: *const libc::msghdr = &sub.msg;
         conn.inflight |= F_SEND;
+        conn.serial = conn.serial.wrapping_add(1) & SERIAL_MASK; // next_serial, field-wise
+        conn.send_serial = conn.serial;
         // One contiguous run and no control message (the common case for a live subscriber: the
         // next records of its stream lie side by side in the log): a plain send, which spares
         // the kernel importing a msghdr and an iovec array.
@@ -1656,7 +1727,7 @@ impl Core {
                 .flags(libc::MSG_NOSIGNAL as u32)
                 .build()
         }
-        .user_data(ud(slot, gen_, OP_SEND));
+        .user_data(ud_serial(slot, gen_, OP_SEND, conn.send_serial));
         // SAFETY: the msghdr and iovec array live in the boxed `Sub` of this slot, and every
         // iovec points into a chunk held by the window (a LogSlice keeps its segment mapped);
         // the control buffer, if any, is the never-freed `sys::tx_ack_cmsg`.
@@ -1698,9 +1769,10 @@ impl Core {
             let gen_ = self.gen_of(slot);
             let conn = self.conn(slot);
             conn.inflight |= F_POLL;
+            conn.poll_serial = conn.next_serial();
             let e = opcode::PollAdd::new(types::Fd(fd), libc::POLLOUT as u32)
                 .build()
-                .user_data(ud(slot, gen_, OP_POLL));
+                .user_data(ud_serial(slot, gen_, OP_POLL, conn.poll_serial));
             // SAFETY: poll points at no memory of ours.
             unsafe { self.push(e) };
         } else {
@@ -1807,15 +1879,17 @@ impl Core {
         // io_cancel_req_match), with the listener's backlog unserved meanwhile. By user_data
         // it is one hash bucket, and it cannot hit a socket that reuses the fd number either.
         let gen_ = self.gen_of(slot);
-        for (bit, op) in [
-            (F_RECV, OP_RECV),
-            (F_SEND, OP_SEND),
-            (F_POLL, OP_POLL),
-            (F_TXTS, OP_TXTS),
-            (F_WATCH, OP_WATCH),
+        let c = self.conn(slot);
+        let (recv, send, poll) = (c.recv_serial, c.send_serial, c.poll_serial);
+        for (bit, op, serial) in [
+            (F_RECV, OP_RECV, recv),
+            (F_SEND, OP_SEND, send),
+            (F_POLL, OP_POLL, poll),
+            (F_TXTS, OP_TXTS, 0),
+            (F_WATCH, OP_WATCH, 0),
         ] {
             if inflight & bit != 0 {
-                let e = opcode::AsyncCancel::new(ud(slot, gen_, op))
+                let e = opcode::AsyncCancel::new(ud_serial(slot, gen_, op, serial))
                     .build()
                     .user_data(ud(0, 0, OP_CANCEL));
                 // SAFETY: cancel points at no memory of ours.
