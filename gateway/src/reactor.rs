@@ -2100,3 +2100,36 @@ fn append_status(e: &log_store::AppendError) -> (u16, &'static str) {
         _ => (500, "append_failed"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Every field survives the round trip, within its width.
+        #[test]
+        fn user_data_round_trips(slot: u32, gen_: u32, serial: u16, op in 0u8..16) {
+            let (s, g, n, o) = ud_split(ud_serial(slot, gen_, op, serial));
+            prop_assert_eq!((s, g, n, o), (slot, gen_ & GEN_MASK, serial & SERIAL_MASK, op));
+        }
+    }
+
+    /// Two sends of one connection, 4,095 apart or fewer, never share a user_data: a stray
+    /// completion of an earlier send cannot pass for the one in flight unless 4,096 sends
+    /// separate them.
+    #[test]
+    fn consecutive_serials_differ_until_they_wrap() {
+        let mut seen = std::collections::HashSet::new();
+        let mut serial = 0u16;
+        for _ in 0..=SERIAL_MASK {
+            serial = serial.wrapping_add(1) & SERIAL_MASK;
+            assert!(seen.insert(ud_serial(7, 3, OP_SEND, serial)));
+        }
+        serial = serial.wrapping_add(1) & SERIAL_MASK;
+        assert!(
+            !seen.insert(ud_serial(7, 3, OP_SEND, serial)),
+            "wraps at 4,096"
+        );
+    }
+}
