@@ -66,8 +66,8 @@ pub struct CoreMetrics {
     /// Answers queued on keep-alive connections and not yet taken by the kernel (bytes,
     /// sampled at the tick); bounded per connection by `--pipeline-answer-bytes-max`.
     pub answer_bytes_queued: AtomicU64,
-    /// Completions of single-shot operations (recv, send, POLLOUT) that matched no operation
-    /// in flight on their connection: ignored, never acted on.
+    /// Completions of connection operations (recv, send, POLLOUT, TX timestamps, watch) that
+    /// matched no operation in flight on their connection: ignored, never acted on.
     pub unmatched_completions_total: AtomicU64,
     /// ACK confirmations received as SO_TIMESTAMPING TX_ACK completions.
     pub tx_ack_timestamps_total: AtomicU64,

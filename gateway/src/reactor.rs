@@ -231,12 +231,15 @@ struct Conn {
     /// Bytes of the send in flight (a run of ready responses).
     wbuf: Vec<u8>,
     woff: usize,
-    /// The latest serial given to a single-shot operation of this connection, and the serials of
-    /// the recv / send / POLLOUT poll in flight (or last submitted).
+    /// The latest serial given to an operation of this connection, and the serials of the recv
+    /// / send / POLLOUT poll / TX-timestamp command / watch in flight (or last submitted); a
+    /// multishot operation keeps its serial until it ends and is re-armed.
     serial: u16,
     recv_serial: u16,
     send_serial: u16,
     poll_serial: u16,
+    txts_serial: u16,
+    watch_serial: u16,
     /// Responses not yet in `wbuf`, in request order, and their bytes.
     outbox: VecDeque<Outgoing>,
     outbox_bytes: usize,
@@ -253,18 +256,20 @@ struct Conn {
 }
 
 impl Conn {
-    /// A fresh serial for the next single-shot operation (wraps at 4,096).
+    /// A fresh serial for the next operation (wraps at 4,096).
     fn next_serial(&mut self) -> u16 {
         self.serial = self.serial.wrapping_add(1) & SERIAL_MASK;
         self.serial
     }
 
-    /// For a single-shot op: its in-flight flag and the serial of the one in flight.
-    fn single_shot(&self, op: u8) -> Option<(u8, u16)> {
+    /// For a per-connection op: its in-flight flag and the serial of the one in flight.
+    fn in_flight(&self, op: u8) -> Option<(u8, u16)> {
         match op {
             OP_RECV => Some((F_RECV, self.recv_serial)),
             OP_SEND => Some((F_SEND, self.send_serial)),
             OP_POLL => Some((F_POLL, self.poll_serial)),
+            OP_TXTS => Some((F_TXTS, self.txts_serial)),
+            OP_WATCH => Some((F_WATCH, self.watch_serial)),
             _ => None,
         }
     }
@@ -558,10 +563,10 @@ impl Core {
                 let Some(conn) = self.conn_mut(slot, gen_) else {
                     return; // stale: the slot was reused (only buffer-free ops can be late)
                 };
-                if let Some((bit, expected)) = conn.single_shot(op)
+                if let Some((bit, expected)) = conn.in_flight(op)
                     && (conn.inflight & bit == 0 || serial != expected)
                 {
-                    // A completion that is not the one operation of its kind in flight (seen
+                    // A completion that is not the operation of its kind in flight (seen
                     // here: a send's completion delivered a second time, ~14 sends later).
                     // Acting on it would free or rewrite a buffer the real operation still
                     // uses; it is counted and ignored.
@@ -685,6 +690,8 @@ impl Core {
             recv_serial: 0,
             send_serial: 0,
             poll_serial: 0,
+            txts_serial: 0,
+            watch_serial: 0,
             close_after_write: false,
             close_requested: false,
             sent_continue: false,
@@ -787,11 +794,12 @@ impl Core {
             return;
         }
         conn.inflight |= F_WATCH;
+        conn.watch_serial = conn.next_serial();
         let mask = (libc::POLLIN | libc::POLLRDHUP) as u32;
         let e = opcode::PollAdd::new(types::Fd(conn.fd), mask)
             .multi(true)
             .build()
-            .user_data(ud(slot, gen_, OP_WATCH));
+            .user_data(ud_serial(slot, gen_, OP_WATCH, conn.watch_serial));
         // SAFETY: poll points at no memory of ours.
         unsafe { self.push(e) };
     }
@@ -1598,9 +1606,10 @@ impl Core {
         if ack == AckMode::TxTimestamps {
             let conn = self.conn(slot);
             conn.inflight |= F_TXTS;
+            conn.txts_serial = conn.next_serial();
             let e = opcode::UringCmd16::new(types::Fd(fd), SOCKET_URING_OP_TX_TIMESTAMP)
                 .build()
-                .user_data(ud(slot, gen_, OP_TXTS));
+                .user_data(ud_serial(slot, gen_, OP_TXTS, conn.txts_serial));
             // SAFETY: the command points at no memory of ours.
             unsafe { self.push(e) };
         }
@@ -1813,9 +1822,10 @@ impl Core {
         }
         if !more {
             conn.inflight |= F_TXTS;
+            conn.txts_serial = conn.next_serial();
             let e = opcode::UringCmd16::new(types::Fd(fd), SOCKET_URING_OP_TX_TIMESTAMP)
                 .build()
-                .user_data(ud(slot, gen_, OP_TXTS));
+                .user_data(ud_serial(slot, gen_, OP_TXTS, conn.txts_serial));
             // SAFETY: the command points at no memory of ours.
             unsafe { self.push(e) };
         }
@@ -1880,14 +1890,14 @@ impl Core {
         // it is one hash bucket, and it cannot hit a socket that reuses the fd number either.
         let gen_ = self.gen_of(slot);
         let c = self.conn(slot);
-        let (recv, send, poll) = (c.recv_serial, c.send_serial, c.poll_serial);
-        for (bit, op, serial) in [
-            (F_RECV, OP_RECV, recv),
-            (F_SEND, OP_SEND, send),
-            (F_POLL, OP_POLL, poll),
-            (F_TXTS, OP_TXTS, 0),
-            (F_WATCH, OP_WATCH, 0),
-        ] {
+        let serials = [
+            (F_RECV, OP_RECV, c.recv_serial),
+            (F_SEND, OP_SEND, c.send_serial),
+            (F_POLL, OP_POLL, c.poll_serial),
+            (F_TXTS, OP_TXTS, c.txts_serial),
+            (F_WATCH, OP_WATCH, c.watch_serial),
+        ];
+        for (bit, op, serial) in serials {
             if inflight & bit != 0 {
                 let e = opcode::AsyncCancel::new(ud_serial(slot, gen_, op, serial))
                     .build()
