@@ -130,7 +130,8 @@ pub struct Config {
 
     /// Milliseconds between TX ACK timestamp requests on one subscriber: a send asks the kernel
     /// for an ACK timestamp only when the previous one was answered and this long has passed
-    /// (one ACK confirms every byte before it). 0 = on every send. Bytes sent in between are
+    /// (one ACK confirms every byte before it). 0 = on every send once the previous request
+    /// was answered. Bytes sent in between are
     /// confirmed by the next answered request, by SIOCOUTQ at the 100 ms tick, or at
     /// disconnect; a longer interval trades a little send-window memory for fewer wake-ups.
     #[arg(long, default_value_t = 20)]
@@ -146,6 +147,8 @@ pub enum ConfigError {
     Zero(&'static str),
     /// `--send-bytes-max` below the largest single event would stall a subscriber.
     SendBytesBelowEvent,
+    /// A limit above what the gateway can represent (flag, largest accepted value).
+    TooLarge(&'static str, u64),
     /// An MCP front flag is invalid (the message names it).
     Mcp(String),
 }
@@ -160,6 +163,7 @@ impl std::fmt::Display for ConfigError {
             ConfigError::SendBytesBelowEvent => {
                 write!(f, "--send-bytes-max must be at least --event-bytes-max")
             }
+            ConfigError::TooLarge(flag, max) => write!(f, "{flag} must be at most {max}"),
             ConfigError::Mcp(m) => write!(f, "{m}"),
         }
     }
@@ -193,6 +197,12 @@ impl Config {
         if self.send_bytes_max < self.event_bytes_max {
             return Err(ConfigError::SendBytesBelowEvent);
         }
+        // One core holds at most this many connections in its slot table (the slot number is
+        // 24 bits of every io_uring user_data).
+        let slots_max = crate::reactor::SLOTS_MAX as u64 - 1;
+        if self.connections_max as u64 > slots_max {
+            return Err(ConfigError::TooLarge("--connections-max", slots_max));
+        }
         Ok(())
     }
 
@@ -224,5 +234,12 @@ mod tests {
         assert_eq!(c.validate(), Err(ConfigError::BadFsync("sometimes".into())));
         let c = Config::parse_from(["gateway", "--header-bytes-max", "0"]);
         assert_eq!(c.validate(), Err(ConfigError::Zero("--header-bytes-max")));
+        let c = Config::parse_from(["gateway", "--connections-max", "16777216"]);
+        assert_eq!(
+            c.validate(),
+            Err(ConfigError::TooLarge("--connections-max", 16_777_215))
+        );
+        let c = Config::parse_from(["gateway", "--connections-max", "16777215"]);
+        assert_eq!(c.validate(), Ok(()));
     }
 }

@@ -99,16 +99,21 @@ const TICK: Duration = Duration::from_millis(100);
 /// `SIOCOUTQ` regardless.
 const ACK_ANSWER_WAIT_MAX: Duration = Duration::from_secs(1);
 
+/// Slots a core can hold (user_data carries 24 bits of slot; `--connections-max` is capped
+/// below this).
+pub const SLOTS_MAX: usize = 1 << 24;
 /// Bits of a slot's generation carried in user_data.
 const GEN_MASK: u32 = 0xffff;
 /// Bits of an operation's serial carried in user_data.
-const SERIAL_MASK: u16 = 0x0fff;
+const SERIAL_MASK: u32 = 0xf_ffff;
 
-/// user_data: slot (32 bits) | slot generation (16) | op serial (12) | op (4). The serial
-/// tells one single-shot operation of a connection from the earlier ones of the same kind.
-fn ud_serial(slot: u32, gen_: u32, op: u8, serial: u16) -> u64 {
-    (u64::from(slot) << 32)
-        | (u64::from(gen_ & GEN_MASK) << 16)
+/// user_data: slot (24 bits) | slot generation (16) | op serial (20) | op (4). The serial
+/// tells an operation from every other one issued on the same slot within the last 2^20
+/// (it continues across the slot's connections), so a completion that arrives late, even
+/// after the slot was reused, is not taken for the operation in flight.
+fn ud_serial(slot: u32, gen_: u32, op: u8, serial: u32) -> u64 {
+    (u64::from(slot & 0xff_ffff) << 40)
+        | (u64::from(gen_ & GEN_MASK) << 24)
         | (u64::from(serial & SERIAL_MASK) << 4)
         | u64::from(op & 0x0f)
 }
@@ -119,11 +124,11 @@ fn ud(slot: u32, gen_: u32, op: u8) -> u64 {
 }
 
 /// (slot, generation, serial, op) of a user_data.
-fn ud_split(u: u64) -> (u32, u32, u16, u8) {
+fn ud_split(u: u64) -> (u32, u32, u32, u8) {
     (
-        (u >> 32) as u32,
-        ((u >> 16) as u32) & GEN_MASK,
-        ((u >> 4) as u16) & SERIAL_MASK,
+        (u >> 40) as u32,
+        ((u >> 24) as u32) & GEN_MASK,
+        ((u >> 4) as u32) & SERIAL_MASK,
         (u & 0x0f) as u8,
     )
 }
@@ -234,12 +239,12 @@ struct Conn {
     /// The latest serial given to an operation of this connection, and the serials of the recv
     /// / send / POLLOUT poll / TX-timestamp command / watch in flight (or last submitted); a
     /// multishot operation keeps its serial until it ends and is re-armed.
-    serial: u16,
-    recv_serial: u16,
-    send_serial: u16,
-    poll_serial: u16,
-    txts_serial: u16,
-    watch_serial: u16,
+    serial: u32,
+    recv_serial: u32,
+    send_serial: u32,
+    poll_serial: u32,
+    txts_serial: u32,
+    watch_serial: u32,
     /// Responses not yet in `wbuf`, in request order, and their bytes.
     outbox: VecDeque<Outgoing>,
     outbox_bytes: usize,
@@ -256,14 +261,14 @@ struct Conn {
 }
 
 impl Conn {
-    /// A fresh serial for the next operation (wraps at 4,096).
-    fn next_serial(&mut self) -> u16 {
+    /// A fresh serial for the next operation (wraps at 2^20).
+    fn next_serial(&mut self) -> u32 {
         self.serial = self.serial.wrapping_add(1) & SERIAL_MASK;
         self.serial
     }
 
     /// For a per-connection op: its in-flight flag and the serial of the one in flight.
-    fn in_flight(&self, op: u8) -> Option<(u8, u16)> {
+    fn in_flight(&self, op: u8) -> Option<(u8, u32)> {
         match op {
             OP_RECV => Some((F_RECV, self.recv_serial)),
             OP_SEND => Some((F_SEND, self.send_serial)),
@@ -288,6 +293,8 @@ impl Conn {
 #[derive(Debug)]
 struct Slot {
     gen_: u32,
+    /// The serial counter of the slot's last connection, continued by the next one.
+    serial: u32,
     conn: Option<Conn>,
 }
 
@@ -701,14 +708,17 @@ impl Core {
             awaiting_body: false,
         };
         self.m().connections.fetch_add(1, Relaxed);
+        let mut conn = conn;
         if let Some(slot) = self.free.pop() {
             let s = &mut self.slots[slot as usize];
             s.gen_ = s.gen_.wrapping_add(1);
+            conn.serial = s.serial;
             s.conn = Some(conn);
             slot
         } else {
             self.slots.push(Slot {
                 gen_: 0,
+                serial: 0,
                 conn: Some(conn),
             });
             (self.slots.len() - 1) as u32
@@ -768,6 +778,8 @@ impl Core {
             // A recv armed before the connection became a subscriber: discard, and watch for
             // EOF with the poll from now on.
             (conn.rpos, conn.rlen) = (0, 0);
+            conn.rbuf.truncate(512);
+            conn.rbuf.shrink_to_fit();
             self.arm_watch(slot);
             return;
         }
@@ -958,6 +970,9 @@ impl Core {
         // Backpressure on pipelining: with this many answer bytes queued, read no further
         // request (and arm no recv) until the client takes some; on_send resumes here.
         if busy && conn.outbox_bytes + (conn.wbuf.len() - conn.woff) >= answer_max {
+            // The header timer must not run while the gateway itself refuses to read: it
+            // restarts with the next bytes received.
+            conn.head_started = None;
             return false;
         }
         let base = conn.rpos;
@@ -1130,6 +1145,7 @@ impl Core {
 
     fn handoff(&mut self, slot: u32, owner: usize) {
         let mut conn = self.slots[slot as usize].conn.take().expect("live");
+        self.slots[slot as usize].serial = conn.serial;
         assert_eq!(
             conn.inflight, 0,
             "a handed-off connection has no operation in flight"
@@ -1599,8 +1615,12 @@ impl Core {
         };
         conn.state = State::Sub(Box::new(sub));
         (conn.rpos, conn.rlen) = (0, 0);
-        conn.rbuf.truncate(512);
-        conn.rbuf.shrink_to_fit();
+        // A subscriber reads nothing more; the buffer shrinks now, or when a recv still in
+        // flight from the HTTP phase completes (on_recv): never under a recv.
+        if conn.inflight & F_RECV == 0 {
+            conn.rbuf.truncate(512);
+            conn.rbuf.shrink_to_fit();
+        }
         self.subs.entry(key).or_default().push((slot, gen_));
         self.m().subscribers.fetch_add(1, Relaxed);
         if ack == AckMode::TxTimestamps {
@@ -1756,8 +1776,9 @@ impl Core {
         let requested: u64 = sub.iov.iter().map(|v| v.iov_len as u64).sum();
         let sent_events = sub.window.events_ending_within(before, before + n);
         let mut confirmed = sub.window.on_sent(n);
-        if std::mem::take(&mut sub.ack_ask_in_send) {
-            // The timestamp key is the last byte this sendmsg queued.
+        if std::mem::take(&mut sub.ack_ask_in_send) && n > 0 {
+            // The timestamp key is the last byte this sendmsg queued (a send that queued
+            // nothing stamps nothing).
             sub.ack_awaited = Some(sub.window.sent());
         }
         let acked_before = sub.window.acked();
@@ -1916,6 +1937,7 @@ impl Core {
             return;
         }
         let conn = s.conn.take().expect("live");
+        s.serial = conn.serial;
         sys::close(conn.fd);
         self.free.push(slot);
         self.shared.connections.fetch_sub(1, Relaxed);
@@ -2119,19 +2141,19 @@ mod tests {
     proptest! {
         /// Every field survives the round trip, within its width.
         #[test]
-        fn user_data_round_trips(slot: u32, gen_: u32, serial: u16, op in 0u8..16) {
+        fn user_data_round_trips(slot in 0u32..(SLOTS_MAX as u32), gen_: u32, serial: u32, op in 0u8..16) {
             let (s, g, n, o) = ud_split(ud_serial(slot, gen_, op, serial));
             prop_assert_eq!((s, g, n, o), (slot, gen_ & GEN_MASK, serial & SERIAL_MASK, op));
         }
     }
 
-    /// Two sends of one connection, 4,095 apart or fewer, never share a user_data: a stray
-    /// completion of an earlier send cannot pass for the one in flight unless 4,096 sends
+    /// Two operations of one slot fewer than 2^20 apart never share a user_data: a stray
+    /// completion of an earlier one cannot pass for the one in flight unless 2^20 operations
     /// separate them.
     #[test]
     fn consecutive_serials_differ_until_they_wrap() {
         let mut seen = std::collections::HashSet::new();
-        let mut serial = 0u16;
+        let mut serial = 0u32;
         for _ in 0..=SERIAL_MASK {
             serial = serial.wrapping_add(1) & SERIAL_MASK;
             assert!(seen.insert(ud_serial(7, 3, OP_SEND, serial)));
@@ -2139,7 +2161,7 @@ mod tests {
         serial = serial.wrapping_add(1) & SERIAL_MASK;
         assert!(
             !seen.insert(ud_serial(7, 3, OP_SEND, serial)),
-            "wraps at 4,096"
+            "wraps at 2^20"
         );
     }
 }
