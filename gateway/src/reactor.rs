@@ -123,6 +123,12 @@ fn ud(slot: u32, gen_: u32, op: u8) -> u64 {
     ud_serial(slot, gen_, op, 0)
 }
 
+/// Advances a slot's serial counter and returns the new serial (wraps at 2^20).
+fn next_serial(counter: &mut u32) -> u32 {
+    *counter = counter.wrapping_add(1) & SERIAL_MASK;
+    *counter
+}
+
 /// (slot, generation, serial, op) of a user_data.
 fn ud_split(u: u64) -> (u32, u32, u32, u8) {
     (
@@ -183,6 +189,16 @@ struct Sub {
 }
 
 impl Sub {
+    /// Forgets the awaited TX ACK request once the window is confirmed up to its key.
+    fn settle_ack_request(&mut self) {
+        if self
+            .ack_awaited
+            .is_some_and(|end| self.window.acked() >= end)
+        {
+            self.ack_awaited = None;
+        }
+    }
+
     /// Releases from the window what `SIOCOUTQ` says the peer ACKed (`write_seq - snd_una`,
     /// still meaningful after a reset); returns the events that became confirmed (0 when the
     /// ioctl fails: nothing is released on a guess).
@@ -261,12 +277,6 @@ struct Conn {
 }
 
 impl Conn {
-    /// A fresh serial for the next operation (wraps at 2^20).
-    fn next_serial(&mut self) -> u32 {
-        self.serial = self.serial.wrapping_add(1) & SERIAL_MASK;
-        self.serial
-    }
-
     /// For a per-connection op: its in-flight flag and the serial of the one in flight.
     fn in_flight(&self, op: u8) -> Option<(u8, u32)> {
         match op {
@@ -758,7 +768,7 @@ impl Core {
         let len = (conn.rbuf.len() - conn.rlen) as u32;
         let fd = conn.fd;
         conn.inflight |= F_RECV;
-        conn.recv_serial = conn.next_serial();
+        conn.recv_serial = next_serial(&mut conn.serial);
         let e = opcode::Recv::new(types::Fd(fd), ptr, len)
             .build()
             .user_data(ud_serial(slot, gen_, OP_RECV, conn.recv_serial));
@@ -806,7 +816,7 @@ impl Core {
             return;
         }
         conn.inflight |= F_WATCH;
-        conn.watch_serial = conn.next_serial();
+        conn.watch_serial = next_serial(&mut conn.serial);
         let mask = (libc::POLLIN | libc::POLLRDHUP) as u32;
         let e = opcode::PollAdd::new(types::Fd(conn.fd), mask)
             .multi(true)
@@ -896,7 +906,7 @@ impl Core {
         let len = (conn.wbuf.len() - conn.woff) as u32;
         let fd = conn.fd;
         conn.inflight |= F_SEND;
-        conn.send_serial = conn.next_serial();
+        conn.send_serial = next_serial(&mut conn.serial);
         let e = opcode::Send::new(types::Fd(fd), ptr, len)
             .flags(libc::MSG_NOSIGNAL)
             .build()
@@ -1626,7 +1636,7 @@ impl Core {
         if ack == AckMode::TxTimestamps {
             let conn = self.conn(slot);
             conn.inflight |= F_TXTS;
-            conn.txts_serial = conn.next_serial();
+            conn.txts_serial = next_serial(&mut conn.serial);
             let e = opcode::UringCmd16::new(types::Fd(fd), SOCKET_URING_OP_TX_TIMESTAMP)
                 .build()
                 .user_data(ud_serial(slot, gen_, OP_TXTS, conn.txts_serial));
@@ -1722,9 +1732,7 @@ impl Core {
         sub.msg.msg_iovlen = sub.iov.len();
         // Ask for an ACK timestamp only when the previous one was answered and the interval
         // passed: one ACK confirms every byte before it, so the rest need none.
-        if sub.ack_awaited.is_some_and(|end| sub.window.acked() >= end) {
-            sub.ack_awaited = None;
-        }
+        sub.settle_ack_request();
         sub.ack_ask_in_send = sub.ack == AckMode::TxTimestamps
             && sub.ack_awaited.is_none()
             && sub
@@ -1739,8 +1747,7 @@ impl Core {
         sub.last_write = now;
         let msg: *const libc::msghdr = &sub.msg;
         conn.inflight |= F_SEND;
-        conn.serial = conn.serial.wrapping_add(1) & SERIAL_MASK; // next_serial, field-wise
-        conn.send_serial = conn.serial;
+        conn.send_serial = next_serial(&mut conn.serial);
         // One contiguous run and no control message (the common case for a live subscriber: the
         // next records of its stream lie side by side in the log): a plain send, which spares
         // the kernel importing a msghdr and an iovec array.
@@ -1799,7 +1806,7 @@ impl Core {
             let gen_ = self.gen_of(slot);
             let conn = self.conn(slot);
             conn.inflight |= F_POLL;
-            conn.poll_serial = conn.next_serial();
+            conn.poll_serial = next_serial(&mut conn.serial);
             let e = opcode::PollAdd::new(types::Fd(fd), libc::POLLOUT as u32)
                 .build()
                 .user_data(ud_serial(slot, gen_, OP_POLL, conn.poll_serial));
@@ -1843,7 +1850,7 @@ impl Core {
         }
         if !more {
             conn.inflight |= F_TXTS;
-            conn.txts_serial = conn.next_serial();
+            conn.txts_serial = next_serial(&mut conn.serial);
             let e = opcode::UringCmd16::new(types::Fd(fd), SOCKET_URING_OP_TX_TIMESTAMP)
                 .build()
                 .user_data(ud_serial(slot, gen_, OP_TXTS, conn.txts_serial));
@@ -1987,9 +1994,7 @@ impl Core {
                 State::Sub(sub) => {
                     // Outq mode, or sampled ACK timestamps with no request outstanding: the
                     // bytes sent since the last request are confirmed by polling SIOCOUTQ.
-                    if sub.ack_awaited.is_some_and(|end| sub.window.acked() >= end) {
-                        sub.ack_awaited = None;
-                    }
+                    sub.settle_ack_request();
                     // (An answer that never comes, say on a connection the peer stopped
                     // ACKing, must not stop confirmation: after a second, poll anyway.)
                     let stale = sub
@@ -2153,12 +2158,12 @@ mod tests {
     #[test]
     fn consecutive_serials_differ_until_they_wrap() {
         let mut seen = std::collections::HashSet::new();
-        let mut serial = 0u32;
+        let mut counter = 0u32;
         for _ in 0..=SERIAL_MASK {
-            serial = serial.wrapping_add(1) & SERIAL_MASK;
+            let serial = next_serial(&mut counter);
             assert!(seen.insert(ud_serial(7, 3, OP_SEND, serial)));
         }
-        serial = serial.wrapping_add(1) & SERIAL_MASK;
+        let serial = next_serial(&mut counter);
         assert!(
             !seen.insert(ud_serial(7, 3, OP_SEND, serial)),
             "wraps at 2^20"
