@@ -28,6 +28,21 @@ done
 
 fail() { echo "conformance: FAIL: $*" >&2; exit 1; }
 
+# announced PID FILE PREFIX WHAT [LOG]: waits (bounded: 300 x 0.1 s) for the line
+# "PREFIX<value>" that a just-started process PID prints to FILE and echoes <value>; fails
+# naming WHAT (after showing LOG, default FILE) if the process exits first or never prints it.
+# Run it in $(...): the caller adds `|| exit 1`.
+announced() {
+  local pid=$1 file=$2 prefix=$3 what=$4 log=${5:-$2} value=
+  for _ in $(seq 300); do
+    value=$(sed -n "s|^$prefix||p" "$file" | head -1)
+    [[ -n $value ]] && { echo "$value"; return 0; }
+    kill -0 "$pid" 2>/dev/null || { cat "$log" >&2; fail "$what exited at start"; }
+    sleep 0.1
+  done
+  fail "$what did not announce itself within 30 s"
+}
+
 SETUP_ARGS=()
 [[ $CLIENTS == 1 ]] && SETUP_ARGS=(--python)
 NODE_BIN=$(scripts/setup-node.sh "${SETUP_ARGS[@]}" | tail -1) || fail "scripts/setup-node.sh failed"
@@ -81,14 +96,9 @@ conformance_pass() {
     "$@" --mcp-post-hold-ms 50 \
     >"$WORK/gateway-$pass.out" 2>"$WORK/gateway-$pass.err" &
   GW_PID=$!
-  local addr=
-  for _ in $(seq 300); do
-    addr=$(sed -n 's/^listening on //p' "$WORK/gateway-$pass.out" | head -1)
-    [[ -n $addr ]] && break
-    kill -0 "$GW_PID" 2>/dev/null || { cat "$WORK/gateway-$pass.err" >&2; fail "gateway exited at start"; }
-    sleep 0.1
-  done
-  [[ -n $addr ]] || fail "gateway did not print its address within 30 s"
+  local addr
+  addr=$(announced "$GW_PID" "$WORK/gateway-$pass.out" "listening on " gateway \
+    "$WORK/gateway-$pass.err") || exit 1
   URL=http://$addr/mcp
   echo "   $URL"
   run() { # name, args...
@@ -146,14 +156,8 @@ conformance_pass stdio --upstream-cmd "node '$ROOT/mcp-fixture/server.mjs'" || S
 echo "== starting mcp-fixture --http (no event store)"
 node "$ROOT/mcp-fixture/server.mjs" --http 0 2>"$WORK/fixture-http.err" &
 FX_PID=$!
-FX_URL=
-for _ in $(seq 300); do
-  FX_URL=$(sed -n 's/^mcp-fixture: streamable HTTP on //p' "$WORK/fixture-http.err" | head -1)
-  [[ -n $FX_URL ]] && break
-  kill -0 "$FX_PID" 2>/dev/null || { cat "$WORK/fixture-http.err" >&2; fail "mcp-fixture --http exited at start"; }
-  sleep 0.1
-done
-[[ -n $FX_URL ]] || fail "mcp-fixture --http did not print its URL within 30 s"
+FX_URL=$(announced "$FX_PID" "$WORK/fixture-http.err" "mcp-fixture: streamable HTTP on " \
+  "mcp-fixture --http") || exit 1
 conformance_pass http --upstream-url "$FX_URL" || STATUS=1
 stop_pids "$FX_PID"
 FX_PID=

@@ -292,6 +292,15 @@ fn wait_metrics(addr: SocketAddr, want: &[(&str, u64)]) {
 }
 
 /// The messages (non-empty data) of a stream until it ends.
+/// Asserts that `msg` is a JSON-RPC error whose message contains `text`.
+fn assert_error_mentions(msg: &Value, text: &str) {
+    let said = msg["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        said.contains(text),
+        "expected an error mentioning {text:?}: {msg}"
+    );
+}
+
 fn messages(x: &mut Exchange) -> Vec<Value> {
     let mut out = Vec::new();
     while let Some(Ev { data, .. }) = x.next_event() {
@@ -392,28 +401,14 @@ fn mcp_http_upstream_round_trip_and_resume_from_our_log() {
     assert_eq!(m.len(), 2, "{m:?}");
     assert_eq!(m[0]["params"]["progress"], 0);
     assert_eq!(m[1]["id"], 8);
-    assert!(
-        m[1]["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("without a response"),
-        "{}",
-        m[1]
-    );
+    assert_error_mentions(&m[1], "without a response");
 
     // An HTTP error from the upstream: an explicit JSON-RPC error naming it.
     let mut x = call(a, &sid, 9, json!({"params":{"name":"fail"}}));
     let m = messages(&mut x);
     assert_eq!(m.len(), 1, "{m:?}");
     assert_eq!(m[0]["id"], 9);
-    assert!(
-        m[0]["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("HTTP 500"),
-        "{}",
-        m[0]
-    );
+    assert_error_mentions(&m[0], "HTTP 500");
 
     // The session still works; DELETE ends it upstream too.
     let mut x = call(a, &sid, 10, json!({"params":{"name":"other"}}));
@@ -461,14 +456,7 @@ fn mcp_http_upstream_losing_its_session_ends_ours() {
     let m = messages(&mut x);
     assert_eq!(m.len(), 1, "{m:?}");
     assert_eq!(m[0]["id"], 3);
-    assert!(
-        m[0]["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("upstream"),
-        "{}",
-        m[0]
-    );
+    assert_error_mentions(&m[0], "upstream");
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let x = Exchange::send(
@@ -612,14 +600,7 @@ fn mcp_unreachable_http_upstream_is_an_explicit_error() {
     let m = messages(&mut x);
     assert_eq!(m.len(), 1, "{m:?}");
     assert_eq!(m[0]["id"], 0);
-    assert!(
-        m[0]["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("upstream"),
-        "{}",
-        m[0]
-    );
+    assert_error_mentions(&m[0], "upstream");
     let x = Exchange::send(
         a,
         "POST",
