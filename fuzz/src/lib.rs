@@ -7,12 +7,18 @@
 //! (router + batch bodies), `sse` (subscription head, `event: truncated`).
 #![forbid(unsafe_code)]
 
-#[path = "../../gateway/src/http.rs"]
-pub mod http;
-#[path = "../../gateway/src/route.rs"]
-pub mod route;
-#[path = "../../gateway/src/sse.rs"]
-pub mod sse;
+/// The gateway's `proto` modules, at the same paths as in the gateway (`route` names
+/// `crate::proto::http`). Inside an inline module of a mod-rs file, `#[path]` is relative
+/// to `src/proto/`.
+pub mod proto {
+    #[path = "../../../gateway/src/proto/http.rs"]
+    pub mod http;
+    #[path = "../../../gateway/src/proto/route.rs"]
+    pub mod route;
+    #[path = "../../../gateway/src/proto/sse.rs"]
+    pub mod sse;
+}
+pub use proto::{http, route, sse};
 
 /// One dispatched SSE event as a WHATWG `EventSource` would see it.
 #[derive(Debug, Clone, PartialEq, Eq)]

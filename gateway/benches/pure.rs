@@ -4,9 +4,9 @@
 #![forbid(unsafe_code)]
 #![allow(dead_code, missing_debug_implementations)]
 
-#[path = "../src/http.rs"]
+#[path = "../src/proto/http.rs"]
 mod http;
-#[path = "../src/window.rs"]
+#[path = "../src/streams/window.rs"]
 mod window;
 
 use std::hint::black_box;
@@ -43,7 +43,7 @@ fn window_cycle(c: &mut Criterion) {
             let mut w: window::Window<Bytes> = window::Window::new();
             w.push_events(1, vec![chunk.clone()], &lens);
             let mut iov = 0usize;
-            w.for_each_unsent(1024, 256 * 1024, |s| iov += s.len());
+            w.for_each_unsent_run(1024, 256 * 1024, |_, _, len| iov += len);
             w.on_sent(iov as u64);
             black_box(w.on_acked(iov as u64))
         })

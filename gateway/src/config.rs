@@ -199,7 +199,7 @@ impl Config {
         }
         // One core holds at most this many connections in its slot table (the slot number is
         // 24 bits of every io_uring user_data).
-        let slots_max = crate::reactor::SLOTS_MAX as u64 - 1;
+        let slots_max = crate::uring::SLOTS_MAX as u64 - 1;
         if self.connections_max as u64 > slots_max {
             return Err(ConfigError::TooLarge("--connections-max", slots_max));
         }

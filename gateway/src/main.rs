@@ -6,11 +6,14 @@
 //! # Layout
 //! - `config`: CLI flags (clap) and their validation.
 //! - `probe`: the io_uring feature probe.
-//! - `http`, `route`, `sse`: pure HTTP/1.1 parsing, routing, SSE framing (bytes in, decisions out).
-//! - `window`: the pure subscriber send-window state machine (ACK-confirmed eviction).
+//! - `proto`: HTTP/1.1 parsing, routing, SSE framing and the sans-IO connection machine.
+//! - `streams`: pub/sub with no I/O: logs by shard, subscribers and their send windows,
+//!   parked windows, publishing, where a subscription or resume starts.
+//! - `uring`: the io_uring driver (ring, op table, the memory of every operation in flight).
+//! - `core`: the per-core loop that dispatches completions and carries out decisions.
+//! - `mcp`: the MCP front's flags, over the `mcp-front` crate.
 //! - `shards`: stream → shard → core ownership and the persisted shard count.
 //! - `metrics`: per-core counters and the Prometheus rendering.
-//! - `reactor`: the per-core io_uring driver.
 //! - `sys`: the few direct syscalls.
 
 use std::io::Write as _;
@@ -20,16 +23,15 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use clap::Parser;
 
 mod config;
-mod http;
+mod core;
 mod mcp;
 mod metrics;
 mod probe;
-mod reactor;
-mod route;
+mod proto;
 mod shards;
-mod sse;
+mod streams;
 mod sys;
-mod window;
+mod uring;
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -139,7 +141,7 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
         rxs.push(rx);
         eventfds.push(sys::eventfd().map_err(|e| format!("eventfd: {e}"))?);
     }
-    let shared = Arc::new(reactor::Shared {
+    let shared = Arc::new(core::Shared {
         cfg: cfg.clone(),
         cores,
         shards: shard_count,
@@ -158,7 +160,7 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
     let mut threads = Vec::with_capacity(cores);
     let mut listeners = listeners.into_iter();
     for (id, (rx, logs)) in rxs.into_iter().zip(logs_per_core).enumerate() {
-        let setup = reactor::CoreSetup {
+        let setup = core::CoreSetup {
             id,
             cpu: (cfg.cores == 0 || cores <= cpus.len()).then(|| cpus[id % cpus.len()]),
             listener: listeners.next(),
@@ -171,7 +173,7 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
         let t = std::thread::Builder::new()
             .name(format!("core-{id}"))
             .spawn(move || {
-                reactor::run_core(setup, shared, |r| {
+                core::run_core(setup, shared, |r| {
                     let _ = ready_tx.send(r);
                 })
             })

@@ -42,6 +42,7 @@ impl<C: Chunk> Run<C> {
     }
 
     /// The bytes of the run.
+    #[cfg(test)]
     pub fn bytes(&self) -> &[u8] {
         &self.chunk.bytes()[self.off..self.off + self.len]
     }
@@ -201,21 +202,34 @@ impl<C: Chunk> Window<C> {
         b - a
     }
 
+    #[cfg(test)]
     /// The unsent bytes from `sent`, as at most `iov_max` slices totalling at most `bytes_max`
     /// (the first slice is cut to `bytes_max` if it alone exceeds it). Calls `f` per slice.
     pub fn for_each_unsent(&self, iov_max: usize, bytes_max: usize, mut f: impl FnMut(&[u8])) {
+        self.for_each_unsent_run(iov_max, bytes_max, |c, off, len| {
+            f(&c.bytes()[off..off + len]);
+        });
+    }
+
+    /// Like [`Window::for_each_unsent`], naming each slice as `(chunk, offset, length)` in
+    /// the chunk, so a caller can hold the chunk for as long as the kernel reads the slice.
+    pub fn for_each_unsent_run(
+        &self,
+        iov_max: usize,
+        bytes_max: usize,
+        mut f: impl FnMut(&C, usize, usize),
+    ) {
         let mut pos = self.runs_start;
         let (mut n, mut bytes) = (0usize, 0usize);
         for run in &self.runs {
             let run_end = pos + run.len as u64;
             if run_end > self.sent {
                 let skip = self.sent.saturating_sub(pos) as usize;
-                let b = &run.bytes()[skip..];
-                let take = b.len().min(bytes_max - bytes);
+                let take = (run.len - skip).min(bytes_max - bytes);
                 if take == 0 || n == iov_max {
                     return;
                 }
-                f(&b[..take]);
+                f(&run.chunk, run.off + skip, take);
                 n += 1;
                 bytes += take;
             }

@@ -3,7 +3,7 @@
 //! the driver executes the route against the owning core's log.
 #![forbid(unsafe_code)]
 
-use crate::http::{Head, Method};
+use crate::proto::http::{Head, Method};
 
 /// Longest accepted stream name in bytes.
 pub const STREAM_NAME_BYTES_MAX: usize = 200;
@@ -377,7 +377,7 @@ pub fn parse_batch(body: &[u8], event_bytes_max: usize) -> Result<Vec<BatchEvent
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::http::{HeadLimits, parse_head};
+    use crate::proto::http::{HeadLimits, parse_head};
 
     fn head(raw: &str) -> Head {
         let l = HeadLimits {

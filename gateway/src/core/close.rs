@@ -1,0 +1,60 @@
+//! Closing a connection: a subscriber's unconfirmed window is tightened by `SIOCOUTQ` and
+//! parked for an aligned resume (unless it never parks), the socket is shut down, every
+//! operation in flight is cancelled, and the fd is closed and the slot freed only once no
+//! memory-owning operation is in flight.
+
+use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering::Relaxed;
+
+use super::subs::count_confirmed;
+use super::{Core, State};
+use crate::sys;
+
+impl Core {
+    pub(super) fn close_conn(&mut self, slot: u32) {
+        self.mcp_conn_closed(slot);
+        let (now, lim, shutting_down) = (self.now, self.lim.park, self.shutting_down.is_some());
+        let conn = self.conns[slot as usize].as_mut().expect("live slot");
+        if conn.closing {
+            return;
+        }
+        conn.closing = true;
+        let fd = conn.fd.as_raw_fd();
+        if let State::Sub(sub) = &mut conn.state {
+            let key = sub.key;
+            // ACKs whose timestamp completions are not reaped yet: SIOCOUTQ (write_seq -
+            // snd_una, still meaningful after a reset) tightens the window to what the peer
+            // really confirmed, so the parked head is as exact as the kernel knows it.
+            if let Ok(q) = sys::outq_bytes(fd) {
+                count_confirmed(&self.shared.metrics[self.id], sub.confirm_outq(q));
+            }
+            let events = sub.take_parkable();
+            self.hub.unsubscribe(key, slot);
+            self.shared.metrics[self.id]
+                .subscribers
+                .fetch_sub(1, Relaxed);
+            if !shutting_down {
+                self.parked.park(key, events, now, lim);
+                self.m()
+                    .parked_windows
+                    .store(self.parked.count() as u64, Relaxed);
+            }
+        }
+        sys::shutdown(fd);
+        self.io.cancel_slot(slot);
+        self.maybe_free(slot);
+    }
+
+    /// Closes the fd and frees the slot of a closing connection once nothing that owns its
+    /// memory is in flight.
+    pub(super) fn maybe_free(&mut self, slot: u32) {
+        let conn = self.conns[slot as usize].as_ref().expect("live slot");
+        if !conn.closing || self.io.owning_in_flight(slot) {
+            return;
+        }
+        drop(self.conns[slot as usize].take()); // closes the fd
+        self.io.close_slot(slot);
+        self.shared.connections.fetch_sub(1, Relaxed);
+        self.m().connections.fetch_sub(1, Relaxed);
+    }
+}

@@ -1,0 +1,276 @@
+//! HTTP connections on a core: pumps the connection machine (receives, requests, handoffs,
+//! answers), carries out API requests (health, metrics, publish, subscribe) through the
+//! streams layer, and releases answers once their publish is durable.
+
+use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering::Relaxed;
+
+use super::{Core, Handoff, PIPELINED_PER_CALL_MAX, State};
+use crate::metrics;
+use crate::proto::conn::{Kind, Request, Step, Target};
+use crate::proto::http;
+use crate::proto::route::{self, Route};
+use crate::shards;
+use crate::streams::publish::{self, Event};
+use crate::streams::resume::{self, Ask, Start};
+use crate::sys;
+
+impl Core {
+    /// The machine's next steps, until it waits (bounded per call; a send completion or a
+    /// receive continues), then whatever answers are ready go out.
+    pub(super) fn drive_http(&mut self, slot: u32) {
+        for _ in 0..PIPELINED_PER_CALL_MAX {
+            let step = {
+                let (id, cores, shards) = (self.id, self.shared.cores, self.shared.shards);
+                let mcp_core = self.mcp_owner_core();
+                let remote = |t: Target<'_>| {
+                    let owner = match t {
+                        Target::Stream(s) => {
+                            shards::core_of_shard(shards::shard_of(s, shards), cores)
+                        }
+                        Target::Mcp => mcp_core,
+                    };
+                    (owner != id).then_some(owner)
+                };
+                let (now, lim) = (self.now, &self.lim.conn);
+                let Some(super::Conn {
+                    state: State::Http(h),
+                    closing: false,
+                    ..
+                }) = self.conns[slot as usize].as_mut()
+                else {
+                    return;
+                };
+                h.poll(now, lim, &remote)
+            };
+            match step {
+                Step::Wait => break,
+                Step::Recv { buf, from } => {
+                    let fd = self.conn(slot).fd.as_raw_fd();
+                    self.io.recv(slot, fd, buf, from);
+                    break;
+                }
+                Step::HandOff { owner, bytes } => {
+                    self.m().requests_total.fetch_add(1, Relaxed);
+                    return self.hand_off(slot, owner, bytes);
+                }
+                Step::Request(r) => {
+                    self.m().requests_total.fetch_add(1, Relaxed);
+                    if !self.carry_out(slot, r) {
+                        return;
+                    }
+                }
+            }
+        }
+        self.flush(slot);
+    }
+
+    /// Carries out one request; false if the connection left HTTP (a subscriber, an MCP
+    /// response) so the caller stops pumping it.
+    fn carry_out(&mut self, slot: u32, r: Request) -> bool {
+        let close = r.close;
+        let route = match r.kind {
+            Kind::Mcp { head } => {
+                self.mcp_request(slot, &head, r.body, close);
+                return false;
+            }
+            Kind::Api { route, event_type } => match route {
+                Route::Publish { stream } => {
+                    let ev = event_type.filter(|t| !t.is_empty());
+                    self.publish(slot, &stream, vec![(ev, r.body)], close, false);
+                    return true;
+                }
+                other => other,
+            },
+        };
+        match route {
+            Route::Healthz => {
+                let b = http::json_response(200, &serde_json::json!({"status": "ok"}), close);
+                self.answer(slot, b, close);
+            }
+            Route::Metrics => {
+                let text = metrics::render(&self.shared.metrics);
+                let b = http::response(200, "text/plain; version=0.0.4", text.as_bytes(), close);
+                self.answer(slot, b, close);
+            }
+            Route::PublishBatch { stream } => {
+                match route::parse_batch(&r.body, self.shared.cfg.event_bytes_max) {
+                    Ok(events) => {
+                        let evs = events
+                            .into_iter()
+                            .map(|e| (e.event, e.data.into_bytes()))
+                            .collect();
+                        self.publish(slot, &stream, evs, close, true);
+                    }
+                    Err(e) => {
+                        let (status, code, msg) = e.status();
+                        self.error(slot, status, code, &msg, close);
+                    }
+                }
+            }
+            Route::Subscribe { stream, q } => {
+                self.subscribe(slot, &stream, &q);
+                return false;
+            }
+            Route::Publish { .. } => unreachable!("handled above"),
+        }
+        true
+    }
+
+    /// Queues an answer that is ready now (behind any earlier ones).
+    pub(super) fn answer(&mut self, slot: u32, bytes: Vec<u8>, close: bool) {
+        if let State::Http(h) = &mut self.conn(slot).state {
+            h.answer(bytes, None, close);
+        }
+    }
+
+    /// Queues an answer and sends what is ready.
+    pub(super) fn respond(&mut self, slot: u32, bytes: Vec<u8>, close: bool) {
+        self.answer(slot, bytes, close);
+        self.flush(slot);
+    }
+
+    pub(super) fn error(&mut self, slot: u32, status: u16, code: &str, msg: &str, close: bool) {
+        self.answer(slot, http::error_response(status, code, msg, close), close);
+    }
+
+    /// Sends what the machine has ready, unless a send is in flight.
+    pub(super) fn flush(&mut self, slot: u32) {
+        let c = self.conn(slot);
+        let fd = c.fd.as_raw_fd();
+        if c.closing {
+            return;
+        }
+        let State::Http(h) = &mut c.state else {
+            return;
+        };
+        if let Some((buf, from)) = h.poll_transmit() {
+            self.io.send(slot, fd, buf, from);
+        }
+    }
+
+    pub(super) fn on_http_sent(&mut self, slot: u32, res: i32, buf: Vec<u8>) {
+        if res < 0 {
+            return self.close_conn(slot);
+        }
+        let (now, shutting_down) = (self.now, self.shutting_down.is_some());
+        let State::Http(h) = &mut self.conn(slot).state else {
+            unreachable!("a buffer send belongs to an HTTP connection");
+        };
+        h.on_sent(buf, res as usize, now);
+        if h.done(shutting_down) {
+            return self.close_conn(slot);
+        }
+        // The rest of a partial send, the next answers, and pipelined requests.
+        self.drive_http(slot);
+    }
+
+    /// Moves the connection to core `owner` with the bytes it received.
+    fn hand_off(&mut self, slot: u32, owner: usize, bytes: Vec<u8>) {
+        assert!(
+            !self.io.owning_in_flight(slot),
+            "a handed-off connection has no operation in flight"
+        );
+        let conn = self.conns[slot as usize].take().expect("live slot");
+        self.io.close_slot(slot);
+        self.m().connections.fetch_sub(1, Relaxed);
+        self.m().handoffs_out_total.fetch_add(1, Relaxed);
+        let h = Handoff { fd: conn.fd, bytes };
+        if self.shared.handoff_tx[owner].send(h).is_err() {
+            // The owner is gone (shutting down): the fd is dropped, which closes it.
+            self.shared.connections.fetch_sub(1, Relaxed);
+            return;
+        }
+        sys::eventfd_wake(self.shared.eventfds[owner]);
+    }
+
+    /// Releases answers whose publish became visible (durable), then sends what is ready.
+    pub(super) fn complete_waits(&mut self) {
+        if self.waiting.is_empty() {
+            return;
+        }
+        for r in std::mem::take(&mut self.waiting) {
+            let hub = &self.hub;
+            let Some(c) = self.conns.get_mut(r.0 as usize).and_then(Option::as_mut) else {
+                continue;
+            };
+            if c.closing || self.io.generation(r.0) != r.1 {
+                continue;
+            }
+            let State::Http(h) = &mut c.state else {
+                continue;
+            };
+            if h.release_waits(|w| hub.visible(w)) {
+                self.waiting.push(r);
+            }
+            self.flush(r.0);
+        }
+    }
+
+    // ---- publish ----
+
+    fn publish(&mut self, slot: u32, stream: &str, events: Vec<Event>, close: bool, batch: bool) {
+        if let Err((status, code, msg)) = publish::check_events(&events) {
+            return self.error(slot, status, code, &msg, close);
+        }
+        let key = match self.hub.open_stream(stream) {
+            Ok(k) => k,
+            Err(e) => {
+                let (status, code) = publish::append_status(&e);
+                return self.error(slot, status, code, &e.to_string(), close);
+            }
+        };
+        if let Err((status, code, msg)) = publish::check_framed(self.hub.log(key.0), key.1, &events)
+        {
+            return self.error(slot, status, code, &msg, close);
+        }
+        let p = publish::append(self.hub.log_mut(key.0), key.0, key.1, &events, batch, close);
+        self.hub.record_appends(key, p.appended);
+        self.m()
+            .events_appended_total
+            .fetch_add(p.appended as u64, Relaxed);
+        let generation = self.io.generation(slot);
+        if p.wait.is_some() && !self.waiting.contains(&(slot, generation)) {
+            self.waiting.push((slot, generation));
+        }
+        if let State::Http(h) = &mut self.conn(slot).state {
+            h.answer(p.answer, p.wait, close);
+        }
+    }
+
+    // ---- subscribe ----
+
+    fn subscribe(&mut self, slot: u32, stream: &str, q: &route::SubscribeQuery) {
+        // Subscribing creates the stream: subscribers commonly connect before the first publish.
+        let key = match self.hub.open_stream(stream) {
+            Ok(k) => k,
+            Err(e) => {
+                let (status, code) = publish::append_status(&e);
+                let b = http::error_response(status, code, &e.to_string(), true);
+                return self.respond(slot, b, true);
+            }
+        };
+        let ask = Ask {
+            key,
+            q,
+            retry_ms: self.shared.cfg.retry_ms,
+            known_epochs: &self.shared.epochs,
+            now: self.now,
+        };
+        let (start, class) = resume::start(self.hub.log(key.0), &mut self.parked, &ask);
+        if let Some(class) = class {
+            self.m().resume(class);
+        }
+        self.m()
+            .parked_windows
+            .store(self.parked.count() as u64, Relaxed);
+        match start {
+            Start::Serve {
+                cursor,
+                preamble,
+                aligned,
+            } => self.become_subscriber(slot, key, cursor, preamble, aligned, |_| {}),
+            Start::Refuse(answer) => self.respond(slot, answer, true),
+        }
+    }
+}

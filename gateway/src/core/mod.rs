@@ -1,0 +1,285 @@
+//! The per-core loop: one thread per core, pinned, each with its own io_uring driver, its own
+//! SO_REUSEPORT listener (multishot accept), an eventfd read for cross-core handoffs and
+//! shutdown, and the connections and shard logs it owns. Per turn: submit and wait, match
+//! and dispatch every completion ([`dispatch`]), the MCP front's turn, group commit (answers
+//! that became durable leave, subscribers of streams whose visible tail moved are pumped),
+//! then the tick's timers. It only dispatches: HTTP decisions come from the connection
+//! machine (`proto::conn`), stream decisions from `streams`, every submission goes through
+//! `uring`.
+
+mod close;
+mod dispatch;
+mod http;
+mod mcp;
+mod mcp_apply;
+mod subs;
+mod tick;
+
+use std::os::fd::{OwnedFd, RawFd};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::time::{Duration, Instant};
+
+use crossbeam::channel::{Receiver, Sender};
+use log_store::{Epoch, Log};
+
+use crate::config::Config;
+use crate::metrics::CoreMetrics;
+use crate::proto::conn::{ConnLimits, HttpConn};
+use crate::proto::http::HeadLimits;
+use crate::streams::hub::{Hub, SubRef};
+use crate::streams::parked::{ParkLimits, ParkedWindows};
+use crate::streams::sub::{Sub, SubLimits};
+use crate::sys;
+use crate::uring::{Cqe, Driver};
+
+/// The tick: timers, `SIOCOUTQ` confirmation, keep-alives.
+const TICK: Duration = Duration::from_millis(100);
+/// Requests one connection may have processed per call before others get a turn.
+const PIPELINED_PER_CALL_MAX: usize = 256;
+
+/// State shared by all cores (read-mostly).
+#[derive(Debug)]
+pub struct Shared {
+    pub cfg: Config,
+    pub cores: usize,
+    pub shards: u32,
+    pub handoff_tx: Vec<Sender<Handoff>>,
+    pub eventfds: Vec<RawFd>,
+    pub metrics: Vec<CoreMetrics>,
+    pub connections: AtomicUsize,
+    pub shutdown: AtomicBool,
+    /// Every shard's log epoch, so an ID of another shard is named "another stream".
+    pub epochs: Vec<Epoch>,
+    pub uring_cmd: bool,
+}
+
+/// A connection moving to the core that owns its stream: the fd and the bytes read so far.
+#[derive(Debug)]
+pub struct Handoff {
+    pub fd: OwnedFd,
+    pub bytes: Vec<u8>,
+}
+
+/// What one core thread is given at start.
+#[derive(Debug)]
+pub struct CoreSetup {
+    pub id: usize,
+    pub cpu: Option<usize>,
+    pub listener: Option<RawFd>,
+    pub eventfd: RawFd,
+    pub rx: Receiver<Handoff>,
+    pub logs: Vec<(u32, Log)>,
+}
+
+/// What a connection is doing.
+#[derive(Debug)]
+enum State {
+    Http(HttpConn),
+    Sub(Box<Sub>),
+}
+
+/// A connection: its socket, what it is doing, and whether it is closing (cancelled, waiting
+/// for its memory-owning operations to complete before the fd is closed and the slot freed).
+#[derive(Debug)]
+struct Conn {
+    fd: OwnedFd,
+    closing: bool,
+    state: State,
+}
+
+/// The limits of a core, from the flags.
+#[derive(Debug)]
+struct Limits {
+    conn: ConnLimits,
+    sub: SubLimits,
+    park: ParkLimits,
+}
+
+/// One core's reactor.
+struct Core {
+    id: usize,
+    shared: Arc<Shared>,
+    io: Driver,
+    listener: Option<RawFd>,
+    efd: RawFd,
+    rx: Receiver<Handoff>,
+    /// Connections by slot.
+    conns: Vec<Option<Conn>>,
+    hub: Hub,
+    parked: ParkedWindows,
+    /// Connections with an answer waiting for durability.
+    waiting: Vec<SubRef>,
+    /// Scratch: the subscribers to pump at the end of a turn.
+    to_pump: Vec<SubRef>,
+    now: Instant,
+    next_tick: Instant,
+    next_retention: Instant,
+    shutting_down: Option<Instant>,
+    lim: Limits,
+    /// The multishot accept ended on an error; re-armed by the next tick.
+    accept_paused: bool,
+    /// The MCP front, on the core that owns the MCP shard when it is on.
+    mcp: Option<Box<mcp::Mcp>>,
+}
+
+fn limits(cfg: &Config) -> Limits {
+    Limits {
+        conn: ConnLimits {
+            head: HeadLimits {
+                header_bytes_max: cfg.header_bytes_max,
+                header_count_max: cfg.header_count_max,
+            },
+            event_bytes_max: cfg.event_bytes_max,
+            batch_bytes_max: cfg.batch_bytes_max,
+            answer_bytes_max: cfg.pipeline_answer_bytes_max,
+            mcp: cfg
+                .mcp
+                .enabled()
+                .then(|| (cfg.mcp.mcp_path.clone(), cfg.mcp.mcp_body_bytes_max)),
+            header_timeout: Duration::from_secs(cfg.header_timeout_secs),
+            idle_timeout: Duration::from_secs(cfg.idle_timeout_secs),
+        },
+        sub: SubLimits {
+            lag_events_max: cfg.lag_events_max,
+            send_bytes_max: cfg.send_bytes_max,
+            tx_ack_interval: Duration::from_millis(cfg.tx_ack_interval_ms),
+            keepalive: Duration::from_secs(cfg.keepalive_secs),
+        },
+        park: ParkLimits {
+            grace: Duration::from_secs(cfg.resume_grace_secs),
+            per_stream_max: cfg.parked_windows_per_stream_max,
+        },
+    }
+}
+
+/// Runs one core until shutdown. `ready` is called once the ring is armed.
+pub fn run_core(setup: CoreSetup, shared: Arc<Shared>, ready: impl FnOnce(Result<(), String>)) {
+    if let Some(cpu) = setup.cpu
+        && let Err(e) = sys::pin_to_cpu(cpu)
+    {
+        let id = setup.id;
+        eprintln!("core {id}: cannot pin to cpu {cpu}: {e} (continuing unpinned)");
+    }
+    let io = match Driver::new(shared.cfg.connections_max) {
+        Ok(d) => d,
+        Err(e) => {
+            ready(Err(format!(
+                "core {}: io_uring setup failed: {e}",
+                setup.id
+            )));
+            return;
+        }
+    };
+    let now = Instant::now();
+    let mut core = Core {
+        id: setup.id,
+        lim: limits(&shared.cfg),
+        hub: Hub::new(setup.logs, shared.shards),
+        shared,
+        io,
+        listener: setup.listener,
+        efd: setup.eventfd,
+        rx: setup.rx,
+        conns: Vec::new(),
+        parked: ParkedWindows::default(),
+        waiting: Vec::new(),
+        to_pump: Vec::new(),
+        now,
+        next_tick: now + TICK,
+        next_retention: now,
+        shutting_down: None,
+        accept_paused: false,
+        mcp: None,
+    };
+    if let Some(l) = core.listener {
+        core.io.accept(l);
+    }
+    core.io.read_eventfd(core.efd);
+    core.mcp_setup();
+    ready(Ok(()));
+    core.run();
+}
+
+impl Core {
+    fn m(&self) -> &CoreMetrics {
+        &self.shared.metrics[self.id]
+    }
+
+    fn run(&mut self) {
+        let mut cqes: Vec<Cqe> = Vec::with_capacity(4096);
+        loop {
+            self.io.submit_and_wait(self.wait_duration());
+            self.now = Instant::now();
+            cqes.clear();
+            self.io.reap(&mut cqes);
+            for &cqe in &cqes {
+                if let Some(c) = self.io.complete(cqe) {
+                    self.dispatch(c);
+                }
+            }
+            self.mcp_turn();
+            self.end_turn();
+            if self.now >= self.next_tick {
+                self.tick();
+                self.next_tick = self.now + TICK;
+            }
+            if let Some(deadline) = self.shutting_down
+                && (self.live_connections() == 0 || self.now >= deadline)
+            {
+                break;
+            }
+        }
+        self.hub.sync_all(self.id);
+    }
+
+    fn live_connections(&self) -> usize {
+        self.conns.iter().filter(|c| c.is_some()).count()
+    }
+
+    fn wait_duration(&self) -> Duration {
+        let until = [
+            Some(self.next_tick),
+            self.mcp_deadline(),
+            self.hub.next_sync_deadline(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+        .expect("the tick is always set");
+        until
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_micros(50))
+    }
+
+    /// The live connection on `slot` if it is still generation `generation`.
+    fn conn_at(&mut self, (slot, generation): SubRef) -> Option<&mut Conn> {
+        let c = self.conns.get_mut(slot as usize)?.as_mut()?;
+        (self.io.generation(slot) == generation).then_some(c)
+    }
+
+    fn conn(&mut self, slot: u32) -> &mut Conn {
+        self.conns[slot as usize].as_mut().expect("live slot")
+    }
+
+    /// Group commit, answers that became durable, and the subscribers of touched streams.
+    fn end_turn(&mut self) {
+        let touched = self.hub.end_turn(self.now, self.id);
+        if touched.is_empty() {
+            return;
+        }
+        self.complete_waits();
+        // Collected first (pumping may close a subscriber and edit the registry).
+        let mut to_pump = std::mem::take(&mut self.to_pump);
+        for &key in &touched {
+            to_pump.extend_from_slice(self.hub.subscribers(key));
+        }
+        for &r in &to_pump {
+            if self.conn_at(r).is_some() {
+                self.pump(r.0);
+            }
+        }
+        to_pump.clear();
+        self.to_pump = to_pump;
+    }
+}

@@ -1,0 +1,162 @@
+//! Subscriber connections on a core: turning a connection into a subscriber (TCP options,
+//! ACK mode, registry, watch), pumping it (the streams layer decides what to send; the driver
+//! sends it straight from the mapped log), and what send and TX-timestamp completions confirm.
+
+use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering::Relaxed;
+
+use log_store::Seq;
+
+use super::{Core, State};
+use crate::streams::StreamKey;
+use crate::streams::sub::{AckMode, Confirmed, Ended, Next, Sub, TxReport};
+use crate::streams::window::ParkedEvent;
+use crate::sys;
+use crate::uring::{Bytes, Op, Vectored};
+
+impl Core {
+    /// The connection becomes a subscriber of `key` from `cursor`, after `preamble` (and the
+    /// `aligned` parked events of an aligned resume); `setup` adjusts it before its first send.
+    pub(super) fn become_subscriber(
+        &mut self,
+        slot: u32,
+        key: StreamKey,
+        cursor: Seq,
+        preamble: Vec<u8>,
+        aligned: Option<Vec<ParkedEvent<Bytes>>>,
+        setup: impl FnOnce(&mut Sub),
+    ) {
+        let want_ts = self.shared.uring_cmd && !self.shared.cfg.no_tx_timestamps;
+        let (now, generation) = (self.now, self.io.generation(slot));
+        let lowat = self.shared.cfg.notsent_lowat_bytes;
+        let conn = self.conn(slot);
+        let fd = conn.fd.as_raw_fd();
+        let _ = sys::set_notsent_lowat(fd, lowat);
+        // Byte 0 of the window is the first byte written after this option is set: nothing is
+        // in flight on this connection now (a request is taken over only with its answers sent).
+        let ack = if want_ts && sys::enable_tx_ack_timestamps(fd).is_ok() {
+            AckMode::TxTimestamps
+        } else {
+            AckMode::Outq
+        };
+        let mut sub = Box::new(Sub::new(key, cursor, ack, preamble, aligned, now));
+        setup(&mut sub);
+        conn.state = State::Sub(sub);
+        self.hub.subscribe(key, (slot, generation));
+        self.m().subscribers.fetch_add(1, Relaxed);
+        if ack == AckMode::TxTimestamps {
+            self.io.tx_timestamps(slot, fd);
+        }
+        self.arm_watch(slot);
+        self.pump(slot);
+    }
+
+    /// Arms a subscriber's multishot poll for input and hang-up, unless it is armed.
+    ///
+    /// Why not a recv: a subscriber socket has TX ACK timestamps on, and every timestamp
+    /// queued on its error queue wakes the socket's waiters with EPOLLERR. A recv parked on
+    /// io_uring's internal poll is woken, retried, finds no data, and — having been polled
+    /// once already — is punted to an io-wq worker thread that blocks in `tcp_recvmsg` (one
+    /// thread per subscriber, woken by every ACK). A multishot poll stays armed in the
+    /// kernel instead: a spurious wake costs one CQE, never a thread.
+    pub(super) fn arm_watch(&mut self, slot: u32) {
+        let c = self.conn(slot);
+        let fd = c.fd.as_raw_fd();
+        if c.closing || self.io.in_flight(slot, Op::Watch) || self.io.in_flight(slot, Op::Recv) {
+            return;
+        }
+        self.io.watch(slot, fd);
+    }
+
+    /// Moves a subscriber forward: refills its window from the log (up to the visible tail)
+    /// and hands every unsent byte to the kernel in one send, unless a send or a `POLLOUT`
+    /// wait is in flight.
+    pub(super) fn pump(&mut self, slot: u32) {
+        if self.io.in_flight(slot, Op::Send) || self.io.in_flight(slot, Op::PollOut) {
+            return;
+        }
+        let (now, lim) = (self.now, self.lim.sub);
+        let Some(conn) = self.conns[slot as usize].as_mut() else {
+            return;
+        };
+        let fd = conn.fd.as_raw_fd();
+        let State::Sub(sub) = &mut conn.state else {
+            return;
+        };
+        if conn.closing {
+            return;
+        }
+        let m = &self.shared.metrics[self.id];
+        match sub.refill(self.hub.log(sub.key.0), &lim) {
+            Some(Ended::Lagging) => m.lagging_closes_total.fetch_add(1, Relaxed),
+            Some(Ended::Truncated) => m.truncated_closes_total.fetch_add(1, Relaxed),
+            None => 0,
+        };
+        match sub.next_send(now, &lim) {
+            Next::Send(v) => self.io.send_vectored(slot, fd, v),
+            Next::Close => self.close_conn(slot),
+            Next::Idle => {}
+        }
+    }
+
+    pub(super) fn on_sub_sent(&mut self, slot: u32, res: i32, v: Box<Vectored>) {
+        let conn = self.conn(slot);
+        let fd = conn.fd.as_raw_fd();
+        let State::Sub(sub) = &mut conn.state else {
+            unreachable!("a vectored send belongs to a subscriber");
+        };
+        let n = res.max(0) as u64;
+        let outq = (sub.ack_mode() == AckMode::Outq)
+            .then(|| sys::outq_bytes(fd).ok())
+            .flatten();
+        let sent = sub.on_sent(v, n, outq);
+        if res < 0 {
+            return self.close_conn(slot);
+        }
+        let m = &self.shared.metrics[self.id];
+        m.bytes_confirmed_total
+            .fetch_add(sent.bytes_confirmed, Relaxed);
+        m.bytes_sent_total.fetch_add(sent.bytes, Relaxed);
+        m.events_sent_total
+            .fetch_add(sent.events_sent as u64, Relaxed);
+        m.events_confirmed_total
+            .fetch_add(sent.events_confirmed as u64, Relaxed);
+        if sent.partial {
+            // The socket is above TCP_NOTSENT_LOWAT: wait until it drains below it; the rest
+            // of the backlog stays in the log meanwhile.
+            self.io.poll_out(slot, fd);
+        } else {
+            self.pump(slot);
+        }
+    }
+
+    pub(super) fn on_tx_timestamp(&mut self, slot: u32, res: i32, flags: u32, more: bool) {
+        let conn = self.conns[slot as usize].as_mut().expect("live slot");
+        let fd = conn.fd.as_raw_fd();
+        let State::Sub(sub) = &mut conn.state else {
+            return;
+        };
+        let m = &self.shared.metrics[self.id];
+        match sub.on_tx_timestamp(res, flags) {
+            // Not supported on this socket/kernel (or the command ended): SIOCOUTQ from now on.
+            TxReport::Fallback => {
+                m.outq_fallbacks_total.fetch_add(1, Relaxed);
+                return;
+            }
+            TxReport::Ack(c) => {
+                m.tx_ack_timestamps_total.fetch_add(1, Relaxed);
+                count_confirmed(m, c);
+            }
+            TxReport::Other => {}
+        }
+        if !more {
+            self.io.tx_timestamps(slot, fd);
+        }
+    }
+}
+
+/// Adds a confirmation to the core's counters.
+pub(super) fn count_confirmed(m: &crate::metrics::CoreMetrics, c: Confirmed) {
+    m.events_confirmed_total.fetch_add(c.events as u64, Relaxed);
+    m.bytes_confirmed_total.fetch_add(c.bytes, Relaxed);
+}

@@ -1,0 +1,129 @@
+//! The core's timers (every tick): the accept re-arm after an error, HTTP header and idle
+//! deadlines, subscribers' `SIOCOUTQ` confirmation and keep-alives, parked-window expiry,
+//! retention, the metrics snapshot; and shutdown.
+
+use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant, SystemTime};
+
+use super::subs::count_confirmed;
+use super::{Core, State};
+use crate::proto::conn::Deadline;
+use crate::sys;
+use crate::uring::Op;
+
+/// Gauges summed over a core's connections at a tick.
+#[derive(Debug, Default)]
+struct Gauges {
+    inflight_bytes: u64,
+    lag_max: u64,
+    answers: u64,
+}
+
+impl Core {
+    pub(super) fn tick(&mut self) {
+        let now = self.now;
+        if self.accept_paused
+            && self.shutting_down.is_none()
+            && let Some(l) = self.listener
+        {
+            self.accept_paused = false;
+            self.io.accept(l);
+        }
+        let (to_close, to_flush, to_pump, g) = self.tick_connections(now);
+        let m = &self.shared.metrics[self.id];
+        m.inflight_bytes.store(g.inflight_bytes, Relaxed);
+        m.answer_bytes_queued.store(g.answers, Relaxed);
+        m.lag_events_max.store(g.lag_max, Relaxed);
+        let u = self.io.unmatched();
+        m.unmatched_completions_total
+            .store(u.repeat + u.unknown, Relaxed);
+        for slot in to_flush {
+            self.flush(slot);
+        }
+        for slot in to_close {
+            self.close_conn(slot);
+        }
+        for slot in to_pump {
+            self.pump(slot);
+        }
+        self.parked.expire(now);
+        self.m()
+            .parked_windows
+            .store(self.parked.count() as u64, Relaxed);
+        if now >= self.next_retention {
+            self.next_retention = now + Duration::from_secs(1);
+            self.hub.enforce_retention(SystemTime::now(), self.id);
+            let lines = self.hub.stream_lines();
+            *self.m().streams_snapshot.lock().expect("metrics lock") = lines;
+        }
+        if self.shared.shutdown.load(Relaxed) && self.shutting_down.is_none() {
+            self.begin_shutdown();
+        }
+    }
+
+    /// Every connection's deadlines and confirmations: the slots to close, to flush (a 408
+    /// queued) and to pump, and the gauges.
+    fn tick_connections(&mut self, now: Instant) -> (Vec<u32>, Vec<u32>, Vec<u32>, Gauges) {
+        let (mut to_close, mut to_flush, mut to_pump) = (Vec::new(), Vec::new(), Vec::new());
+        let mut g = Gauges::default();
+        let m = &self.shared.metrics[self.id];
+        for (i, c) in self.conns.iter_mut().enumerate() {
+            let Some(conn) = c.as_mut().filter(|c| !c.closing) else {
+                continue;
+            };
+            let slot = i as u32;
+            match &mut conn.state {
+                State::Http(h) => {
+                    g.answers += h.answer_bytes() as u64;
+                    match h.on_tick(now, &self.lim.conn) {
+                        Deadline::None => {}
+                        Deadline::TimedOut => to_flush.push(slot),
+                        Deadline::Idle => to_close.push(slot),
+                    }
+                }
+                State::Sub(sub) => {
+                    if sub.wants_outq_poll(now)
+                        && let Ok(q) = sys::outq_bytes(conn.fd.as_raw_fd())
+                    {
+                        count_confirmed(m, sub.confirm_outq(q));
+                    }
+                    g.inflight_bytes += sub.unconfirmed_bytes();
+                    if let Some(b) = self.hub.log(sub.key.0).bounds(sub.key.1) {
+                        g.lag_max = g.lag_max.max(sub.lag(b.tail));
+                    }
+                    if !self.io.in_flight(slot, Op::Send) && !self.io.in_flight(slot, Op::PollOut) {
+                        sub.keepalive(now, &self.lim.sub);
+                    }
+                    to_pump.push(slot);
+                }
+            }
+        }
+        (to_close, to_flush, to_pump, g)
+    }
+
+    /// Stop accepting, make everything durable, answer waiting publishes, close the rest.
+    pub(super) fn begin_shutdown(&mut self) {
+        if self.shutting_down.is_some() {
+            return;
+        }
+        self.shutting_down = Some(self.now + Duration::from_secs(3));
+        self.mcp_shutdown();
+        if let Some(l) = self.listener.take() {
+            self.io.cancel_fd(l);
+            sys::close(l);
+        }
+        self.hub.sync_all(self.id);
+        self.complete_waits();
+        for i in 0..self.conns.len() as u32 {
+            let Some(conn) = self.conns[i as usize].as_mut() else {
+                continue;
+            };
+            match &mut conn.state {
+                State::Http(h) if self.io.in_flight(i, Op::Send) => h.close_after_send(),
+                _ if !conn.closing => self.close_conn(i),
+                _ => {}
+            }
+        }
+    }
+}

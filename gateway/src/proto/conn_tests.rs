@@ -1,0 +1,325 @@
+//! Unit tests of the connection machine, driven without sockets: bytes in, steps and
+//! answers out, time on a fake clock.
+
+use super::*;
+
+fn limits() -> ConnLimits {
+    ConnLimits {
+        head: HeadLimits {
+            header_bytes_max: 8192,
+            header_count_max: 64,
+        },
+        event_bytes_max: 65536,
+        batch_bytes_max: 1 << 20,
+        answer_bytes_max: 1024,
+        mcp: Some(("/mcp".into(), 4096)),
+        header_timeout: Duration::from_secs(10),
+        idle_timeout: Duration::from_secs(60),
+    }
+}
+
+fn local(_: Target<'_>) -> Option<usize> {
+    None
+}
+
+/// Feeds `bytes` as one receive: polls for the receive step, writes the bytes into its
+/// buffer, completes it.
+fn feed(c: &mut HttpConn, bytes: &[u8], now: Instant, lim: &ConnLimits) {
+    match c.poll(now, lim, &local) {
+        Step::Recv { mut buf, from } => {
+            buf[from..from + bytes.len()].copy_from_slice(bytes);
+            c.on_recv(buf, bytes.len(), now);
+        }
+        other => panic!("expected a receive step, got {other:?}"),
+    }
+}
+
+/// Sends everything ready, completely; returns the bytes.
+fn drain(c: &mut HttpConn, now: Instant) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Some((buf, from)) = c.poll_transmit() {
+        out.extend_from_slice(&buf[from..]);
+        let n = buf.len() - from;
+        c.on_sent(buf, n, now);
+    }
+    out
+}
+
+fn publish(stream: &str, body: &str) -> Vec<u8> {
+    format!(
+        "POST /v1/streams/{stream}/events HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+fn request(c: &mut HttpConn, now: Instant, lim: &ConnLimits) -> Request {
+    match c.poll(now, lim, &local) {
+        Step::Request(r) => r,
+        other => panic!("expected a request, got {other:?}"),
+    }
+}
+
+#[test]
+fn pipelined_requests_come_out_in_order_and_answers_keep_it() {
+    let (lim, t0) = (limits(), Instant::now());
+    let mut c = HttpConn::new(Vec::new(), t0);
+    let mut bytes = publish("a", "one");
+    bytes.extend(publish("a", "two"));
+    bytes.extend(b"GET /healthz HTTP/1.1\r\n\r\n");
+    feed(&mut c, &bytes, t0, &lim);
+    let bodies: Vec<Vec<u8>> = (0..3).map(|_| request(&mut c, t0, &lim).body).collect();
+    assert_eq!(bodies, vec![b"one".to_vec(), b"two".to_vec(), Vec::new()]);
+    // The first answer waits for durability: it holds back the two after it.
+    let w = Wait {
+        shard: 0,
+        stream: 1,
+        seq: 1,
+    };
+    c.answer(b"A1".to_vec(), Some(w), false);
+    c.answer(b"A2".to_vec(), None, false);
+    c.answer(b"A3".to_vec(), None, false);
+    assert!(
+        drain(&mut c, t0).is_empty(),
+        "nothing passes a waiting answer"
+    );
+    assert!(
+        c.release_waits(|x| x.seq > 1),
+        "not visible yet: still waiting"
+    );
+    assert!(drain(&mut c, t0).is_empty());
+    assert!(!c.release_waits(|x| x.seq <= 1));
+    assert_eq!(drain(&mut c, t0), b"A1A2A3");
+    assert!(matches!(c.poll(t0, &lim, &local), Step::Recv { .. }));
+}
+
+#[test]
+fn pipelining_stops_reading_at_the_answer_cap_and_resumes_when_answers_leave() {
+    let (lim, t0) = (limits(), Instant::now());
+    let mut c = HttpConn::new(Vec::new(), t0);
+    let mut bytes = Vec::new();
+    for _ in 0..3 {
+        bytes.extend(b"GET /healthz HTTP/1.1\r\n\r\n");
+    }
+    feed(&mut c, &bytes, t0, &lim);
+    let _ = request(&mut c, t0, &lim);
+    c.answer(vec![b'x'; lim.answer_bytes_max], None, false);
+    // Answers at the cap: the next buffered request is not read.
+    assert!(matches!(c.poll(t0, &lim, &local), Step::Wait));
+    // A send in flight still counts until the kernel takes it.
+    let (buf, from) = c.poll_transmit().expect("ready");
+    assert_eq!(c.answer_bytes(), lim.answer_bytes_max);
+    assert!(matches!(c.poll(t0, &lim, &local), Step::Wait));
+    // A partial send: still over the cap by what is left.
+    c.on_sent(buf, 10, t0);
+    assert_eq!(c.answer_bytes(), lim.answer_bytes_max - 10);
+    let (buf, from2) = c.poll_transmit().expect("the rest");
+    assert_eq!((from, from2), (0, 10));
+    let n = buf.len() - from2;
+    c.on_sent(buf, n, t0);
+    assert_eq!(c.answer_bytes(), 0);
+    let _ = request(&mut c, t0, &lim);
+    let _ = request(&mut c, t0, &lim);
+}
+
+#[test]
+fn expect_continue_is_answered_once_before_the_body() {
+    let (lim, t0) = (limits(), Instant::now());
+    let mut c = HttpConn::new(Vec::new(), t0);
+    let head =
+        b"POST /v1/streams/a/events HTTP/1.1\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n";
+    feed(&mut c, head, t0, &lim);
+    let Step::Recv { mut buf, from } = c.poll(t0, &lim, &local) else {
+        panic!("waits for the body");
+    };
+    assert_eq!(drain(&mut c, t0), CONTINUE, "100 Continue goes out first");
+    buf[from..from + 2].copy_from_slice(b"he");
+    c.on_recv(buf, 2, t0);
+    // Still awaiting the body: another receive, and no second 100.
+    assert!(matches!(c.poll(t0, &lim, &local), Step::Recv { .. }));
+    assert!(drain(&mut c, t0).is_empty());
+}
+
+#[test]
+fn expect_continue_body_arrives_whole() {
+    let (lim, t0) = (limits(), Instant::now());
+    let mut c = HttpConn::new(Vec::new(), t0);
+    let head =
+        b"POST /v1/streams/a/events HTTP/1.1\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n";
+    feed(&mut c, head, t0, &lim);
+    feed(&mut c, b"hello", t0, &lim);
+    assert_eq!(request(&mut c, t0, &lim).body, b"hello");
+    assert_eq!(drain(&mut c, t0), CONTINUE);
+}
+
+#[test]
+fn an_incomplete_head_times_out_with_408_exactly_at_the_deadline() {
+    let (lim, t0) = (limits(), Instant::now());
+    let mut c = HttpConn::new(Vec::new(), t0);
+    feed(&mut c, b"GET /healthz HTTP/1.1\r\nHost:", t0, &lim);
+    let Step::Recv { buf, .. } = c.poll(t0, &lim, &local) else {
+        panic!("waits for the rest of the head");
+    };
+    let just_before = t0 + lim.header_timeout - Duration::from_millis(1);
+    assert_eq!(c.on_tick(just_before, &lim), Deadline::None);
+    assert_eq!(c.on_tick(t0 + lim.header_timeout, &lim), Deadline::TimedOut);
+    // The receive still holds the buffer: the 408 goes out anyway, then the connection closes.
+    drop(buf);
+    let out = drain(&mut c, t0);
+    assert!(
+        out.starts_with(b"HTTP/1.1 408 "),
+        "{}",
+        String::from_utf8_lossy(&out)
+    );
+    assert!(c.done(false));
+}
+
+#[test]
+fn a_body_in_progress_is_under_the_idle_timeout_not_the_header_timeout() {
+    let (lim, t0) = (limits(), Instant::now());
+    let mut c = HttpConn::new(Vec::new(), t0);
+    feed(
+        &mut c,
+        b"POST /v1/streams/a/events HTTP/1.1\r\nContent-Length: 9\r\n\r\nabc",
+        t0,
+        &lim,
+    );
+    let _recv = c.poll(t0, &lim, &local);
+    assert_eq!(c.on_tick(t0 + lim.header_timeout * 2, &lim), Deadline::None);
+    assert_eq!(c.on_tick(t0 + lim.idle_timeout, &lim), Deadline::Idle);
+}
+
+#[test]
+fn an_idle_keep_alive_connection_closes_after_the_idle_timeout() {
+    let (lim, t0) = (limits(), Instant::now());
+    let mut c = HttpConn::new(Vec::new(), t0);
+    let _recv = c.poll(t0, &lim, &local);
+    let t1 = t0 + lim.idle_timeout - Duration::from_millis(1);
+    assert_eq!(c.on_tick(t1, &lim), Deadline::None);
+    assert_eq!(c.on_tick(t0 + lim.idle_timeout, &lim), Deadline::Idle);
+}
+
+#[test]
+fn no_deadline_runs_while_answers_are_pending() {
+    let (lim, t0) = (limits(), Instant::now());
+    let mut c = HttpConn::new(Vec::new(), t0);
+    feed(&mut c, b"GET /healthz HTTP/1.1\r\n\r\nGET /hea", t0, &lim);
+    let _ = request(&mut c, t0, &lim);
+    c.answer(b"ok".to_vec(), None, false);
+    assert_eq!(c.on_tick(t0 + lim.idle_timeout * 2, &lim), Deadline::None);
+}
+
+#[test]
+fn a_request_for_another_core_hands_over_every_unconsumed_byte() {
+    let (lim, t0) = (limits(), Instant::now());
+    let mut c = HttpConn::new(Vec::new(), t0);
+    let mut bytes = b"GET /healthz HTTP/1.1\r\n\r\n".to_vec();
+    let second = publish("elsewhere", "x");
+    bytes.extend(&second);
+    feed(&mut c, &bytes, t0, &lim);
+    let remote = |t: Target<'_>| (t == Target::Stream("elsewhere")).then_some(3);
+    let Step::Request(_) = c.poll(t0, &lim, &remote) else {
+        panic!("the local request first")
+    };
+    // An answer queued: the handoff waits for it to leave.
+    c.answer(b"ok".to_vec(), None, false);
+    assert!(matches!(c.poll(t0, &lim, &remote), Step::Wait));
+    assert_eq!(drain(&mut c, t0), b"ok");
+    match c.poll(t0, &lim, &remote) {
+        Step::HandOff { owner, bytes } => assert_eq!((owner, bytes), (3, second)),
+        other => panic!("expected a handoff, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_subscribe_waits_for_earlier_answers() {
+    let (lim, t0) = (limits(), Instant::now());
+    let mut c = HttpConn::new(Vec::new(), t0);
+    let mut bytes = publish("a", "x");
+    bytes.extend(b"GET /v1/streams/a HTTP/1.1\r\nAccept: text/event-stream\r\n\r\n");
+    feed(&mut c, &bytes, t0, &lim);
+    let _ = request(&mut c, t0, &lim);
+    c.answer(b"201".to_vec(), None, false);
+    assert!(matches!(c.poll(t0, &lim, &local), Step::Wait));
+    drain(&mut c, t0);
+    let r = request(&mut c, t0, &lim);
+    assert!(matches!(
+        r.kind,
+        Kind::Api {
+            route: Route::Subscribe { .. },
+            ..
+        }
+    ));
+}
+
+#[test]
+fn an_oversized_body_is_refused_with_413_and_close() {
+    let (lim, t0) = (limits(), Instant::now());
+    let mut c = HttpConn::new(Vec::new(), t0);
+    let head = format!(
+        "POST /v1/streams/a/events HTTP/1.1\r\nContent-Length: {}\r\n\r\n",
+        lim.event_bytes_max + 1
+    );
+    feed(&mut c, head.as_bytes(), t0, &lim);
+    assert!(matches!(c.poll(t0, &lim, &local), Step::Wait));
+    let out = drain(&mut c, t0);
+    assert!(out.starts_with(b"HTTP/1.1 413 "));
+    assert!(c.done(false));
+}
+
+#[test]
+fn a_route_error_without_body_keeps_the_connection_and_reads_on() {
+    let (lim, t0) = (limits(), Instant::now());
+    let mut c = HttpConn::new(Vec::new(), t0);
+    feed(
+        &mut c,
+        b"GET /nowhere HTTP/1.1\r\n\r\nGET /healthz HTTP/1.1\r\n\r\n",
+        t0,
+        &lim,
+    );
+    let _ = request(&mut c, t0, &lim);
+    let out = drain(&mut c, t0);
+    assert!(out.starts_with(b"HTTP/1.1 404 "));
+    assert!(!c.done(false));
+}
+
+#[test]
+fn an_mcp_request_carries_its_head_and_body() {
+    let (lim, t0) = (limits(), Instant::now());
+    let mut c = HttpConn::new(Vec::new(), t0);
+    let req = b"POST /mcp HTTP/1.1\r\nContent-Length: 2\r\nMcp-Session-Id: s\r\n\r\n{}";
+    feed(&mut c, req, t0, &lim);
+    let r = request(&mut c, t0, &lim);
+    match r.kind {
+        Kind::Mcp { head } => assert_eq!(head, &req[..req.len() - 2]),
+        other => panic!("expected MCP, got {other:?}"),
+    }
+    assert_eq!(r.body, b"{}");
+}
+
+#[test]
+fn a_large_body_buffer_shrinks_back_after_the_request() {
+    let lim = ConnLimits {
+        event_bytes_max: 1 << 20,
+        ..limits()
+    };
+    let t0 = Instant::now();
+    let mut c = HttpConn::new(Vec::new(), t0);
+    let body = "x".repeat(RECV_BYTES_KEEP_MAX + 1);
+    let req = publish("a", &body);
+    let mut sent = 0;
+    while sent < req.len() {
+        let Step::Recv { mut buf, from } = c.poll(t0, &lim, &local) else {
+            panic!("receiving");
+        };
+        let n = (buf.len() - from).min(req.len() - sent);
+        buf[from..from + n].copy_from_slice(&req[sent..sent + n]);
+        sent += n;
+        c.on_recv(buf, n, t0);
+    }
+    assert_eq!(request(&mut c, t0, &lim).body.len(), body.len());
+    let Step::Recv { buf, .. } = c.poll(t0, &lim, &local) else {
+        panic!("receiving");
+    };
+    assert!(buf.len() <= lim.head.header_bytes_max, "{}", buf.len());
+}

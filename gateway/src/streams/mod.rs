@@ -1,0 +1,23 @@
+//! The pub/sub layer, with no I/O: the streams a core owns and their logs ([`hub`]),
+//! publishing ([`publish`]), subscribers and their send windows ([`sub`], [`window`]),
+//! parked windows ([`parked`]) and where a subscription or resume starts ([`resume`]). The
+//! core drives it and carries out its decisions with the io_uring driver.
+#![forbid(unsafe_code)]
+
+pub mod hub;
+pub mod parked;
+pub mod publish;
+pub mod resume;
+pub mod sub;
+pub mod window;
+
+use log_store::StreamId;
+
+/// A stream of a core: (shard, stream id in the shard's log).
+pub type StreamKey = (u32, StreamId);
+
+impl window::Chunk for crate::uring::Bytes {
+    fn bytes(&self) -> &[u8] {
+        self.as_slice()
+    }
+}

@@ -1,0 +1,128 @@
+//! A publish on the stream's owner core: the checks every event of a request passes before
+//! any is appended (UTF-8 data, no line break in the event type, the framed record within the
+//! log's limit — a batch is all or nothing), then the appends. No I/O: the answer is bytes,
+//! and whether it must wait for durability is a [`Wait`].
+#![forbid(unsafe_code)]
+
+use log_store::{AppendError, EventId, Log, StreamId};
+
+use crate::proto::conn::Wait;
+use crate::proto::{http, sse};
+
+/// One event of a publish: its type and its data.
+pub type Event = (Option<String>, Vec<u8>);
+
+/// The answer to a publish: its bytes, the durability it waits for, and how many events
+/// were appended (for the metrics and the subscribers' wake-up).
+#[derive(Debug)]
+pub struct Published {
+    pub answer: Vec<u8>,
+    pub wait: Option<Wait>,
+    pub appended: usize,
+}
+
+/// Status and code for a failed append or stream creation.
+pub fn append_status(e: &AppendError) -> (u16, &'static str) {
+    use log_store::AppendError as E;
+    match e {
+        E::DiskFull => (507, "insufficient_storage"),
+        E::RecordTooLarge { .. } => (413, "event_too_large"),
+        E::EventTypeHasLineBreak => (400, "bad_event_type"),
+        E::DataNotUtf8 { .. } => (400, "bad_data"),
+        E::StreamNameInvalid(_) => (400, "bad_stream_name"),
+        E::TooManyStreams => (507, "too_many_streams"),
+        _ => (500, "append_failed"),
+    }
+}
+
+/// Checks what every event carries, before the stream is even opened: `Err` is the refusal
+/// `(status, code, message)`.
+pub fn check_events(events: &[Event]) -> Result<(), (u16, &'static str, String)> {
+    for (ev, data) in events {
+        if std::str::from_utf8(data).is_err() {
+            return Err((400, "bad_data", "event data must be UTF-8".into()));
+        }
+        if ev.as_deref().is_some_and(|t| t.contains(['\r', '\n'])) {
+            let msg = "event type must not contain CR or LF";
+            return Err((400, "bad_event_type", msg.into()));
+        }
+    }
+    Ok(())
+}
+
+/// Checks every event's framed record against the log's limit before any is appended (a
+/// batch is all or nothing).
+pub fn check_framed(
+    log: &Log,
+    sid: StreamId,
+    events: &[Event],
+) -> Result<(), (u16, &'static str, String)> {
+    // Data within --event-bytes-max can still frame larger than a record may be (each line
+    // break costs a `data: ` prefix): the log would refuse it mid-batch.
+    let record_max = log.options().record_bytes_max as usize;
+    let (tail, epoch) = (log.bounds(sid).expect("stream exists").tail, log.epoch());
+    for (i, (ev, data)) in events.iter().enumerate() {
+        let id = EventId {
+            epoch,
+            stream: sid,
+            seq: tail.saturating_add(1 + i as u64),
+        };
+        let (id_len, ev) = (id.encoded_len(), ev.as_deref());
+        if sse::framed_event_bytes_bound(id_len, ev, data.len()) <= record_max {
+            continue; // fits however its lines break: no need to scan it
+        }
+        let framed = sse::framed_event_bytes(id_len, ev, data);
+        if framed > record_max {
+            let msg = format!(
+                "event {i}: framed record of {framed} bytes exceeds the record limit \
+                 {record_max} (each line of data costs a `data: ` prefix)"
+            );
+            return Err((413, "event_too_large", msg));
+        }
+    }
+    Ok(())
+}
+
+/// Appends the (checked) events in order. The answer waits for durability unless every
+/// append was durable at once; a refused append answers with the IDs appended before it.
+pub fn append(
+    log: &mut Log,
+    shard: u32,
+    sid: StreamId,
+    events: &[Event],
+    batch: bool,
+    close: bool,
+) -> Published {
+    let mut ids: Vec<EventId> = Vec::with_capacity(events.len());
+    let mut all_durable = true;
+    for (ev, data) in events {
+        match log.append(sid, ev.as_deref(), data) {
+            Ok(a) => {
+                all_durable &= a.durable;
+                ids.push(a.id);
+            }
+            Err(e) => {
+                let (status, code) = append_status(&e);
+                let appended: Vec<String> = ids.iter().map(EventId::to_string).collect();
+                let body = serde_json::json!({
+                    "error": code, "message": e.to_string(), "appended_ids": appended,
+                });
+                return Published {
+                    answer: http::json_response(status, &body, close),
+                    wait: None,
+                    appended: ids.len(),
+                };
+            }
+        }
+    }
+    let wait = ids.last().filter(|_| !all_durable).map(|id| Wait {
+        shard,
+        stream: sid.0,
+        seq: id.seq,
+    });
+    Published {
+        answer: http::created_response(&ids, batch, close),
+        wait,
+        appended: ids.len(),
+    }
+}

@@ -1,0 +1,568 @@
+//! The io_uring driver of one core: the ring, the submission backlog, the op table and the
+//! memory every in-flight operation points at. All of the reactor's `unsafe` io_uring code
+//! lives here, and each block's proof is local: an operation's buffers are moved into the
+//! driver when it is submitted and handed back only with its completion ([`Completion`]), so
+//! nothing else can free, move or touch them meanwhile.
+//!
+//! It knows nothing of HTTP, SSE, streams or the log's meaning: it submits, reaps and matches.
+//! Every completion is matched to exactly one submission by the [`OpTable`]; one that matches
+//! nothing in flight is counted ([`Driver::unmatched`]) and never acted on.
+
+pub mod op;
+pub mod table;
+
+use std::collections::VecDeque;
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::rc::Rc;
+use std::time::Duration;
+
+use io_uring::{IoUring, cqueue, opcode, squeue, types};
+use log_store::LogSlice;
+
+pub use op::{Op, SLOTS_MAX, UserData};
+pub use table::{Match, OpTable, Unmatched};
+
+use crate::sys;
+
+const SOCKET_URING_OP_TX_TIMESTAMP: u32 = 4;
+/// Submission queue entries of a core's ring.
+const SQ_ENTRIES: u32 = 1024;
+/// Iovecs one vectored send carries at most (`IOV_MAX`).
+pub const IOV_MAX_PER_SEND: usize = 1024;
+
+/// Bytes a vectored send may point at: memory whose address does not change while the value
+/// lives, even when the value itself is moved (a mapped log slice, a reference-counted
+/// buffer, a static).
+#[derive(Clone, Debug)]
+pub enum Bytes {
+    Log(LogSlice),
+    Owned(Rc<[u8]>),
+    Static(&'static [u8]),
+}
+
+impl Bytes {
+    pub fn as_slice(&self) -> &[u8] {
+        match self {
+            Bytes::Log(s) => s.as_bytes(),
+            Bytes::Owned(b) => b,
+            Bytes::Static(b) => b,
+        }
+    }
+}
+
+/// The memory of one vectored send: the runs it sends (each holding its bytes alive), the
+/// iovec array and the msghdr the kernel reads. Reused across sends (cleared in between).
+#[derive(Debug)]
+pub struct Vectored {
+    runs: Vec<(Bytes, usize, usize)>,
+    iov: Vec<libc::iovec>,
+    msg: libc::msghdr,
+    ask_tx_ack: bool,
+}
+
+impl Default for Vectored {
+    fn default() -> Self {
+        Vectored {
+            runs: Vec::new(),
+            iov: Vec::new(),
+            // SAFETY: msghdr is plain data; all-zero is a valid empty header.
+            msg: unsafe { std::mem::zeroed() },
+            ask_tx_ack: false,
+        }
+    }
+}
+
+impl Vectored {
+    /// Drops the runs of the last send.
+    pub fn clear(&mut self) {
+        self.runs.clear();
+        self.iov.clear();
+        self.ask_tx_ack = false;
+    }
+
+    /// Appends `bytes[off..off + len]`.
+    pub fn push(&mut self, bytes: Bytes, off: usize, len: usize) {
+        assert!(off + len <= bytes.as_slice().len(), "run within its bytes");
+        self.runs.push((bytes, off, len));
+    }
+
+    /// Asks for a TX ACK timestamp of the send's last byte (a `SO_TIMESTAMPING` control message).
+    pub fn ask_tx_ack(&mut self, ask: bool) {
+        self.ask_tx_ack = ask;
+    }
+
+    /// Bytes the send carries.
+    pub fn len(&self) -> u64 {
+        self.runs.iter().map(|r| r.2 as u64).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.runs.is_empty()
+    }
+
+    /// Whether the send asks for a TX ACK timestamp.
+    #[cfg(test)]
+    pub fn asks_tx_ack(&self) -> bool {
+        self.ask_tx_ack
+    }
+
+    /// The bytes the send carries, copied (for tests).
+    #[cfg(test)]
+    pub fn flatten(&self) -> Vec<u8> {
+        self.runs
+            .iter()
+            .flat_map(|(b, off, len)| b.as_slice()[*off..off + len].to_vec())
+            .collect()
+    }
+}
+
+/// The memory of a send, handed back with its completion.
+#[derive(Debug)]
+pub enum SendMem {
+    /// A buffer (sent from an offset).
+    Buf(Vec<u8>),
+    Vectored(Box<Vectored>),
+}
+
+/// A matched completion, with the memory its operation owned.
+#[derive(Debug)]
+pub enum Completion {
+    /// A connection accepted (its fd, owned from here on), or the accept's error (-errno).
+    Accept {
+        fd: Result<OwnedFd, i32>,
+        more: bool,
+    },
+    EventFd {
+        res: i32,
+    },
+    Recv {
+        slot: u32,
+        res: i32,
+        buf: Vec<u8>,
+    },
+    Send {
+        slot: u32,
+        res: i32,
+        mem: SendMem,
+    },
+    PollOut {
+        slot: u32,
+    },
+    Watch {
+        slot: u32,
+        res: i32,
+        more: bool,
+    },
+    TxTimestamp {
+        slot: u32,
+        res: i32,
+        flags: u32,
+        more: bool,
+    },
+}
+
+/// A reaped CQE, not yet matched: `(user_data, result, flags)`.
+pub type Cqe = (u64, i32, u32);
+
+/// Memory of the operations in flight on one slot.
+#[derive(Debug, Default)]
+struct SlotMem {
+    recv: Option<Vec<u8>>,
+    send: Option<SendMem>,
+}
+
+/// Counts of completions that matched nothing in flight, by kind.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct UnmatchedCounts {
+    pub repeat: u64,
+    pub unknown: u64,
+}
+
+/// One core's io_uring driver.
+pub struct Driver {
+    ring: IoUring<squeue::Entry, cqueue::Entry32>,
+    /// Submissions that found the SQ full while the kernel could not take more (EBUSY with
+    /// an overflowing CQ, EAGAIN/ENOMEM); submitted in order after the next reap.
+    backlog: VecDeque<squeue::Entry>,
+    table: OpTable,
+    mem: Vec<SlotMem>,
+    /// The eventfd read's 8-byte buffer (boxed: its address is fixed for the ring's life).
+    efd_buf: Box<u64>,
+    unmatched: UnmatchedCounts,
+}
+
+impl std::fmt::Debug for Driver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Driver")
+            .field("backlog", &self.backlog.len())
+            .field("live", &self.table.live())
+            .field("unmatched", &self.unmatched)
+            .finish()
+    }
+}
+
+/// io_uring_enter errors that pass once completions are reaped or memory frees up.
+fn is_transient(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EINTR | libc::EBUSY | libc::EAGAIN | libc::ENOMEM)
+    )
+}
+
+impl Driver {
+    /// A ring sized for `connections_max` (SINGLE_ISSUER | DEFER_TASKRUN, falling back to
+    /// COOP_TASKRUN; 32-byte CQEs for the TX-timestamp command).
+    pub fn new(connections_max: usize) -> std::io::Result<Driver> {
+        // Per connection at most: recv, send, poll, timestamp command (+ its CQEs), cancel.
+        let cq = (connections_max.saturating_mul(4) as u32).clamp(4096, 1 << 16);
+        let mut b = IoUring::<squeue::Entry, cqueue::Entry32>::builder();
+        b.setup_single_issuer()
+            .setup_defer_taskrun()
+            .setup_cqsize(cq);
+        let ring = match b.build(SQ_ENTRIES) {
+            Ok(r) => r,
+            Err(_) => {
+                let mut b = IoUring::<squeue::Entry, cqueue::Entry32>::builder();
+                b.setup_coop_taskrun().setup_cqsize(cq);
+                b.build(SQ_ENTRIES)?
+            }
+        };
+        Ok(Driver {
+            ring,
+            backlog: VecDeque::new(),
+            table: OpTable::default(),
+            mem: Vec::new(),
+            efd_buf: Box::new(0),
+            unmatched: UnmatchedCounts::default(),
+        })
+    }
+
+    /// Completions that matched nothing in flight so far.
+    pub fn unmatched(&self) -> UnmatchedCounts {
+        self.unmatched
+    }
+
+    // ---- slots ----
+
+    /// A slot for a new connection.
+    pub fn open_slot(&mut self) -> u32 {
+        let (slot, _) = self.table.alloc();
+        if self.mem.len() <= slot as usize {
+            self.mem.resize_with(slot as usize + 1, SlotMem::default);
+        }
+        slot
+    }
+
+    /// Frees a slot whose memory-owning operations have all completed (asserted).
+    pub fn close_slot(&mut self, slot: u32) {
+        self.table.release(slot);
+        let m = &self.mem[slot as usize];
+        debug_assert!(m.recv.is_none() && m.send.is_none());
+    }
+
+    /// The generation of a live slot (to recognise it across turns).
+    pub fn generation(&self, slot: u32) -> u32 {
+        self.table.generation(slot)
+    }
+
+    pub fn in_flight(&self, slot: u32, op: Op) -> bool {
+        self.table.in_flight(slot, op)
+    }
+
+    /// Whether an operation that owns connection memory is still in flight on `slot`.
+    pub fn owning_in_flight(&self, slot: u32) -> bool {
+        self.table.owning_in_flight(slot)
+    }
+
+    // ---- submissions ----
+
+    /// Queues an entry; when the kernel cannot take it now, it waits in the backlog.
+    ///
+    /// # Safety
+    /// Every buffer and iovec the entry points at must stay valid and unmoved until its
+    /// completion is reaped.
+    unsafe fn push(&mut self, e: squeue::Entry) {
+        if self.backlog.is_empty() {
+            for attempt in 0..2 {
+                // SAFETY: forwarded from the caller's contract.
+                if unsafe { self.ring.submission().push(&e) }.is_ok() {
+                    return;
+                }
+                if attempt == 0 {
+                    match self.ring.submit() {
+                        Ok(_) => {}
+                        Err(err) if is_transient(&err) => break,
+                        Err(err) => panic!("io_uring submit: {err}"),
+                    }
+                }
+            }
+        }
+        self.backlog.push_back(e);
+    }
+
+    /// Moves backlogged submissions into the SQ, as many as fit.
+    fn drain_backlog(&mut self) {
+        while let Some(e) = self.backlog.front() {
+            // SAFETY: entries in the backlog were pushed under `push`'s contract: what they
+            // point at is held by the op table's memory until their completions.
+            if unsafe { self.ring.submission().push(e) }.is_err() {
+                return;
+            }
+            self.backlog.pop_front();
+        }
+    }
+
+    /// Multishot accept on `listener`.
+    pub fn accept(&mut self, listener: RawFd) {
+        let e = opcode::AcceptMulti::new(types::Fd(listener))
+            .flags(libc::SOCK_CLOEXEC)
+            .build()
+            .user_data(UserData::core(Op::Accept).pack());
+        // SAFETY: multishot accept points at no memory of ours.
+        unsafe { self.push(e) };
+    }
+
+    /// Cancels every operation on `fd` (the listener, at shutdown).
+    pub fn cancel_fd(&mut self, fd: RawFd) {
+        let e = opcode::AsyncCancel2::new(types::CancelBuilder::fd(types::Fd(fd)).all())
+            .build()
+            .user_data(UserData::core(Op::Cancel).pack());
+        // SAFETY: cancel points at no memory of ours.
+        unsafe { self.push(e) };
+    }
+
+    /// The 8-byte read on the core's eventfd.
+    pub fn read_eventfd(&mut self, efd: RawFd) {
+        let ptr: *mut u64 = &mut *self.efd_buf;
+        let e = opcode::Read::new(types::Fd(efd), ptr.cast(), 8)
+            .build()
+            .user_data(UserData::core(Op::EventFd).pack());
+        // SAFETY: `efd_buf` is a Box owned by the driver, which owns the ring: it outlives
+        // the ring's use of it, and nothing else reads or writes it.
+        unsafe { self.push(e) };
+    }
+
+    /// A receive into `buf[from..]`; the buffer comes back with the completion.
+    pub fn recv(&mut self, slot: u32, fd: RawFd, mut buf: Vec<u8>, from: usize) {
+        assert!(from < buf.len(), "a recv needs room");
+        let ud = self.table.begin(slot, Op::Recv);
+        let ptr = buf[from..].as_mut_ptr();
+        let len = (buf.len() - from) as u32;
+        let m = &mut self.mem[slot as usize];
+        debug_assert!(m.recv.is_none());
+        m.recv = Some(buf); // moving a Vec does not move its heap buffer
+        let e = opcode::Recv::new(types::Fd(fd), ptr, len)
+            .build()
+            .user_data(ud.pack());
+        // SAFETY: `ptr..ptr+len` lies in the heap buffer of the Vec now held in this slot's
+        // `mem.recv`, which is handed back only with the op's completion (`complete`).
+        unsafe { self.push(e) };
+    }
+
+    /// Sends `buf[from..]`; the buffer comes back with the completion.
+    pub fn send(&mut self, slot: u32, fd: RawFd, buf: Vec<u8>, from: usize) {
+        assert!(from < buf.len(), "a send needs bytes");
+        let ud = self.table.begin(slot, Op::Send);
+        let ptr = buf[from..].as_ptr();
+        let len = (buf.len() - from) as u32;
+        let m = &mut self.mem[slot as usize];
+        debug_assert!(m.send.is_none());
+        m.send = Some(SendMem::Buf(buf));
+        let e = opcode::Send::new(types::Fd(fd), ptr, len)
+            .flags(libc::MSG_NOSIGNAL)
+            .build()
+            .user_data(ud.pack());
+        // SAFETY: the bytes lie in the heap buffer of the Vec held in this slot's `mem.send`
+        // until the completion hands it back.
+        unsafe { self.push(e) };
+    }
+
+    /// Sends the runs of `v` (one plain `SEND` when it is a single run with no control
+    /// message, else a `SENDMSG` with iovecs); `v` comes back with the completion.
+    pub fn send_vectored(&mut self, slot: u32, fd: RawFd, mut v: Box<Vectored>) {
+        assert!(!v.is_empty() && v.runs.len() <= IOV_MAX_PER_SEND);
+        let ud = self.table.begin(slot, Op::Send);
+        let ask_tx_ack = v.ask_tx_ack;
+        let Vectored { runs, iov, msg, .. } = &mut *v;
+        iov.clear();
+        iov.extend(runs.iter().map(|(b, off, len)| libc::iovec {
+            iov_base: b.as_slice()[*off..].as_ptr() as *mut libc::c_void,
+            iov_len: *len,
+        }));
+        msg.msg_iov = iov.as_mut_ptr();
+        msg.msg_iovlen = iov.len();
+        (msg.msg_control, msg.msg_controllen) = if ask_tx_ack {
+            sys::tx_ack_cmsg()
+        } else {
+            (std::ptr::null_mut(), 0)
+        };
+        let single = (v.iov.len() == 1 && !v.ask_tx_ack)
+            .then(|| u32::try_from(v.iov[0].iov_len).ok())
+            .flatten();
+        let e = match single {
+            Some(len) => opcode::Send::new(types::Fd(fd), v.iov[0].iov_base as *const u8, len)
+                .flags(libc::MSG_NOSIGNAL)
+                .build(),
+            None => opcode::SendMsg::new(types::Fd(fd), &raw const v.msg)
+                .flags(libc::MSG_NOSIGNAL as u32)
+                .build(),
+        }
+        .user_data(ud.pack());
+        self.mem[slot as usize].send = Some(SendMem::Vectored(v));
+        // SAFETY: the msghdr and iovec array live in the boxed `Vectored` now held in this
+        // slot's `mem.send` (moving the Box does not move them); every iovec points into the
+        // bytes of a run that the same `Vectored` holds (`Bytes` never moves its bytes); the
+        // control buffer, if any, is the static `sys::tx_ack_cmsg`. All of it is handed back
+        // only with the op's completion.
+        unsafe { self.push(e) };
+    }
+
+    /// A single-shot `POLLOUT` wait.
+    pub fn poll_out(&mut self, slot: u32, fd: RawFd) {
+        let ud = self.table.begin(slot, Op::PollOut);
+        let e = opcode::PollAdd::new(types::Fd(fd), libc::POLLOUT as u32)
+            .build()
+            .user_data(ud.pack());
+        // SAFETY: poll points at no memory of ours.
+        unsafe { self.push(e) };
+    }
+
+    /// A multishot `POLLIN | POLLRDHUP` watch.
+    pub fn watch(&mut self, slot: u32, fd: RawFd) {
+        let ud = self.table.begin(slot, Op::Watch);
+        let mask = (libc::POLLIN | libc::POLLRDHUP) as u32;
+        let e = opcode::PollAdd::new(types::Fd(fd), mask)
+            .multi(true)
+            .build()
+            .user_data(ud.pack());
+        // SAFETY: poll points at no memory of ours.
+        unsafe { self.push(e) };
+    }
+
+    /// The multishot TX-timestamp command.
+    pub fn tx_timestamps(&mut self, slot: u32, fd: RawFd) {
+        let ud = self.table.begin(slot, Op::TxTimestamps);
+        let e = opcode::UringCmd16::new(types::Fd(fd), SOCKET_URING_OP_TX_TIMESTAMP)
+            .build()
+            .user_data(ud.pack());
+        // SAFETY: the command points at no memory of ours.
+        unsafe { self.push(e) };
+    }
+
+    /// Cancels every operation in flight on `slot`, each by its user_data. Not by fd: the
+    /// kernel matches a cancel by fd by walking every armed poll entry of the ring, which made
+    /// closing N subscribers O(N²); by user_data it is one hash bucket, and it cannot hit a
+    /// socket that reuses the fd number either.
+    pub fn cancel_slot(&mut self, slot: u32) {
+        for ud in self.table.in_flight_ops(slot) {
+            let e = opcode::AsyncCancel::new(ud.pack())
+                .build()
+                .user_data(UserData::core(Op::Cancel).pack());
+            // SAFETY: cancel points at no memory of ours.
+            unsafe { self.push(e) };
+        }
+    }
+
+    // ---- completions ----
+
+    /// Submits, then waits up to `timeout` for a completion (not at all with a backlog).
+    pub fn submit_and_wait(&mut self, timeout: Duration) {
+        self.drain_backlog();
+        let (want, wait) = if self.backlog.is_empty() {
+            (1, timeout)
+        } else {
+            (0, Duration::ZERO)
+        };
+        let ts = types::Timespec::new()
+            .sec(wait.as_secs())
+            .nsec(wait.subsec_nanos());
+        let args = types::SubmitArgs::new().timespec(&ts);
+        match self.ring.submitter().submit_with_args(want, &args) {
+            Ok(_) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ETIME) || is_transient(&e) => {}
+            Err(e) => panic!("io_uring_enter: {e}"),
+        }
+    }
+
+    /// Every CQE ready now, unmatched (match each with [`Driver::complete`] in order: acting
+    /// on one may close a connection the next one names).
+    pub fn reap(&mut self, out: &mut Vec<Cqe>) {
+        out.extend(
+            self.ring
+                .completion()
+                .map(|c| (c.user_data(), c.result(), c.flags())),
+        );
+    }
+
+    /// Matches one CQE against the op table: the completion to act on, with its memory, or
+    /// `None` for a cancel's own CQE, a stale one, or one that matches nothing in flight
+    /// (counted).
+    pub fn complete(&mut self, (u, res, flags): Cqe) -> Option<Completion> {
+        let more = cqueue::more(flags);
+        let Some(ud) = UserData::unpack(u) else {
+            self.unmatched.unknown += 1;
+            return None;
+        };
+        match ud.op {
+            Op::Accept => {
+                let fd = if res < 0 {
+                    Err(res)
+                } else {
+                    // SAFETY: a successful accept's result is a new descriptor the kernel
+                    // created for this ring's owner; nothing else holds or closes it.
+                    Ok(unsafe { OwnedFd::from_raw_fd(res) })
+                };
+                return Some(Completion::Accept { fd, more });
+            }
+            Op::EventFd => return Some(Completion::EventFd { res }),
+            Op::Cancel => return None,
+            _ => {}
+        }
+        match self.table.complete(ud, more) {
+            Match::Genuine { .. } => {}
+            Match::Stale => return None,
+            Match::Unmatched(kind) => {
+                self.count_unmatched(ud, kind, res, flags);
+                return None;
+            }
+        }
+        let slot = ud.slot;
+        let m = &mut self.mem[slot as usize];
+        Some(match ud.op {
+            Op::Recv => Completion::Recv {
+                slot,
+                res,
+                buf: m.recv.take().expect("a recv in flight holds its buffer"),
+            },
+            Op::Send => Completion::Send {
+                slot,
+                res,
+                mem: m.send.take().expect("a send in flight holds its memory"),
+            },
+            Op::PollOut => Completion::PollOut { slot },
+            Op::Watch => Completion::Watch { slot, res, more },
+            Op::TxTimestamps => Completion::TxTimestamp {
+                slot,
+                res,
+                flags,
+                more,
+            },
+            Op::Accept | Op::EventFd | Op::Cancel => unreachable!("handled above"),
+        })
+    }
+
+    fn count_unmatched(&mut self, ud: UserData, kind: Unmatched, res: i32, flags: u32) {
+        let n = self.unmatched.repeat + self.unmatched.unknown;
+        match kind {
+            Unmatched::Repeat => self.unmatched.repeat += 1,
+            Unmatched::Unknown => self.unmatched.unknown += 1,
+        }
+        if n < 10 {
+            eprintln!(
+                "ignored an unmatched completion ({kind:?}) on slot {}: {:?}, serial {}, \
+                 result {res}, flags {flags:#x}",
+                ud.slot, ud.op, ud.serial
+            );
+        }
+    }
+}
