@@ -16,9 +16,9 @@
 //! See `SPEC-NOTES.md` for the rules and the test that checks each.
 #![forbid(unsafe_code)]
 
-use super::era::{self, Era, Version};
-use super::headers::{self, Headers, OriginPolicy};
-use super::jsonrpc::{self, Body, Kind, Message, RpcId};
+use crate::era::{self, Era, Version};
+use crate::headers::{self, Headers, OriginPolicy};
+use crate::jsonrpc::{self, Body, Kind, Message, RpcId};
 use log_store::{Bounds, Epoch, EventId, ResumeInput, ResumePlan, Seq, StreamId, plan_resume};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, HashMap, VecDeque};

@@ -16,12 +16,13 @@
 //! another `kill_grace_ms`, SIGKILL. Exited children are reaped by `poll`.
 //!
 //! With `--upstream-url` the same set holds HTTP clients instead of children
-//! ([`super::http_upstream`]); the interface and the events are the same, so the core and the
+//! ([`crate::http_upstream`]); the interface and the events are the same, so the core and the
 //! driver do not know which kind they talk to.
 #![forbid(unsafe_code)]
 
-use super::core::UpstreamId;
-use super::http_upstream::{HttpTarget, HttpUpstream};
+use crate::core::UpstreamId;
+use crate::http_upstream::{HttpTarget, HttpUpstream};
+pub use crate::upstream_event::{UpstreamEvent, UpstreamLimits};
 use crossbeam::channel::{self, Receiver, Sender, TrySendError};
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -29,29 +30,6 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
-
-/// What the reader threads report.
-#[derive(Debug)]
-pub enum UpstreamEvent {
-    /// One stdout line without its `\n`.
-    Line(UpstreamId, Vec<u8>),
-    /// A stdout line longer than the limit was skipped (counted, logged).
-    LineTooLong(UpstreamId, usize),
-    /// stdout reached EOF (the child exited or closed it): the MCP channel is gone.
-    Closed(UpstreamId),
-}
-
-/// Limits (CLI flags with units).
-#[derive(Debug, Clone)]
-pub struct UpstreamLimits {
-    /// Longest stdout line accepted (`--mcp-upstream-line-bytes-max`).
-    pub line_bytes_max: usize,
-    /// Lines queued towards a child's stdin before it counts as stuck and is killed
-    /// (`--mcp-upstream-queue-lines-max`); also the capacity of the shared stdout channel.
-    pub queue_lines_max: usize,
-    /// Time between closing stdin and SIGKILL (`--mcp-upstream-kill-grace-ms`).
-    pub kill_grace_ms: u64,
-}
 
 struct Proc {
     child: Child,
