@@ -19,7 +19,10 @@
 use crate::era::{self, Era, Version};
 use crate::headers::{self, Headers, OriginPolicy};
 use crate::jsonrpc::{self, Body, Kind, Message, RpcId};
-use log_store::{Bounds, Epoch, EventId, ResumeInput, ResumePlan, Seq, StreamId, plan_resume};
+use log_store::{
+    Bounds, Detail, Epoch, EventId, Refusal, ResumeClass, ResumeInput, ResumeOutcome, Seq,
+    StreamId, plan_resume,
+};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
@@ -299,6 +302,26 @@ fn sse_headers() -> Vec<(&'static str, String)> {
         .iter()
         .map(|(k, v)| (*k, (*v).to_owned()))
         .collect()
+}
+
+/// Where a resumed SSE response starts: the client's Last-Event-ID, the stream, the first seq.
+struct ResumedAt {
+    /// The Last-Event-ID as sent (lossy UTF-8), quoted in answers.
+    text: String,
+    ev: EventId,
+    stream_name: String,
+    from: Seq,
+}
+
+/// A number the resume planner always puts in this refusal (an invariant of `log_store`).
+fn detail_num(r: &Refusal, name: &str) -> u64 {
+    r.details
+        .iter()
+        .find_map(|(k, v)| match v {
+            Detail::Num(x) if *k == name => Some(*x),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("refusal {} has no number {name:?}", r.code))
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -907,14 +930,60 @@ impl McpCore {
         });
     }
 
-    /// SPEC L19/L20: GET + Last-Event-ID.
+    /// SPEC L19/L20: GET + Last-Event-ID. The id must name a stream of this session; the log's
+    /// resume planner decides the rest ([`log_store::ResumePlan::outcome`]), then the MCP-only check that
+    /// a complete stream has something left to give.
     fn resume(&mut self, conn: ConnId, sid: &str, raw: &[u8], log: &dyn LogView) {
         let text = String::from_utf8_lossy(raw).into_owned();
+        let Some((ev, n)) = self.resume_target(conn, sid, &text, log) else {
+            return;
+        };
+        let Some(bounds) = log.bounds(ev.stream) else {
+            return self.refuse_resume(
+                conn,
+                "Bad Request: unknown stream",
+                json!({ "requested": text }),
+            );
+        };
+        let plan = plan_resume(&ResumeInput {
+            log_epoch: log.epoch(),
+            stream: ev.stream,
+            bounds,
+            requested: ev,
+            window: None,
+            known_epochs: log.known_epochs(),
+        });
+        let stream_name = format!("mcp/{sid}/{n}");
+        let Some(from) = self.resume_from(conn, &text, &stream_name, plan.outcome()) else {
+            return;
+        };
+        let at = ResumedAt {
+            text,
+            ev,
+            stream_name,
+            from,
+        };
+        if self.refuse_ended(conn, sid, n, bounds, &at) {
+            return;
+        }
+        self.stats.resumes_ok += 1;
+        self.attach_resumed(conn, sid, n, bounds, at);
+    }
+
+    /// Parses the Last-Event-ID and finds the stream of session `sid` it names (its number);
+    /// answers 400 and returns `None` when it is not an event id or names no stream of `sid`.
+    fn resume_target(
+        &mut self,
+        conn: ConnId,
+        sid: &str,
+        text: &str,
+        log: &dyn LogView,
+    ) -> Option<(EventId, u32)> {
         let ev: EventId = match text.parse() {
             Ok(ev) => ev,
             Err(e) => {
-                self.stats.resumes_rejected += 1;
-                return self.error(conn, 400, None, jsonrpc::RESUME_INVALID, &format!("Bad Request: Last-Event-ID {text:?} is not an event id of this gateway: {e}"), Some(json!({ "requested": text })));
+                self.refuse_resume(conn, &format!("Bad Request: Last-Event-ID {text:?} is not an event id of this gateway: {e}"), json!({ "requested": text }));
+                return None;
             }
         };
         let log_epoch = log.epoch();
@@ -927,52 +996,49 @@ impl McpCore {
             .and_then(parse_stream_name)
             .filter(|(owner, _)| *owner == sid)
             .map(|(_, n)| n);
-        let Some(n) = owned else {
-            self.stats.resumes_rejected += 1;
+        if owned.is_none() {
             let why = if ev.epoch != log_epoch && !log.known_epochs().contains(&ev.epoch) {
                 format!("event id {text} is from another log epoch (expected {log_epoch})")
             } else {
                 format!("event id {text} does not belong to a stream of this session")
             };
-            return self.error(
+            self.refuse_resume(
                 conn,
-                400,
-                None,
-                jsonrpc::RESUME_INVALID,
                 &format!("Bad Request: {why}"),
-                Some(json!({ "requested": text })),
+                json!({ "requested": text }),
             );
-        };
-        let Some(bounds) = log.bounds(ev.stream) else {
-            self.stats.resumes_rejected += 1;
-            return self.error(
-                conn,
-                400,
-                None,
-                jsonrpc::RESUME_INVALID,
-                "Bad Request: unknown stream",
-                Some(json!({ "requested": text })),
-            );
-        };
-        let plan = plan_resume(&ResumeInput {
-            log_epoch,
-            stream: ev.stream,
-            bounds,
-            requested: ev,
-            window: None,
-            known_epochs: log.known_epochs(),
-        });
-        let stream_name = format!("mcp/{sid}/{n}");
-        let from = match plan {
-            ResumePlan::Replay { from } | ResumePlan::UpToDate { from } => from,
-            ResumePlan::Aligned { window_from, .. } => window_from,
-            ResumePlan::Truncated {
+        }
+        owned.map(|n| (ev, n))
+    }
+
+    /// Answers a resume the client got wrong: 400 with `RESUME_INVALID`, counted as rejected.
+    fn refuse_resume(&mut self, conn: ConnId, msg: &str, data: Value) {
+        self.stats.resumes_rejected += 1;
+        self.error(conn, 400, None, jsonrpc::RESUME_INVALID, msg, Some(data));
+    }
+
+    /// The first seq to send for a served outcome; otherwise answers the MCP error (410 for
+    /// truncated history, 400 for a refusal) and returns `None`. MCP keeps no parked window,
+    /// so an aligned outcome (never planned here: the window is `None`) is read from the log
+    /// from its head.
+    fn resume_from(
+        &mut self,
+        conn: ConnId,
+        text: &str,
+        stream_name: &str,
+        outcome: ResumeOutcome,
+    ) -> Option<Seq> {
+        match outcome {
+            ResumeOutcome::Serve { from, aligned, .. } => {
+                Some(aligned.map_or(from, |(head, _)| head))
+            }
+            ResumeOutcome::Gone {
                 requested,
                 floor,
                 tail,
             } => {
                 self.stats.resumes_truncated += 1;
-                return self.error(
+                self.error(
                     conn,
                     410,
                     None,
@@ -980,45 +1046,67 @@ impl McpCore {
                     &format!("Gone: the history after {text} is no longer retained (requested seq {requested}, floor {floor}, tail {tail})"),
                     Some(json!({ "requested": text, "stream": stream_name, "requested_seq": requested, "floor": floor, "tail": tail })),
                 );
+                None
             }
-            ResumePlan::BeyondTail { requested, tail } => {
-                self.stats.resumes_rejected += 1;
-                return self.error(conn, 400, None, jsonrpc::RESUME_INVALID, &format!("Bad Request: event id {text} is beyond the stream's tail {tail}"), Some(json!({ "requested": text, "stream": stream_name, "requested_seq": requested, "tail": tail })));
+            ResumeOutcome::Refused(r) if r.class == ResumeClass::BeyondTail => {
+                let (requested, tail) = (detail_num(&r, "requested"), detail_num(&r, "tail"));
+                self.refuse_resume(conn, &format!("Bad Request: event id {text} is beyond the stream's tail {tail}"), json!({ "requested": text, "stream": stream_name, "requested_seq": requested, "tail": tail }));
+                None
             }
-            ResumePlan::WrongEpoch { .. } | ResumePlan::OtherStream { .. } => {
-                // Excluded above (same epoch, stream named by the id); kept total.
-                self.stats.resumes_rejected += 1;
-                return self.error(
+            ResumeOutcome::Refused(_) => {
+                // Wrong epoch / other stream: excluded by `resume_target` (same epoch, stream
+                // named by the id); kept total.
+                self.refuse_resume(
                     conn,
-                    400,
-                    None,
-                    jsonrpc::RESUME_INVALID,
                     &format!("Bad Request: event id {text} does not belong to this stream"),
-                    Some(json!({ "requested": text })),
+                    json!({ "requested": text }),
                 );
+                None
             }
-        };
-        // A complete stream resumed at (or past) its last record has nothing more to give. A
-        // client only does that when the stream ended without the response it waits for (its
-        // session was recovered after a crash); an empty 200 would make it reconnect forever.
+        }
+    }
+
+    /// A complete stream resumed at (or past) its last record has nothing more to give. A
+    /// client only does that when the stream ended without the response it waits for (its
+    /// session was recovered after a crash); an empty 200 would make it reconnect forever.
+    /// Answers 410 and returns true in that case.
+    fn refuse_ended(
+        &mut self,
+        conn: ConnId,
+        sid: &str,
+        n: u32,
+        bounds: Bounds,
+        at: &ResumedAt,
+    ) -> bool {
+        let ResumedAt {
+            text,
+            stream_name,
+            from,
+            ..
+        } = at;
         let complete_at = match self.sessions[sid].streams.get(&n) {
             Some(st) => st.complete,
             None => Some(bounds.tail),
         };
-        if let Some(last) = complete_at
-            && from > last
-        {
-            self.stats.resumes_rejected += 1;
-            return self.error(
-                conn,
-                410,
-                None,
-                jsonrpc::RESUME_TRUNCATED,
-                &format!("Gone: the stream ended at seq {last}; nothing follows {text}"),
-                Some(json!({ "requested": text, "stream": stream_name, "tail": last, "ended": true })),
-            );
-        }
-        self.stats.resumes_ok += 1;
+        let Some(last) = complete_at.filter(|&last| *from > last) else {
+            return false;
+        };
+        self.stats.resumes_rejected += 1;
+        self.error(
+            conn,
+            410,
+            None,
+            jsonrpc::RESUME_TRUNCATED,
+            &format!("Gone: the stream ended at seq {last}; nothing follows {text}"),
+            Some(json!({ "requested": text, "stream": stream_name, "tail": last, "ended": true })),
+        );
+        true
+    }
+
+    /// Points stream `n` of session `sid` at the resuming connection (loading the stream's
+    /// state from the log's bounds when it is not in memory), closes the connection it had,
+    /// and opens the SSE response from `at.from`.
+    fn attach_resumed(&mut self, conn: ConnId, sid: &str, n: u32, bounds: Bounds, at: ResumedAt) {
         let retry = self.cfg.retry_ms;
         let sess = self.sessions.get_mut(sid).expect("checked");
         // A stream not in memory is complete at its log tail.
@@ -1034,14 +1122,12 @@ impl McpCore {
                 unreachable!("live session lost its GET stream state")
             }
             None => {
-                let mut st = Stream::new(
-                    stream_name.clone(),
-                    if n == 0 {
-                        StreamKind::Get
-                    } else {
-                        StreamKind::Post
-                    },
-                );
+                let kind = if n == 0 {
+                    StreamKind::Get
+                } else {
+                    StreamKind::Post
+                };
+                let mut st = Stream::new(at.stream_name.clone(), kind);
                 st.next_seq = bounds.tail + 1;
                 st.complete = Some(bounds.tail);
                 st.conn = Some(conn);
@@ -1061,9 +1147,9 @@ impl McpCore {
             conn,
             // Clients that lose a resumed response before its first new event must still know
             // where they are (the TypeScript SDK otherwise retries without Last-Event-ID).
-            reprime: Some(ev.to_string()),
-            stream: stream_name,
-            from_seq: from,
+            reprime: Some(at.ev.to_string()),
+            stream: at.stream_name,
+            from_seq: at.from,
             retry_ms: Some(retry),
             headers,
             end_after,
