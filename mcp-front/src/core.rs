@@ -324,6 +324,35 @@ fn detail_num(r: &Refusal, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("refusal {} has no number {name:?}", r.code))
 }
 
+/// The requests among `msgs`: each id with its progress token, in order.
+fn requests_of(msgs: &[Message]) -> Vec<(RpcId, Option<RpcId>)> {
+    msgs.iter()
+        .filter_map(|m| match &m.kind {
+            Kind::Request { id, .. } => Some((id.clone(), m.progress_token())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The first request that reuses a request id or a progress token in flight in `sess` or
+/// earlier in `requests`, with what it reuses.
+fn first_reuse(sess: &Session, requests: &[(RpcId, Option<RpcId>)]) -> Option<(RpcId, String)> {
+    for (i, (id, tok)) in requests.iter().enumerate() {
+        let dup_id = sess.inflight.contains_key(id) || requests[..i].iter().any(|(x, _)| x == id);
+        let dup_tok = tok.as_ref().is_some_and(|t| {
+            sess.progress.contains_key(t)
+                || requests[..i].iter().any(|(_, x)| x.as_ref() == Some(t))
+        });
+        if dup_id {
+            return Some((id.clone(), format!("request id {id}")));
+        }
+        if dup_tok {
+            return Some((id.clone(), "progress token".to_owned()));
+        }
+    }
+    None
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -587,25 +616,8 @@ impl McpCore {
                 );
             }
         };
-        // A 2026-07-28 body (protocol version in `_meta`) without the version header would be
-        // mistaken for a legacy request: the header is required in that era (SPEC M4).
-        if header_version.is_none()
-            && let Body::Single(m) = &parsed
-            && let Some(v) = m.meta_protocol_version()
-        {
-            let id = match &m.kind {
-                Kind::Request { id, .. } => Some(id.clone()),
-                _ => None,
-            };
-            let e = headers::MirrorError::MissingVersion;
-            return self.error(
-                conn,
-                400,
-                id.as_ref(),
-                jsonrpc::HEADER_MISMATCH,
-                &e.to_string(),
-                Some(json!({ "body_version": v })),
-            );
+        if self.refuse_unversioned_modern(conn, header_version, &parsed) {
+            return;
         }
         let is_init = matches!(&parsed, Body::Single(Message { kind: Kind::Request { method, .. }, .. }) if method == "initialize");
         if is_init {
@@ -617,51 +629,16 @@ impl McpCore {
         let Some(sid) = self.session_of(conn, h) else {
             return;
         };
-        let cfg_inflight_max = self.cfg.requests_inflight_max;
-        let retry_ms = self.cfg.retry_ms;
-        let hold = self.cfg.post_hold_ms;
+        let Some((upstream, msgs)) = self.session_messages(conn, &sid, header_version, parsed)
+        else {
+            return;
+        };
+        let requests = requests_of(&msgs);
         let sess = self.sessions.get_mut(&sid).expect("session_of checked");
-        let Some(upstream) = sess.upstream else {
-            return self.error(conn, 404, None, jsonrpc::SESSION_ERROR, "Session not found (its upstream ended with a gateway restart; resume of its streams is still possible)", None);
-        };
-        let version = header_version
-            .or(sess.version)
-            .unwrap_or(Version::V2025_03_26);
-        let msgs = match parsed {
-            Body::Single(m) => vec![m],
-            Body::Batch(v) if version.allows_batch() => v,
-            Body::Batch(_) => {
-                return self.error(conn, 400, None, jsonrpc::INVALID_REQUEST, &format!("Bad Request: JSON-RPC batches are not allowed in protocol version {version}"), None);
-            }
-        };
-        if msgs
-            .iter()
-            .any(|m| matches!(&m.kind, Kind::Request { method, .. } if method == "initialize"))
-        {
-            return self.error(
-                conn,
-                400,
-                None,
-                jsonrpc::INVALID_REQUEST,
-                "Bad Request: initialize must be sent alone, without Mcp-Session-Id",
-                None,
-            );
-        }
-        let requests: Vec<(RpcId, Option<RpcId>)> = msgs
-            .iter()
-            .filter_map(|m| match &m.kind {
-                Kind::Request { id, .. } => Some((id.clone(), m.progress_token())),
-                _ => None,
-            })
-            .collect();
         sess.last_active_ms = now_ms;
         if requests.is_empty() {
             // SPEC C6: notifications / responses only → 202, forwarded in order.
-            let lines: Vec<Vec<u8>> = msgs.iter().map(Message::to_line).collect();
-            for line in lines {
-                self.actions
-                    .push_back(Action::SendUpstream { upstream, line });
-            }
+            self.send_upstream(upstream, &msgs);
             return self.respond(conn, 202, Vec::new(), Vec::new());
         }
         if !Self::accepts_sse(h) {
@@ -674,32 +651,141 @@ impl McpCore {
                 None,
             );
         }
-        if sess.inflight.len() + requests.len() > cfg_inflight_max {
-            return self.error(conn, 429, None, jsonrpc::LIMIT_EXCEEDED, &format!("Too Many Requests: more than {cfg_inflight_max} requests in flight in this session"), None);
+        if self.refuse_requests(conn, &sid, &requests) {
+            return;
         }
-        for (i, (id, tok)) in requests.iter().enumerate() {
-            let dup_id =
-                sess.inflight.contains_key(id) || requests[..i].iter().any(|(x, _)| x == id);
-            let dup_tok = tok.as_ref().is_some_and(|t| {
-                sess.progress.contains_key(t)
-                    || requests[..i].iter().any(|(_, x)| x.as_ref() == Some(t))
-            });
-            if dup_id || dup_tok {
-                let what = if dup_id {
-                    format!("request id {id}")
-                } else {
-                    "progress token".to_owned()
-                };
-                return self.error(
-                    conn,
-                    400,
-                    Some(id),
-                    jsonrpc::INVALID_REQUEST,
-                    &format!("Bad Request: {what} is already in use in this session"),
-                    None,
-                );
+        self.open_post_stream(now_ms, conn, &sid, requests);
+        self.send_upstream(upstream, &msgs);
+    }
+
+    /// A 2026-07-28 body (protocol version in `_meta`) without the version header would be
+    /// mistaken for a legacy request: the header is required in that era (SPEC M4). Answers
+    /// 400 and returns true for such a body.
+    fn refuse_unversioned_modern(
+        &mut self,
+        conn: ConnId,
+        header_version: Option<Version>,
+        parsed: &Body,
+    ) -> bool {
+        if header_version.is_some() {
+            return false;
+        }
+        let Body::Single(m) = parsed else {
+            return false;
+        };
+        let Some(v) = m.meta_protocol_version() else {
+            return false;
+        };
+        let id = match &m.kind {
+            Kind::Request { id, .. } => Some(id.clone()),
+            _ => None,
+        };
+        let e = headers::MirrorError::MissingVersion;
+        self.error(
+            conn,
+            400,
+            id.as_ref(),
+            jsonrpc::HEADER_MISMATCH,
+            &e.to_string(),
+            Some(json!({ "body_version": v })),
+        );
+        true
+    }
+
+    /// The messages of a POST to session `sid` and the session's upstream; answers and returns
+    /// `None` when the upstream is gone (404), the version forbids a batch, or a batch
+    /// carries `initialize` (400).
+    fn session_messages(
+        &mut self,
+        conn: ConnId,
+        sid: &str,
+        header_version: Option<Version>,
+        parsed: Body,
+    ) -> Option<(UpstreamId, Vec<Message>)> {
+        let sess = &self.sessions[sid];
+        let Some(upstream) = sess.upstream else {
+            self.error(conn, 404, None, jsonrpc::SESSION_ERROR, "Session not found (its upstream ended with a gateway restart; resume of its streams is still possible)", None);
+            return None;
+        };
+        let version = header_version
+            .or(sess.version)
+            .unwrap_or(Version::V2025_03_26);
+        let msgs = match parsed {
+            Body::Single(m) => vec![m],
+            Body::Batch(v) if version.allows_batch() => v,
+            Body::Batch(_) => {
+                self.error(conn, 400, None, jsonrpc::INVALID_REQUEST, &format!("Bad Request: JSON-RPC batches are not allowed in protocol version {version}"), None);
+                return None;
             }
+        };
+        if msgs
+            .iter()
+            .any(|m| matches!(&m.kind, Kind::Request { method, .. } if method == "initialize"))
+        {
+            self.error(
+                conn,
+                400,
+                None,
+                jsonrpc::INVALID_REQUEST,
+                "Bad Request: initialize must be sent alone, without Mcp-Session-Id",
+                None,
+            );
+            return None;
         }
+        Some((upstream, msgs))
+    }
+
+    /// Refuses a POST's requests that would exceed the session's in-flight limit (429) or reuse
+    /// a request id or progress token in flight in the session or earlier in the same POST
+    /// (400, naming the first such request). Returns true when it answered.
+    fn refuse_requests(
+        &mut self,
+        conn: ConnId,
+        sid: &str,
+        requests: &[(RpcId, Option<RpcId>)],
+    ) -> bool {
+        let inflight_max = self.cfg.requests_inflight_max;
+        let sess = &self.sessions[sid];
+        if sess.inflight.len() + requests.len() > inflight_max {
+            self.error(
+                conn,
+                429,
+                None,
+                jsonrpc::LIMIT_EXCEEDED,
+                &format!(
+                    "Too Many Requests: more than {inflight_max} requests in flight in this session"
+                ),
+                None,
+            );
+            return true;
+        }
+        let Some((id, what)) = first_reuse(sess, requests) else {
+            return false;
+        };
+        self.error(
+            conn,
+            400,
+            Some(&id),
+            jsonrpc::INVALID_REQUEST,
+            &format!("Bad Request: {what} is already in use in this session"),
+            None,
+        );
+        true
+    }
+
+    /// Creates the next POST stream of session `sid` for `requests` (in flight from now on,
+    /// their progress tokens routed to it), held per `--mcp-post-hold-ms`, and opens `conn`
+    /// on it primed.
+    fn open_post_stream(
+        &mut self,
+        now_ms: u64,
+        conn: ConnId,
+        sid: &str,
+        requests: Vec<(RpcId, Option<RpcId>)>,
+    ) {
+        let retry_ms = self.cfg.retry_ms;
+        let hold = self.cfg.post_hold_ms;
+        let sess = self.sessions.get_mut(sid).expect("session_of checked");
         let n = sess.next_n;
         sess.next_n += 1;
         let mut stream = Stream::new(format!("mcp/{sid}/{n}"), StreamKind::Post);
@@ -720,16 +806,20 @@ impl McpCore {
         }
         let name = stream.name.clone();
         sess.streams.insert(n, stream);
-        self.conns.insert(conn, (Owner::Session(sid.clone()), n));
+        self.conns.insert(conn, (Owner::Session(sid.to_owned()), n));
         self.open_primed(
             conn,
-            &Owner::Session(sid.clone()),
+            &Owner::Session(sid.to_owned()),
             n,
             Some(retry_ms),
             Vec::new(),
         );
         debug_assert_eq!(name, format!("mcp/{sid}/{n}"));
-        for m in &msgs {
+    }
+
+    /// Forwards `msgs` to `upstream`, in order.
+    fn send_upstream(&mut self, upstream: UpstreamId, msgs: &[Message]) {
+        for m in msgs {
             self.actions.push_back(Action::SendUpstream {
                 upstream,
                 line: m.to_line(),
