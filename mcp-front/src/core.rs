@@ -353,6 +353,47 @@ fn first_reuse(sess: &Session, requests: &[(RpcId, Option<RpcId>)]) -> Option<(R
     None
 }
 
+/// A new legacy session whose upstream is `upstream`: its `initialize` request `id` in
+/// flight on POST stream 1, which `conn` reads (never held back).
+fn new_session(
+    now_ms: u64,
+    conn: ConnId,
+    upstream: UpstreamId,
+    sid: &str,
+    header_version: Option<Version>,
+    msg: &Message,
+    id: &RpcId,
+) -> Session {
+    let mut stream = Stream::new(format!("mcp/{sid}/1"), StreamKind::Post);
+    stream.pending = 1;
+    stream.conn = Some(conn);
+    stream.hold_deadline_ms = None; // the initialize answer is never held back
+    let tok = msg.progress_token();
+    let mut sess = Session {
+        upstream: Some(upstream),
+        version: header_version,
+        last_active_ms: now_ms,
+        next_n: 2,
+        streams: BTreeMap::new(),
+        inflight: HashMap::new(),
+        progress: HashMap::new(),
+        get_undelivered_from: 1,
+        init_id: Some(id.clone()),
+    };
+    if let Some(t) = &tok {
+        sess.progress.insert(t.clone(), 1);
+    }
+    sess.inflight.insert(
+        id.clone(),
+        InFlight {
+            stream: 1,
+            token: tok,
+        },
+    );
+    sess.streams.insert(1, stream);
+    sess
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -453,59 +494,11 @@ impl McpCore {
     pub fn handle_http(&mut self, now_ms: u64, req: &HttpRequest<'_>, log: &dyn LogView) {
         let h = Headers::new(req.headers);
         let conn = req.conn;
-        // Our headers must not repeat (two session ids or origins are ambiguous).
-        for name in [
-            headers::ORIGIN,
-            headers::HOST,
-            headers::SESSION_ID,
-            headers::PROTOCOL_VERSION,
-            headers::LAST_EVENT_ID,
-        ] {
-            if let Err(headers::DuplicateHeader(n)) = h.one(name) {
-                return self.error(
-                    conn,
-                    400,
-                    None,
-                    jsonrpc::INVALID_REQUEST,
-                    &format!("header {n} appears more than once"),
-                    None,
-                );
-            }
+        if self.refuse_headers(conn, &h) {
+            return;
         }
-        let one = |name| h.one(name).ok().flatten();
-        // SPEC C1/C2: Origin and Host first, for every method.
-        if let Err(e) = self
-            .cfg
-            .origin_policy
-            .check_origin(one(headers::ORIGIN))
-            .and_then(|()| self.cfg.origin_policy.check_host(one(headers::HOST)))
-        {
-            return self.error(
-                conn,
-                403,
-                None,
-                jsonrpc::INVALID_REQUEST,
-                &format!("Forbidden: {e}"),
-                None,
-            );
-        }
-        // SPEC L6: a present version header must be supported.
-        let version_header = one(headers::PROTOCOL_VERSION);
-        let header_version = match version_header {
-            None => None,
-            Some(raw) => match era::request_version(Some(raw), None) {
-                Ok(v) => Some(v),
-                Err(era::VersionError::Unsupported(v)) => {
-                    return self.error(
-                        conn,
-                        400,
-                        None,
-                        jsonrpc::INVALID_REQUEST,
-                        &format!("Bad Request: unsupported MCP-Protocol-Version {v:?}"),
-                        Some(json!({ "supported": era::supported_list(), "requested": v })),
-                    );
-                }
-            },
+        let Ok(header_version) = self.header_version(conn, &h) else {
+            return;
         };
         if header_version.map(Version::era) == Some(Era::Modern) {
             return match req.method {
@@ -524,6 +517,71 @@ impl McpCore {
                 vec![("allow", "GET, POST, DELETE".into())],
                 Vec::new(),
             ),
+        }
+    }
+
+    /// Our headers must not repeat (two session ids or origins are ambiguous); SPEC C1/C2:
+    /// Origin and Host are checked first, for every method. Answers and returns true when the
+    /// request is refused.
+    fn refuse_headers(&mut self, conn: ConnId, h: &Headers<'_>) -> bool {
+        for name in [
+            headers::ORIGIN,
+            headers::HOST,
+            headers::SESSION_ID,
+            headers::PROTOCOL_VERSION,
+            headers::LAST_EVENT_ID,
+        ] {
+            if let Err(headers::DuplicateHeader(n)) = h.one(name) {
+                self.error(
+                    conn,
+                    400,
+                    None,
+                    jsonrpc::INVALID_REQUEST,
+                    &format!("header {n} appears more than once"),
+                    None,
+                );
+                return true;
+            }
+        }
+        let one = |name| h.one(name).ok().flatten();
+        let Err(e) = self
+            .cfg
+            .origin_policy
+            .check_origin(one(headers::ORIGIN))
+            .and_then(|()| self.cfg.origin_policy.check_host(one(headers::HOST)))
+        else {
+            return false;
+        };
+        self.error(
+            conn,
+            403,
+            None,
+            jsonrpc::INVALID_REQUEST,
+            &format!("Forbidden: {e}"),
+            None,
+        );
+        true
+    }
+
+    /// SPEC L6: a present version header must be supported. `Ok(None)` when absent; `Err`
+    /// after answering 400.
+    fn header_version(&mut self, conn: ConnId, h: &Headers<'_>) -> Result<Option<Version>, ()> {
+        let Some(raw) = h.one(headers::PROTOCOL_VERSION).ok().flatten() else {
+            return Ok(None);
+        };
+        match era::request_version(Some(raw), None) {
+            Ok(v) => Ok(Some(v)),
+            Err(era::VersionError::Unsupported(v)) => {
+                self.error(
+                    conn,
+                    400,
+                    None,
+                    jsonrpc::INVALID_REQUEST,
+                    &format!("Bad Request: unsupported MCP-Protocol-Version {v:?}"),
+                    Some(json!({ "supported": era::supported_list(), "requested": v })),
+                );
+                Err(())
+            }
         }
     }
 
@@ -879,31 +937,8 @@ impl McpCore {
         let Kind::Request { id, .. } = &msg.kind else {
             unreachable!("initialize is a request")
         };
-        if h.one(headers::SESSION_ID).ok().flatten().is_some() {
-            return self.error(conn, 400, Some(id), jsonrpc::INVALID_REQUEST, "Bad Request: initialize must not carry Mcp-Session-Id (start a new session without it)", None);
-        }
-        if !Self::accepts_sse(h) {
-            return self.error(
-                conn,
-                406,
-                Some(id),
-                jsonrpc::INVALID_REQUEST,
-                "Not Acceptable: requests are answered with text/event-stream",
-                None,
-            );
-        }
-        if self.sessions.len() >= self.cfg.sessions_max {
-            return self.error(
-                conn,
-                503,
-                Some(id),
-                jsonrpc::LIMIT_EXCEEDED,
-                &format!(
-                    "Service Unavailable: {} sessions open (--mcp-sessions-max)",
-                    self.cfg.sessions_max
-                ),
-                None,
-            );
+        if self.refuse_initialize(conn, h, id) {
+            return;
         }
         // SPEC L1/L2: 128 random bits as lowercase hex: visible ASCII, unique.
         let sid = loop {
@@ -916,33 +951,7 @@ impl McpCore {
         self.next_upstream += 1;
         self.upstreams.insert(upstream, Owner::Session(sid.clone()));
         self.stats.sessions_minted += 1;
-        let mut stream = Stream::new(format!("mcp/{sid}/1"), StreamKind::Post);
-        stream.pending = 1;
-        stream.conn = Some(conn);
-        stream.hold_deadline_ms = None; // the initialize answer is never held back
-        let tok = msg.progress_token();
-        let mut sess = Session {
-            upstream: Some(upstream),
-            version: header_version,
-            last_active_ms: now_ms,
-            next_n: 2,
-            streams: BTreeMap::new(),
-            inflight: HashMap::new(),
-            progress: HashMap::new(),
-            get_undelivered_from: 1,
-            init_id: Some(id.clone()),
-        };
-        if let Some(t) = &tok {
-            sess.progress.insert(t.clone(), 1);
-        }
-        sess.inflight.insert(
-            id.clone(),
-            InFlight {
-                stream: 1,
-                token: tok,
-            },
-        );
-        sess.streams.insert(1, stream);
+        let sess = new_session(now_ms, conn, upstream, &sid, header_version, &msg, id);
         self.sessions.insert(sid.clone(), sess);
         self.conns.insert(conn, (Owner::Session(sid.clone()), 1));
         self.actions.push_back(Action::SpawnUpstream {
@@ -956,6 +965,41 @@ impl McpCore {
             upstream,
             line: msg.to_line(),
         });
+    }
+
+    /// Refuses an `initialize` that carries a session id (400), does not accept SSE (406), or
+    /// would exceed `--mcp-sessions-max` (503). Returns true when it answered.
+    fn refuse_initialize(&mut self, conn: ConnId, h: &Headers<'_>, id: &RpcId) -> bool {
+        if h.one(headers::SESSION_ID).ok().flatten().is_some() {
+            self.error(conn, 400, Some(id), jsonrpc::INVALID_REQUEST, "Bad Request: initialize must not carry Mcp-Session-Id (start a new session without it)", None);
+            return true;
+        }
+        if !Self::accepts_sse(h) {
+            self.error(
+                conn,
+                406,
+                Some(id),
+                jsonrpc::INVALID_REQUEST,
+                "Not Acceptable: requests are answered with text/event-stream",
+                None,
+            );
+            return true;
+        }
+        if self.sessions.len() >= self.cfg.sessions_max {
+            self.error(
+                conn,
+                503,
+                Some(id),
+                jsonrpc::LIMIT_EXCEEDED,
+                &format!(
+                    "Service Unavailable: {} sessions open (--mcp-sessions-max)",
+                    self.cfg.sessions_max
+                ),
+                None,
+            );
+            return true;
+        }
+        false
     }
 
     fn legacy_get(&mut self, now_ms: u64, conn: ConnId, h: &Headers<'_>, log: &dyn LogView) {
