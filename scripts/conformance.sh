@@ -10,7 +10,7 @@
 #    SDK; also server-everything as upstream) and mcp-tests/exactly_once.py (PyPI `mcp`).
 # Loopback only; every step is bounded. Exit status: 0 when no conformance check FAILED and
 # both client test files pass; non-zero otherwise (or when setup fails). Conformance checks
-# with status WARNING are listed (they do not fail the run; see gateway/src/mcp/SPEC-NOTES.md).
+# with status WARNING are listed (they do not fail the run; see mcp-front/SPEC-NOTES.md).
 # Usage: scripts/conformance.sh [--release] [--no-clients]
 #        (env CONFORMANCE_OUT=dir keeps the JSON results)
 set -euo pipefail

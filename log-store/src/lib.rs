@@ -45,4 +45,6 @@ pub use log::{
     RetentionReport, SyncError, SyncReport,
 };
 pub use options::{FsyncPolicy, FsyncPolicyError, LogOptions, LogOptionsError};
-pub use resume::{ResumeInput, ResumePlan, WindowView, plan_resume};
+pub use resume::{
+    Detail, Refusal, ResumeClass, ResumeInput, ResumeOutcome, ResumePlan, WindowView, plan_resume,
+};

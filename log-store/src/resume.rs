@@ -1,6 +1,9 @@
 //! The pure resume planner: given a client's `Last-Event-ID` N, the stream's retained bounds,
 //! the log's epoch and a description of the connection's retained send window, decide where the
-//! events N+1.. come from — or which explicit error to return. No I/O, no clock, no allocation.
+//! events N+1.. come from — or which explicit error to return. No I/O, no clock, no allocation
+//! while planning. [`ResumePlan::outcome`] then says what every front (the SSE API, MCP) does
+//! with the plan — serve from a sequence, answer "gone" (truncated), or refuse with a named
+//! client error — so the fronts do not each re-decide it.
 //!
 //! # Decision table
 //! Notation: `E` = log epoch, `S` = stream being resumed, `f` = floor, `v` = visible tail,
@@ -31,6 +34,14 @@
 //! lying wholly or partly below the floor can only be row 7 if `head == N + 1 >= f`, so a
 //! served window never starts below the floor; a window of an earlier epoch (the log was
 //! recreated) → row 9.
+//!
+//! # Outcome
+//! | Plan | [`ResumeOutcome`] | what the fronts do |
+//! |------|-------------------|--------------------|
+//! | `Aligned` | `Serve { class: Aligned, from: last + 1, aligned: Some((N + 1, last)) }` | parked window first, then the log |
+//! | `Replay`, `UpToDate` | `Serve { from: N + 1, aligned: None }` | the log from N+1 (or live) |
+//! | `Truncated` | `Gone { requested, floor, tail }` | explicit truncation (SSE: 410 or a `truncated` event per `on_truncated`; MCP: its own error) |
+//! | `BeyondTail`, `WrongEpoch`, `OtherStream` | `Refused(Refusal)` | client error: `code`, `message`, `details` |
 //!
 //! A `Replay` reads the log from N+1 (which is `>= f`, so the read cannot be truncated at plan
 //! time; if retention runs between planning and reading, the read itself returns `Truncated`).
@@ -280,6 +291,150 @@ pub fn plan_resume(i: &ResumeInput<'_>) -> ResumePlan {
     }
 }
 
+/// The class of a resume, as counted and reported by every front.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ResumeClass {
+    Aligned,
+    Replay,
+    UpToDate,
+    Truncated,
+    BeyondTail,
+    WrongEpoch,
+    OtherStream,
+}
+
+impl ResumeClass {
+    /// The name a front reports: the SSE `resumed` label for a served resume, the error
+    /// code for a refused one.
+    pub fn label(self) -> &'static str {
+        match self {
+            ResumeClass::Aligned => "aligned",
+            ResumeClass::Replay => "replay",
+            ResumeClass::UpToDate => "up-to-date",
+            ResumeClass::Truncated => "truncated",
+            ResumeClass::BeyondTail => "beyond_tail",
+            ResumeClass::WrongEpoch => "wrong_epoch",
+            ResumeClass::OtherStream => "other_stream",
+        }
+    }
+}
+
+/// A value in a refusal's details: a number or a text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Detail {
+    Num(u64),
+    Text(String),
+}
+
+/// A resume the fronts cannot serve: a client error naming why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub class: ResumeClass,
+    /// Machine-readable error code (`beyond_tail`, `wrong_epoch`, `other_stream`).
+    pub code: &'static str,
+    /// One sentence for a human.
+    pub message: &'static str,
+    /// Named values, in the order the SSE API's error body lists them.
+    pub details: Vec<(&'static str, Detail)>,
+}
+
+/// What a front does with a plan: decided here once for the SSE API and MCP alike.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ResumeOutcome {
+    /// Serve from `from`; with `aligned = Some((head, last))` the parked window head..=last
+    /// goes first and the log follows (from == last + 1).
+    Serve {
+        class: ResumeClass,
+        from: Seq,
+        aligned: Option<(Seq, Seq)>,
+    },
+    /// The events after the requested one are no longer retained: an explicit truncation,
+    /// never a silent restart.
+    Gone {
+        requested: Seq,
+        floor: Seq,
+        tail: Seq,
+    },
+    Refused(Refusal),
+}
+
+impl ResumeOutcome {
+    /// The class a front counts this outcome under.
+    pub fn class(&self) -> ResumeClass {
+        match self {
+            ResumeOutcome::Serve { class, .. } => *class,
+            ResumeOutcome::Gone { .. } => ResumeClass::Truncated,
+            ResumeOutcome::Refused(r) => r.class,
+        }
+    }
+}
+
+/// An epoch as the SSE API writes it in a refusal (the event ID's first field).
+fn epoch_hex(e: Epoch) -> Detail {
+    Detail::Text(format!("{:016x}", e.0))
+}
+
+impl ResumePlan {
+    /// What a front does with this plan. The refusals' codes, messages and details are the
+    /// SSE API's error bodies (`{"error": code, "message": message, details...}`).
+    pub fn outcome(&self) -> ResumeOutcome {
+        match *self {
+            ResumePlan::Aligned {
+                window_from,
+                window_to,
+                then_log_from,
+            } => ResumeOutcome::Serve {
+                class: ResumeClass::Aligned,
+                from: then_log_from,
+                aligned: Some((window_from, window_to)),
+            },
+            ResumePlan::Replay { from } => ResumeOutcome::Serve {
+                class: ResumeClass::Replay,
+                from,
+                aligned: None,
+            },
+            ResumePlan::UpToDate { from } => ResumeOutcome::Serve {
+                class: ResumeClass::UpToDate,
+                from,
+                aligned: None,
+            },
+            ResumePlan::Truncated {
+                requested,
+                floor,
+                tail,
+            } => ResumeOutcome::Gone {
+                requested,
+                floor,
+                tail,
+            },
+            ResumePlan::BeyondTail { requested, tail } => ResumeOutcome::Refused(Refusal {
+                class: ResumeClass::BeyondTail,
+                code: "beyond_tail",
+                message: "Last-Event-ID is beyond the stream's tail",
+                details: vec![
+                    ("requested", Detail::Num(requested)),
+                    ("tail", Detail::Num(tail)),
+                ],
+            }),
+            ResumePlan::WrongEpoch { got, expected } => ResumeOutcome::Refused(Refusal {
+                class: ResumeClass::WrongEpoch,
+                code: "wrong_epoch",
+                message: "Last-Event-ID belongs to another incarnation of this log",
+                details: vec![("got", epoch_hex(got)), ("expected", epoch_hex(expected))],
+            }),
+            ResumePlan::OtherStream { got, expected } => ResumeOutcome::Refused(Refusal {
+                class: ResumeClass::OtherStream,
+                code: "other_stream",
+                message: "Last-Event-ID belongs to another stream",
+                details: vec![
+                    ("got", Detail::Num(u64::from(got.0))),
+                    ("expected", Detail::Num(u64::from(expected.0))),
+                ],
+            }),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -411,6 +566,7 @@ mod tests {
             vec![]
         };
         let plan = plan_resume(input);
+        check_outcome(input, log, &plan, &expected, servable);
         let got: Result<Vec<Ev>, ResumePlan> = match plan {
             ResumePlan::Aligned {
                 window_from,
@@ -477,6 +633,206 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// What a front sends for an outcome: the parked window's part (its content, the cache),
+    /// then the log from `from`; `None` when the outcome does not serve.
+    fn served_by(
+        outcome: &ResumeOutcome,
+        input: &ResumeInput<'_>,
+        log: &ModelLog,
+    ) -> Option<Vec<Ev>> {
+        let ResumeOutcome::Serve { from, aligned, .. } = *outcome else {
+            return None;
+        };
+        let mut out = Vec::new();
+        if let Some((head, last)) = aligned {
+            assert_eq!(from, last + 1, "the log follows the window: {outcome:?}");
+            let w = input.window.expect("an aligned outcome has a window");
+            out.extend(
+                window_content(&w)
+                    .into_iter()
+                    .filter(|e| (head..=last).contains(&e.2)),
+            );
+        }
+        out.extend(log.read(from).expect("a served outcome reads the log"));
+        Some(out)
+    }
+
+    /// The outcome of a real plan: served iff the log can honour the resume, and then exactly
+    /// the suffix from N+1 (its first event is N+1: no gap, no duplicate); Gone and Refused
+    /// never serve.
+    fn check_outcome(
+        input: &ResumeInput<'_>,
+        log: &ModelLog,
+        plan: &ResumePlan,
+        expected: &[Ev],
+        servable: bool,
+    ) {
+        let outcome = plan.outcome();
+        match served_by(&outcome, input, log) {
+            Some(events) => {
+                assert!(
+                    servable,
+                    "outcome serves what the log cannot honour: {input:?} {outcome:?}"
+                );
+                assert_eq!(
+                    events, expected,
+                    "outcome is not the suffix from N+1: {input:?} {outcome:?}"
+                );
+                if let Some(first) = events.first() {
+                    assert_eq!(first.2, input.requested.seq + 1, "{input:?} {outcome:?}");
+                }
+            }
+            None => {
+                assert!(
+                    !servable,
+                    "servable resume not served: {input:?} {outcome:?}"
+                );
+                assert!(matches!(
+                    outcome,
+                    ResumeOutcome::Gone { .. } | ResumeOutcome::Refused(_)
+                ));
+            }
+        }
+    }
+
+    /// Every plan variant over a small domain of values maps to exactly the outcome the fronts
+    /// rely on; the refusals are the SSE API's error bodies, field for field.
+    #[test]
+    fn every_plan_maps_to_its_outcome() {
+        let seqs: [Seq; 4] = [0, 1, 7, u64::MAX - 1];
+        let epochs = [Epoch(0), Epoch(0xab), Epoch(u64::MAX)];
+        let streams = [StreamId(0), StreamId(1), StreamId(u32::MAX)];
+        let mut plans = Vec::new();
+        for &a in &seqs {
+            plans.push(ResumePlan::Replay { from: a });
+            plans.push(ResumePlan::UpToDate { from: a });
+            for &b in &seqs {
+                plans.push(ResumePlan::BeyondTail {
+                    requested: a,
+                    tail: b,
+                });
+                for &c in &seqs {
+                    plans.push(ResumePlan::Truncated {
+                        requested: a,
+                        floor: b,
+                        tail: c,
+                    });
+                    plans.push(ResumePlan::Aligned {
+                        window_from: a,
+                        window_to: b,
+                        then_log_from: c,
+                    });
+                }
+            }
+        }
+        for &got in &epochs {
+            for &expected in &epochs {
+                plans.push(ResumePlan::WrongEpoch { got, expected });
+            }
+        }
+        for &got in &streams {
+            for &expected in &streams {
+                plans.push(ResumePlan::OtherStream { got, expected });
+            }
+        }
+        let mut classes = std::collections::HashSet::new();
+        for plan in &plans {
+            let outcome = plan.outcome();
+            assert_eq!(outcome, expected_outcome(plan), "{plan:?}");
+            if let ResumeOutcome::Refused(r) = &outcome {
+                assert_eq!(r.code, r.class.label(), "{plan:?}");
+            }
+            classes.insert(outcome.class());
+        }
+        assert_eq!(classes.len(), 7, "every class is reached: {classes:?}");
+        let labels: std::collections::HashSet<_> = classes.iter().map(|c| c.label()).collect();
+        assert_eq!(labels.len(), 7, "labels are distinct");
+    }
+
+    /// The mapping written out per variant (no wildcard: a new variant must be added here).
+    fn expected_outcome(plan: &ResumePlan) -> ResumeOutcome {
+        let serve = |class, from, aligned| ResumeOutcome::Serve {
+            class,
+            from,
+            aligned,
+        };
+        let refuse = |class, code, message, details| {
+            ResumeOutcome::Refused(Refusal {
+                class,
+                code,
+                message,
+                details,
+            })
+        };
+        match *plan {
+            ResumePlan::Aligned {
+                window_from,
+                window_to,
+                then_log_from,
+            } => serve(
+                ResumeClass::Aligned,
+                then_log_from,
+                Some((window_from, window_to)),
+            ),
+            ResumePlan::Replay { from } => serve(ResumeClass::Replay, from, None),
+            ResumePlan::UpToDate { from } => serve(ResumeClass::UpToDate, from, None),
+            ResumePlan::Truncated {
+                requested,
+                floor,
+                tail,
+            } => ResumeOutcome::Gone {
+                requested,
+                floor,
+                tail,
+            },
+            ResumePlan::BeyondTail { requested, tail } => refuse(
+                ResumeClass::BeyondTail,
+                "beyond_tail",
+                "Last-Event-ID is beyond the stream's tail",
+                vec![
+                    ("requested", Detail::Num(requested)),
+                    ("tail", Detail::Num(tail)),
+                ],
+            ),
+            ResumePlan::WrongEpoch { got, expected } => refuse(
+                ResumeClass::WrongEpoch,
+                "wrong_epoch",
+                "Last-Event-ID belongs to another incarnation of this log",
+                vec![
+                    ("got", Detail::Text(format!("{:016x}", got.0))),
+                    ("expected", Detail::Text(format!("{:016x}", expected.0))),
+                ],
+            ),
+            ResumePlan::OtherStream { got, expected } => refuse(
+                ResumeClass::OtherStream,
+                "other_stream",
+                "Last-Event-ID belongs to another stream",
+                vec![
+                    ("got", Detail::Num(u64::from(got.0))),
+                    ("expected", Detail::Num(u64::from(expected.0))),
+                ],
+            ),
+        }
+    }
+
+    #[test]
+    fn epochs_are_written_as_sixteen_hex_digits() {
+        let plan = ResumePlan::WrongEpoch {
+            got: Epoch(0xab),
+            expected: Epoch(u64::MAX),
+        };
+        let ResumeOutcome::Refused(r) = plan.outcome() else {
+            panic!("wrong epoch is refused");
+        };
+        assert_eq!(
+            r.details,
+            vec![
+                ("got", Detail::Text("00000000000000ab".into())),
+                ("expected", Detail::Text("ffffffffffffffff".into())),
+            ]
+        );
     }
 
     #[test]

@@ -1,25 +1,18 @@
-//! The MCP front: MCP streamable HTTP (legacy 2025-03-26..2025-11-25 with sessions and
-//! durable resumption; modern 2026-07-28 stateless) in front of upstream MCP servers. This
-//! module is the pure protocol core; it never touches sockets, io_uring, processes or a clock.
-//! The reactor drives [`core::McpCore`] and carries out its [`core::Action`]s (log appends go
-//! through the log-store, SSE responses through the gateway's send path).
+//! The gateway's side of the MCP front. The protocol core and the upstream drivers live in the
+//! `mcp-front` crate (pure, no io_uring, no `unsafe`); they are re-exported here so that
+//! `crate::mcp::core::McpCore` and the other old paths keep working. What stays in the gateway:
 //!
 //! # Layout
-//! - `SPEC-NOTES.md`: every MUST/SHOULD of the spec we follow, per era, and the test for each.
-//! - [`jsonrpc`]: classify bodies and upstream lines (request / notification / response /
-//!   batch); error bodies.
-//! - [`era`]: protocol versions and eras; the version a request speaks.
-//! - [`headers`]: header lookup, `Origin`/`Host` allow-list, 2026-07-28 mirror checks.
-//! - [`core`]: sessions, stream routing (each message on exactly one stream), resume
-//!   decisions via `log_store::resume::plan_resume`, timers (hold, idle).
-//! - [`upstream`], [`http_upstream`] (drivers, threads): stdio children (`--upstream-cmd`) or
-//!   streamable-HTTP clients (`--upstream-url`) behind one interface.
+//! - [`config`]: the `--upstream-cmd` / `--upstream-url` / `--mcp-*` clap flags.
+//! - `glue.rs`: the reactor driver (a child module of `reactor`, included there by `#[path]`):
+//!   carries out the core's `Action`s on the MCP shard's log and send path.
+//! - re-exported from `mcp_front`: [`core`], [`era`], [`headers`], [`http_upstream`],
+//!   [`jsonrpc`], [`upstream`].
 #![forbid(unsafe_code)]
 
 pub mod config;
-pub mod core;
-pub mod era;
-pub mod headers;
-pub mod http_upstream;
-pub mod jsonrpc;
-pub mod upstream;
+pub use mcp_front::{core, headers, http_upstream, jsonrpc, upstream};
+// No gateway code names `mcp::era` today; the path is kept so code that did (or will, in
+// the glue being rewritten) still compiles. A binary crate warns on an unused re-export.
+#[allow(unused_imports)]
+pub use mcp_front::era;

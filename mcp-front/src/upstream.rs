@@ -16,42 +16,20 @@
 //! another `kill_grace_ms`, SIGKILL. Exited children are reaped by `poll`.
 //!
 //! With `--upstream-url` the same set holds HTTP clients instead of children
-//! ([`super::http_upstream`]); the interface and the events are the same, so the core and the
+//! ([`crate::http_upstream`]); the interface and the events are the same, so the core and the
 //! driver do not know which kind they talk to.
 #![forbid(unsafe_code)]
 
-use super::core::UpstreamId;
-use super::http_upstream::{HttpTarget, HttpUpstream};
+use crate::core::UpstreamId;
+use crate::http_upstream::{HttpTarget, HttpUpstream};
+pub use crate::upstream_event::{UpstreamEvent, UpstreamLimits};
 use crossbeam::channel::{self, Receiver, Sender, TrySendError};
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, ChildStderr, ChildStdin, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
-
-/// What the reader threads report.
-#[derive(Debug)]
-pub enum UpstreamEvent {
-    /// One stdout line without its `\n`.
-    Line(UpstreamId, Vec<u8>),
-    /// A stdout line longer than the limit was skipped (counted, logged).
-    LineTooLong(UpstreamId, usize),
-    /// stdout reached EOF (the child exited or closed it): the MCP channel is gone.
-    Closed(UpstreamId),
-}
-
-/// Limits (CLI flags with units).
-#[derive(Debug, Clone)]
-pub struct UpstreamLimits {
-    /// Longest stdout line accepted (`--mcp-upstream-line-bytes-max`).
-    pub line_bytes_max: usize,
-    /// Lines queued towards a child's stdin before it counts as stuck and is killed
-    /// (`--mcp-upstream-queue-lines-max`); also the capacity of the shared stdout channel.
-    pub queue_lines_max: usize,
-    /// Time between closing stdin and SIGKILL (`--mcp-upstream-kill-grace-ms`).
-    pub kill_grace_ms: u64,
-}
 
 struct Proc {
     child: Child,
@@ -61,6 +39,31 @@ struct Proc {
     /// Set when a SIGTERM helper has finished; the child is not reaped before (pid reuse).
     term_sent: Option<Arc<AtomicBool>>,
     kill_at: Option<Instant>,
+}
+
+/// The stderr thread of a child: each line (at most 64 KiB) into the gateway's log.
+fn log_stderr(id: UpstreamId, stderr: ChildStderr) {
+    let mut r = BufReader::new(stderr);
+    let mut line = Vec::new();
+    while matches!(r.by_ref().take(64 * 1024).read_until(b'\n', &mut line), Ok(n) if n > 0) {
+        eprintln!(
+            "mcp upstream {}: {}",
+            id.0,
+            String::from_utf8_lossy(&line).trim_end()
+        );
+        line.clear();
+    }
+}
+
+/// The stdin thread of a child: writes each queued line until the queue closes or the pipe
+/// breaks.
+fn write_lines(in_rx: &Receiver<Vec<u8>>, mut stdin: ChildStdin) {
+    for line in in_rx {
+        if stdin.write_all(&line).and_then(|()| stdin.flush()).is_err() {
+            break;
+        }
+    }
+    // Dropping stdin closes the pipe: the MCP stdio shutdown signal.
 }
 
 /// Sends SIGTERM to an unreaped child of ours without blocking the caller; the flag is set
@@ -179,7 +182,7 @@ impl UpstreamSet {
             .map_err(|e| format!("cannot start upstream `{}`: {e}", self.cmd))?;
         let stdout = child.stdout.take().expect("piped");
         let stderr = child.stderr.take().expect("piped");
-        let mut stdin = child.stdin.take().expect("piped");
+        let stdin = child.stdin.take().expect("piped");
         let (in_tx, in_rx) = channel::bounded::<Vec<u8>>(self.limits.queue_lines_max.max(1));
         let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new().name(name).spawn(f).map(|_| ())
@@ -189,33 +192,22 @@ impl UpstreamSet {
             self.wake.clone(),
             self.limits.line_bytes_max,
         );
-        let started = spawn(format!("mcp-up{}-out", id.0), Box::new(move || read_lines(id, stdout, max, &tx, &*wake)))
-            .and_then(|()| {
-                spawn(
-                    format!("mcp-up{}-err", id.0),
-                    Box::new(move || {
-                        let mut r = BufReader::new(stderr);
-                        let mut line = Vec::new();
-                        while matches!(r.by_ref().take(64 * 1024).read_until(b'\n', &mut line), Ok(n) if n > 0) {
-                            eprintln!("mcp upstream {}: {}", id.0, String::from_utf8_lossy(&line).trim_end());
-                            line.clear();
-                        }
-                    }),
-                )
-            })
-            .and_then(|()| {
-                spawn(
-                    format!("mcp-up{}-in", id.0),
-                    Box::new(move || {
-                        for line in in_rx {
-                            if stdin.write_all(&line).and_then(|()| stdin.flush()).is_err() {
-                                break;
-                            }
-                        }
-                        // Dropping stdin closes the pipe: the MCP stdio shutdown signal.
-                    }),
-                )
-            });
+        let started = spawn(
+            format!("mcp-up{}-out", id.0),
+            Box::new(move || read_lines(id, stdout, max, &tx, &*wake)),
+        )
+        .and_then(|()| {
+            spawn(
+                format!("mcp-up{}-err", id.0),
+                Box::new(move || log_stderr(id, stderr)),
+            )
+        })
+        .and_then(|()| {
+            spawn(
+                format!("mcp-up{}-in", id.0),
+                Box::new(move || write_lines(&in_rx, stdin)),
+            )
+        });
         if let Err(e) = started {
             let _ = child.kill();
             let _ = child.wait();

@@ -5,7 +5,7 @@
 //! pairs) and no decision about status codes beyond the error enums.
 #![forbid(unsafe_code)]
 
-use super::jsonrpc::{Kind, Message};
+use crate::jsonrpc::{Kind, Message};
 use std::fmt;
 
 /// Request headers as the HTTP layer parsed them (name, raw value), in order.
@@ -355,8 +355,8 @@ fn decode_plain(raw: &[u8], header: &'static str) -> Result<String, MirrorError>
 
 #[cfg(test)]
 mod tests {
-    use super::super::jsonrpc::{Body, classify};
     use super::*;
+    use crate::jsonrpc::{Body, classify};
 
     fn msg(s: &str) -> Message {
         match classify(s.as_bytes(), 1).unwrap() {

@@ -23,8 +23,8 @@
 //! `MCP-Protocol-Version`).
 #![forbid(unsafe_code)]
 
-use super::core::UpstreamId;
-use super::upstream::UpstreamEvent;
+use crate::core::UpstreamId;
+use crate::upstream_event::UpstreamEvent;
 use crossbeam::channel::{self, Receiver, Sender};
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -214,6 +214,16 @@ pub struct HttpUpstream {
     lines: Option<Sender<Vec<u8>>>,
     shared: Arc<Shared>,
     finished: Arc<AtomicBool>,
+}
+
+impl std::fmt::Debug for HttpUpstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpUpstream")
+            .field("id", &self.shared.id)
+            .field("authority", &self.shared.target.authority)
+            .field("finished", &self.finished.load(Ordering::SeqCst))
+            .finish()
+    }
 }
 
 impl HttpUpstream {

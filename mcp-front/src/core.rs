@@ -16,10 +16,13 @@
 //! See `SPEC-NOTES.md` for the rules and the test that checks each.
 #![forbid(unsafe_code)]
 
-use super::era::{self, Era, Version};
-use super::headers::{self, Headers, OriginPolicy};
-use super::jsonrpc::{self, Body, Kind, Message, RpcId};
-use log_store::{Bounds, Epoch, EventId, ResumeInput, ResumePlan, Seq, StreamId, plan_resume};
+use crate::era::{self, Era, Version};
+use crate::headers::{self, Headers, OriginPolicy};
+use crate::jsonrpc::{self, Body, Kind, Message, RpcId};
+use log_store::{
+    Bounds, Detail, Epoch, EventId, Refusal, ResumeClass, ResumeInput, ResumeOutcome, Seq,
+    StreamId, plan_resume,
+};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
@@ -301,6 +304,96 @@ fn sse_headers() -> Vec<(&'static str, String)> {
         .collect()
 }
 
+/// Where a resumed SSE response starts: the client's Last-Event-ID, the stream, the first seq.
+struct ResumedAt {
+    /// The Last-Event-ID as sent (lossy UTF-8), quoted in answers.
+    text: String,
+    ev: EventId,
+    stream_name: String,
+    from: Seq,
+}
+
+/// A number the resume planner always puts in this refusal (an invariant of `log_store`).
+fn detail_num(r: &Refusal, name: &str) -> u64 {
+    r.details
+        .iter()
+        .find_map(|(k, v)| match v {
+            Detail::Num(x) if *k == name => Some(*x),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("refusal {} has no number {name:?}", r.code))
+}
+
+/// The requests among `msgs`: each id with its progress token, in order.
+fn requests_of(msgs: &[Message]) -> Vec<(RpcId, Option<RpcId>)> {
+    msgs.iter()
+        .filter_map(|m| match &m.kind {
+            Kind::Request { id, .. } => Some((id.clone(), m.progress_token())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The first request that reuses a request id or a progress token in flight in `sess` or
+/// earlier in `requests`, with what it reuses.
+fn first_reuse(sess: &Session, requests: &[(RpcId, Option<RpcId>)]) -> Option<(RpcId, String)> {
+    for (i, (id, tok)) in requests.iter().enumerate() {
+        let dup_id = sess.inflight.contains_key(id) || requests[..i].iter().any(|(x, _)| x == id);
+        let dup_tok = tok.as_ref().is_some_and(|t| {
+            sess.progress.contains_key(t)
+                || requests[..i].iter().any(|(_, x)| x.as_ref() == Some(t))
+        });
+        if dup_id {
+            return Some((id.clone(), format!("request id {id}")));
+        }
+        if dup_tok {
+            return Some((id.clone(), "progress token".to_owned()));
+        }
+    }
+    None
+}
+
+/// A new legacy session whose upstream is `upstream`: its `initialize` request `id` in
+/// flight on POST stream 1, which `conn` reads (never held back).
+fn new_session(
+    now_ms: u64,
+    conn: ConnId,
+    upstream: UpstreamId,
+    sid: &str,
+    header_version: Option<Version>,
+    msg: &Message,
+    id: &RpcId,
+) -> Session {
+    let mut stream = Stream::new(format!("mcp/{sid}/1"), StreamKind::Post);
+    stream.pending = 1;
+    stream.conn = Some(conn);
+    stream.hold_deadline_ms = None; // the initialize answer is never held back
+    let tok = msg.progress_token();
+    let mut sess = Session {
+        upstream: Some(upstream),
+        version: header_version,
+        last_active_ms: now_ms,
+        next_n: 2,
+        streams: BTreeMap::new(),
+        inflight: HashMap::new(),
+        progress: HashMap::new(),
+        get_undelivered_from: 1,
+        init_id: Some(id.clone()),
+    };
+    if let Some(t) = &tok {
+        sess.progress.insert(t.clone(), 1);
+    }
+    sess.inflight.insert(
+        id.clone(),
+        InFlight {
+            stream: 1,
+            token: tok,
+        },
+    );
+    sess.streams.insert(1, stream);
+    sess
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -401,59 +494,11 @@ impl McpCore {
     pub fn handle_http(&mut self, now_ms: u64, req: &HttpRequest<'_>, log: &dyn LogView) {
         let h = Headers::new(req.headers);
         let conn = req.conn;
-        // Our headers must not repeat (two session ids or origins are ambiguous).
-        for name in [
-            headers::ORIGIN,
-            headers::HOST,
-            headers::SESSION_ID,
-            headers::PROTOCOL_VERSION,
-            headers::LAST_EVENT_ID,
-        ] {
-            if let Err(headers::DuplicateHeader(n)) = h.one(name) {
-                return self.error(
-                    conn,
-                    400,
-                    None,
-                    jsonrpc::INVALID_REQUEST,
-                    &format!("header {n} appears more than once"),
-                    None,
-                );
-            }
+        if self.refuse_headers(conn, &h) {
+            return;
         }
-        let one = |name| h.one(name).ok().flatten();
-        // SPEC C1/C2: Origin and Host first, for every method.
-        if let Err(e) = self
-            .cfg
-            .origin_policy
-            .check_origin(one(headers::ORIGIN))
-            .and_then(|()| self.cfg.origin_policy.check_host(one(headers::HOST)))
-        {
-            return self.error(
-                conn,
-                403,
-                None,
-                jsonrpc::INVALID_REQUEST,
-                &format!("Forbidden: {e}"),
-                None,
-            );
-        }
-        // SPEC L6: a present version header must be supported.
-        let version_header = one(headers::PROTOCOL_VERSION);
-        let header_version = match version_header {
-            None => None,
-            Some(raw) => match era::request_version(Some(raw), None) {
-                Ok(v) => Some(v),
-                Err(era::VersionError::Unsupported(v)) => {
-                    return self.error(
-                        conn,
-                        400,
-                        None,
-                        jsonrpc::INVALID_REQUEST,
-                        &format!("Bad Request: unsupported MCP-Protocol-Version {v:?}"),
-                        Some(json!({ "supported": era::supported_list(), "requested": v })),
-                    );
-                }
-            },
+        let Ok(header_version) = self.header_version(conn, &h) else {
+            return;
         };
         if header_version.map(Version::era) == Some(Era::Modern) {
             return match req.method {
@@ -472,6 +517,71 @@ impl McpCore {
                 vec![("allow", "GET, POST, DELETE".into())],
                 Vec::new(),
             ),
+        }
+    }
+
+    /// Our headers must not repeat (two session ids or origins are ambiguous); SPEC C1/C2:
+    /// Origin and Host are checked first, for every method. Answers and returns true when the
+    /// request is refused.
+    fn refuse_headers(&mut self, conn: ConnId, h: &Headers<'_>) -> bool {
+        for name in [
+            headers::ORIGIN,
+            headers::HOST,
+            headers::SESSION_ID,
+            headers::PROTOCOL_VERSION,
+            headers::LAST_EVENT_ID,
+        ] {
+            if let Err(headers::DuplicateHeader(n)) = h.one(name) {
+                self.error(
+                    conn,
+                    400,
+                    None,
+                    jsonrpc::INVALID_REQUEST,
+                    &format!("header {n} appears more than once"),
+                    None,
+                );
+                return true;
+            }
+        }
+        let one = |name| h.one(name).ok().flatten();
+        let Err(e) = self
+            .cfg
+            .origin_policy
+            .check_origin(one(headers::ORIGIN))
+            .and_then(|()| self.cfg.origin_policy.check_host(one(headers::HOST)))
+        else {
+            return false;
+        };
+        self.error(
+            conn,
+            403,
+            None,
+            jsonrpc::INVALID_REQUEST,
+            &format!("Forbidden: {e}"),
+            None,
+        );
+        true
+    }
+
+    /// SPEC L6: a present version header must be supported. `Ok(None)` when absent; `Err`
+    /// after answering 400.
+    fn header_version(&mut self, conn: ConnId, h: &Headers<'_>) -> Result<Option<Version>, ()> {
+        let Some(raw) = h.one(headers::PROTOCOL_VERSION).ok().flatten() else {
+            return Ok(None);
+        };
+        match era::request_version(Some(raw), None) {
+            Ok(v) => Ok(Some(v)),
+            Err(era::VersionError::Unsupported(v)) => {
+                self.error(
+                    conn,
+                    400,
+                    None,
+                    jsonrpc::INVALID_REQUEST,
+                    &format!("Bad Request: unsupported MCP-Protocol-Version {v:?}"),
+                    Some(json!({ "supported": era::supported_list(), "requested": v })),
+                );
+                Err(())
+            }
         }
     }
 
@@ -564,25 +674,8 @@ impl McpCore {
                 );
             }
         };
-        // A 2026-07-28 body (protocol version in `_meta`) without the version header would be
-        // mistaken for a legacy request: the header is required in that era (SPEC M4).
-        if header_version.is_none()
-            && let Body::Single(m) = &parsed
-            && let Some(v) = m.meta_protocol_version()
-        {
-            let id = match &m.kind {
-                Kind::Request { id, .. } => Some(id.clone()),
-                _ => None,
-            };
-            let e = headers::MirrorError::MissingVersion;
-            return self.error(
-                conn,
-                400,
-                id.as_ref(),
-                jsonrpc::HEADER_MISMATCH,
-                &e.to_string(),
-                Some(json!({ "body_version": v })),
-            );
+        if self.refuse_unversioned_modern(conn, header_version, &parsed) {
+            return;
         }
         let is_init = matches!(&parsed, Body::Single(Message { kind: Kind::Request { method, .. }, .. }) if method == "initialize");
         if is_init {
@@ -594,51 +687,16 @@ impl McpCore {
         let Some(sid) = self.session_of(conn, h) else {
             return;
         };
-        let cfg_inflight_max = self.cfg.requests_inflight_max;
-        let retry_ms = self.cfg.retry_ms;
-        let hold = self.cfg.post_hold_ms;
+        let Some((upstream, msgs)) = self.session_messages(conn, &sid, header_version, parsed)
+        else {
+            return;
+        };
+        let requests = requests_of(&msgs);
         let sess = self.sessions.get_mut(&sid).expect("session_of checked");
-        let Some(upstream) = sess.upstream else {
-            return self.error(conn, 404, None, jsonrpc::SESSION_ERROR, "Session not found (its upstream ended with a gateway restart; resume of its streams is still possible)", None);
-        };
-        let version = header_version
-            .or(sess.version)
-            .unwrap_or(Version::V2025_03_26);
-        let msgs = match parsed {
-            Body::Single(m) => vec![m],
-            Body::Batch(v) if version.allows_batch() => v,
-            Body::Batch(_) => {
-                return self.error(conn, 400, None, jsonrpc::INVALID_REQUEST, &format!("Bad Request: JSON-RPC batches are not allowed in protocol version {version}"), None);
-            }
-        };
-        if msgs
-            .iter()
-            .any(|m| matches!(&m.kind, Kind::Request { method, .. } if method == "initialize"))
-        {
-            return self.error(
-                conn,
-                400,
-                None,
-                jsonrpc::INVALID_REQUEST,
-                "Bad Request: initialize must be sent alone, without Mcp-Session-Id",
-                None,
-            );
-        }
-        let requests: Vec<(RpcId, Option<RpcId>)> = msgs
-            .iter()
-            .filter_map(|m| match &m.kind {
-                Kind::Request { id, .. } => Some((id.clone(), m.progress_token())),
-                _ => None,
-            })
-            .collect();
         sess.last_active_ms = now_ms;
         if requests.is_empty() {
             // SPEC C6: notifications / responses only → 202, forwarded in order.
-            let lines: Vec<Vec<u8>> = msgs.iter().map(Message::to_line).collect();
-            for line in lines {
-                self.actions
-                    .push_back(Action::SendUpstream { upstream, line });
-            }
+            self.send_upstream(upstream, &msgs);
             return self.respond(conn, 202, Vec::new(), Vec::new());
         }
         if !Self::accepts_sse(h) {
@@ -651,32 +709,141 @@ impl McpCore {
                 None,
             );
         }
-        if sess.inflight.len() + requests.len() > cfg_inflight_max {
-            return self.error(conn, 429, None, jsonrpc::LIMIT_EXCEEDED, &format!("Too Many Requests: more than {cfg_inflight_max} requests in flight in this session"), None);
+        if self.refuse_requests(conn, &sid, &requests) {
+            return;
         }
-        for (i, (id, tok)) in requests.iter().enumerate() {
-            let dup_id =
-                sess.inflight.contains_key(id) || requests[..i].iter().any(|(x, _)| x == id);
-            let dup_tok = tok.as_ref().is_some_and(|t| {
-                sess.progress.contains_key(t)
-                    || requests[..i].iter().any(|(_, x)| x.as_ref() == Some(t))
-            });
-            if dup_id || dup_tok {
-                let what = if dup_id {
-                    format!("request id {id}")
-                } else {
-                    "progress token".to_owned()
-                };
-                return self.error(
-                    conn,
-                    400,
-                    Some(id),
-                    jsonrpc::INVALID_REQUEST,
-                    &format!("Bad Request: {what} is already in use in this session"),
-                    None,
-                );
+        self.open_post_stream(now_ms, conn, &sid, requests);
+        self.send_upstream(upstream, &msgs);
+    }
+
+    /// A 2026-07-28 body (protocol version in `_meta`) without the version header would be
+    /// mistaken for a legacy request: the header is required in that era (SPEC M4). Answers
+    /// 400 and returns true for such a body.
+    fn refuse_unversioned_modern(
+        &mut self,
+        conn: ConnId,
+        header_version: Option<Version>,
+        parsed: &Body,
+    ) -> bool {
+        if header_version.is_some() {
+            return false;
+        }
+        let Body::Single(m) = parsed else {
+            return false;
+        };
+        let Some(v) = m.meta_protocol_version() else {
+            return false;
+        };
+        let id = match &m.kind {
+            Kind::Request { id, .. } => Some(id.clone()),
+            _ => None,
+        };
+        let e = headers::MirrorError::MissingVersion;
+        self.error(
+            conn,
+            400,
+            id.as_ref(),
+            jsonrpc::HEADER_MISMATCH,
+            &e.to_string(),
+            Some(json!({ "body_version": v })),
+        );
+        true
+    }
+
+    /// The messages of a POST to session `sid` and the session's upstream; answers and returns
+    /// `None` when the upstream is gone (404), the version forbids a batch, or a batch
+    /// carries `initialize` (400).
+    fn session_messages(
+        &mut self,
+        conn: ConnId,
+        sid: &str,
+        header_version: Option<Version>,
+        parsed: Body,
+    ) -> Option<(UpstreamId, Vec<Message>)> {
+        let sess = &self.sessions[sid];
+        let Some(upstream) = sess.upstream else {
+            self.error(conn, 404, None, jsonrpc::SESSION_ERROR, "Session not found (its upstream ended with a gateway restart; resume of its streams is still possible)", None);
+            return None;
+        };
+        let version = header_version
+            .or(sess.version)
+            .unwrap_or(Version::V2025_03_26);
+        let msgs = match parsed {
+            Body::Single(m) => vec![m],
+            Body::Batch(v) if version.allows_batch() => v,
+            Body::Batch(_) => {
+                self.error(conn, 400, None, jsonrpc::INVALID_REQUEST, &format!("Bad Request: JSON-RPC batches are not allowed in protocol version {version}"), None);
+                return None;
             }
+        };
+        if msgs
+            .iter()
+            .any(|m| matches!(&m.kind, Kind::Request { method, .. } if method == "initialize"))
+        {
+            self.error(
+                conn,
+                400,
+                None,
+                jsonrpc::INVALID_REQUEST,
+                "Bad Request: initialize must be sent alone, without Mcp-Session-Id",
+                None,
+            );
+            return None;
         }
+        Some((upstream, msgs))
+    }
+
+    /// Refuses a POST's requests that would exceed the session's in-flight limit (429) or reuse
+    /// a request id or progress token in flight in the session or earlier in the same POST
+    /// (400, naming the first such request). Returns true when it answered.
+    fn refuse_requests(
+        &mut self,
+        conn: ConnId,
+        sid: &str,
+        requests: &[(RpcId, Option<RpcId>)],
+    ) -> bool {
+        let inflight_max = self.cfg.requests_inflight_max;
+        let sess = &self.sessions[sid];
+        if sess.inflight.len() + requests.len() > inflight_max {
+            self.error(
+                conn,
+                429,
+                None,
+                jsonrpc::LIMIT_EXCEEDED,
+                &format!(
+                    "Too Many Requests: more than {inflight_max} requests in flight in this session"
+                ),
+                None,
+            );
+            return true;
+        }
+        let Some((id, what)) = first_reuse(sess, requests) else {
+            return false;
+        };
+        self.error(
+            conn,
+            400,
+            Some(&id),
+            jsonrpc::INVALID_REQUEST,
+            &format!("Bad Request: {what} is already in use in this session"),
+            None,
+        );
+        true
+    }
+
+    /// Creates the next POST stream of session `sid` for `requests` (in flight from now on,
+    /// their progress tokens routed to it), held per `--mcp-post-hold-ms`, and opens `conn`
+    /// on it primed.
+    fn open_post_stream(
+        &mut self,
+        now_ms: u64,
+        conn: ConnId,
+        sid: &str,
+        requests: Vec<(RpcId, Option<RpcId>)>,
+    ) {
+        let retry_ms = self.cfg.retry_ms;
+        let hold = self.cfg.post_hold_ms;
+        let sess = self.sessions.get_mut(sid).expect("session_of checked");
         let n = sess.next_n;
         sess.next_n += 1;
         let mut stream = Stream::new(format!("mcp/{sid}/{n}"), StreamKind::Post);
@@ -697,16 +864,20 @@ impl McpCore {
         }
         let name = stream.name.clone();
         sess.streams.insert(n, stream);
-        self.conns.insert(conn, (Owner::Session(sid.clone()), n));
+        self.conns.insert(conn, (Owner::Session(sid.to_owned()), n));
         self.open_primed(
             conn,
-            &Owner::Session(sid.clone()),
+            &Owner::Session(sid.to_owned()),
             n,
             Some(retry_ms),
             Vec::new(),
         );
         debug_assert_eq!(name, format!("mcp/{sid}/{n}"));
-        for m in &msgs {
+    }
+
+    /// Forwards `msgs` to `upstream`, in order.
+    fn send_upstream(&mut self, upstream: UpstreamId, msgs: &[Message]) {
+        for m in msgs {
             self.actions.push_back(Action::SendUpstream {
                 upstream,
                 line: m.to_line(),
@@ -766,31 +937,8 @@ impl McpCore {
         let Kind::Request { id, .. } = &msg.kind else {
             unreachable!("initialize is a request")
         };
-        if h.one(headers::SESSION_ID).ok().flatten().is_some() {
-            return self.error(conn, 400, Some(id), jsonrpc::INVALID_REQUEST, "Bad Request: initialize must not carry Mcp-Session-Id (start a new session without it)", None);
-        }
-        if !Self::accepts_sse(h) {
-            return self.error(
-                conn,
-                406,
-                Some(id),
-                jsonrpc::INVALID_REQUEST,
-                "Not Acceptable: requests are answered with text/event-stream",
-                None,
-            );
-        }
-        if self.sessions.len() >= self.cfg.sessions_max {
-            return self.error(
-                conn,
-                503,
-                Some(id),
-                jsonrpc::LIMIT_EXCEEDED,
-                &format!(
-                    "Service Unavailable: {} sessions open (--mcp-sessions-max)",
-                    self.cfg.sessions_max
-                ),
-                None,
-            );
+        if self.refuse_initialize(conn, h, id) {
+            return;
         }
         // SPEC L1/L2: 128 random bits as lowercase hex: visible ASCII, unique.
         let sid = loop {
@@ -803,33 +951,7 @@ impl McpCore {
         self.next_upstream += 1;
         self.upstreams.insert(upstream, Owner::Session(sid.clone()));
         self.stats.sessions_minted += 1;
-        let mut stream = Stream::new(format!("mcp/{sid}/1"), StreamKind::Post);
-        stream.pending = 1;
-        stream.conn = Some(conn);
-        stream.hold_deadline_ms = None; // the initialize answer is never held back
-        let tok = msg.progress_token();
-        let mut sess = Session {
-            upstream: Some(upstream),
-            version: header_version,
-            last_active_ms: now_ms,
-            next_n: 2,
-            streams: BTreeMap::new(),
-            inflight: HashMap::new(),
-            progress: HashMap::new(),
-            get_undelivered_from: 1,
-            init_id: Some(id.clone()),
-        };
-        if let Some(t) = &tok {
-            sess.progress.insert(t.clone(), 1);
-        }
-        sess.inflight.insert(
-            id.clone(),
-            InFlight {
-                stream: 1,
-                token: tok,
-            },
-        );
-        sess.streams.insert(1, stream);
+        let sess = new_session(now_ms, conn, upstream, &sid, header_version, &msg, id);
         self.sessions.insert(sid.clone(), sess);
         self.conns.insert(conn, (Owner::Session(sid.clone()), 1));
         self.actions.push_back(Action::SpawnUpstream {
@@ -843,6 +965,41 @@ impl McpCore {
             upstream,
             line: msg.to_line(),
         });
+    }
+
+    /// Refuses an `initialize` that carries a session id (400), does not accept SSE (406), or
+    /// would exceed `--mcp-sessions-max` (503). Returns true when it answered.
+    fn refuse_initialize(&mut self, conn: ConnId, h: &Headers<'_>, id: &RpcId) -> bool {
+        if h.one(headers::SESSION_ID).ok().flatten().is_some() {
+            self.error(conn, 400, Some(id), jsonrpc::INVALID_REQUEST, "Bad Request: initialize must not carry Mcp-Session-Id (start a new session without it)", None);
+            return true;
+        }
+        if !Self::accepts_sse(h) {
+            self.error(
+                conn,
+                406,
+                Some(id),
+                jsonrpc::INVALID_REQUEST,
+                "Not Acceptable: requests are answered with text/event-stream",
+                None,
+            );
+            return true;
+        }
+        if self.sessions.len() >= self.cfg.sessions_max {
+            self.error(
+                conn,
+                503,
+                Some(id),
+                jsonrpc::LIMIT_EXCEEDED,
+                &format!(
+                    "Service Unavailable: {} sessions open (--mcp-sessions-max)",
+                    self.cfg.sessions_max
+                ),
+                None,
+            );
+            return true;
+        }
+        false
     }
 
     fn legacy_get(&mut self, now_ms: u64, conn: ConnId, h: &Headers<'_>, log: &dyn LogView) {
@@ -907,14 +1064,60 @@ impl McpCore {
         });
     }
 
-    /// SPEC L19/L20: GET + Last-Event-ID.
+    /// SPEC L19/L20: GET + Last-Event-ID. The id must name a stream of this session; the log's
+    /// resume planner decides the rest ([`log_store::ResumePlan::outcome`]), then the MCP-only check that
+    /// a complete stream has something left to give.
     fn resume(&mut self, conn: ConnId, sid: &str, raw: &[u8], log: &dyn LogView) {
         let text = String::from_utf8_lossy(raw).into_owned();
+        let Some((ev, n)) = self.resume_target(conn, sid, &text, log) else {
+            return;
+        };
+        let Some(bounds) = log.bounds(ev.stream) else {
+            return self.refuse_resume(
+                conn,
+                "Bad Request: unknown stream",
+                json!({ "requested": text }),
+            );
+        };
+        let plan = plan_resume(&ResumeInput {
+            log_epoch: log.epoch(),
+            stream: ev.stream,
+            bounds,
+            requested: ev,
+            window: None,
+            known_epochs: log.known_epochs(),
+        });
+        let stream_name = format!("mcp/{sid}/{n}");
+        let Some(from) = self.resume_from(conn, &text, &stream_name, plan.outcome()) else {
+            return;
+        };
+        let at = ResumedAt {
+            text,
+            ev,
+            stream_name,
+            from,
+        };
+        if self.refuse_ended(conn, sid, n, bounds, &at) {
+            return;
+        }
+        self.stats.resumes_ok += 1;
+        self.attach_resumed(conn, sid, n, bounds, at);
+    }
+
+    /// Parses the Last-Event-ID and finds the stream of session `sid` it names (its number);
+    /// answers 400 and returns `None` when it is not an event id or names no stream of `sid`.
+    fn resume_target(
+        &mut self,
+        conn: ConnId,
+        sid: &str,
+        text: &str,
+        log: &dyn LogView,
+    ) -> Option<(EventId, u32)> {
         let ev: EventId = match text.parse() {
             Ok(ev) => ev,
             Err(e) => {
-                self.stats.resumes_rejected += 1;
-                return self.error(conn, 400, None, jsonrpc::RESUME_INVALID, &format!("Bad Request: Last-Event-ID {text:?} is not an event id of this gateway: {e}"), Some(json!({ "requested": text })));
+                self.refuse_resume(conn, &format!("Bad Request: Last-Event-ID {text:?} is not an event id of this gateway: {e}"), json!({ "requested": text }));
+                return None;
             }
         };
         let log_epoch = log.epoch();
@@ -927,52 +1130,49 @@ impl McpCore {
             .and_then(parse_stream_name)
             .filter(|(owner, _)| *owner == sid)
             .map(|(_, n)| n);
-        let Some(n) = owned else {
-            self.stats.resumes_rejected += 1;
+        if owned.is_none() {
             let why = if ev.epoch != log_epoch && !log.known_epochs().contains(&ev.epoch) {
                 format!("event id {text} is from another log epoch (expected {log_epoch})")
             } else {
                 format!("event id {text} does not belong to a stream of this session")
             };
-            return self.error(
+            self.refuse_resume(
                 conn,
-                400,
-                None,
-                jsonrpc::RESUME_INVALID,
                 &format!("Bad Request: {why}"),
-                Some(json!({ "requested": text })),
+                json!({ "requested": text }),
             );
-        };
-        let Some(bounds) = log.bounds(ev.stream) else {
-            self.stats.resumes_rejected += 1;
-            return self.error(
-                conn,
-                400,
-                None,
-                jsonrpc::RESUME_INVALID,
-                "Bad Request: unknown stream",
-                Some(json!({ "requested": text })),
-            );
-        };
-        let plan = plan_resume(&ResumeInput {
-            log_epoch,
-            stream: ev.stream,
-            bounds,
-            requested: ev,
-            window: None,
-            known_epochs: log.known_epochs(),
-        });
-        let stream_name = format!("mcp/{sid}/{n}");
-        let from = match plan {
-            ResumePlan::Replay { from } | ResumePlan::UpToDate { from } => from,
-            ResumePlan::Aligned { window_from, .. } => window_from,
-            ResumePlan::Truncated {
+        }
+        owned.map(|n| (ev, n))
+    }
+
+    /// Answers a resume the client got wrong: 400 with `RESUME_INVALID`, counted as rejected.
+    fn refuse_resume(&mut self, conn: ConnId, msg: &str, data: Value) {
+        self.stats.resumes_rejected += 1;
+        self.error(conn, 400, None, jsonrpc::RESUME_INVALID, msg, Some(data));
+    }
+
+    /// The first seq to send for a served outcome; otherwise answers the MCP error (410 for
+    /// truncated history, 400 for a refusal) and returns `None`. MCP keeps no parked window,
+    /// so an aligned outcome (never planned here: the window is `None`) is read from the log
+    /// from its head.
+    fn resume_from(
+        &mut self,
+        conn: ConnId,
+        text: &str,
+        stream_name: &str,
+        outcome: ResumeOutcome,
+    ) -> Option<Seq> {
+        match outcome {
+            ResumeOutcome::Serve { from, aligned, .. } => {
+                Some(aligned.map_or(from, |(head, _)| head))
+            }
+            ResumeOutcome::Gone {
                 requested,
                 floor,
                 tail,
             } => {
                 self.stats.resumes_truncated += 1;
-                return self.error(
+                self.error(
                     conn,
                     410,
                     None,
@@ -980,45 +1180,67 @@ impl McpCore {
                     &format!("Gone: the history after {text} is no longer retained (requested seq {requested}, floor {floor}, tail {tail})"),
                     Some(json!({ "requested": text, "stream": stream_name, "requested_seq": requested, "floor": floor, "tail": tail })),
                 );
+                None
             }
-            ResumePlan::BeyondTail { requested, tail } => {
-                self.stats.resumes_rejected += 1;
-                return self.error(conn, 400, None, jsonrpc::RESUME_INVALID, &format!("Bad Request: event id {text} is beyond the stream's tail {tail}"), Some(json!({ "requested": text, "stream": stream_name, "requested_seq": requested, "tail": tail })));
+            ResumeOutcome::Refused(r) if r.class == ResumeClass::BeyondTail => {
+                let (requested, tail) = (detail_num(&r, "requested"), detail_num(&r, "tail"));
+                self.refuse_resume(conn, &format!("Bad Request: event id {text} is beyond the stream's tail {tail}"), json!({ "requested": text, "stream": stream_name, "requested_seq": requested, "tail": tail }));
+                None
             }
-            ResumePlan::WrongEpoch { .. } | ResumePlan::OtherStream { .. } => {
-                // Excluded above (same epoch, stream named by the id); kept total.
-                self.stats.resumes_rejected += 1;
-                return self.error(
+            ResumeOutcome::Refused(_) => {
+                // Wrong epoch / other stream: excluded by `resume_target` (same epoch, stream
+                // named by the id); kept total.
+                self.refuse_resume(
                     conn,
-                    400,
-                    None,
-                    jsonrpc::RESUME_INVALID,
                     &format!("Bad Request: event id {text} does not belong to this stream"),
-                    Some(json!({ "requested": text })),
+                    json!({ "requested": text }),
                 );
+                None
             }
-        };
-        // A complete stream resumed at (or past) its last record has nothing more to give. A
-        // client only does that when the stream ended without the response it waits for (its
-        // session was recovered after a crash); an empty 200 would make it reconnect forever.
+        }
+    }
+
+    /// A complete stream resumed at (or past) its last record has nothing more to give. A
+    /// client only does that when the stream ended without the response it waits for (its
+    /// session was recovered after a crash); an empty 200 would make it reconnect forever.
+    /// Answers 410 and returns true in that case.
+    fn refuse_ended(
+        &mut self,
+        conn: ConnId,
+        sid: &str,
+        n: u32,
+        bounds: Bounds,
+        at: &ResumedAt,
+    ) -> bool {
+        let ResumedAt {
+            text,
+            stream_name,
+            from,
+            ..
+        } = at;
         let complete_at = match self.sessions[sid].streams.get(&n) {
             Some(st) => st.complete,
             None => Some(bounds.tail),
         };
-        if let Some(last) = complete_at
-            && from > last
-        {
-            self.stats.resumes_rejected += 1;
-            return self.error(
-                conn,
-                410,
-                None,
-                jsonrpc::RESUME_TRUNCATED,
-                &format!("Gone: the stream ended at seq {last}; nothing follows {text}"),
-                Some(json!({ "requested": text, "stream": stream_name, "tail": last, "ended": true })),
-            );
-        }
-        self.stats.resumes_ok += 1;
+        let Some(last) = complete_at.filter(|&last| *from > last) else {
+            return false;
+        };
+        self.stats.resumes_rejected += 1;
+        self.error(
+            conn,
+            410,
+            None,
+            jsonrpc::RESUME_TRUNCATED,
+            &format!("Gone: the stream ended at seq {last}; nothing follows {text}"),
+            Some(json!({ "requested": text, "stream": stream_name, "tail": last, "ended": true })),
+        );
+        true
+    }
+
+    /// Points stream `n` of session `sid` at the resuming connection (loading the stream's
+    /// state from the log's bounds when it is not in memory), closes the connection it had,
+    /// and opens the SSE response from `at.from`.
+    fn attach_resumed(&mut self, conn: ConnId, sid: &str, n: u32, bounds: Bounds, at: ResumedAt) {
         let retry = self.cfg.retry_ms;
         let sess = self.sessions.get_mut(sid).expect("checked");
         // A stream not in memory is complete at its log tail.
@@ -1034,14 +1256,12 @@ impl McpCore {
                 unreachable!("live session lost its GET stream state")
             }
             None => {
-                let mut st = Stream::new(
-                    stream_name.clone(),
-                    if n == 0 {
-                        StreamKind::Get
-                    } else {
-                        StreamKind::Post
-                    },
-                );
+                let kind = if n == 0 {
+                    StreamKind::Get
+                } else {
+                    StreamKind::Post
+                };
+                let mut st = Stream::new(at.stream_name.clone(), kind);
                 st.next_seq = bounds.tail + 1;
                 st.complete = Some(bounds.tail);
                 st.conn = Some(conn);
@@ -1061,9 +1281,9 @@ impl McpCore {
             conn,
             // Clients that lose a resumed response before its first new event must still know
             // where they are (the TypeScript SDK otherwise retries without Last-Event-ID).
-            reprime: Some(ev.to_string()),
-            stream: stream_name,
-            from_seq: from,
+            reprime: Some(at.ev.to_string()),
+            stream: at.stream_name,
+            from_seq: at.from,
             retry_ms: Some(retry),
             headers,
             end_after,
