@@ -8,39 +8,25 @@ use std::fmt::Write as _;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-/// Resume classes counted in `/metrics` (the planner's cases plus fresh subscriptions).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ResumeClass {
-    Aligned,
-    Replay,
-    UpToDate,
-    Truncated,
-    BeyondTail,
-    WrongEpoch,
-    OtherStream,
-}
+use log_store::ResumeClass;
 
-impl ResumeClass {
-    pub const ALL: [ResumeClass; 7] = [
-        ResumeClass::Aligned,
-        ResumeClass::Replay,
-        ResumeClass::UpToDate,
-        ResumeClass::Truncated,
-        ResumeClass::BeyondTail,
-        ResumeClass::WrongEpoch,
-        ResumeClass::OtherStream,
-    ];
+/// The resume classes counted in `/metrics` (the resume planner's classes, shared with the
+/// MCP front), in the order of a core's counters.
+const RESUME_CLASSES: [ResumeClass; 7] = [
+    ResumeClass::Aligned,
+    ResumeClass::Replay,
+    ResumeClass::UpToDate,
+    ResumeClass::Truncated,
+    ResumeClass::BeyondTail,
+    ResumeClass::WrongEpoch,
+    ResumeClass::OtherStream,
+];
 
-    pub fn label(self) -> &'static str {
-        match self {
-            ResumeClass::Aligned => "aligned",
-            ResumeClass::Replay => "replay",
-            ResumeClass::UpToDate => "up_to_date",
-            ResumeClass::Truncated => "truncated",
-            ResumeClass::BeyondTail => "beyond_tail",
-            ResumeClass::WrongEpoch => "wrong_epoch",
-            ResumeClass::OtherStream => "other_stream",
-        }
+/// The `class` label of `gateway_resumes_total` (Prometheus label values use `_`).
+fn resume_label(c: ResumeClass) -> &'static str {
+    match c {
+        ResumeClass::UpToDate => "up_to_date",
+        other => other.label(),
     }
 }
 
@@ -82,7 +68,7 @@ pub struct CoreMetrics {
 
 impl CoreMetrics {
     pub fn resume(&self, class: ResumeClass) {
-        let i = ResumeClass::ALL
+        let i = RESUME_CLASSES
             .iter()
             .position(|c| *c == class)
             .expect("listed");
@@ -152,11 +138,11 @@ pub fn render(cores: &[CoreMetrics]) -> String {
     }
     let _ = writeln!(out, "# TYPE gateway_resumes_total counter");
     for (c, m) in cores.iter().enumerate() {
-        for (i, class) in ResumeClass::ALL.iter().enumerate() {
+        for (i, class) in RESUME_CLASSES.iter().enumerate() {
             let _ = writeln!(
                 out,
                 "gateway_resumes_total{{core=\"{c}\",class=\"{}\"}} {}",
-                class.label(),
+                resume_label(*class),
                 m.resumes[i].load(Relaxed)
             );
         }

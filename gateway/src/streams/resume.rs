@@ -1,18 +1,20 @@
 //! Where a new subscriber of the SSE API starts: at the floor or the tail without
 //! `Last-Event-ID`; with one, where the resume planner (`log_store::plan_resume`, the one
-//! decision table) says — an aligned resume served from a parked window, a replay from the
+//! decision table) says, as its shared outcome (`ResumePlan::outcome`, also used by the MCP
+//! front): an aligned resume served from a parked window, a replay from the
 //! log at N+1, or an explicit error (410 / in-band truncation, 400 naming why). Never a
 //! silent restart. No I/O.
 #![forbid(unsafe_code)]
 
 use std::time::Instant;
 
-use log_store::{Epoch, EventId, Log, ResumeInput, ResumePlan, Seq};
+use log_store::{
+    Detail, Epoch, EventId, Log, Refusal, ResumeClass, ResumeInput, ResumeOutcome, Seq,
+};
 
 use super::StreamKey;
 use super::parked::ParkedWindows;
 use super::window::ParkedEvent;
-use crate::metrics::ResumeClass;
 use crate::proto::http;
 use crate::proto::route::{From, OnTruncated, SubscribeQuery};
 use crate::proto::sse::{self, TruncatedReason};
@@ -77,37 +79,30 @@ pub fn start(log: &Log, parked: &mut ParkedWindows, ask: &Ask<'_>) -> (Start, Op
         window,
         known_epochs: ask.known_epochs,
     });
-    let class = class_of(&plan);
-    (serve(plan, parked, ask, bounds.visible_tail), Some(class))
+    let outcome = plan.outcome();
+    let class = outcome.class();
+    (
+        serve(outcome, parked, ask, bounds.visible_tail),
+        Some(class),
+    )
 }
 
-fn class_of(plan: &ResumePlan) -> ResumeClass {
-    match plan {
-        ResumePlan::Aligned { .. } => ResumeClass::Aligned,
-        ResumePlan::Replay { .. } => ResumeClass::Replay,
-        ResumePlan::UpToDate { .. } => ResumeClass::UpToDate,
-        ResumePlan::Truncated { .. } => ResumeClass::Truncated,
-        ResumePlan::BeyondTail { .. } => ResumeClass::BeyondTail,
-        ResumePlan::WrongEpoch { .. } => ResumeClass::WrongEpoch,
-        ResumePlan::OtherStream { .. } => ResumeClass::OtherStream,
-    }
-}
-
-/// Turns the plan into the subscription's start.
-fn serve(plan: ResumePlan, parked: &mut ParkedWindows, ask: &Ask<'_>, visible_tail: Seq) -> Start {
-    let resumed = |label| sse::subscribe_head_resumed(ask.retry_ms, label);
-    let (cursor, preamble, aligned) = match plan {
-        ResumePlan::Aligned {
-            window_from,
-            window_to,
-            then_log_from,
+/// Turns the outcome into the subscription's start.
+fn serve(o: ResumeOutcome, parked: &mut ParkedWindows, ask: &Ask<'_>, visible_tail: Seq) -> Start {
+    let (cursor, preamble, aligned) = match o {
+        ResumeOutcome::Serve {
+            class,
+            from,
+            aligned,
         } => {
-            let evs = parked.take(ask.key, window_from, window_to);
-            (then_log_from, resumed("aligned"), Some(evs))
+            let evs = aligned.map(|(head, last)| parked.take(ask.key, head, last));
+            (
+                from,
+                sse::subscribe_head_resumed(ask.retry_ms, class.label()),
+                evs,
+            )
         }
-        ResumePlan::Replay { from } => (from, resumed("replay"), None),
-        ResumePlan::UpToDate { from } => (from, resumed("up-to-date"), None),
-        ResumePlan::Truncated {
+        ResumeOutcome::Gone {
             requested,
             floor,
             tail,
@@ -121,11 +116,13 @@ fn serve(plan: ResumePlan, parked: &mut ParkedWindows, ask: &Ask<'_>, visible_ta
                 OnTruncated::Earliest => floor,
                 OnTruncated::Latest => visible_tail + 1,
             };
-            let mut preamble = resumed("truncated");
+            let mut preamble = sse::subscribe_head_resumed(ask.retry_ms, "truncated");
             preamble.extend_from_slice(&sse::truncated_event(&json));
             (cursor, preamble, None)
         }
-        refused => return Start::Refuse(http::json_response(400, &refusal(&refused), true)),
+        ResumeOutcome::Refused(r) => {
+            return Start::Refuse(http::json_response(400, &refusal_json(&r), true));
+        }
     };
     Start::Serve {
         cursor,
@@ -134,24 +131,17 @@ fn serve(plan: ResumePlan, parked: &mut ParkedWindows, ask: &Ask<'_>, visible_ta
     }
 }
 
-/// The JSON body of a refused resume.
-fn refusal(plan: &ResumePlan) -> serde_json::Value {
-    match *plan {
-        ResumePlan::BeyondTail { requested, tail } => serde_json::json!({
-            "error": "beyond_tail",
-            "message": "Last-Event-ID is beyond the stream's tail",
-            "requested": requested, "tail": tail,
-        }),
-        ResumePlan::WrongEpoch { got, expected } => serde_json::json!({
-            "error": "wrong_epoch",
-            "message": "Last-Event-ID belongs to another incarnation of this log",
-            "got": format!("{:016x}", got.0), "expected": format!("{:016x}", expected.0),
-        }),
-        ResumePlan::OtherStream { got, expected } => serde_json::json!({
-            "error": "other_stream",
-            "message": "Last-Event-ID belongs to another stream",
-            "got": got.0, "expected": expected.0,
-        }),
-        _ => unreachable!("served plans are handled by the caller"),
+/// The JSON body of a refused resume: `{"error": code, "message": ..., details...}`.
+fn refusal_json(r: &Refusal) -> serde_json::Value {
+    let mut body = serde_json::Map::new();
+    body.insert("error".into(), r.code.into());
+    body.insert("message".into(), r.message.into());
+    for (k, v) in &r.details {
+        let v = match v {
+            Detail::Num(n) => serde_json::Value::from(*n),
+            Detail::Text(t) => serde_json::Value::from(t.as_str()),
+        };
+        body.insert((*k).into(), v);
     }
+    serde_json::Value::Object(body)
 }

@@ -195,7 +195,7 @@ fn an_aligned_resume_serves_the_parked_window_then_the_log_without_gap_or_duplic
         now: t0,
     };
     let (start, class) = resume::start(&log, &mut parked, &ask);
-    assert_eq!(class, Some(crate::metrics::ResumeClass::Aligned));
+    assert_eq!(class, Some(log_store::ResumeClass::Aligned));
     let Start::Serve {
         cursor,
         preamble,
@@ -232,7 +232,7 @@ fn a_resume_whose_head_is_not_parked_replays_from_the_log() {
         now: t0,
     };
     let (start, class) = resume::start(&log, &mut parked, &ask);
-    assert_eq!(class, Some(crate::metrics::ResumeClass::Replay));
+    assert_eq!(class, Some(log_store::ResumeClass::Replay));
     assert!(matches!(
         start,
         Start::Serve {
