@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
-# The project's one test command (README "Commands"): format check, clippy with -D warnings,
+# The project's one test command (README "Commands"): format check, code budgets
+# (scripts/budgets.py: file and function length, where `unsafe` may live), clippy with -D warnings,
 # doc tests, then every test in the workspace (nextest's summary is the closing line).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 echo "== cargo fmt --check"
 cargo fmt --all --check
+
+echo "== code budgets"
+python3 scripts/budgets.py --self-test
+python3 scripts/budgets.py
 
 echo "== cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings

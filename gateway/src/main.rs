@@ -17,6 +17,7 @@
 //! - `sys`: the few direct syscalls.
 
 use std::io::Write as _;
+use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 
@@ -64,6 +65,7 @@ fn main() {
     }
 }
 
+/// Starts every core, prints `listening on <addr>`, waits for SIGINT/SIGTERM, stops.
 fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
     let cpus = sys::allowed_cpus();
     let cores = if cfg.cores == 0 {
@@ -71,6 +73,69 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
     } else {
         cfg.cores
     };
+    let (logs_per_core, epochs, shard_count) = open_logs(&cfg, cores)?;
+    raise_fd_limit(&cfg, shard_count);
+    let signals = sys::block_shutdown_signals();
+    let (listeners, addr) = bind_listeners(&cfg, cores)?;
+    let mut txs = Vec::with_capacity(cores);
+    let mut rxs = Vec::with_capacity(cores);
+    let mut eventfds = Vec::with_capacity(cores);
+    for _ in 0..cores {
+        let (tx, rx) = crossbeam::channel::unbounded();
+        txs.push(tx);
+        rxs.push(rx);
+        eventfds.push(sys::eventfd().map_err(|e| format!("eventfd: {e}"))?);
+    }
+    let shared = Arc::new(core::Shared {
+        cfg: cfg.clone(),
+        cores,
+        shards: shard_count,
+        handoff_tx: txs,
+        eventfds: eventfds.clone(),
+        metrics: (0..cores)
+            .map(|_| metrics::CoreMetrics::default())
+            .collect(),
+        connections: AtomicUsize::new(0),
+        shutdown: AtomicBool::new(false),
+        epochs,
+        uring_cmd: features.uring_cmd,
+    });
+    let mut listeners = listeners.into_iter();
+    let setups = rxs
+        .into_iter()
+        .zip(logs_per_core)
+        .enumerate()
+        .map(|(id, (rx, logs))| core::CoreSetup {
+            id,
+            cpu: (cfg.cores == 0 || cores <= cpus.len()).then(|| cpus[id % cpus.len()]),
+            listener: listeners.next(),
+            eventfd: eventfds[id],
+            rx,
+            logs,
+        })
+        .collect();
+    let threads = start_cores(setups, &shared)?;
+    println!("listening on {addr}");
+    let _ = std::io::stdout().flush();
+
+    let sig = sys::wait_signal(&signals);
+    eprintln!("gateway: signal {sig}: shutting down");
+    shared.shutdown.store(true, Relaxed);
+    for &fd in &eventfds {
+        sys::eventfd_wake(fd);
+    }
+    for t in threads {
+        let _ = t.join();
+    }
+    Ok(())
+}
+
+/// Logs of each core (shard `s` belongs to core `s % cores`), every shard's epoch, and
+/// the shard count (stored on creation, reused on every restart).
+type OpenLogs = (Vec<Vec<(u32, log_store::Log)>>, Vec<log_store::Epoch>, u32);
+
+/// Opens (recovering) every shard's log.
+fn open_logs(cfg: &config::Config, cores: usize) -> Result<OpenLogs, String> {
     let on_create = if cfg.shards_on_create == 0 {
         SHARDS_DEFAULT
     } else {
@@ -104,8 +169,11 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
         epochs.push(log.epoch());
         logs_per_core[shards::core_of_shard(s, cores)].push((s, log));
     }
+    Ok((logs_per_core, epochs, shard_count))
+}
 
-    // Every connection is an fd; leave room for logs, listeners and eventfds.
+/// Every connection is an fd; leave room for logs, listeners and eventfds.
+fn raise_fd_limit(cfg: &config::Config, shard_count: u32) {
     let fds_wanted = cfg.connections_max as u64 + 256 + u64::from(shard_count) * 8;
     match sys::raise_nofile(fds_wanted) {
         Ok(n) if n < fds_wanted => eprintln!(
@@ -115,9 +183,14 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
         Ok(_) => {}
         Err(e) => eprintln!("gateway: warning: cannot raise RLIMIT_NOFILE: {e}"),
     }
+}
 
-    let signals = sys::block_shutdown_signals();
-
+/// One SO_REUSEPORT listener per listening core: the first binds `--listen` (refusing a
+/// port another process listens on), the others the port it got.
+fn bind_listeners(
+    cfg: &config::Config,
+    cores: usize,
+) -> Result<(Vec<RawFd>, std::net::SocketAddr), String> {
     let listen_cores = if cfg.listen_cores_max == 0 {
         cores
     } else {
@@ -131,43 +204,19 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
     for _ in 1..listen_cores {
         listeners.push(sys::listener(addr, 4096).map_err(|e| format!("bind {addr}: {e}"))?);
     }
+    Ok((listeners, addr))
+}
 
-    let mut txs = Vec::with_capacity(cores);
-    let mut rxs = Vec::with_capacity(cores);
-    let mut eventfds = Vec::with_capacity(cores);
-    for _ in 0..cores {
-        let (tx, rx) = crossbeam::channel::unbounded();
-        txs.push(tx);
-        rxs.push(rx);
-        eventfds.push(sys::eventfd().map_err(|e| format!("eventfd: {e}"))?);
-    }
-    let shared = Arc::new(core::Shared {
-        cfg: cfg.clone(),
-        cores,
-        shards: shard_count,
-        handoff_tx: txs,
-        eventfds: eventfds.clone(),
-        metrics: (0..cores)
-            .map(|_| metrics::CoreMetrics::default())
-            .collect(),
-        connections: AtomicUsize::new(0),
-        shutdown: AtomicBool::new(false),
-        epochs,
-        uring_cmd: features.uring_cmd,
-    });
-
+/// Spawns one thread per core and waits until every ring is armed.
+fn start_cores(
+    setups: Vec<core::CoreSetup>,
+    shared: &Arc<core::Shared>,
+) -> Result<Vec<std::thread::JoinHandle<()>>, String> {
+    let cores = setups.len();
     let (ready_tx, ready_rx) = crossbeam::channel::bounded(cores);
     let mut threads = Vec::with_capacity(cores);
-    let mut listeners = listeners.into_iter();
-    for (id, (rx, logs)) in rxs.into_iter().zip(logs_per_core).enumerate() {
-        let setup = core::CoreSetup {
-            id,
-            cpu: (cfg.cores == 0 || cores <= cpus.len()).then(|| cpus[id % cpus.len()]),
-            listener: listeners.next(),
-            eventfd: eventfds[id],
-            rx,
-            logs,
-        };
+    for setup in setups {
+        let id = setup.id;
         let shared = shared.clone();
         let ready_tx = ready_tx.clone();
         let t = std::thread::Builder::new()
@@ -187,17 +236,5 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
             Err(_) => return Err("a core thread exited during start".into()),
         }
     }
-    println!("listening on {addr}");
-    let _ = std::io::stdout().flush();
-
-    let sig = sys::wait_signal(&signals);
-    eprintln!("gateway: signal {sig}: shutting down");
-    shared.shutdown.store(true, Relaxed);
-    for &fd in &eventfds {
-        sys::eventfd_wake(fd);
-    }
-    for t in threads {
-        let _ = t.join();
-    }
-    Ok(())
+    Ok(threads)
 }

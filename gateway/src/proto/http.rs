@@ -182,44 +182,49 @@ pub fn parse_head(buf: &[u8], limits: &HeadLimits) -> Result<Option<Head>, HttpE
         event_type: None,
     };
     for h in req.headers.iter() {
-        let name = h.name;
-        if name.eq_ignore_ascii_case("content-length") {
-            let v = std::str::from_utf8(h.value).map_err(|_| HttpError::BadContentLength)?;
-            let n = parse_decimal(v.trim()).ok_or(HttpError::BadContentLength)?;
-            if head.has_content_length && head.content_length != n {
-                return Err(HttpError::BadContentLength);
-            }
-            head.content_length = n;
-            head.has_content_length = true;
-        } else if name.eq_ignore_ascii_case("transfer-encoding") {
-            return Err(HttpError::ChunkedUnsupported);
-        } else if name.eq_ignore_ascii_case("connection") {
-            let v = text(h.value, "Connection")?;
-            for token in v.split(',') {
-                let t = token.trim();
-                if t.eq_ignore_ascii_case("close") {
-                    head.close = true;
-                } else if t.eq_ignore_ascii_case("keep-alive") && version == 0 {
-                    head.close = false;
-                }
-            }
-        } else if name.eq_ignore_ascii_case("expect") {
-            head.expect_continue = text(h.value, "Expect")?
-                .trim()
-                .eq_ignore_ascii_case("100-continue");
-        } else if name.eq_ignore_ascii_case("last-event-id") {
-            let v = text(h.value, "Last-Event-ID")?.trim();
-            if head.last_event_id.as_deref().is_some_and(|prev| prev != v) {
-                return Err(HttpError::ConflictingHeader("Last-Event-ID"));
-            }
-            head.last_event_id = Some(v.to_owned());
-        } else if name.eq_ignore_ascii_case("accept") {
-            head.accept = Some(text(h.value, "Accept")?.to_owned());
-        } else if name.eq_ignore_ascii_case("event-type") {
-            head.event_type = Some(text(h.value, "Event-Type")?.trim().to_owned());
-        }
+        apply_header(&mut head, h.name, h.value, version)?;
     }
     Ok(Some(head))
+}
+
+/// Applies one header field to the head (the fields the gateway reads; others are ignored).
+fn apply_header(head: &mut Head, name: &str, value: &[u8], version: u8) -> Result<(), HttpError> {
+    if name.eq_ignore_ascii_case("content-length") {
+        let v = std::str::from_utf8(value).map_err(|_| HttpError::BadContentLength)?;
+        let n = parse_decimal(v.trim()).ok_or(HttpError::BadContentLength)?;
+        if head.has_content_length && head.content_length != n {
+            return Err(HttpError::BadContentLength);
+        }
+        head.content_length = n;
+        head.has_content_length = true;
+    } else if name.eq_ignore_ascii_case("transfer-encoding") {
+        return Err(HttpError::ChunkedUnsupported);
+    } else if name.eq_ignore_ascii_case("connection") {
+        let v = text(value, "Connection")?;
+        for token in v.split(',') {
+            let t = token.trim();
+            if t.eq_ignore_ascii_case("close") {
+                head.close = true;
+            } else if t.eq_ignore_ascii_case("keep-alive") && version == 0 {
+                head.close = false;
+            }
+        }
+    } else if name.eq_ignore_ascii_case("expect") {
+        head.expect_continue = text(value, "Expect")?
+            .trim()
+            .eq_ignore_ascii_case("100-continue");
+    } else if name.eq_ignore_ascii_case("last-event-id") {
+        let v = text(value, "Last-Event-ID")?.trim();
+        if head.last_event_id.as_deref().is_some_and(|prev| prev != v) {
+            return Err(HttpError::ConflictingHeader("Last-Event-ID"));
+        }
+        head.last_event_id = Some(v.to_owned());
+    } else if name.eq_ignore_ascii_case("accept") {
+        head.accept = Some(text(value, "Accept")?.to_owned());
+    } else if name.eq_ignore_ascii_case("event-type") {
+        head.event_type = Some(text(value, "Event-Type")?.trim().to_owned());
+    }
+    Ok(())
 }
 
 fn text<'a>(v: &'a [u8], name: &'static str) -> Result<&'a str, HttpError> {

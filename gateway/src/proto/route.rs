@@ -140,17 +140,6 @@ pub fn route(head: &Head) -> Result<Route, RouteError> {
         Some((n, t)) => (n, Some(t)),
         None => (rest, None),
     };
-    let valid_name = |n: &str| -> Result<String, RouteError> {
-        if n.is_empty()
-            || n.len() > STREAM_NAME_BYTES_MAX
-            || !n
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'~' | b'-'))
-        {
-            return Err(RouteError::BadStreamName);
-        }
-        Ok(n.to_owned())
-    };
     match tail {
         None => {
             if head.method != Method::Get {
@@ -189,6 +178,19 @@ pub fn route(head: &Head) -> Result<Route, RouteError> {
         }
         Some(_) => Err(RouteError::NotFound),
     }
+}
+
+/// A stream name as routed: 1..=STREAM_NAME_BYTES_MAX bytes of `[A-Za-z0-9._~-]`.
+fn valid_name(n: &str) -> Result<String, RouteError> {
+    if n.is_empty()
+        || n.len() > STREAM_NAME_BYTES_MAX
+        || !n
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'~' | b'-'))
+    {
+        return Err(RouteError::BadStreamName);
+    }
+    Ok(n.to_owned())
 }
 
 /// True if an Accept header admits `text/event-stream` (with q > 0).

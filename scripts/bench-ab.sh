@@ -1,0 +1,198 @@
+#!/usr/bin/env bash
+# bench-ab.sh: an old gateway binary against a new one, in one run on this machine, on two
+# saturating scenarios from BENCHMARKS.md, with the order alternating per round; prints per
+# round and median delivered events/s and server CPU µs per delivered event, new/old (ratio of
+# the medians, and the median of per-round ratios) and the gateway's run-queue wait (the noise).
+#
+# Usage: bash scripts/bench-ab.sh OLD_GATEWAY_BIN NEW_GATEWAY_BIN [ROUNDS=5]
+# Environment:
+#   BENCH_BIN  the bench binary (default target/release/bench)
+#   OUT        results dir (default /tmp/bench-ab-<UTC date>): one JSON, .err and .rc per run,
+#              the gateways' logs, run.log and table.md
+#   SECS       publishing seconds per run (default 6, as in BENCHMARKS.md; keep it <= 10)
+#   SERVER_CORE / BENCH_CORE  cores for the gateway and the bench (default 0 / 1)
+#
+# Scenarios (BENCHMARKS.md "Side by side with nginx + nchan" and "the subscriber receive path",
+# 256 B payloads, bench defaults otherwise):
+#   fanout-1x100    fanout --streams 1 --subscribers-per-stream 100 --pipeline-depth 64
+#   streams-1000x1  fanout --streams 1000 --subscribers-per-stream 1 --publishers 4 --pipeline-depth 64
+# each with --events-per-stream SECS*2,000,000 (a cap; --publish-secs-max SECS ends the run).
+# Every gateway run: a fresh temp data dir, `taskset -c SERVER_CORE BIN --listen 127.0.0.1:0
+# --cores 1 --fsync never --connections-max 200000`; the bench on BENCH_CORE with --target-pid.
+# Round r runs old then new when r is odd, new then old when r is even (order effects cancel
+# over an even number of rounds). Every wait is bounded; each gateway is stopped (SIGTERM, then
+# SIGKILL after 5 s) after its run, and on any exit. Exit status: 0 when every bench run exited 0,
+# 1 otherwise (the table is printed either way).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+
+if [[ $# -lt 2 || $# -gt 3 || $1 == -h || $1 == --help ]]; then
+  sed -n '2,25p' "$0" >&2
+  exit 2
+fi
+OLD_BIN=$(realpath "$1")
+NEW_BIN=$(realpath "$2")
+ROUNDS=${3:-5}
+BENCH_BIN=$(realpath "${BENCH_BIN:-$ROOT/target/release/bench}")
+SECS=${SECS:-6}
+SERVER_CORE=${SERVER_CORE:-0}
+BENCH_CORE=${BENCH_CORE:-1}
+OUT=${OUT:-/tmp/bench-ab-$(date -u +%Y%m%dT%H%M%SZ)}
+
+for b in "$OLD_BIN" "$NEW_BIN" "$BENCH_BIN"; do
+  [[ -x $b ]] || { echo "not an executable: $b" >&2; exit 2; }
+done
+[[ $ROUNDS =~ ^[1-9][0-9]*$ && $ROUNDS -le 50 ]] || { echo "ROUNDS must be 1..50" >&2; exit 2; }
+[[ $SECS =~ ^[1-9][0-9]*$ && $SECS -le 60 ]] || { echo "SECS must be 1..60" >&2; exit 2; }
+
+mkdir -p "$OUT"
+WORK=$(mktemp -d /tmp/bench-ab.XXXXXX)
+GW_PID=""
+
+# stop_gateway: SIGTERM, bounded wait (50 x 0.1 s), then SIGKILL; reaps the child.
+stop_gateway() {
+  [[ -n $GW_PID ]] || return 0
+  kill -TERM "$GW_PID" 2>/dev/null || true
+  for _ in $(seq 1 50); do kill -0 "$GW_PID" 2>/dev/null || break; sleep 0.1; done
+  if kill -0 "$GW_PID" 2>/dev/null; then
+    echo "   gateway $GW_PID ignored SIGTERM for 5 s: SIGKILL" | tee -a "$OUT/run.log"
+    kill -KILL "$GW_PID" 2>/dev/null || true
+  fi
+  wait "$GW_PID" 2>/dev/null || true
+  GW_PID=""
+}
+cleanup() {
+  stop_gateway
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# Subscribers, publishers and the gateway's sockets: raise the soft descriptor limit if allowed.
+ulimit -n 1048576 2>/dev/null || ulimit -n "$(ulimit -Hn)"
+
+{
+  echo "bench-ab $(date -u +%FT%TZ): rounds $ROUNDS, $SECS s per run, gateway core $SERVER_CORE, bench core $BENCH_CORE"
+  echo "old   $OLD_BIN $(sha256sum "$OLD_BIN" | cut -c1-16)"
+  echo "new   $NEW_BIN $(sha256sum "$NEW_BIN" | cut -c1-16)"
+  echo "bench $BENCH_BIN $(sha256sum "$BENCH_BIN" | cut -c1-16)"
+  echo "RLIMIT_NOFILE $(ulimit -n); load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+} | tee "$OUT/run.log"
+
+EV=$((SECS * 2000000))
+declare -A SCENARIO=(
+  [fanout-1x100]="fanout --streams 1 --subscribers-per-stream 100 --pipeline-depth 64"
+  [streams-1000x1]="fanout --streams 1000 --subscribers-per-stream 1 --publishers 4 --pipeline-depth 64"
+)
+SCENARIOS=(fanout-1x100 streams-1000x1)
+STATUS=0
+
+# run_one SCENARIO SIDE(old|new) ROUND: one gateway process, one bench run.
+run_one() {
+  local name=$1 side=$2 round=$3
+  local bin file data log addr rc=0
+  if [[ $side == old ]]; then bin=$OLD_BIN; else bin=$NEW_BIN; fi
+  file="$OUT/$name-$side.r$round"
+  data="$WORK/data-$name-$side-$round"
+  log="$file.gateway.log"
+  taskset -c "$SERVER_CORE" "$bin" --listen 127.0.0.1:0 --data-dir "$data" --cores 1 \
+    --fsync never --connections-max 200000 >"$log" 2>&1 &
+  GW_PID=$!
+  addr=""
+  for _ in $(seq 1 100); do # bounded: 100 x 0.1 s
+    addr=$(sed -n 's/.*listening on \([0-9.]*:[0-9]*\).*/\1/p' "$log" | head -1)
+    [[ -n $addr ]] && break
+    kill -0 "$GW_PID" 2>/dev/null || break
+    sleep 0.1
+  done
+  if [[ -z $addr ]]; then
+    echo "-- $name [$side] round $round: the gateway printed no 'listening on'; log:" | tee -a "$OUT/run.log"
+    tail -n 5 "$log" | tee -a "$OUT/run.log"
+    echo 2 >"$file.rc"
+    stop_gateway
+    rm -rf "$data"
+    STATUS=1
+    return 0
+  fi
+  local u="http://$addr/v1/streams/{stream}"
+  # shellcheck disable=SC2086 # the scenario string is a word list on purpose
+  local args=(${SCENARIO[$name]} --payload-bytes 256 --events-per-stream "$EV"
+    --publish-secs-max "$SECS" --publish-url "$u/events" --publish-batch-url "$u/events:batch"
+    --subscribe-url "$u" --publish-style gateway --id-style gateway
+    --target-pid "$GW_PID" --label "$side" --json)
+  echo "-- $name [$side] round $round (load average $(cut -d' ' -f1-3 /proc/loadavg)): bench ${args[*]}" \
+    | tee -a "$OUT/run.log"
+  timeout --kill-after=10 $((SECS * 3 + 90)) taskset -c "$BENCH_CORE" "$BENCH_BIN" "${args[@]}" \
+    >"$file.json" 2>"$file.err" || rc=$?
+  echo "$rc" >"$file.rc"
+  if ! kill -0 "$GW_PID" 2>/dev/null; then
+    echo "   THE GATEWAY PROCESS IS GONE (see $log)" | tee -a "$OUT/run.log"
+  fi
+  if [[ $rc -ne 0 ]]; then
+    echo "   bench exit $rc: $(tail -n 3 "$file.err")" | tee -a "$OUT/run.log"
+    STATUS=1
+  fi
+  stop_gateway
+  rm -rf "$data"
+}
+
+for round in $(seq 1 "$ROUNDS"); do
+  if ((round % 2 == 1)); then order=(old new); else order=(new old); fi
+  for name in "${SCENARIOS[@]}"; do
+    for side in "${order[@]}"; do
+      run_one "$name" "$side" "$round"
+    done
+  done
+done
+echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$OUT/run.log"
+
+echo
+python3 - "$OUT" "$ROUNDS" "${SCENARIOS[@]}" <<'PY' | tee "$OUT/table.md"
+import json, statistics, sys
+
+out, rounds, scenarios = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+
+def load(name, side, r):
+    try:
+        with open(f"{out}/{name}-{side}.r{r}.json") as f:
+            rep = json.load(f)["reports"][-1]
+        server = rep.get("server") or {}
+        return (rep["delivered_per_sec"], server.get("cpu_us_per_delivered_event"),
+                server.get("runqueue_wait_secs"))
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        return None, None, None
+
+def fmt(v, digits):
+    return "—" if v is None else f"{v:,.{digits}f}"
+
+print(f"Rounds: {rounds} (odd rounds old→new, even rounds new→old). "
+      "Spread = (max − min) / median over the rounds. new/old = ratio of the medians; "
+      "paired = median over rounds of that round's new/old (the two ran back to back).")
+print()
+print("| scenario | metric | binary | per round | median | spread | new/old | paired |")
+print("|---|---|---|---|---:|---:|---:|---:|")
+for name in scenarios:
+    # The run-queue wait (time the gateway's threads were runnable but not running, summed over
+    # threads) is the noise gauge: other load on the gateway's core shows up there first.
+    for metric, idx, digits in (("delivered ev/s", 0, 0), ("server CPU µs / delivered ev", 1, 2),
+                                ("gateway run-queue wait s (noise)", 2, 2)):
+        med, per_round = {}, {}
+        for side in ("old", "new"):
+            vals = [load(name, side, r)[idx] for r in range(1, rounds + 1)]
+            per_round[side] = vals
+            got = [v for v in vals if v is not None]
+            med[side] = statistics.median(got) if got else None
+            spread = ((max(got) - min(got)) / med[side]) if len(got) > 1 and med[side] else None
+            ratio = paired = ""
+            if side == "new" and idx < 2 and med["old"] and med["new"] is not None:
+                ratio = f"**{med['new'] / med['old']:.3f}**"
+                pairs = [n / o for o, n in zip(per_round["old"], vals) if o and n is not None]
+                paired = f"{statistics.median(pairs):.3f}" if pairs else "—"
+            print(f"| {name if side == 'old' and idx == 0 else ''} | {metric if side == 'old' else ''} "
+                  f"| {side} | {' / '.join(fmt(v, digits) for v in vals)} | **{fmt(med[side], digits)}** "
+                  f"| {'—' if spread is None else f'{spread:.0%}'} | {ratio} | {paired} |")
+PY
+echo
+echo "results: $OUT"
+exit "$STATUS"
