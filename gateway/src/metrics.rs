@@ -55,6 +55,7 @@ pub struct CoreMetrics {
     /// Completions of connection operations (recv, send, POLLOUT, TX timestamps, watch) that
     /// matched no operation in flight on their connection: ignored, never acted on.
     pub unmatched_completions_total: AtomicU64,
+    pub cq_stale_slots_total: AtomicU64,
     /// ACK confirmations received as SO_TIMESTAMPING TX_ACK completions.
     pub tx_ack_timestamps_total: AtomicU64,
     /// Subscribers that fell back to SIOCOUTQ accounting.
@@ -82,7 +83,7 @@ type Field = fn(&CoreMetrics) -> &AtomicU64;
 /// Renders all cores' counters as Prometheus text exposition format.
 pub fn render(cores: &[CoreMetrics]) -> String {
     let mut out = String::with_capacity(4096);
-    let scalar: [(&str, &str, Field); 20] = [
+    let scalar: [(&str, &str, Field); 21] = [
         ("gateway_connections", "gauge", |m| &m.connections),
         ("gateway_subscribers", "gauge", |m| &m.subscribers),
         ("gateway_accepted_total", "counter", |m| &m.accepted_total),
@@ -122,6 +123,9 @@ pub fn render(cores: &[CoreMetrics]) -> String {
         }),
         ("gateway_unmatched_completions_total", "counter", |m| {
             &m.unmatched_completions_total
+        }),
+        ("gateway_cq_stale_slots_total", "counter", |m| {
+            &m.cq_stale_slots_total
         }),
         ("gateway_tx_ack_timestamps_total", "counter", |m| {
             &m.tx_ack_timestamps_total

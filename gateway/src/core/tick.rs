@@ -38,6 +38,7 @@ impl Core {
         let u = self.io.unmatched();
         m.unmatched_completions_total
             .store(u.repeat + u.unknown, Relaxed);
+        m.cq_stale_slots_total.store(u.stale_slot, Relaxed);
         for slot in to_flush {
             self.flush(slot);
         }

@@ -8,6 +8,7 @@
 //! Every completion is matched to exactly one submission by the [`OpTable`]; one that matches
 //! nothing in flight is counted ([`Driver::unmatched`]) and never acted on.
 
+pub mod lap;
 pub mod op;
 pub mod table;
 
@@ -176,6 +177,8 @@ struct SlotMem {
 pub struct UnmatchedCounts {
     pub repeat: u64,
     pub unknown: u64,
+    /// Completions read back from a stale last ring slot ([`lap`]), dropped before matching.
+    pub stale_slot: u64,
 }
 
 /// One core's io_uring driver.
@@ -189,6 +192,10 @@ pub struct Driver {
     /// The eventfd read's 8-byte buffer (boxed: its address is fixed for the ring's life).
     efd_buf: Box<u64>,
     unmatched: UnmatchedCounts,
+    lap: lap::LapGuard,
+    /// Serial of the core-wide operations' armings (accept, eventfd read): no two armings
+    /// share a user_data, so a genuine completion never repeats a stale one exactly.
+    core_serial: u32,
 }
 
 impl std::fmt::Debug for Driver {
@@ -227,7 +234,10 @@ impl Driver {
                 b.build(SQ_ENTRIES)?
             }
         };
+        let lap = lap::LapGuard::new(ring.params().cq_entries());
         Ok(Driver {
+            core_serial: 0,
+            lap,
             ring,
             backlog: VecDeque::new(),
             table: OpTable::default(),
@@ -312,12 +322,22 @@ impl Driver {
         }
     }
 
+    /// The user_data of a new arming of a core-wide operation.
+    fn core_arming(&mut self, op: Op) -> u64 {
+        UserData {
+            serial: op::next_serial(&mut self.core_serial),
+            ..UserData::core(op)
+        }
+        .pack()
+    }
+
     /// Multishot accept on `listener`.
     pub fn accept(&mut self, listener: RawFd) {
+        let ud = self.core_arming(Op::Accept);
         let e = opcode::AcceptMulti::new(types::Fd(listener))
             .flags(libc::SOCK_CLOEXEC)
             .build()
-            .user_data(UserData::core(Op::Accept).pack());
+            .user_data(ud);
         // SAFETY: multishot accept points at no memory of ours.
         unsafe { self.push(e) };
     }
@@ -333,10 +353,11 @@ impl Driver {
 
     /// The 8-byte read on the core's eventfd.
     pub fn read_eventfd(&mut self, efd: RawFd) {
+        let ud = self.core_arming(Op::EventFd);
         let ptr: *mut u64 = &mut *self.efd_buf;
         let e = opcode::Read::new(types::Fd(efd), ptr.cast(), 8)
             .build()
-            .user_data(UserData::core(Op::EventFd).pack());
+            .user_data(ud);
         // SAFETY: `efd_buf` is a Box owned by the driver, which owns the ring: it outlives
         // the ring's use of it, and nothing else reads or writes it.
         unsafe { self.push(e) };
@@ -487,11 +508,17 @@ impl Driver {
     /// Every CQE ready now, unmatched (match each with [`Driver::complete`] in order: acting
     /// on one may close a connection the next one names).
     pub fn reap(&mut self, out: &mut Vec<Cqe>) {
-        out.extend(
-            self.ring
-                .completion()
-                .map(|c| (c.user_data(), c.result(), c.flags())),
-        );
+        for c in self.ring.completion() {
+            let cqe = (c.user_data(), c.result(), c.flags());
+            if self.lap.is_stale(cqe) {
+                self.unmatched.stale_slot += 1;
+                if self.unmatched.stale_slot <= 10 {
+                    eprintln!("dropped a stale last-slot completion {cqe:?} (kernel CQE32 skip)");
+                }
+                continue;
+            }
+            out.push(cqe);
+        }
     }
 
     /// Matches one CQE against the op table: the completion to act on, with its memory, or

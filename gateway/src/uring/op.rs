@@ -4,7 +4,8 @@
 //! connection's place in the op table; the generation tells the slot's successive
 //! connections apart; the serial numbers every operation issued on the slot (it continues
 //! across the slot's connections), so a completion can be matched to exactly one submission.
-//! Core-wide operations (accept, the eventfd read, cancels) use slot 0, generation 0, serial 0.
+//! Core-wide operations (accept, the eventfd read, cancels) use slot 0 and generation 0; accept
+//! and the eventfd read carry a serial per arming, cancels serial 0.
 #![forbid(unsafe_code)]
 
 /// Slots a core can hold (`--connections-max` is capped below this).
