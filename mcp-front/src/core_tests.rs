@@ -4,7 +4,10 @@
 //! responses, SSE opens and upstream traffic, and computes what each SSE connection delivers.
 
 use super::*;
+use crate::jsonrpc;
+use log_store::EventId;
 use proptest::prelude::*;
+use serde_json::{Value, json};
 use std::collections::HashSet;
 
 const EPOCH: Epoch = Epoch(0x0123_4567_89ab_cdef);

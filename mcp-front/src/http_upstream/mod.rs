@@ -21,20 +21,28 @@
 //! upstream's own streams with `Last-Event-ID`, and the 2026-07-28 `Mcp-Method`/`Mcp-Name`
 //! mirror headers towards the upstream (the body's `_meta` protocol version is sent as
 //! `MCP-Protocol-Version`).
+//!
+//! # Layout
+//! This file: the URL, the client and its dispatcher thread, the GET stream. `answer`: reading
+//! one answer (JSON or SSE) and forwarding its messages. `wire`: HTTP/1.1 response framing
+//! (head, chunked and length-delimited bodies).
 #![forbid(unsafe_code)]
+
+mod answer;
+mod wire;
 
 use crate::core::UpstreamId;
 use crate::upstream_event::UpstreamEvent;
+use answer::{read_answer, read_sse};
 use crossbeam::channel::{self, Receiver, Sender};
 use serde_json::Value;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use wire::{is_sse, read_head};
 
-/// Bytes of an upstream response head before it counts as broken.
-const HEAD_BYTES_MAX: usize = 64 * 1024;
 /// Connect and write timeout towards the upstream (loopback: generous).
 const IO_TIMEOUT: Duration = Duration::from_secs(10);
 /// Read timeout for answers that must be short (DELETE, error bodies); SSE streams have none
@@ -383,298 +391,6 @@ fn open_get(sh: &Arc<Shared>) {
     sh.unregister(reg);
 }
 
-type Headers = Vec<(String, String)>;
-
-fn header<'a>(hs: &'a Headers, name: &str) -> Option<&'a str> {
-    hs.iter()
-        .find(|(k, _)| k.eq_ignore_ascii_case(name))
-        .map(|(_, v)| v.as_str())
-}
-
-fn is_sse(hs: &Headers) -> bool {
-    header(hs, "content-type").is_some_and(|v| v.trim_start().starts_with("text/event-stream"))
-}
-
-/// Reads a response head; returns the status, headers and a reader of the decoded body.
-fn read_head(mut s: TcpStream) -> Result<(u16, Headers, Box<dyn BufRead + Send>), String> {
-    let mut buf = Vec::with_capacity(4096);
-    let mut tmp = [0u8; 4096];
-    loop {
-        let n = s.read(&mut tmp).map_err(|e| format!("read: {e}"))?;
-        if n == 0 {
-            return Err("closed before a response head".into());
-        }
-        buf.extend_from_slice(&tmp[..n]);
-        let mut hs = [httparse::EMPTY_HEADER; 64];
-        let mut r = httparse::Response::new(&mut hs);
-        match r.parse(&buf) {
-            Ok(httparse::Status::Complete(len)) => {
-                let status = r.code.unwrap_or(0);
-                let headers: Headers = r
-                    .headers
-                    .iter()
-                    .map(|h| {
-                        (
-                            h.name.to_owned(),
-                            String::from_utf8_lossy(h.value).into_owned(),
-                        )
-                    })
-                    .collect();
-                let rest = buf[len..].to_vec();
-                let raw = std::io::Cursor::new(rest).chain(s);
-                let body: Box<dyn BufRead + Send> = if header(&headers, "transfer-encoding")
-                    .is_some_and(|v| v.to_ascii_lowercase().contains("chunked"))
-                {
-                    Box::new(BufReader::new(Chunked::new(BufReader::new(raw))))
-                } else if let Some(n) = header(&headers, "content-length") {
-                    let n: u64 = n.trim().parse().map_err(|_| "bad Content-Length")?;
-                    Box::new(BufReader::new(raw.take(n)))
-                } else if status == 204 || status == 304 || (100..200).contains(&status) {
-                    Box::new(std::io::empty())
-                } else {
-                    Box::new(BufReader::new(raw))
-                };
-                return Ok((status, headers, body));
-            }
-            Ok(httparse::Status::Partial) if buf.len() < HEAD_BYTES_MAX => {}
-            Ok(httparse::Status::Partial) => return Err("response head too large".into()),
-            Err(e) => return Err(format!("bad response head: {e}")),
-        }
-    }
-}
-
-/// Decoder of `Transfer-Encoding: chunked` (extensions and trailers ignored).
-struct Chunked<R> {
-    inner: R,
-    left: u64,
-    done: bool,
-}
-
-impl<R: BufRead> Chunked<R> {
-    fn new(inner: R) -> Self {
-        Chunked {
-            inner,
-            left: 0,
-            done: false,
-        }
-    }
-
-    fn line(&mut self) -> std::io::Result<String> {
-        let mut l = Vec::new();
-        self.inner.by_ref().take(4096).read_until(b'\n', &mut l)?;
-        if !l.ends_with(b"\n") {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::UnexpectedEof,
-                "chunk size line cut",
-            ));
-        }
-        Ok(String::from_utf8_lossy(&l).trim().to_owned())
-    }
-}
-
-impl<R: BufRead> Read for Chunked<R> {
-    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
-        if self.done || out.is_empty() {
-            return Ok(0);
-        }
-        if self.left == 0 {
-            let size = self.line()?;
-            let hex = size.split(';').next().unwrap_or("").trim();
-            self.left = u64::from_str_radix(hex, 16).map_err(|_| {
-                std::io::Error::new(std::io::ErrorKind::InvalidData, "bad chunk size")
-            })?;
-            if self.left == 0 {
-                while !self.line()?.is_empty() {}
-                self.done = true;
-                return Ok(0);
-            }
-        }
-        let want = out.len().min(self.left as usize);
-        let n = self.inner.read(&mut out[..want])?;
-        if n == 0 {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::UnexpectedEof,
-                "chunk cut",
-            ));
-        }
-        self.left -= n as u64;
-        if self.left == 0 {
-            self.line()?; // the CRLF after the chunk
-        }
-        Ok(n)
-    }
-}
-
-/// Does this message answer `id`?
-fn answers(msg: &[u8], id: &Value) -> bool {
-    match serde_json::from_slice::<Value>(msg) {
-        Ok(Value::Object(o)) => {
-            o.get("id") == Some(id) && (o.contains_key("result") || o.contains_key("error"))
-        }
-        Ok(Value::Array(a)) => a.iter().any(|m| {
-            m.get("id") == Some(id) && (m.get("result").is_some() || m.get("error").is_some())
-        }),
-        _ => false,
-    }
-}
-
-/// Hands one message on (or reports it too long).
-fn forward(sh: &Shared, msg: Vec<u8>, want: Option<&Value>, answered: &mut bool, init: bool) {
-    if msg.len() > sh.line_bytes_max {
-        sh.emit(UpstreamEvent::LineTooLong(sh.id, msg.len()));
-        return;
-    }
-    if let Some(id) = want
-        && answers(&msg, id)
-    {
-        *answered = true;
-        if init
-            && let Ok(v) = serde_json::from_slice::<Value>(&msg)
-            && let Some(ver) = v.pointer("/result/protocolVersion").and_then(Value::as_str)
-        {
-            sh.session.lock().expect("session lock").1 = Some(ver.to_owned());
-        }
-    }
-    sh.emit(UpstreamEvent::Line(sh.id, msg));
-}
-
-/// Reads one POST's answer and forwards its messages; a request left unanswered gets an
-/// error response made here.
-fn read_answer(sh: &Arc<Shared>, s: TcpStream, request_id: Option<&Value>, init: bool) {
-    let reg = sh.register(&s);
-    let mut answered = false;
-    let failure = match read_head(s) {
-        Err(e) => Some(format!("upstream answer unreadable: {e}")),
-        Ok((status, headers, mut body)) => {
-            if init && let Some(sid) = header(&headers, "mcp-session-id") {
-                sh.session.lock().expect("session lock").0 = Some(sid.trim().to_owned());
-            }
-            match status {
-                200 if is_sse(&headers) => {
-                    read_sse(sh, body, request_id.map(|id| (id, &mut answered, init)));
-                    None
-                }
-                200 => {
-                    let mut msg = Vec::new();
-                    let max = sh.line_bytes_max as u64 + 1;
-                    match body.by_ref().take(max).read_to_end(&mut msg) {
-                        Err(e) => Some(format!("upstream answer unreadable: {e}")),
-                        Ok(_) if msg.iter().all(u8::is_ascii_whitespace) => None,
-                        Ok(_) => {
-                            forward(sh, msg, request_id, &mut answered, init);
-                            None
-                        }
-                    }
-                }
-                202 => None,
-                404 if sh.session.lock().expect("session lock").0.is_some() => {
-                    sh.die("the upstream answered 404: its session is gone");
-                    None
-                }
-                _ => {
-                    let mut text = Vec::new();
-                    let _ = body.take(512).read_to_end(&mut text);
-                    Some(format!(
-                        "upstream answered HTTP {status}: {}",
-                        String::from_utf8_lossy(&text).trim()
-                    ))
-                }
-            }
-        }
-    };
-    sh.unregister(reg);
-    let Some(id) = request_id else {
-        if let Some(f) = failure {
-            eprintln!("mcp upstream {}: {f}", sh.id.0);
-        }
-        return;
-    };
-    if answered || sh.dead.load(Ordering::SeqCst) {
-        return; // a dead upstream's requests are answered by the core
-    }
-    let why = failure.unwrap_or_else(|| {
-        "the upstream ended the request's stream without a response (it cannot be resumed upstream)"
-            .into()
-    });
-    let err = serde_json::json!({
-        "jsonrpc": "2.0",
-        "id": id,
-        "error": {"code": -32603, "message": why},
-    });
-    sh.emit(UpstreamEvent::Line(
-        sh.id,
-        serde_json::to_vec(&err).expect("json"),
-    ));
-}
-
-/// Reads SSE events until the stream ends; each non-empty `data` is one JSON-RPC message.
-fn read_sse(
-    sh: &Shared,
-    mut body: Box<dyn BufRead + Send>,
-    want: Option<(&Value, &mut bool, bool)>,
-) {
-    let (want_id, answered, init) = match want {
-        Some((id, a, i)) => (Some(id), Some(a), i),
-        None => (None, None, false),
-    };
-    let mut dummy = false;
-    let answered = answered.unwrap_or(&mut dummy);
-    let mut data: Vec<u8> = Vec::new();
-    let mut has_data = false;
-    let mut too_long = 0usize;
-    let mut line = Vec::new();
-    loop {
-        line.clear();
-        // A line longer than the record limit is cut here and the event dropped as too long.
-        let limit = sh.line_bytes_max as u64 + 2;
-        match body.by_ref().take(limit).read_until(b'\n', &mut line) {
-            Ok(0) | Err(_) => break,
-            Ok(_) => {}
-        }
-        if !line.ends_with(b"\n") && line.len() as u64 >= limit {
-            too_long += line.len();
-            // Skip the rest of the line.
-            let mut rest = Vec::new();
-            loop {
-                rest.clear();
-                match body.by_ref().take(64 * 1024).read_until(b'\n', &mut rest) {
-                    Ok(0) | Err(_) => break,
-                    Ok(_) if rest.ends_with(b"\n") => break,
-                    Ok(n) => too_long += n,
-                }
-            }
-            continue;
-        }
-        let l = line.strip_suffix(b"\n").unwrap_or(&line);
-        let l = l.strip_suffix(b"\r").unwrap_or(l);
-        if l.is_empty() {
-            if too_long > 0 {
-                sh.emit(UpstreamEvent::LineTooLong(sh.id, too_long));
-            } else if has_data && !data.iter().all(u8::is_ascii_whitespace) {
-                forward(sh, std::mem::take(&mut data), want_id, answered, init);
-            }
-            data.clear();
-            has_data = false;
-            too_long = 0;
-            continue;
-        }
-        if let Some(v) = l.strip_prefix(b"data:") {
-            let v = v.strip_prefix(b" ").unwrap_or(v);
-            if has_data {
-                data.push(b'\n');
-            }
-            data.extend_from_slice(v);
-            has_data = true;
-            if data.len() > sh.line_bytes_max {
-                too_long += data.len();
-                data.clear();
-                has_data = false;
-            }
-        }
-        // id:, event:, retry: and comments carry nothing we need.
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -702,25 +418,5 @@ mod tests {
         assert_eq!(t.addr.port(), 9000);
         let t = parse_url("http://127.0.0.1").unwrap();
         assert_eq!((t.path.as_str(), t.addr.port()), ("/", 80));
-    }
-
-    #[test]
-    fn chunked_bodies_decode() {
-        let raw = b"5;ext=1\r\nhello\r\n7\r\n, world\r\n0\r\nTrailer: x\r\n\r\nNEXT";
-        let mut c = Chunked::new(&raw[..]);
-        let mut out = String::new();
-        c.read_to_string(&mut out).unwrap();
-        assert_eq!(out, "hello, world");
-        let mut cut = Chunked::new(&b"5\r\nhel"[..]);
-        assert!(cut.read_to_string(&mut String::new()).is_err());
-    }
-
-    #[test]
-    fn answers_matches_id_of_response_only() {
-        let id = serde_json::json!(3);
-        assert!(answers(br#"{"jsonrpc":"2.0","id":3,"result":{}}"#, &id));
-        assert!(answers(br#"[{"jsonrpc":"2.0","id":3,"error":{}}]"#, &id));
-        assert!(!answers(br#"{"jsonrpc":"2.0","id":3,"method":"x"}"#, &id));
-        assert!(!answers(br#"{"jsonrpc":"2.0","id":"3","result":{}}"#, &id));
     }
 }

@@ -1,0 +1,419 @@
+//! The MCP front's state machine: sessions, stream routing, resume decisions. The reactor
+//! drives it (quinn-proto style): `handle_*` for inputs — a parsed HTTP request, an upstream
+//! line, an upstream exit, an SSE connection closed, `handle_tick(now_ms)` — and
+//! `poll_action` for outputs ([`Action`]: respond, create/append to a log stream, open an SSE
+//! response on a log stream from a sequence, close a connection, spawn/kill/write an upstream).
+//!
+//! It does not touch sockets, io_uring, processes, files or a clock: time comes in as
+//! milliseconds, randomness through the session-id source given at construction, and the log
+//! is seen only through [`LogView`] (names and bounds) — the driver performs every append the
+//! core asks for, in order, and the core predicts each appended sequence number (it is the
+//! only writer of `mcp/...` streams), which the driver asserts.
+//!
+//! Each message lands on exactly one log stream. Legacy era (sessions): `mcp/<session>/0` is
+//! the session's GET stream, `mcp/<session>/<n>` (n ≥ 1) the stream of the n-th POST that
+//! carried requests. Modern era (stateless): `mcp/m<boot>/<n>` per request, not resumable.
+//! See `SPEC-NOTES.md` for the rules and the test that checks each.
+//!
+//! # Layout
+//! One `impl McpCore` block per concern; this file holds the types, the state and the
+//! constructor and accessors.
+//! - `http`: HTTP input (header checks, dispatch by era and method) and the response helpers.
+//! - `legacy`: the 2025-era session transport (`initialize`, POST streams, GET, DELETE).
+//! - `resume`: GET + Last-Event-ID on legacy streams.
+//! - `modern`: the 2026-07-28 stateless era.
+//! - `routing`: upstream lines to streams.
+//! - `lifecycle`: upstream exits, session termination, closed connections, timers, shutdown.
+//! - `../core_tests.rs`: the tests, one per rule of `SPEC-NOTES.md` at least.
+#![forbid(unsafe_code)]
+
+mod http;
+mod legacy;
+mod lifecycle;
+mod modern;
+mod resume;
+mod routing;
+
+use crate::era::Version;
+use crate::headers::OriginPolicy;
+use crate::jsonrpc::RpcId;
+use log_store::{Bounds, Epoch, Seq, StreamId};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::fmt;
+
+/// The reactor's handle for one client connection (one HTTP request/response at a time).
+pub type ConnId = u64;
+
+/// One upstream MCP server process (legacy: one per session; modern: one shared).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct UpstreamId(pub u64);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HttpMethod {
+    Get,
+    Post,
+    Delete,
+    Other,
+}
+
+/// A parsed HTTP request for the MCP path, as the HTTP layer hands it over.
+#[derive(Debug, Clone, Copy)]
+pub struct HttpRequest<'a> {
+    pub conn: ConnId,
+    pub method: HttpMethod,
+    pub headers: &'a [(&'a str, &'a [u8])],
+    pub body: &'a [u8],
+}
+
+/// What the core needs to know about the log (names and bounds), for resumes.
+pub trait LogView {
+    fn epoch(&self) -> Epoch;
+    fn stream_name(&self, id: StreamId) -> Option<&str>;
+    fn bounds(&self, id: StreamId) -> Option<Bounds>;
+    /// Epochs of other logs of this gateway (other shards), so their ids read as "another
+    /// stream" rather than "another epoch".
+    fn known_epochs(&self) -> &[Epoch] {
+        &[]
+    }
+}
+
+/// Limits and policies, each set by a CLI flag (units in the names).
+#[derive(Debug, Clone)]
+pub struct McpConfig {
+    pub origin_policy: OriginPolicy,
+    /// `retry:` sent at the start of every legacy SSE response (`--mcp-retry-ms`).
+    pub retry_ms: u32,
+    /// Close a POST stream's connection (not the stream) if its response has not arrived
+    /// within this time, so the client polls with GET + Last-Event-ID (`--mcp-post-hold-ms`).
+    pub post_hold_ms: Option<u64>,
+    /// A session with no attached connection and no traffic for this long is terminated
+    /// (`--mcp-session-idle-secs`, here in ms).
+    pub session_idle_ms: u64,
+    /// Live + recovered sessions (`--mcp-sessions-max`).
+    pub sessions_max: usize,
+    /// Client requests awaiting a response, per session and for the modern front
+    /// (`--mcp-requests-inflight-max`).
+    pub requests_inflight_max: usize,
+    /// Messages in one 2025-03-26 batch (`--mcp-batch-len-max`).
+    pub batch_len_max: usize,
+}
+
+impl Default for McpConfig {
+    fn default() -> Self {
+        McpConfig {
+            origin_policy: OriginPolicy::default(),
+            retry_ms: 1000,
+            post_hold_ms: None,
+            session_idle_ms: 30 * 60 * 1000,
+            sessions_max: 1024,
+            requests_inflight_max: 256,
+            batch_len_max: 64,
+        }
+    }
+}
+
+/// Output of the core. The driver executes actions in the order they are polled.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// A complete HTTP response (JSON or empty body).
+    Respond {
+        conn: ConnId,
+        status: u16,
+        headers: Vec<(&'static str, String)>,
+        body: Vec<u8>,
+    },
+    /// Create the log stream if it does not exist (idempotent).
+    CreateStream { stream: String },
+    /// Append one event; the log must assign exactly `seq` (the driver asserts it).
+    Append {
+        stream: String,
+        seq: Seq,
+        event_type: Option<&'static str>,
+        data: Vec<u8>,
+    },
+    /// Answer `conn` with `200 text/event-stream` (plus `headers`), write `retry: <ms>` first
+    /// if given, then — on a resume — an id-only event restating the client's Last-Event-ID
+    /// (`id: <reprime>` + empty data: no message, so nothing is delivered twice), then the
+    /// stream's records from `from_seq` on, live; if `end_after` is set, end the response
+    /// after that record.
+    OpenSse {
+        conn: ConnId,
+        stream: String,
+        from_seq: Seq,
+        retry_ms: Option<u32>,
+        reprime: Option<String>,
+        headers: Vec<(&'static str, String)>,
+        end_after: Option<Seq>,
+    },
+    /// The stream will get no more records: connections on it end after `last_seq`.
+    StreamComplete { stream: String, last_seq: Seq },
+    /// Close this SSE connection now (the stream goes on; the client may resume).
+    CloseSse { conn: ConnId },
+    /// Start an upstream (`--upstream-cmd` child or `--upstream-url` client). `session` is the
+    /// MCP session it serves (None: the shared modern upstream).
+    SpawnUpstream {
+        upstream: UpstreamId,
+        session: Option<String>,
+    },
+    /// Write one line (ends in `\n`) to the upstream.
+    SendUpstream { upstream: UpstreamId, line: Vec<u8> },
+    /// Stop the upstream (stdio: close stdin, then SIGTERM, then SIGKILL after grace).
+    KillUpstream { upstream: UpstreamId },
+}
+
+/// Counters for /metrics.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct McpStats {
+    pub sessions_minted: u64,
+    pub sessions_terminated: u64,
+    pub upstream_lines: u64,
+    /// Upstream stdout lines that were not JSON-RPC (dropped, never streamed).
+    pub upstream_garbage_lines: u64,
+    /// Upstream messages with no destination (unknown response id, stale progress token,
+    /// modern server→client request): dropped, never broadcast.
+    pub orphan_messages: u64,
+    pub resumes_ok: u64,
+    pub resumes_truncated: u64,
+    pub resumes_rejected: u64,
+    pub modern_cancels: u64,
+    /// Upstreams that ended while the core still used them (not stopped by the core).
+    pub upstream_deaths: u64,
+}
+
+/// Why a session ended (for the error responses of its unanswered requests).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EndReason {
+    Deleted,
+    IdleExpired,
+    UpstreamExited(String),
+    Shutdown,
+}
+
+impl fmt::Display for EndReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EndReason::Deleted => write!(f, "session deleted by the client"),
+            EndReason::IdleExpired => write!(f, "session expired (idle)"),
+            EndReason::UpstreamExited(why) => write!(f, "upstream MCP server exited: {why}"),
+            EndReason::Shutdown => write!(f, "gateway shutting down"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StreamKind {
+    Get,
+    Post,
+}
+
+#[derive(Debug)]
+struct Stream {
+    name: String,
+    kind: StreamKind,
+    /// Sequence the next append gets.
+    next_seq: Seq,
+    /// Responses still owed on this stream.
+    pending: usize,
+    /// Last sequence once complete.
+    complete: Option<Seq>,
+    conn: Option<ConnId>,
+    hold_deadline_ms: Option<u64>,
+}
+
+impl Stream {
+    fn new(name: String, kind: StreamKind) -> Stream {
+        Stream {
+            name,
+            kind,
+            next_seq: 1,
+            pending: 0,
+            complete: None,
+            conn: None,
+            hold_deadline_ms: None,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct InFlight {
+    stream: u32,
+    token: Option<RpcId>,
+}
+
+#[derive(Debug)]
+struct Session {
+    /// None: recovered after a restart (resume only).
+    upstream: Option<UpstreamId>,
+    version: Option<Version>,
+    last_active_ms: u64,
+    next_n: u32,
+    /// In-memory state of streams that are live or attached; a stream of this session absent
+    /// here (n < next_n) is complete at its log tail.
+    streams: BTreeMap<u32, Stream>,
+    inflight: HashMap<RpcId, InFlight>,
+    progress: HashMap<RpcId, u32>,
+    /// First sequence of the GET stream not yet handed to any GET connection.
+    get_undelivered_from: Seq,
+    /// The initialize request id while it is in flight (its response sets `version`).
+    init_id: Option<RpcId>,
+}
+
+#[derive(Debug)]
+struct Route {
+    stream: u32,
+    orig_id: RpcId,
+    up_token: Option<String>,
+}
+
+#[derive(Debug, Default)]
+struct Modern {
+    upstream: Option<UpstreamId>,
+    next_n: u32,
+    next_rpc: u64,
+    streams: HashMap<u32, Stream>,
+    /// Upstream request id → route.
+    routes: HashMap<String, Route>,
+    /// Upstream progress token → (stream, original token).
+    tokens: HashMap<String, (u32, RpcId)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Owner {
+    Session(String),
+    Modern,
+}
+
+/// The MCP front's state. See the module doc.
+pub struct McpCore {
+    cfg: McpConfig,
+    session_id_source: Box<dyn FnMut() -> [u8; 16] + Send>,
+    boot: String,
+    sessions: HashMap<String, Session>,
+    modern: Modern,
+    upstreams: HashMap<UpstreamId, Owner>,
+    next_upstream: u64,
+    conns: HashMap<ConnId, (Owner, u32)>,
+    actions: VecDeque<Action>,
+    stats: McpStats,
+}
+
+impl fmt::Debug for McpCore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("McpCore")
+            .field("sessions", &self.sessions.len())
+            .field("conns", &self.conns.len())
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+const JSON: (&str, &str) = ("content-type", "application/json");
+const SSE_HEADERS: [(&str, &str); 1] = [("x-accel-buffering", "no")];
+
+/// [`SSE_HEADERS`] as the owned list an [`Action::OpenSse`] carries.
+fn sse_headers() -> Vec<(&'static str, String)> {
+    SSE_HEADERS
+        .iter()
+        .map(|(k, v)| (*k, (*v).to_owned()))
+        .collect()
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `mcp/<session>/<n>` → (session, n).
+pub fn parse_stream_name(name: &str) -> Option<(&str, u32)> {
+    let rest = name.strip_prefix("mcp/")?;
+    let (owner, n) = rest.rsplit_once('/')?;
+    if owner.is_empty()
+        || owner.contains('/')
+        || n.is_empty()
+        || (n.len() > 1 && n.starts_with('0'))
+    {
+        return None;
+    }
+    Some((owner, n.parse().ok()?))
+}
+
+impl McpCore {
+    /// `session_id_source` must return fresh cryptographically random bytes on every call
+    /// (the driver uses `getrandom`); it also seeds the modern streams' boot prefix.
+    pub fn new(
+        cfg: McpConfig,
+        mut session_id_source: Box<dyn FnMut() -> [u8; 16] + Send>,
+    ) -> McpCore {
+        let boot = format!("m{}", &hex(&session_id_source())[..16]);
+        McpCore {
+            cfg,
+            session_id_source,
+            boot,
+            sessions: HashMap::new(),
+            modern: Modern::default(),
+            upstreams: HashMap::new(),
+            next_upstream: 1,
+            conns: HashMap::new(),
+            actions: VecDeque::new(),
+            stats: McpStats::default(),
+        }
+    }
+
+    pub fn poll_action(&mut self) -> Option<Action> {
+        self.actions.pop_front()
+    }
+
+    pub fn stats(&self) -> &McpStats {
+        &self.stats
+    }
+
+    pub fn sessions_live(&self) -> usize {
+        self.sessions.len()
+    }
+
+    /// Streams held in memory (live or attached), all sessions and the modern front.
+    pub fn streams_live(&self) -> usize {
+        self.sessions
+            .values()
+            .map(|s| s.streams.len())
+            .sum::<usize>()
+            + self.modern.streams.len()
+    }
+
+    /// Connections (SSE responses) attached to streams.
+    pub fn connections_live(&self) -> usize {
+        self.conns.len()
+    }
+
+    /// After a restart: tell the core about one existing log stream (name and tail), so the
+    /// sessions it belongs to can be resumed (GET + Last-Event-ID). Their upstreams are gone:
+    /// such sessions answer 404 to new POSTs (the client re-initialises).
+    pub fn recover_stream(&mut self, name: &str, now_ms: u64) {
+        let Some((sid, n)) = parse_stream_name(name) else {
+            return;
+        };
+        if sid.starts_with('m')
+            || self.sessions.len() >= self.cfg.sessions_max && !self.sessions.contains_key(sid)
+        {
+            return;
+        }
+        let s = self
+            .sessions
+            .entry(sid.to_owned())
+            .or_insert_with(|| Session {
+                upstream: None,
+                version: None,
+                last_active_ms: now_ms,
+                next_n: 1,
+                streams: BTreeMap::new(),
+                inflight: HashMap::new(),
+                progress: HashMap::new(),
+                get_undelivered_from: Seq::MAX,
+                init_id: None,
+            });
+        s.next_n = s.next_n.max(n.saturating_add(1));
+    }
+}
+
+#[cfg(test)]
+#[path = "../core_tests.rs"]
+mod tests;

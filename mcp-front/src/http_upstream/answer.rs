@@ -1,0 +1,195 @@
+//! Reading one answer of the upstream (a JSON body or an SSE stream) and handing its JSON-RPC
+//! messages on; a request left unanswered gets an error response made here.
+
+use super::Shared;
+use super::wire::{header, is_sse, read_head};
+use crate::upstream_event::UpstreamEvent;
+use serde_json::Value;
+use std::io::{BufRead, Read};
+use std::net::TcpStream;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+/// Does this message answer `id`?
+fn answers(msg: &[u8], id: &Value) -> bool {
+    match serde_json::from_slice::<Value>(msg) {
+        Ok(Value::Object(o)) => {
+            o.get("id") == Some(id) && (o.contains_key("result") || o.contains_key("error"))
+        }
+        Ok(Value::Array(a)) => a.iter().any(|m| {
+            m.get("id") == Some(id) && (m.get("result").is_some() || m.get("error").is_some())
+        }),
+        _ => false,
+    }
+}
+
+/// Hands one message on (or reports it too long).
+fn forward(sh: &Shared, msg: Vec<u8>, want: Option<&Value>, answered: &mut bool, init: bool) {
+    if msg.len() > sh.line_bytes_max {
+        sh.emit(UpstreamEvent::LineTooLong(sh.id, msg.len()));
+        return;
+    }
+    if let Some(id) = want
+        && answers(&msg, id)
+    {
+        *answered = true;
+        if init
+            && let Ok(v) = serde_json::from_slice::<Value>(&msg)
+            && let Some(ver) = v.pointer("/result/protocolVersion").and_then(Value::as_str)
+        {
+            sh.session.lock().expect("session lock").1 = Some(ver.to_owned());
+        }
+    }
+    sh.emit(UpstreamEvent::Line(sh.id, msg));
+}
+
+/// Reads one POST's answer and forwards its messages; a request left unanswered gets an
+/// error response made here.
+pub(super) fn read_answer(sh: &Arc<Shared>, s: TcpStream, request_id: Option<&Value>, init: bool) {
+    let reg = sh.register(&s);
+    let mut answered = false;
+    let failure = match read_head(s) {
+        Err(e) => Some(format!("upstream answer unreadable: {e}")),
+        Ok((status, headers, mut body)) => {
+            if init && let Some(sid) = header(&headers, "mcp-session-id") {
+                sh.session.lock().expect("session lock").0 = Some(sid.trim().to_owned());
+            }
+            match status {
+                200 if is_sse(&headers) => {
+                    read_sse(sh, body, request_id.map(|id| (id, &mut answered, init)));
+                    None
+                }
+                200 => {
+                    let mut msg = Vec::new();
+                    let max = sh.line_bytes_max as u64 + 1;
+                    match body.by_ref().take(max).read_to_end(&mut msg) {
+                        Err(e) => Some(format!("upstream answer unreadable: {e}")),
+                        Ok(_) if msg.iter().all(u8::is_ascii_whitespace) => None,
+                        Ok(_) => {
+                            forward(sh, msg, request_id, &mut answered, init);
+                            None
+                        }
+                    }
+                }
+                202 => None,
+                404 if sh.session.lock().expect("session lock").0.is_some() => {
+                    sh.die("the upstream answered 404: its session is gone");
+                    None
+                }
+                _ => {
+                    let mut text = Vec::new();
+                    let _ = body.take(512).read_to_end(&mut text);
+                    Some(format!(
+                        "upstream answered HTTP {status}: {}",
+                        String::from_utf8_lossy(&text).trim()
+                    ))
+                }
+            }
+        }
+    };
+    sh.unregister(reg);
+    let Some(id) = request_id else {
+        if let Some(f) = failure {
+            eprintln!("mcp upstream {}: {f}", sh.id.0);
+        }
+        return;
+    };
+    if answered || sh.dead.load(Ordering::SeqCst) {
+        return; // a dead upstream's requests are answered by the core
+    }
+    let why = failure.unwrap_or_else(|| {
+        "the upstream ended the request's stream without a response (it cannot be resumed upstream)"
+            .into()
+    });
+    let err = serde_json::json!({
+        "jsonrpc": "2.0",
+        "id": id,
+        "error": {"code": -32603, "message": why},
+    });
+    sh.emit(UpstreamEvent::Line(
+        sh.id,
+        serde_json::to_vec(&err).expect("json"),
+    ));
+}
+
+/// Reads SSE events until the stream ends; each non-empty `data` is one JSON-RPC message.
+pub(super) fn read_sse(
+    sh: &Shared,
+    mut body: Box<dyn BufRead + Send>,
+    want: Option<(&Value, &mut bool, bool)>,
+) {
+    let (want_id, answered, init) = match want {
+        Some((id, a, i)) => (Some(id), Some(a), i),
+        None => (None, None, false),
+    };
+    let mut dummy = false;
+    let answered = answered.unwrap_or(&mut dummy);
+    let mut data: Vec<u8> = Vec::new();
+    let mut has_data = false;
+    let mut too_long = 0usize;
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        // A line longer than the record limit is cut here and the event dropped as too long.
+        let limit = sh.line_bytes_max as u64 + 2;
+        match body.by_ref().take(limit).read_until(b'\n', &mut line) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+        if !line.ends_with(b"\n") && line.len() as u64 >= limit {
+            too_long += line.len();
+            // Skip the rest of the line.
+            let mut rest = Vec::new();
+            loop {
+                rest.clear();
+                match body.by_ref().take(64 * 1024).read_until(b'\n', &mut rest) {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) if rest.ends_with(b"\n") => break,
+                    Ok(n) => too_long += n,
+                }
+            }
+            continue;
+        }
+        let l = line.strip_suffix(b"\n").unwrap_or(&line);
+        let l = l.strip_suffix(b"\r").unwrap_or(l);
+        if l.is_empty() {
+            if too_long > 0 {
+                sh.emit(UpstreamEvent::LineTooLong(sh.id, too_long));
+            } else if has_data && !data.iter().all(u8::is_ascii_whitespace) {
+                forward(sh, std::mem::take(&mut data), want_id, answered, init);
+            }
+            data.clear();
+            has_data = false;
+            too_long = 0;
+            continue;
+        }
+        if let Some(v) = l.strip_prefix(b"data:") {
+            let v = v.strip_prefix(b" ").unwrap_or(v);
+            if has_data {
+                data.push(b'\n');
+            }
+            data.extend_from_slice(v);
+            has_data = true;
+            if data.len() > sh.line_bytes_max {
+                too_long += data.len();
+                data.clear();
+                has_data = false;
+            }
+        }
+        // id:, event:, retry: and comments carry nothing we need.
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_matches_id_of_response_only() {
+        let id = serde_json::json!(3);
+        assert!(answers(br#"{"jsonrpc":"2.0","id":3,"result":{}}"#, &id));
+        assert!(answers(br#"[{"jsonrpc":"2.0","id":3,"error":{}}]"#, &id));
+        assert!(!answers(br#"{"jsonrpc":"2.0","id":3,"method":"x"}"#, &id));
+        assert!(!answers(br#"{"jsonrpc":"2.0","id":"3","result":{}}"#, &id));
+    }
+}
