@@ -17,7 +17,7 @@
 //! - `sys`: the few direct syscalls.
 
 use std::io::Write as _;
-use std::os::fd::RawFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 
@@ -91,7 +91,7 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
         cores,
         shards: shard_count,
         handoff_tx: txs,
-        eventfds: eventfds.clone(),
+        eventfds,
         metrics: (0..cores)
             .map(|_| metrics::CoreMetrics::default())
             .collect(),
@@ -109,7 +109,6 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
             id,
             cpu: (cfg.cores == 0 || cores <= cpus.len()).then(|| cpus[id % cpus.len()]),
             listener: listeners.next(),
-            eventfd: eventfds[id],
             rx,
             logs,
         })
@@ -121,8 +120,8 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
     let sig = sys::wait_signal(&signals);
     eprintln!("gateway: signal {sig}: shutting down");
     shared.shutdown.store(true, Relaxed);
-    for &fd in &eventfds {
-        sys::eventfd_wake(fd);
+    for fd in &shared.eventfds {
+        sys::eventfd_wake(fd.as_fd());
     }
     for t in threads {
         let _ = t.join();
@@ -190,7 +189,7 @@ fn raise_fd_limit(cfg: &config::Config, shard_count: u32) {
 fn bind_listeners(
     cfg: &config::Config,
     cores: usize,
-) -> Result<(Vec<RawFd>, std::net::SocketAddr), String> {
+) -> Result<(Vec<OwnedFd>, std::net::SocketAddr), String> {
     let listen_cores = if cfg.listen_cores_max == 0 {
         cores
     } else {
@@ -199,7 +198,7 @@ fn bind_listeners(
     let mut listeners = Vec::with_capacity(listen_cores);
     let first =
         sys::listener_first(cfg.listen, 4096).map_err(|e| format!("bind {}: {e}", cfg.listen))?;
-    let addr = sys::local_addr(first).map_err(|e| e.to_string())?;
+    let addr = sys::local_addr(first.as_fd()).map_err(|e| e.to_string())?;
     listeners.push(first);
     for _ in 1..listen_cores {
         listeners.push(sys::listener(addr, 4096).map_err(|e| format!("bind {addr}: {e}"))?);

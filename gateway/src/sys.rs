@@ -1,12 +1,16 @@
-//! Thin, checked wrappers over the few Linux syscalls the gateway makes outside io_uring:
-//! listener sockets (SO_REUSEPORT), socket options (TCP_NODELAY, TCP_NOTSENT_LOWAT,
-//! SO_TIMESTAMPING), SIOCOUTQ, eventfd, CPU pinning, signal masks, shutdown/close. Each
-//! `unsafe` block is a single libc call on plain values or on memory owned by the caller for
-//! the duration of the call. Nothing here knows about HTTP or the log.
+//! The few Linux calls the gateway makes outside io_uring: listener sockets (SO_REUSEPORT),
+//! socket options (TCP_NODELAY, TCP_NOTSENT_LOWAT, SO_TIMESTAMPING), SIOCOUTQ, eventfd, CPU
+//! pinning, the descriptor limit, signal masks, shutdown. Through `rustix` (safe, on owned and
+//! borrowed descriptors) wherever it has the call; the rest — two socket options rustix does
+//! not name, the SIOCOUTQ ioctl and the signal-mask calls — are single libc calls on plain
+//! values or on memory owned by the caller for the duration of the call, each with its proof.
+//! Nothing here knows about HTTP or the log.
 
 use std::io;
 use std::net::SocketAddr;
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+
+use rustix::net::{self as rnet, AddressFamily, SocketFlags, SocketType, sockopt};
 
 fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
     if r < 0 {
@@ -16,16 +20,18 @@ fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
     }
 }
 
+/// An int socket option rustix does not name.
 fn setsockopt_int(
-    fd: RawFd,
+    fd: BorrowedFd<'_>,
     level: libc::c_int,
     name: libc::c_int,
     v: libc::c_int,
 ) -> io::Result<()> {
-    // SAFETY: `v` lives on the stack for the duration of the call and its size is passed.
+    // SAFETY: `v` lives on the stack for the duration of the call and its size is passed; `fd`
+    // is a descriptor borrowed for the call.
     cvt(unsafe {
         libc::setsockopt(
-            fd,
+            fd.as_raw_fd(),
             level,
             name,
             (&raw const v).cast(),
@@ -35,32 +41,28 @@ fn setsockopt_int(
     .map(drop)
 }
 
-/// Creates a listening IPv4/IPv6 TCP socket with SO_REUSEPORT (so each core binds its own).
-pub fn listener(addr: SocketAddr, backlog: i32) -> io::Result<RawFd> {
+fn tcp_socket(addr: SocketAddr) -> io::Result<OwnedFd> {
     let family = if addr.is_ipv4() {
-        libc::AF_INET
+        AddressFamily::INET
     } else {
-        libc::AF_INET6
+        AddressFamily::INET6
     };
-    // SAFETY: plain syscall with constant arguments.
-    let fd = cvt(unsafe { libc::socket(family, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) })?;
-    let res = (|| {
-        setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1)?;
-        setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_REUSEPORT, 1)?;
-        let (storage, len) = sockaddr(addr);
-        // SAFETY: `storage` is a valid sockaddr of `len` bytes living across the call.
-        cvt(unsafe { libc::bind(fd, (&raw const storage).cast(), len) })?;
-        // SAFETY: plain syscall on an fd we own.
-        cvt(unsafe { libc::listen(fd, backlog) })?;
-        Ok(())
-    })();
-    match res {
-        Ok(()) => Ok(fd),
-        Err(e) => {
-            close(fd);
-            Err(e)
-        }
-    }
+    Ok(rnet::socket_with(
+        family,
+        SocketType::STREAM,
+        SocketFlags::CLOEXEC,
+        None,
+    )?)
+}
+
+/// Creates a listening IPv4/IPv6 TCP socket with SO_REUSEPORT (so each core binds its own).
+pub fn listener(addr: SocketAddr, backlog: i32) -> io::Result<OwnedFd> {
+    let fd = tcp_socket(addr)?;
+    sockopt::set_socket_reuseaddr(&fd, true)?;
+    sockopt::set_socket_reuseport(&fd, true)?;
+    rnet::bind(&fd, &addr)?;
+    rnet::listen(&fd, backlog)?;
+    Ok(fd)
 }
 
 /// Like [`listener`], for the first of the process's listeners: fails with `AddrInUse` when
@@ -68,26 +70,14 @@ pub fn listener(addr: SocketAddr, backlog: i32) -> io::Result<RawFd> {
 /// process (same user) join the port silently, and the kernel would then split connections
 /// between two logs with different epochs: resumes answered `wrong_epoch`, counters read
 /// from either process. A probe socket without SO_REUSEPORT sees the existing listener.
-pub fn listener_first(addr: SocketAddr, backlog: i32) -> io::Result<RawFd> {
+pub fn listener_first(addr: SocketAddr, backlog: i32) -> io::Result<OwnedFd> {
     if addr.port() != 0 {
-        let family = if addr.is_ipv4() {
-            libc::AF_INET
-        } else {
-            libc::AF_INET6
-        };
-        // SAFETY: plain syscall with constant arguments.
-        let probe =
-            cvt(unsafe { libc::socket(family, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) })?;
-        let res = (|| {
-            // SO_REUSEADDR only: TIME_WAIT leftovers of an earlier run are no conflict.
-            setsockopt_int(probe, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1)?;
-            let (storage, len) = sockaddr(addr);
-            // SAFETY: `storage` is a valid sockaddr of `len` bytes living across the call.
-            cvt(unsafe { libc::bind(probe, (&raw const storage).cast(), len) })
-        })();
-        close(probe);
-        if let Err(e) = res {
-            if e.kind() == io::ErrorKind::AddrInUse {
+        let probe = tcp_socket(addr)?;
+        // SO_REUSEADDR only: TIME_WAIT leftovers of an earlier run are no conflict.
+        sockopt::set_socket_reuseaddr(&probe, true)?;
+        match rnet::bind(&probe, &addr) {
+            Ok(()) => {} // dropping the probe closes it: the port is free for the listeners
+            Err(rustix::io::Errno::ADDRINUSE) => {
                 return Err(io::Error::new(
                     io::ErrorKind::AddrInUse,
                     format!(
@@ -96,81 +86,25 @@ pub fn listener_first(addr: SocketAddr, backlog: i32) -> io::Result<RawFd> {
                     ),
                 ));
             }
-            return Err(e);
+            Err(e) => return Err(e.into()),
         }
     }
     listener(addr, backlog)
 }
 
 /// The address a socket is bound to.
-pub fn local_addr(fd: RawFd) -> io::Result<SocketAddr> {
-    // SAFETY: sockaddr_storage is plain data; all-zero is a valid value.
-    let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    let mut len = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-    // SAFETY: `storage`/`len` are valid for writes of the passed size.
-    cvt(unsafe { libc::getsockname(fd, (&raw mut storage).cast(), &mut len) })?;
-    match i32::from(storage.ss_family) {
-        libc::AF_INET => {
-            // SAFETY: the kernel wrote a sockaddr_in (family AF_INET) into the storage.
-            let a: libc::sockaddr_in = unsafe { *(&raw const storage).cast() };
-            Ok(SocketAddr::from((
-                u32::from_be(a.sin_addr.s_addr).to_be_bytes(),
-                u16::from_be(a.sin_port),
-            )))
-        }
-        libc::AF_INET6 => {
-            // SAFETY: the kernel wrote a sockaddr_in6 (family AF_INET6) into the storage.
-            let a: libc::sockaddr_in6 = unsafe { *(&raw const storage).cast() };
-            Ok(SocketAddr::from((
-                a.sin6_addr.s6_addr,
-                u16::from_be(a.sin6_port),
-            )))
-        }
-        _ => Err(io::Error::other("unknown address family")),
-    }
-}
-
-fn sockaddr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
-    // SAFETY: sockaddr_storage is plain data; all-zero is a valid value.
-    let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    match addr {
-        SocketAddr::V4(a) => {
-            let sin = libc::sockaddr_in {
-                sin_family: libc::AF_INET as libc::sa_family_t,
-                sin_port: a.port().to_be(),
-                sin_addr: libc::in_addr {
-                    s_addr: u32::from_be_bytes(a.ip().octets()).to_be(),
-                },
-                sin_zero: [0; 8],
-            };
-            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in.
-            unsafe { (&raw mut storage).cast::<libc::sockaddr_in>().write(sin) };
-            (storage, size_of::<libc::sockaddr_in>() as libc::socklen_t)
-        }
-        SocketAddr::V6(a) => {
-            let sin6 = libc::sockaddr_in6 {
-                sin6_family: libc::AF_INET6 as libc::sa_family_t,
-                sin6_port: a.port().to_be(),
-                sin6_flowinfo: a.flowinfo(),
-                sin6_addr: libc::in6_addr {
-                    s6_addr: a.ip().octets(),
-                },
-                sin6_scope_id: a.scope_id(),
-            };
-            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in6.
-            unsafe { (&raw mut storage).cast::<libc::sockaddr_in6>().write(sin6) };
-            (storage, size_of::<libc::sockaddr_in6>() as libc::socklen_t)
-        }
-    }
+pub fn local_addr(fd: BorrowedFd<'_>) -> io::Result<SocketAddr> {
+    let any = rnet::getsockname(fd)?;
+    SocketAddr::try_from(any).map_err(|_| io::Error::other("unknown address family"))
 }
 
 /// TCP_NODELAY on: responses and batched event sends go out at once.
-pub fn set_nodelay(fd: RawFd) -> io::Result<()> {
-    setsockopt_int(fd, libc::IPPROTO_TCP, libc::TCP_NODELAY, 1)
+pub fn set_nodelay(fd: BorrowedFd<'_>) -> io::Result<()> {
+    Ok(sockopt::set_tcp_nodelay(fd, true)?)
 }
 
 /// TCP_NOTSENT_LOWAT: the socket reports writable only while unsent bytes are below `bytes`.
-pub fn set_notsent_lowat(fd: RawFd, bytes: u32) -> io::Result<()> {
+pub fn set_notsent_lowat(fd: BorrowedFd<'_>, bytes: u32) -> io::Result<()> {
     setsockopt_int(
         fd,
         libc::IPPROTO_TCP,
@@ -185,7 +119,7 @@ const SO_TIMESTAMPING: libc::c_int = 37;
 /// Prepares TX ACK timestamps keyed by TCP byte offset (counted from the next byte written).
 /// No send asks for one yet: a sendmsg carrying [`tx_ack_cmsg`] does (the socket holds the
 /// key and reporting options; the per-message control adds the ACK record flag).
-pub fn enable_tx_ack_timestamps(fd: RawFd) -> io::Result<()> {
+pub fn enable_tx_ack_timestamps(fd: BorrowedFd<'_>) -> io::Result<()> {
     let flags = libc::SOF_TIMESTAMPING_SOFTWARE
         | libc::SOF_TIMESTAMPING_OPT_ID
         | libc::SOF_TIMESTAMPING_OPT_ID_TCP
@@ -221,10 +155,11 @@ pub fn tx_ack_cmsg() -> (*mut libc::c_void, usize) {
 }
 
 /// SIOCOUTQ: bytes in the socket's send queue not yet acknowledged by the peer (unsent + unacked).
-pub fn outq_bytes(fd: RawFd) -> io::Result<u64> {
+pub fn outq_bytes(fd: BorrowedFd<'_>) -> io::Result<u64> {
     let mut v: libc::c_int = 0;
-    // SAFETY: TIOCOUTQ (== SIOCOUTQ) writes one c_int to the pointer, which is valid.
-    cvt(unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut v) })?;
+    // SAFETY: TIOCOUTQ (== SIOCOUTQ) writes one c_int to the pointer, which is valid; `fd` is
+    // borrowed for the call.
+    cvt(unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCOUTQ, &mut v) })?;
     Ok(v.max(0) as u64)
 }
 
@@ -239,99 +174,76 @@ pub enum Input {
 
 /// Reads and drops whatever a peer sent, without blocking (bounded: 64 reads of 4 KiB; more
 /// is left for the next poll wake-up).
-pub fn discard_input(fd: RawFd) -> Input {
+pub fn discard_input(fd: BorrowedFd<'_>) -> Input {
     let mut buf = [0u8; 4096];
     for _ in 0..64 {
-        // SAFETY: `buf` is valid for writes of its length during the call.
-        let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
-        match n {
-            0 => return Input::Gone,
-            n if n > 0 => continue,
-            _ => {
-                let e = io::Error::last_os_error().raw_os_error();
-                return match e {
-                    Some(libc::EAGAIN | libc::EINTR) => Input::Open,
-                    _ => Input::Gone,
-                };
-            }
+        match rnet::recv(fd, &mut buf, rnet::RecvFlags::DONTWAIT) {
+            Ok((0, _)) => return Input::Gone,
+            Ok(_) => continue,
+            Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => return Input::Open,
+            Err(_) => return Input::Gone,
         }
     }
     Input::Open
 }
 
 /// A non-blocking, close-on-exec eventfd.
-pub fn eventfd() -> io::Result<RawFd> {
-    // SAFETY: plain syscall with constant arguments.
-    cvt(unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) })
+pub fn eventfd() -> io::Result<OwnedFd> {
+    use rustix::event::EventfdFlags;
+    Ok(rustix::event::eventfd(
+        0,
+        EventfdFlags::NONBLOCK | EventfdFlags::CLOEXEC,
+    )?)
 }
 
-/// Adds 1 to an eventfd (wakes the ring that has a read armed on it).
-pub fn eventfd_wake(fd: RawFd) {
-    let one: u64 = 1;
-    // SAFETY: writes 8 bytes from a stack value that outlives the call. A full counter
-    // (EAGAIN) already means "wake", so the result is deliberately ignored.
-    let _ = unsafe { libc::write(fd, (&raw const one).cast(), 8) };
+/// Adds 1 to an eventfd (wakes the ring that has a read armed on it). A full counter
+/// (EAGAIN) already means "wake", so the result is deliberately ignored.
+pub fn eventfd_wake(fd: BorrowedFd<'_>) {
+    let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
 }
 
 /// Best-effort immediate send of a small response on a fresh socket (used to refuse a
 /// connection above --connections-max without allocating any per-connection state).
-pub fn send_now(fd: RawFd, bytes: &[u8]) {
-    // SAFETY: `bytes` is valid for reads of its length during the call.
-    let _ = unsafe { libc::send(fd, bytes.as_ptr().cast(), bytes.len(), libc::MSG_DONTWAIT) };
+pub fn send_now(fd: BorrowedFd<'_>, bytes: &[u8]) {
+    let _ = rnet::send(fd, bytes, rnet::SendFlags::DONTWAIT);
 }
 
-/// shutdown(SHUT_RDWR): queued data is still sent, then FIN; wakes pending recv/poll.
-pub fn shutdown(fd: RawFd) {
-    // SAFETY: plain syscall on an fd we own; errors (ENOTCONN) are irrelevant here.
-    let _ = unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
-}
-
-/// close(2), ignoring errors (the fd is gone either way on Linux).
-pub fn close(fd: RawFd) {
-    // SAFETY: the caller owns `fd` and no io_uring operation still refers to it by number
-    // (the kernel keeps its own file reference for in-flight operations anyway).
-    let _ = unsafe { libc::close(fd) };
+/// shutdown(SHUT_RDWR): queued data is still sent, then FIN; wakes pending recv/poll. Errors
+/// (ENOTCONN) are irrelevant here.
+pub fn shutdown(fd: BorrowedFd<'_>) {
+    let _ = rnet::shutdown(fd, rnet::Shutdown::Both);
 }
 
 /// Pins the calling thread to one CPU.
 pub fn pin_to_cpu(cpu: usize) -> io::Result<()> {
-    // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: CPU_SET writes one bit inside `set`; `cpu` < CPU_SETSIZE is checked by libc.
-    unsafe { libc::CPU_SET(cpu, &mut set) };
-    // SAFETY: `set` is a valid cpu_set_t of the passed size; pid 0 = calling thread.
-    cvt(unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) }).map(drop)
+    let mut set = rustix::thread::CpuSet::new();
+    set.set(cpu);
+    Ok(rustix::thread::sched_setaffinity(None, &set)?)
 }
 
 /// CPUs this process may run on, in order.
 pub fn allowed_cpus() -> Vec<usize> {
-    // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `set` is valid for writes of the passed size.
-    if unsafe { libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set) } != 0 {
-        return (0..std::thread::available_parallelism().map_or(1, |n| n.get())).collect();
+    match rustix::thread::sched_getaffinity(None) {
+        Ok(set) => (0..rustix::thread::CpuSet::MAX_CPU)
+            .filter(|&c| set.is_set(c))
+            .collect(),
+        Err(_) => (0..std::thread::available_parallelism().map_or(1, |n| n.get())).collect(),
     }
-    (0..libc::CPU_SETSIZE as usize)
-        // SAFETY: CPU_ISSET reads one bit of the initialized `set`; c < CPU_SETSIZE.
-        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
-        .collect()
 }
 
 /// Raises the soft RLIMIT_NOFILE towards `want` (capped by the hard limit); returns the
 /// resulting soft limit.
 pub fn raise_nofile(want: u64) -> io::Result<u64> {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: `lim` is valid for writes of one rlimit.
-    cvt(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) })?;
-    if lim.rlim_cur < want {
-        lim.rlim_cur = want.min(lim.rlim_max);
-        // SAFETY: `lim` is an initialized rlimit read by the call.
-        cvt(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) })?;
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let mut lim = getrlimit(Resource::Nofile);
+    let cur = lim.current.unwrap_or(u64::MAX);
+    if cur >= want {
+        return Ok(cur);
     }
-    Ok(lim.rlim_cur)
+    let new = lim.maximum.map_or(want, |max| want.min(max));
+    lim.current = Some(new);
+    setrlimit(Resource::Nofile, lim)?;
+    Ok(new)
 }
 
 /// Blocks SIGINT and SIGTERM in the calling thread (inherited by threads it spawns) and

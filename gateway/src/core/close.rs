@@ -3,7 +3,7 @@
 //! operation in flight is cancelled, and the fd is closed and the slot freed only once no
 //! memory-owning operation is in flight.
 
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 use std::sync::atomic::Ordering::Relaxed;
 
 use super::subs::count_confirmed;
@@ -19,7 +19,7 @@ impl Core {
             return;
         }
         conn.closing = true;
-        let fd = conn.fd.as_raw_fd();
+        let fd = conn.fd.as_fd();
         if let State::Sub(sub) = &mut conn.state {
             let key = sub.key;
             // ACKs whose timestamp completions are not reaped yet: SIOCOUTQ (write_seq -
@@ -40,7 +40,7 @@ impl Core {
                     .store(self.parked.count() as u64, Relaxed);
             }
         }
-        sys::shutdown(fd);
+        sys::shutdown(self.conn(slot).fd.as_fd());
         self.io.cancel_slot(slot);
         self.maybe_free(slot);
     }

@@ -3,7 +3,7 @@
 //! of a closing connection only returns its memory; the slot is freed once nothing that owns
 //! memory is in flight.
 
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::atomic::Ordering::Relaxed;
 
 use super::{Conn, Core, State};
@@ -62,9 +62,9 @@ impl Core {
         };
         if !more
             && self.shutting_down.is_none()
-            && let Some(l) = self.listener
+            && let Some(l) = &self.listener
         {
-            self.io.accept(l);
+            self.io.accept(l.as_raw_fd());
         }
         self.m().accepted_total.fetch_add(1, Relaxed);
         if self.shutting_down.is_some() {
@@ -79,10 +79,10 @@ impl Core {
                 "the gateway is at --connections-max; retry later",
                 true,
             );
-            sys::send_now(fd.as_raw_fd(), &body);
+            sys::send_now(fd.as_fd(), &body);
             return;
         }
-        let _ = sys::set_nodelay(fd.as_raw_fd());
+        let _ = sys::set_nodelay(fd.as_fd());
         let slot = self.insert_conn(fd, Vec::new());
         self.drive_http(slot);
     }
@@ -149,7 +149,7 @@ impl Core {
         if mask & (libc::POLLHUP | libc::POLLRDHUP) != 0 {
             return self.close_conn(slot);
         }
-        let fd = self.conn(slot).fd.as_raw_fd();
+        let fd = self.conn(slot).fd.as_fd();
         if mask & libc::POLLIN != 0 && sys::discard_input(fd) == sys::Input::Gone {
             return self.close_conn(slot);
         }

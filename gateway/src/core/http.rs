@@ -2,7 +2,7 @@
 //! answers), carries out API requests (health, metrics, publish, subscribe) through the
 //! streams layer, and releases answers once their publish is durable.
 
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::Ordering::Relaxed;
 
 use super::{Core, Handoff, PIPELINED_PER_CALL_MAX, State};
@@ -22,7 +22,7 @@ impl Core {
         for _ in 0..PIPELINED_PER_CALL_MAX {
             let step = {
                 let (id, cores, shards) = (self.id, self.shared.cores, self.shared.shards);
-                let mcp_core = self.mcp_owner_core();
+                let mcp_core = self.mcp_core;
                 let remote = |t: Target<'_>| {
                     let owner = match t {
                         Target::Stream(s) => {
@@ -181,7 +181,7 @@ impl Core {
             self.shared.connections.fetch_sub(1, Relaxed);
             return;
         }
-        sys::eventfd_wake(self.shared.eventfds[owner]);
+        sys::eventfd_wake(self.shared.eventfds[owner].as_fd());
     }
 
     /// Releases answers whose publish became visible (durable), then sends what is ready.

@@ -6,6 +6,7 @@
 //! are handed to it like any stream request.
 
 use std::collections::HashMap;
+use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -167,8 +168,9 @@ impl Core {
         if owner != self.id {
             return;
         }
-        let efd = self.efd;
-        let wake: Arc<dyn Fn() + Send + Sync> = Arc::new(move || sys::eventfd_wake(efd));
+        let (shared, id) = (self.shared.clone(), self.id);
+        let wake: Arc<dyn Fn() + Send + Sync> =
+            Arc::new(move || sys::eventfd_wake(shared.eventfds[id].as_fd()));
         let limits = args.upstream_limits(self.shared.cfg.event_bytes_max);
         let ups = match (&args.upstream_cmd, &args.upstream_url) {
             (Some(cmd), _) => UpstreamSet::new(cmd.clone(), limits, wake),
@@ -313,7 +315,8 @@ impl Core {
         for handled in 0.. {
             let Some(m) = self.mcp.as_mut() else { return };
             if handled == UPSTREAM_EVENTS_PER_TURN_MAX {
-                sys::eventfd_wake(self.efd); // more may be queued: come back next turn
+                // More may be queued: come back next turn.
+                sys::eventfd_wake(self.shared.eventfds[self.id].as_fd());
                 break;
             }
             let Some(ev) = m.ups.try_recv() else { break };

@@ -15,7 +15,7 @@ mod mcp_apply;
 mod subs;
 mod tick;
 
-use std::os::fd::{OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::time::{Duration, Instant};
@@ -45,7 +45,8 @@ pub struct Shared {
     pub cores: usize,
     pub shards: u32,
     pub handoff_tx: Vec<Sender<Handoff>>,
-    pub eventfds: Vec<RawFd>,
+    /// Each core's eventfd (a write wakes its ring: handoffs, shutdown).
+    pub eventfds: Vec<OwnedFd>,
     pub metrics: Vec<CoreMetrics>,
     pub connections: AtomicUsize,
     pub shutdown: AtomicBool,
@@ -66,8 +67,7 @@ pub struct Handoff {
 pub struct CoreSetup {
     pub id: usize,
     pub cpu: Option<usize>,
-    pub listener: Option<RawFd>,
-    pub eventfd: RawFd,
+    pub listener: Option<OwnedFd>,
     pub rx: Receiver<Handoff>,
     pub logs: Vec<(u32, Log)>,
 }
@@ -101,7 +101,8 @@ struct Core {
     id: usize,
     shared: Arc<Shared>,
     io: Driver,
-    listener: Option<RawFd>,
+    listener: Option<OwnedFd>,
+    /// This core's eventfd (owned by `shared`).
     efd: RawFd,
     rx: Receiver<Handoff>,
     /// Connections by slot.
@@ -121,6 +122,8 @@ struct Core {
     accept_paused: bool,
     /// The MCP front, on the core that owns the MCP shard when it is on.
     mcp: Option<Box<mcp::Mcp>>,
+    /// The core that owns the MCP shard (requests on the MCP path are handed to it).
+    mcp_core: usize,
 }
 
 fn limits(cfg: &Config) -> Limits {
@@ -172,6 +175,7 @@ pub fn run_core(setup: CoreSetup, shared: Arc<Shared>, ready: impl FnOnce(Result
         }
     };
     let now = Instant::now();
+    let shared_efd = shared.eventfds[setup.id].as_raw_fd();
     let mut core = Core {
         id: setup.id,
         lim: limits(&shared.cfg),
@@ -179,7 +183,7 @@ pub fn run_core(setup: CoreSetup, shared: Arc<Shared>, ready: impl FnOnce(Result
         shared,
         io,
         listener: setup.listener,
-        efd: setup.eventfd,
+        efd: shared_efd,
         rx: setup.rx,
         conns: Vec::new(),
         parked: ParkedWindows::default(),
@@ -191,9 +195,11 @@ pub fn run_core(setup: CoreSetup, shared: Arc<Shared>, ready: impl FnOnce(Result
         shutting_down: None,
         accept_paused: false,
         mcp: None,
+        mcp_core: 0,
     };
-    if let Some(l) = core.listener {
-        core.io.accept(l);
+    core.mcp_core = core.mcp_owner_core();
+    if let Some(l) = &core.listener {
+        core.io.accept(l.as_raw_fd());
     }
     core.io.read_eventfd(core.efd);
     core.mcp_setup();

@@ -2,7 +2,7 @@
 //! ACK mode, registry, watch), pumping it (the streams layer decides what to send; the driver
 //! sends it straight from the mapped log), and what send and TX-timestamp completions confirm.
 
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::Ordering::Relaxed;
 
 use log_store::Seq;
@@ -31,10 +31,10 @@ impl Core {
         let lowat = self.shared.cfg.notsent_lowat_bytes;
         let conn = self.conn(slot);
         let fd = conn.fd.as_raw_fd();
-        let _ = sys::set_notsent_lowat(fd, lowat);
+        let _ = sys::set_notsent_lowat(conn.fd.as_fd(), lowat);
         // Byte 0 of the window is the first byte written after this option is set: nothing is
         // in flight on this connection now (a request is taken over only with its answers sent).
-        let ack = if want_ts && sys::enable_tx_ack_timestamps(fd).is_ok() {
+        let ack = if want_ts && sys::enable_tx_ack_timestamps(conn.fd.as_fd()).is_ok() {
             AckMode::TxTimestamps
         } else {
             AckMode::Outq
@@ -107,7 +107,7 @@ impl Core {
         };
         let n = res.max(0) as u64;
         let outq = (sub.ack_mode() == AckMode::Outq)
-            .then(|| sys::outq_bytes(fd).ok())
+            .then(|| sys::outq_bytes(conn.fd.as_fd()).ok())
             .flatten();
         let sent = sub.on_sent(v, n, outq);
         if res < 0 {

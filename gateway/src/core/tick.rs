@@ -2,7 +2,7 @@
 //! deadlines, subscribers' `SIOCOUTQ` confirmation and keep-alives, parked-window expiry,
 //! retention, the metrics snapshot; and shutdown.
 
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -25,10 +25,10 @@ impl Core {
         let now = self.now;
         if self.accept_paused
             && self.shutting_down.is_none()
-            && let Some(l) = self.listener
+            && let Some(l) = &self.listener
         {
             self.accept_paused = false;
-            self.io.accept(l);
+            self.io.accept(l.as_raw_fd());
         }
         let (to_close, to_flush, to_pump, g) = self.tick_connections(now);
         let m = &self.shared.metrics[self.id];
@@ -85,7 +85,7 @@ impl Core {
                 }
                 State::Sub(sub) => {
                     if sub.wants_outq_poll(now)
-                        && let Ok(q) = sys::outq_bytes(conn.fd.as_raw_fd())
+                        && let Ok(q) = sys::outq_bytes(conn.fd.as_fd())
                     {
                         count_confirmed(m, sub.confirm_outq(q));
                     }
@@ -111,8 +111,7 @@ impl Core {
         self.shutting_down = Some(self.now + Duration::from_secs(3));
         self.mcp_shutdown();
         if let Some(l) = self.listener.take() {
-            self.io.cancel_fd(l);
-            sys::close(l);
+            self.io.cancel_fd(l.as_raw_fd()); // dropping `l` closes the listener
         }
         self.hub.sync_all(self.id);
         self.complete_waits();
