@@ -69,7 +69,14 @@ impl Op {
 
     /// The operation's index in a slot's op table (per-connection operations only).
     pub fn conn_index(self) -> Option<usize> {
-        Op::CONN.iter().position(|&o| o == self)
+        match self {
+            Op::Recv => Some(0),
+            Op::Send => Some(1),
+            Op::PollOut => Some(2),
+            Op::TxTimestamps => Some(3),
+            Op::Watch => Some(4),
+            Op::Accept | Op::EventFd | Op::Cancel => None,
+        }
     }
 
     /// Whether the kernel may read or write connection memory (or use the fd) until this
@@ -171,6 +178,14 @@ mod tests {
         }
         let serial = next_serial(&mut counter);
         assert!(!seen.insert(ud(serial)), "wraps at 2^20");
+    }
+
+    #[test]
+    fn conn_indices_follow_the_table_order() {
+        for (i, op) in Op::CONN.into_iter().enumerate() {
+            assert_eq!(op.conn_index(), Some(i));
+        }
+        assert_eq!(Op::Accept.conn_index(), None);
     }
 
     #[test]
