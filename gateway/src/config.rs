@@ -45,8 +45,11 @@ pub struct Config {
     pub retain_secs: u64,
 
     /// Durability before a publish is acknowledged and before subscribers see the event:
-    /// "never", "always" or "interval:<ms>".
-    #[arg(long, default_value = "interval:10")]
+    /// "group" (a group commit starts as soon as records are unsynced and none is in flight;
+    /// what arrives meanwhile waits for the next), "interval:<ms>" (at most one per interval),
+    /// "always" (as group) or "never" (visible at once; survives a process crash, not a power
+    /// loss). log-store/DESIGN.md, "Durability and visibility".
+    #[arg(long, default_value = "group")]
     pub fsync: String,
 
     /// TCP_NOTSENT_LOWAT on subscriber sockets: unsent bytes the kernel may hold per subscriber;
@@ -157,7 +160,10 @@ impl std::fmt::Display for ConfigError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ConfigError::BadFsync(s) => {
-                write!(f, "--fsync {s:?}: expected never, always or interval:<ms>")
+                write!(
+                    f,
+                    "--fsync {s:?}: expected never, group, always or interval:<ms>"
+                )
             }
             ConfigError::Zero(flag) => write!(f, "{flag} must be greater than 0"),
             ConfigError::SendBytesBelowEvent => {

@@ -73,6 +73,10 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
     } else {
         cfg.cores
     };
+    // munmap/unlink of retired segments happen on a background thread, not on a reactor.
+    if let Err(e) = log_store::retire_in_background() {
+        eprintln!("gateway: warning: no segment-retirement thread ({e}); reactors retire");
+    }
     let (logs_per_core, epochs, shard_count) = open_logs(&cfg, cores)?;
     raise_fd_limit(&cfg, shard_count);
     let signals = sys::block_shutdown_signals();

@@ -56,6 +56,8 @@ pub struct CoreMetrics {
     /// matched no operation in flight on their connection: ignored, never acted on.
     pub unmatched_completions_total: AtomicU64,
     pub cq_stale_slots_total: AtomicU64,
+    pub log_fsyncs_total: AtomicU64,
+    pub log_sync_failures_total: AtomicU64,
     /// ACK confirmations received as SO_TIMESTAMPING TX_ACK completions.
     pub tx_ack_timestamps_total: AtomicU64,
     /// Subscribers that fell back to SIOCOUTQ accounting.
@@ -83,7 +85,7 @@ type Field = fn(&CoreMetrics) -> &AtomicU64;
 /// Renders all cores' counters as Prometheus text exposition format.
 pub fn render(cores: &[CoreMetrics]) -> String {
     let mut out = String::with_capacity(4096);
-    let scalar: [(&str, &str, Field); 21] = [
+    let scalar: [(&str, &str, Field); 23] = [
         ("gateway_connections", "gauge", |m| &m.connections),
         ("gateway_subscribers", "gauge", |m| &m.subscribers),
         ("gateway_accepted_total", "counter", |m| &m.accepted_total),
@@ -123,6 +125,12 @@ pub fn render(cores: &[CoreMetrics]) -> String {
         }),
         ("gateway_unmatched_completions_total", "counter", |m| {
             &m.unmatched_completions_total
+        }),
+        ("gateway_log_fsyncs_total", "counter", |m| {
+            &m.log_fsyncs_total
+        }),
+        ("gateway_log_sync_failures_total", "counter", |m| {
+            &m.log_sync_failures_total
         }),
         ("gateway_cq_stale_slots_total", "counter", |m| {
             &m.cq_stale_slots_total

@@ -40,9 +40,10 @@ pub mod options;
 pub mod resume;
 
 pub use event_id::{EVENT_ID_BYTES_MAX, Epoch, EventId, EventIdError, Seq, StreamId};
+pub use log::retire::retire_in_background;
 pub use log::{
     AppendError, Appended, Bounds, Log, LogSlice, OpenError, ReadBatch, ReadError, RetentionError,
-    RetentionReport, SyncError, SyncReport,
+    RetentionReport, SyncError, SyncJob, SyncReport,
 };
 pub use options::{FsyncPolicy, FsyncPolicyError, LogOptions, LogOptionsError};
 pub use resume::{

@@ -14,6 +14,7 @@ use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::fs::{self, File};
 use std::io;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -62,6 +63,29 @@ pub struct Appended {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SyncReport {
     pub advanced: Vec<(StreamId, Seq)>,
+}
+
+/// A group commit for the caller to carry out: `fdatasync` each file of [`SyncJob::fds`]
+/// (e.g. one io_uring `FSYNC` with `IORING_FSYNC_DATASYNC` each), then pass the outcome to
+/// [`Log::finish_sync`]. It holds the segments it names, so their files stay open meanwhile.
+#[derive(Debug)]
+pub struct SyncJob {
+    segs: Vec<Arc<Segment>>,
+}
+
+impl SyncJob {
+    /// The files to `fdatasync`.
+    pub fn fds(&self) -> impl Iterator<Item = BorrowedFd<'_>> + '_ {
+        self.segs.iter().map(|s| s.file().as_fd())
+    }
+}
+
+/// The group commit in flight: from which segment it flushes, and each stream's tail when it
+/// began (what it makes visible).
+#[derive(Debug)]
+struct Syncing {
+    from_segment: u64,
+    marks: Vec<(StreamId, Seq)>,
 }
 
 /// What one retention pass deleted.
@@ -399,21 +423,52 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> OpenError + '_ {
 struct Segment {
     number: u64,
     path: PathBuf,
-    map: SharedMap,
     unlink_on_drop: AtomicBool,
-    _file: File,
+    /// The mapping, the file and the directory lock; `None` only once dropped (retired).
+    parts: Option<SegParts>,
+}
+
+#[derive(Debug)]
+struct SegParts {
+    map: SharedMap,
+    file: File,
     /// The directory lock: held while any segment (hence any `LogSlice`) of the log lives, so
     /// no new `Log` can open the directory and recycle or rewrite files that slices still map.
-    _lock: Arc<File>,
+    lock: Arc<File>,
+}
+
+impl Segment {
+    fn new(number: u64, path: PathBuf, map: SharedMap, file: File, lock: Arc<File>) -> Segment {
+        Segment {
+            number,
+            path,
+            unlink_on_drop: AtomicBool::new(false),
+            parts: Some(SegParts { map, file, lock }),
+        }
+    }
+
+    fn map(&self) -> &SharedMap {
+        &self.parts.as_ref().expect("a live segment").map
+    }
+
+    fn file(&self) -> &File {
+        &self.parts.as_ref().expect("a live segment").file
+    }
 }
 
 impl Drop for Segment {
     fn drop(&mut self) {
-        if self.unlink_on_drop.load(Ordering::Acquire) {
-            // A failure leaves a file below the checkpoint's first live segment; the next open
-            // deletes it. Nothing else can be done from a destructor.
-            let _ = fs::remove_file(&self.path);
-        }
+        let SegParts { map, file, lock } = self.parts.take().expect("dropped once");
+        let unlink = self
+            .unlink_on_drop
+            .load(Ordering::Acquire)
+            .then(|| self.path.clone());
+        retire::retire(retire::Retired {
+            _map: map,
+            _file: file,
+            unlink,
+            _lock: lock,
+        });
     }
 }
 
@@ -588,14 +643,7 @@ fn create_segment(
         map.flush().map_err(AppendError::Io)?;
         sync_dir(dir).map_err(AppendError::Io)?;
     }
-    let seg = Arc::new(Segment {
-        number,
-        path,
-        map,
-        unlink_on_drop: AtomicBool::new(false),
-        _file: file,
-        _lock: Arc::clone(lock),
-    });
+    let seg = Arc::new(Segment::new(number, path, map, file, Arc::clone(lock)));
     let meta = SegMeta {
         seg,
         bytes,
@@ -635,6 +683,8 @@ pub struct Log {
     /// Number of the oldest segment written since the last flush (any policy).
     unflushed_from: Option<u64>,
     poisoned: bool,
+    /// The group commit in flight (`begin_sync` … `finish_sync`).
+    syncing: Option<Syncing>,
     /// A retired segment's file (`SPARE_FILE`) waits to be reused by the next roll.
     spare: bool,
     recovery: RecoveryReport,
@@ -795,6 +845,103 @@ impl Log {
         Ok(Appended { id, durable })
     }
 
+    /// Whether a group commit should start now: records are unsynced, no sync is in flight,
+    /// the log is not poisoned, and the policy says so (`group`, `always`: at once;
+    /// `interval:<ms>`: once the oldest unsynced record is that old; `never`: never).
+    pub fn sync_due(&self, now: Instant) -> bool {
+        if self.syncing.is_some() || self.poisoned {
+            return false;
+        }
+        self.next_sync_deadline().is_some_and(|d| now >= d)
+    }
+
+    /// Whether a group commit begun by [`Log::begin_sync`] has not been finished yet.
+    pub fn sync_in_flight(&self) -> bool {
+        self.syncing.is_some()
+    }
+
+    /// Starts a group commit of every record appended so far, for the caller to carry out
+    /// asynchronously: `fdatasync` each of the job's files, then [`Log::finish_sync`]. Records
+    /// appended meanwhile are left for the next one. `None` when nothing is unsynced, a sync is
+    /// already in flight, or the log is poisoned.
+    ///
+    /// Why a sync of the file covers writes made through the mapping: the mapping is
+    /// `MAP_SHARED`, so its pages are the file's page-cache pages; `fdatasync(2)` writes back
+    /// the file's dirty pages however they were dirtied (on Linux `msync(MS_ASYNC)` is a no-op
+    /// because "the kernel properly tracks dirty pages", msync(2)) and waits for the device.
+    pub fn begin_sync(&mut self) -> Option<SyncJob> {
+        if self.syncing.is_some() || self.poisoned {
+            return None;
+        }
+        let from = self.unflushed_from?;
+        let segs = self
+            .segs
+            .iter()
+            .filter(|m| m.seg.number >= from)
+            .map(|m| Arc::clone(&m.seg))
+            .collect();
+        let marks = self.take_dirty_marks();
+        self.unflushed_from = None;
+        self.unsynced_since = None;
+        self.syncing = Some(Syncing {
+            from_segment: from,
+            marks,
+        });
+        Some(SyncJob { segs })
+    }
+
+    /// Ends the group commit in flight with the outcome of its `fdatasync`s: on success the
+    /// streams it covered become visible up to where they were when it began. A failure
+    /// poisons the log for good (never retried: after a failed fsync the kernel may have
+    /// dropped the dirty pages, so a later success would claim durability for lost data).
+    pub fn finish_sync(
+        &mut self,
+        job: SyncJob,
+        outcome: io::Result<()>,
+    ) -> Result<SyncReport, SyncError> {
+        drop(job);
+        let s = self
+            .syncing
+            .take()
+            .expect("finish_sync without a sync in flight");
+        if let Err(e) = outcome {
+            self.poisoned = true;
+            return Err(SyncError::Io(e));
+        }
+        if self.poisoned {
+            return Err(SyncError::Poisoned);
+        }
+        Ok(self.make_visible(&s.marks))
+    }
+
+    /// The dirty streams and their tails, now clean (appends re-dirty them).
+    fn take_dirty_marks(&mut self) -> Vec<(StreamId, Seq)> {
+        let streams = &mut self.streams;
+        self.dirty
+            .drain(..)
+            .map(|id| {
+                let st = &mut streams[id.0 as usize];
+                st.dirty = false;
+                (id, st.tail)
+            })
+            .collect()
+    }
+
+    /// Raises each stream's visible tail to its mark; reports those that moved.
+    fn make_visible(&mut self, marks: &[(StreamId, Seq)]) -> SyncReport {
+        let mut report = SyncReport {
+            advanced: Vec::with_capacity(marks.len()),
+        };
+        for &(id, mark) in marks {
+            let st = &mut self.streams[id.0 as usize];
+            if mark > st.visible {
+                st.visible = mark;
+                report.advanced.push((id, mark));
+            }
+        }
+        report
+    }
+
     /// Group commit: performs the fsync the policy requires now (`Always`: if anything is
     /// unsynced; `Interval`: if the oldest unsynced write is `interval_ms` old; `Never`:
     /// nothing) and reports the streams whose visible tail advanced.
@@ -806,13 +953,16 @@ impl Log {
     }
 
     /// Flushes everything written so far (any policy) and makes it visible.
+    /// With a group commit in flight, this flushes what it covers too and makes its streams
+    /// visible (its own `finish_sync` then changes nothing more).
     pub fn sync_now(&mut self) -> Result<SyncReport, SyncError> {
         if self.poisoned {
             return Err(SyncError::Poisoned);
         }
-        if let Some(from) = self.unflushed_from {
+        let in_flight = self.syncing.as_ref().map(|s| s.from_segment);
+        if let Some(from) = [self.unflushed_from, in_flight].into_iter().flatten().min() {
             for m in self.segs.iter().filter(|m| m.seg.number >= from) {
-                if let Err(e) = m.seg.map.flush() {
+                if let Err(e) = m.seg.map().flush() {
                     self.poisoned = true;
                     return Err(SyncError::Io(e));
                 }
@@ -820,16 +970,11 @@ impl Log {
             self.unflushed_from = None;
         }
         self.unsynced_since = None;
-        let mut report = SyncReport {
-            advanced: Vec::with_capacity(self.dirty.len()),
-        };
-        for id in self.dirty.drain(..) {
-            let st = &mut self.streams[id.0 as usize];
-            st.dirty = false;
-            st.visible = st.tail;
-            report.advanced.push((id, st.tail));
+        let mut marks = self.take_dirty_marks();
+        if let Some(s) = &self.syncing {
+            marks.extend_from_slice(&s.marks);
         }
-        Ok(report)
+        Ok(self.make_visible(&marks))
     }
 
     /// When `poll_sync` next has work (for reactor timers); `None` when it has none.
@@ -837,7 +982,7 @@ impl Log {
         let since = self.unsynced_since?;
         match self.opts.fsync {
             FsyncPolicy::Never => None,
-            FsyncPolicy::Always => Some(since),
+            FsyncPolicy::Always | FsyncPolicy::Group => Some(since),
             FsyncPolicy::Interval { interval_ms } => {
                 Some(since + Duration::from_millis(interval_ms))
             }
@@ -1071,14 +1216,8 @@ impl Log {
             let entries = self.active.entries;
             self.write_record(Kind::Seal, StreamId(u32::MAX), entries, 0, 0, |_| {});
             self.active.sealed = true;
-            if durable {
-                // Everything in the sealed segment becomes durable now; its streams stay dirty
-                // until the next sync (conservative: visibility only moves in sync_now).
-                if let Err(e) = self.segs.back().expect("active").seg.map.flush() {
-                    self.poisoned = true;
-                    return Err(AppendError::Io(e));
-                }
-            }
+            // Not flushed here: `unflushed_from` points at this segment or an older one, so
+            // the next sync (which alone makes its records visible) covers it.
         }
         let (meta, active) = create_segment(
             &self.dir,
@@ -1108,7 +1247,7 @@ impl Log {
         fill: impl FnOnce(&mut [u8]),
     ) -> Loc {
         let meta = self.segs.back_mut().expect("active segment");
-        let map = &meta.seg.map;
+        let map = meta.seg.map();
         let a = &mut self.active;
         let off = a.data_end;
         let entry_off = a.entry_low - ENTRY_BYTES;
@@ -1211,7 +1350,7 @@ fn validate_stream_name(name: &str) -> Result<(), AppendError> {
 impl LogSlice {
     pub fn as_bytes(&self) -> &[u8] {
         self.seg
-            .map
+            .map()
             .read_frozen(self.off as usize, self.len as usize)
     }
     pub fn first_seq(&self) -> Seq {
@@ -1257,3 +1396,4 @@ impl ReadBatch {
 }
 
 mod recover;
+pub(crate) mod retire;

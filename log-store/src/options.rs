@@ -15,6 +15,11 @@ pub enum FsyncPolicy {
     Interval { interval_ms: u64 },
     /// fsync at every `poll_sync` that finds unsynced records (group commit per reactor turn).
     Always,
+    /// Group commit as soon as possible: when records are unsynced and no sync is in flight,
+    /// one starts at once (the caller runs it asynchronously: [`crate::Log::begin_sync`]);
+    /// records appended meanwhile are covered by the next one. Records become visible when
+    /// the sync covering them completes.
+    Group,
 }
 
 /// Why a textual fsync policy was rejected.
@@ -31,7 +36,7 @@ impl fmt::Display for FsyncPolicyError {
         match self {
             FsyncPolicyError::Unknown(s) => write!(
                 f,
-                "unknown fsync policy {s:?}: expected never, always or interval:<ms>"
+                "unknown fsync policy {s:?}: expected never, group, always or interval:<ms>"
             ),
             FsyncPolicyError::BadIntervalMs(s) => {
                 write!(
@@ -54,6 +59,7 @@ impl FromStr for FsyncPolicy {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "never" => Ok(FsyncPolicy::Never),
+            "group" => Ok(FsyncPolicy::Group),
             "always" => Ok(FsyncPolicy::Always),
             "interval" => Ok(FsyncPolicy::Interval {
                 interval_ms: FSYNC_INTERVAL_MS_DEFAULT,
@@ -81,6 +87,7 @@ impl fmt::Display for FsyncPolicy {
         match self {
             FsyncPolicy::Never => write!(f, "never"),
             FsyncPolicy::Always => write!(f, "always"),
+            FsyncPolicy::Group => write!(f, "group"),
             FsyncPolicy::Interval { interval_ms } => write!(f, "interval:{interval_ms}"),
         }
     }

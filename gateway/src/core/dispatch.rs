@@ -17,6 +17,10 @@ impl Core {
         let slot = match c {
             Completion::Accept { fd, more } => return self.on_accept(fd, more),
             Completion::EventFd { res } => return self.on_eventfd(res),
+            Completion::Fsync { shard, res } => {
+                self.m().log_fsyncs_total.fetch_add(1, Relaxed);
+                return self.hub.on_fsync(shard, res, self.id);
+            }
             Completion::Recv { slot, .. }
             | Completion::Send { slot, .. }
             | Completion::PollOut { slot, .. }
@@ -40,7 +44,9 @@ impl Core {
                 flags,
                 more,
             } => self.on_tx_timestamp(slot, res, flags, more),
-            Completion::Accept { .. } | Completion::EventFd { .. } => unreachable!("above"),
+            Completion::Accept { .. } | Completion::EventFd { .. } | Completion::Fsync { .. } => {
+                unreachable!("above")
+            }
         }
     }
 

@@ -15,6 +15,10 @@ use crate::streams::publish::{self, Event};
 use crate::streams::resume::{self, Ask, Start};
 use crate::sys;
 
+/// The answer to a publish whose group commit failed.
+const LOG_FAILED: &str = "the event could not be made durable: an fsync of its log failed, \
+     and that log refuses appends until the gateway restarts and recovers it";
+
 impl Core {
     /// The machine's next steps, until it waits (bounded per call; a send completion or a
     /// receive continues), then whatever answers are ready go out.
@@ -202,6 +206,23 @@ impl Core {
             };
             if h.release_waits(|w| hub.visible(w)) {
                 self.waiting.push(r);
+            }
+            self.flush(r.0);
+        }
+    }
+
+    /// A group commit of `shard` failed (its log is poisoned): the answers waiting for it
+    /// become explicit errors — the events may be lost, so no 201 may claim them.
+    pub(super) fn fail_waits(&mut self, shard: u32) {
+        for r in self.waiting.clone() {
+            let Some(c) = self.conn_at(r).filter(|c| !c.closing) else {
+                continue;
+            };
+            if let State::Http(h) = &mut c.state {
+                h.fail_waits(
+                    |w| w.shard == shard,
+                    |close| http::error_response(500, "log_failed", LOG_FAILED, close),
+                );
             }
             self.flush(r.0);
         }

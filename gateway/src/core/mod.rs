@@ -17,7 +17,7 @@ mod tick;
 
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use crossbeam::channel::{Receiver, Sender};
@@ -268,16 +268,28 @@ impl Core {
         self.conns[slot as usize].as_mut().expect("live slot")
     }
 
-    /// Group commit, answers that became durable, and the subscribers of touched streams.
+    /// Answers that became durable (or whose group commit failed), the subscribers of the
+    /// streams touched this turn, then the group commits due now.
     fn end_turn(&mut self) {
-        let touched = self.hub.end_turn(self.now, self.id);
-        if touched.is_empty() {
-            return;
+        for shard in self.hub.take_failed() {
+            self.m().log_sync_failures_total.fetch_add(1, Relaxed);
+            self.fail_waits(shard);
         }
-        self.complete_waits();
+        let touched = self.hub.end_turn();
+        if !touched.is_empty() {
+            self.complete_waits();
+            self.wake(&touched);
+        }
+        for (shard, fd) in self.hub.start_syncs(self.now) {
+            self.io.fsync(shard, fd);
+        }
+    }
+
+    /// Pumps the subscribers of `touched` streams.
+    fn wake(&mut self, touched: &[crate::streams::StreamKey]) {
         // Collected first (pumping may close a subscriber and edit the registry).
         let mut to_pump = std::mem::take(&mut self.to_pump);
-        for &key in &touched {
+        for &key in touched {
             to_pump.extend_from_slice(self.hub.subscribers(key));
         }
         for &r in &to_pump {

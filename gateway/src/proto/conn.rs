@@ -443,6 +443,19 @@ impl HttpConn {
         still
     }
 
+    /// Replaces every queued answer whose wait `failed` says is lost with `error(close)` (the
+    /// answer's own close flag), ready to send.
+    pub fn fail_waits(&mut self, failed: impl Fn(Wait) -> bool, error: impl Fn(bool) -> Vec<u8>) {
+        for o in self.outbox.iter_mut() {
+            if o.wait.is_some_and(&failed) {
+                let bytes = error(o.close);
+                self.outbox_bytes = self.outbox_bytes - o.bytes.len() + bytes.len();
+                o.bytes = bytes;
+                o.wait = None;
+            }
+        }
+    }
+
     /// The bytes to send next — the rest of a partial send, or the ready prefix of the
     /// outbox — unless a send is in flight. Hand the buffer back with [`HttpConn::on_sent`].
     pub fn poll_transmit(&mut self) -> Option<(Vec<u8>, usize)> {

@@ -1,14 +1,17 @@
 //! The streams a core owns: its shards' logs, the subscriber registry (which connections
 //! follow which stream), the streams touched this turn, and the group commit that makes
 //! appends visible — after which the answers waiting for them leave and the subscribers of
-//! every stream whose visible tail moved are woken. Retention and the `/metrics` stream lines.
-//! No I/O of its own beyond the log's (the log is the storage engine).
+//! every stream whose visible tail moved are woken. Group commits are asynchronous: the hub
+//! says which files to `fdatasync` ([`Hub::start_syncs`]), the core runs them through its
+//! ring, and each completion comes back here ([`Hub::on_fsync`]). Retention and the
+//! `/metrics` stream lines. No I/O of its own beyond the log's.
 #![forbid(unsafe_code)]
 
 use std::collections::HashMap;
+use std::os::fd::{AsRawFd, RawFd};
 use std::time::{Instant, SystemTime};
 
-use log_store::{AppendError, Log, SyncReport};
+use log_store::{AppendError, Log, SyncJob, SyncReport};
 
 use super::StreamKey;
 use crate::proto::conn::Wait;
@@ -24,8 +27,19 @@ pub struct Hub {
     subs: HashMap<StreamKey, Vec<SubRef>>,
     /// Streams appended to or made visible this turn (sorted and deduplicated at its end).
     touched: Vec<StreamKey>,
-    appended_shards: Vec<u32>,
     shards: u32,
+    /// Group commits in flight, by shard.
+    syncs: HashMap<u32, Pending>,
+    /// Shards whose group commit failed since the last `take_failed` (their logs are poisoned).
+    failed: Vec<u32>,
+}
+
+/// A group commit in flight: its job, the `fdatasync`s not completed yet, the first error.
+#[derive(Debug)]
+struct Pending {
+    job: SyncJob,
+    left: usize,
+    error: Option<std::io::Error>,
 }
 
 impl Hub {
@@ -34,8 +48,9 @@ impl Hub {
             logs: logs.into_iter().collect(),
             subs: HashMap::new(),
             touched: Vec::new(),
-            appended_shards: Vec::new(),
             shards,
+            syncs: HashMap::new(),
+            failed: Vec::new(),
         }
     }
 
@@ -67,13 +82,10 @@ impl Hub {
         Ok((shard, sid))
     }
 
-    /// Notes `n` appends to `key` for this turn's group commit and wake-ups.
+    /// Notes `n` appends to `key` for this turn's wake-ups.
     pub fn record_appends(&mut self, key: StreamKey, n: usize) {
         if n == 0 {
             return;
-        }
-        if !self.appended_shards.contains(&key.0) {
-            self.appended_shards.push(key.0);
         }
         self.touched.push(key);
     }
@@ -86,22 +98,67 @@ impl Hub {
             .is_some_and(|b| b.visible_tail >= w.seq)
     }
 
-    /// Group commit for the shards appended to this turn and those whose sync deadline
-    /// passed; returns the streams touched this turn (sorted, deduplicated), emptied.
-    pub fn end_turn(&mut self, now: Instant, core: usize) -> Vec<StreamKey> {
-        let mut shards = std::mem::take(&mut self.appended_shards);
-        for (&s, log) in &self.logs {
-            if !shards.contains(&s) && log.next_sync_deadline().is_some_and(|d| d <= now) {
-                shards.push(s);
-            }
-        }
-        for s in shards {
-            match self.log_mut(s).poll_sync(now) {
-                Ok(r) => self.note_synced(s, &r),
-                Err(e) => eprintln!("core {core}: sync of shard {s} failed: {e:?}"),
-            }
-        }
+    /// The streams touched this turn — appended to (visible at once under `--fsync never`) or
+    /// made visible by a completed group commit — sorted, deduplicated, emptied.
+    pub fn end_turn(&mut self) -> Vec<StreamKey> {
         self.take_touched()
+    }
+
+    /// Starts the group commits due now (one in flight per shard at most): the files to
+    /// `fdatasync`, as `(shard, fd)`; each completion goes to [`Hub::on_fsync`].
+    pub fn start_syncs(&mut self, now: Instant) -> Vec<(u32, RawFd)> {
+        let mut out = Vec::new();
+        for (&s, log) in self.logs.iter_mut() {
+            if !log.sync_due(now) {
+                continue;
+            }
+            let Some(job) = log.begin_sync() else {
+                continue;
+            };
+            let before = out.len();
+            out.extend(job.fds().map(|fd| (s, fd.as_raw_fd())));
+            let left = out.len() - before;
+            self.syncs.insert(
+                s,
+                Pending {
+                    job,
+                    left,
+                    error: None,
+                },
+            );
+        }
+        out
+    }
+
+    /// One `fdatasync` of `shard`'s group commit completed (`res` 0 or -errno). When it was
+    /// the last, the commit ends: its streams become visible, or — any error — the log is
+    /// poisoned and the shard is reported by [`Hub::take_failed`].
+    pub fn on_fsync(&mut self, shard: u32, res: i32, core: usize) {
+        let p = self
+            .syncs
+            .get_mut(&shard)
+            .expect("an fsync completion names a group commit in flight");
+        if res < 0 && p.error.is_none() {
+            p.error = Some(std::io::Error::from_raw_os_error(-res));
+        }
+        p.left -= 1;
+        if p.left > 0 {
+            return;
+        }
+        let p = self.syncs.remove(&shard).expect("present");
+        let outcome = p.error.map_or(Ok(()), Err);
+        match self.log_mut(shard).finish_sync(p.job, outcome) {
+            Ok(r) => self.note_synced(shard, &r),
+            Err(e) => {
+                eprintln!("core {core}: group commit of shard {shard} failed, log poisoned: {e}");
+                self.failed.push(shard);
+            }
+        }
+    }
+
+    /// Shards whose group commit failed since the last call.
+    pub fn take_failed(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.failed)
     }
 
     /// Makes every log durable now (shutdown); returns the streams this made visible.
@@ -128,9 +185,13 @@ impl Hub {
         t
     }
 
-    /// The earliest sync deadline of the core's logs.
+    /// The earliest sync deadline of the core's logs with no group commit in flight.
     pub fn next_sync_deadline(&self) -> Option<Instant> {
-        self.logs.values().filter_map(Log::next_sync_deadline).min()
+        self.logs
+            .values()
+            .filter(|l| !l.sync_in_flight())
+            .filter_map(Log::next_sync_deadline)
+            .min()
     }
 
     // ---- subscribers ----

@@ -31,6 +31,7 @@ pub fn append_status(e: &AppendError) -> (u16, &'static str) {
         E::DataNotUtf8 { .. } => (400, "bad_data"),
         E::StreamNameInvalid(_) => (400, "bad_stream_name"),
         E::TooManyStreams => (507, "too_many_streams"),
+        E::Poisoned => (500, "log_failed"),
         _ => (500, "append_failed"),
     }
 }

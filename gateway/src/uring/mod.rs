@@ -160,6 +160,11 @@ pub enum Completion {
         flags: u32,
         more: bool,
     },
+    /// An `fdatasync` of one of `shard`'s segment files completed (`res` 0 or -errno).
+    Fsync {
+        shard: u32,
+        res: i32,
+    },
 }
 
 /// A reaped CQE, not yet matched: `(user_data, result, flags)`.
@@ -339,6 +344,22 @@ impl Driver {
             .build()
             .user_data(ud);
         // SAFETY: multishot accept points at no memory of ours.
+        unsafe { self.push(e) };
+    }
+
+    /// `fdatasync` of a log segment file of `shard` (`IORING_FSYNC_DATASYNC`); the file must
+    /// stay open until the completion (the caller's `SyncJob` holds it).
+    pub fn fsync(&mut self, shard: u32, fd: RawFd) {
+        let ud = UserData {
+            slot: shard,
+            serial: op::next_serial(&mut self.core_serial),
+            ..UserData::core(Op::Fsync)
+        };
+        let e = opcode::Fsync::new(types::Fd(fd))
+            .flags(types::FsyncFlags::DATASYNC)
+            .build()
+            .user_data(ud.pack());
+        // SAFETY: fsync points at no memory of ours.
         unsafe { self.push(e) };
     }
 
@@ -542,6 +563,12 @@ impl Driver {
                 return Some(Completion::Accept { fd, more });
             }
             Op::EventFd => return Some(Completion::EventFd { res }),
+            Op::Fsync => {
+                return Some(Completion::Fsync {
+                    shard: ud.slot,
+                    res,
+                });
+            }
             Op::Cancel => return None,
             _ => {}
         }
@@ -574,7 +601,7 @@ impl Driver {
                 flags,
                 more,
             },
-            Op::Accept | Op::EventFd | Op::Cancel => unreachable!("handled above"),
+            Op::Accept | Op::EventFd | Op::Cancel | Op::Fsync => unreachable!("handled above"),
         })
     }
 

@@ -34,6 +34,8 @@ pub enum Op {
     TxTimestamps,
     /// A subscriber's multishot `POLLIN | POLLRDHUP` watch.
     Watch,
+    /// An `fdatasync` of a log segment (a group commit); its slot field names the shard.
+    Fsync,
 }
 
 impl Op {
@@ -50,6 +52,7 @@ impl Op {
             Op::TxTimestamps => 6,
             Op::Cancel => 7,
             Op::Watch => 8,
+            Op::Fsync => 9,
         }
     }
 
@@ -63,6 +66,7 @@ impl Op {
             6 => Op::TxTimestamps,
             7 => Op::Cancel,
             8 => Op::Watch,
+            9 => Op::Fsync,
             _ => return None,
         })
     }
@@ -75,7 +79,7 @@ impl Op {
             Op::PollOut => Some(2),
             Op::TxTimestamps => Some(3),
             Op::Watch => Some(4),
-            Op::Accept | Op::EventFd | Op::Cancel => None,
+            Op::Accept | Op::EventFd | Op::Cancel | Op::Fsync => None,
         }
     }
 
@@ -143,7 +147,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn op_strategy() -> impl Strategy<Value = Op> {
-        (1u8..=8).prop_map(|c| Op::from_code(c).expect("valid code"))
+        (1u8..=9).prop_map(|c| Op::from_code(c).expect("valid code"))
     }
 
     proptest! {
@@ -190,7 +194,7 @@ mod tests {
 
     #[test]
     fn unknown_op_codes_are_refused() {
-        for code in [0u64, 9, 15] {
+        for code in [0u64, 10, 15] {
             assert_eq!(UserData::unpack(code), None);
         }
     }

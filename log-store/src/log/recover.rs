@@ -171,6 +171,7 @@ pub(super) fn open(dir: &Path, opts: LogOptions) -> Result<Log, OpenError> {
         unsynced_since: None,
         unflushed_from: Some(first_live),
         poisoned: false,
+        syncing: None,
         spare: false,
         recovery: RecoveryReport::default(),
         lock,
@@ -235,6 +236,7 @@ fn create_new(
         unsynced_since: None,
         unflushed_from: None,
         poisoned: false,
+        syncing: None,
         spare: false,
         recovery: report,
         lock,
@@ -515,14 +517,13 @@ impl Scan {
             self.report.torn_tail_offset = Some(torn as u64);
         }
         map.freeze(&mut tok, data_end);
-        let seg = Arc::new(Segment {
+        let seg = Arc::new(Segment::new(
             number,
             path,
             map,
-            unlink_on_drop: AtomicBool::new(false),
-            _file: file,
-            _lock: Arc::clone(&self.lock),
-        });
+            file,
+            Arc::clone(&self.lock),
+        ));
         let meta = SegMeta {
             seg,
             bytes,
