@@ -17,6 +17,7 @@
 
 pub mod checker;
 pub mod chunked;
+pub mod durable;
 pub mod load;
 pub mod mcp;
 pub mod payload;

@@ -10,8 +10,11 @@ use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use std::path::PathBuf;
+
 use clap::{Args, Parser, Subcommand};
 
+use bench::durable;
 use bench::load::{self, LoadConfig};
 use bench::mcp;
 use bench::probe::{self, ProbeConfig};
@@ -142,6 +145,35 @@ enum Cmd {
         /// Seed for cut offsets.
         #[arg(long, default_value_t = 1)]
         seed: u64,
+    },
+    /// What a durable publish costs: the raw fdatasync of the data filesystem, then 1 and 64
+    /// (or --publishers) sequential publishers, one POST in flight each: publish latency
+    /// p50/p99 and acknowledged events/s (and server CPU per event with --target-pid).
+    Durable {
+        /// Publish URL template with `{stream}` (e.g. http://127.0.0.1:8080/v1/streams/{stream}/events).
+        #[arg(long)]
+        publish_url: String,
+        /// A directory on the server's data filesystem for the raw fdatasync probe.
+        #[arg(long)]
+        fsync_probe_dir: Option<PathBuf>,
+        /// Raw fdatasync probes.
+        #[arg(long, default_value_t = 2000)]
+        fsync_probes: usize,
+        /// Publisher counts, comma-separated: one run each.
+        #[arg(long, default_value = "1,64", value_delimiter = ',')]
+        publishers: Vec<usize>,
+        #[arg(long, default_value_t = 300)]
+        payload_bytes: usize,
+        /// Seconds each publisher count runs.
+        #[arg(long, default_value_t = 5.0)]
+        secs_per_run: f64,
+        #[arg(long, default_value = "durable-")]
+        stream_prefix: String,
+        /// The server's pid, for its CPU per event.
+        #[arg(long)]
+        target_pid: Option<u32>,
+        #[arg(long)]
+        json: bool,
     },
     /// Publish N events, then resume from an early (possibly no longer retained) ID and report
     /// whether the server answers explicitly (410 / `event: truncated`) or skips silently.
@@ -367,6 +399,7 @@ fn with_load(mut cfg: LoadConfig, l: &Load) -> LoadConfig {
 
 enum Outcome {
     Reports(Vec<Report>, Option<String>),
+    Durable(durable::DurableReport),
     Probe(probe::ProbeReport),
     Mcp(mcp::McpReport),
 }
@@ -512,6 +545,30 @@ fn run(cmd: &Cmd) -> Result<(Outcome, bool), String> {
                 *json,
             ))
         }
+        Cmd::Durable {
+            publish_url,
+            fsync_probe_dir,
+            fsync_probes,
+            publishers,
+            payload_bytes,
+            secs_per_run,
+            stream_prefix,
+            target_pid,
+            json,
+        } => {
+            let cfg = durable::DurableConfig {
+                publish: UrlTemplate::parse(publish_url)
+                    .map_err(|e| format!("--publish-url: {e}"))?,
+                stream_prefix: stream_prefix.clone(),
+                publishers: publishers.clone(),
+                payload_bytes: *payload_bytes,
+                secs_per_run: *secs_per_run,
+                fsync_probe_dir: fsync_probe_dir.clone(),
+                fsync_probes: *fsync_probes,
+                target_pid: *target_pid,
+            };
+            Ok((Outcome::Durable(durable::run(&cfg)?), *json))
+        }
         Cmd::GapProbe {
             common,
             events,
@@ -569,6 +626,21 @@ fn main() -> ExitCode {
             }
             if violations > 0 {
                 eprintln!("bench: {violations} invariant violation(s)");
+                return ExitCode::from(1);
+            }
+            ExitCode::SUCCESS
+        }
+        Outcome::Durable(r) => {
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&r).expect("report serialises")
+                );
+            } else {
+                print!("{}", r.table());
+            }
+            if r.errors() > 0 {
+                eprintln!("bench: {} publish(es) not answered 201", r.errors());
                 return ExitCode::from(1);
             }
             ExitCode::SUCCESS

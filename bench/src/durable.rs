@@ -1,0 +1,261 @@
+//! The `durable` scenario: what a durable publish costs as a user sees it. In one run:
+//! - the raw `fdatasync` of a 300-byte overwrite on the filesystem of the server's data
+//!   directory (p50 / p99): the floor a durable answer cannot beat;
+//! - for each publisher count (default 1 and 64), that many sequential publishers — each on its
+//!   own keep-alive connection and stream, one POST in flight, the next sent when the 201
+//!   arrives — for a fixed time: publish latency (request written → 201 read) p50 / p99 and
+//!   acknowledged (durable) events per second, plus the server's CPU per event.
+//!
+//! Blocking sockets, one thread per publisher: a measurement of the server, not a load
+//! generator's best case. Every answer must be a 201 with an ID; anything else is counted as
+//! an error and fails the run.
+#![forbid(unsafe_code)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::procstat;
+use crate::target::UrlTemplate;
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct DurableConfig {
+    pub publish: UrlTemplate,
+    pub stream_prefix: String,
+    /// Publisher counts, one run each.
+    pub publishers: Vec<usize>,
+    pub payload_bytes: usize,
+    pub secs_per_run: f64,
+    /// A directory on the server's data filesystem, for the raw `fdatasync` probe.
+    pub fsync_probe_dir: Option<PathBuf>,
+    pub fsync_probes: usize,
+    pub target_pid: Option<u32>,
+}
+
+/// Latency percentiles in milliseconds.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Percentiles {
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub samples: usize,
+}
+
+impl Percentiles {
+    fn of(mut us: Vec<u64>) -> Percentiles {
+        us.sort_unstable();
+        let at = |q: f64| {
+            us.get(((us.len() as f64 * q) as usize).min(us.len().saturating_sub(1)))
+                .map_or(0.0, |&v| v as f64 / 1000.0)
+        };
+        Percentiles {
+            p50_ms: at(0.50),
+            p99_ms: at(0.99),
+            samples: us.len(),
+        }
+    }
+}
+
+/// One publisher count's run.
+#[derive(Debug, Clone, Serialize)]
+pub struct DurableRow {
+    pub publishers: usize,
+    pub events: u64,
+    pub errors: u64,
+    pub secs: f64,
+    pub events_per_sec: f64,
+    pub latency: Percentiles,
+    /// Server CPU (user + system) per acknowledged event, when `--target-pid` was given.
+    pub server_cpu_us_per_event: Option<f64>,
+}
+
+/// The whole scenario.
+#[derive(Debug, Clone, Serialize)]
+pub struct DurableReport {
+    pub fdatasync: Option<Percentiles>,
+    pub rows: Vec<DurableRow>,
+}
+
+impl DurableReport {
+    pub fn errors(&self) -> u64 {
+        self.rows.iter().map(|r| r.errors).sum()
+    }
+
+    /// A plain-text table.
+    pub fn table(&self) -> String {
+        let mut out = String::from("== durable\n");
+        if let Some(f) = self.fdatasync {
+            out.push_str(&format!(
+                "  raw fdatasync (300 B overwrite): p50 {:.3} ms, p99 {:.3} ms ({} samples)\n",
+                f.p50_ms, f.p99_ms, f.samples
+            ));
+        }
+        out.push_str(
+            "  publishers | durable ev/s | publish p50 ms | p99 ms | server CPU us/ev | errors\n",
+        );
+        for r in &self.rows {
+            let cpu = r
+                .server_cpu_us_per_event
+                .map_or("-".to_string(), |c| format!("{c:.2}"));
+            out.push_str(&format!(
+                "  {:>10} | {:>12.0} | {:>14.3} | {:>6.3} | {:>16} | {}\n",
+                r.publishers, r.events_per_sec, r.latency.p50_ms, r.latency.p99_ms, cpu, r.errors
+            ));
+        }
+        out
+    }
+}
+
+/// Runs the probe and every publisher count in turn.
+pub fn run(cfg: &DurableConfig) -> Result<DurableReport, String> {
+    let fdatasync = match &cfg.fsync_probe_dir {
+        Some(dir) => Some(fdatasync_probe(dir, cfg.fsync_probes).map_err(|e| e.to_string())?),
+        None => None,
+    };
+    let mut rows = Vec::new();
+    for &n in &cfg.publishers {
+        rows.push(run_publishers(cfg, n)?);
+    }
+    Ok(DurableReport { fdatasync, rows })
+}
+
+/// `fdatasync` latency of a 300-byte overwrite of a 4 KiB file in `dir`.
+fn fdatasync_probe(dir: &std::path::Path, n: usize) -> std::io::Result<Percentiles> {
+    use std::os::unix::fs::FileExt;
+    let path = dir.join(format!(".bench-fdatasync-probe-{}", std::process::id()));
+    let f = std::fs::File::options()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)?;
+    f.write_all_at(&[0u8; 4096], 0)?;
+    f.sync_all()?;
+    let mut us = Vec::with_capacity(n);
+    let data = [b'z'; 300];
+    for _ in 0..n {
+        f.write_all_at(&data, 0)?;
+        let t = Instant::now();
+        f.sync_data()?;
+        us.push(t.elapsed().as_micros() as u64);
+    }
+    drop(f);
+    std::fs::remove_file(&path)?;
+    Ok(Percentiles::of(us))
+}
+
+/// What one publisher thread measured.
+struct Thread {
+    us: Vec<u64>,
+    errors: u64,
+}
+
+fn run_publishers(cfg: &DurableConfig, n: usize) -> Result<DurableRow, String> {
+    let cpu_before = cpu_secs(cfg.target_pid)?;
+    let start = Instant::now();
+    let deadline = start + Duration::from_secs_f64(cfg.secs_per_run);
+    let handles: Vec<_> = (0..n)
+        .map(|i| {
+            let cfg = cfg.clone();
+            std::thread::spawn(move || publisher(&cfg, i, deadline))
+        })
+        .collect();
+    let mut us = Vec::new();
+    let mut errors = 0;
+    for h in handles {
+        let t = h.join().map_err(|_| "a publisher thread panicked")??;
+        us.extend(t.us);
+        errors += t.errors;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let cpu = cpu_secs(cfg.target_pid)?;
+    let events = us.len() as u64;
+    Ok(DurableRow {
+        publishers: n,
+        events,
+        errors,
+        secs,
+        events_per_sec: events as f64 / secs,
+        latency: Percentiles::of(us),
+        server_cpu_us_per_event: match (cpu_before, cpu) {
+            (Some(a), Some(b)) if events > 0 => Some((b - a) * 1e6 / events as f64),
+            _ => None,
+        },
+    })
+}
+
+fn cpu_secs(pid: Option<u32>) -> Result<Option<f64>, String> {
+    let Some(pid) = pid else { return Ok(None) };
+    let s = procstat::sample(&[pid]).map_err(|e| e.to_string())?;
+    Ok(Some(
+        s.cpu_ticks as f64 / procstat::ticks_per_second() as f64,
+    ))
+}
+
+/// One sequential publisher: POST, wait for the 201, repeat until the deadline.
+fn publisher(cfg: &DurableConfig, i: usize, deadline: Instant) -> Result<Thread, String> {
+    let stream = format!("{}{i}", cfg.stream_prefix);
+    let mut path = Vec::new();
+    cfg.publish.render_path(&stream, &mut path);
+    let path = String::from_utf8(path).map_err(|e| e.to_string())?;
+    let sock = TcpStream::connect(cfg.publish.addr).map_err(|e| format!("connect: {e}"))?;
+    sock.set_nodelay(true).map_err(|e| e.to_string())?;
+    sock.set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(|e| e.to_string())?;
+    let mut w = sock.try_clone().map_err(|e| e.to_string())?;
+    let mut r = BufReader::new(sock);
+    let body = vec![b'd'; cfg.payload_bytes];
+    let mut req = format!(
+        "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\r\n",
+        cfg.publish.host_header,
+        body.len()
+    )
+    .into_bytes();
+    req.extend_from_slice(&body);
+    let mut t = Thread {
+        us: Vec::new(),
+        errors: 0,
+    };
+    while Instant::now() < deadline {
+        let sent = Instant::now();
+        w.write_all(&req).map_err(|e| format!("write: {e}"))?;
+        let status = read_answer(&mut r)?;
+        if status == 201 {
+            t.us.push(sent.elapsed().as_micros() as u64);
+        } else {
+            t.errors += 1;
+        }
+    }
+    Ok(t)
+}
+
+/// Reads one response (status line, headers, Content-Length body); returns the status.
+fn read_answer(r: &mut impl BufRead) -> Result<u16, String> {
+    let mut line = String::new();
+    r.read_line(&mut line).map_err(|e| format!("read: {e}"))?;
+    let status: u16 = line
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("bad status line {line:?}"))?;
+    let mut len = 0usize;
+    loop {
+        line.clear();
+        r.read_line(&mut line).map_err(|e| format!("read: {e}"))?;
+        let l = line.trim_end();
+        if l.is_empty() {
+            break;
+        }
+        if let Some((k, v)) = l.split_once(':')
+            && k.eq_ignore_ascii_case("content-length")
+        {
+            len = v.trim().parse().map_err(|_| format!("bad length {v:?}"))?;
+        }
+    }
+    let mut body = vec![0; len];
+    r.read_exact(&mut body).map_err(|e| format!("body: {e}"))?;
+    Ok(status)
+}
