@@ -18,6 +18,7 @@
 pub mod checker;
 pub mod chunked;
 pub mod durable;
+pub mod floor;
 pub mod load;
 pub mod mcp;
 pub mod payload;

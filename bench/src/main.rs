@@ -15,6 +15,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 use bench::durable;
+use bench::floor;
 use bench::load::{self, LoadConfig};
 use bench::mcp;
 use bench::probe::{self, ProbeConfig};
@@ -172,6 +173,23 @@ enum Cmd {
         /// The server's pid, for its CPU per event.
         #[arg(long)]
         target_pid: Option<u32>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// The kernel's floor for a delivery: one send() of --payload-bytes per subscriber per
+    /// event over loopback, writer and reader threads pinned to different cores; the writer's
+    /// CPU per send.
+    Floor {
+        #[arg(long, default_value_t = 100)]
+        subscribers: usize,
+        #[arg(long, default_value_t = 300)]
+        payload_bytes: usize,
+        #[arg(long, default_value_t = 5.0)]
+        secs: f64,
+        #[arg(long, default_value_t = 0)]
+        writer_cpu: usize,
+        #[arg(long, default_value_t = 1)]
+        reader_cpu: usize,
         #[arg(long)]
         json: bool,
     },
@@ -400,6 +418,7 @@ fn with_load(mut cfg: LoadConfig, l: &Load) -> LoadConfig {
 enum Outcome {
     Reports(Vec<Report>, Option<String>),
     Durable(durable::DurableReport),
+    Floor(floor::FloorReport),
     Probe(probe::ProbeReport),
     Mcp(mcp::McpReport),
 }
@@ -569,6 +588,23 @@ fn run(cmd: &Cmd) -> Result<(Outcome, bool), String> {
             };
             Ok((Outcome::Durable(durable::run(&cfg)?), *json))
         }
+        Cmd::Floor {
+            subscribers,
+            payload_bytes,
+            secs,
+            writer_cpu,
+            reader_cpu,
+            json,
+        } => {
+            let cfg = floor::FloorConfig {
+                subscribers: *subscribers,
+                payload_bytes: *payload_bytes,
+                secs: *secs,
+                writer_cpu: *writer_cpu,
+                reader_cpu: *reader_cpu,
+            };
+            Ok((Outcome::Floor(floor::run(&cfg)?), *json))
+        }
         Cmd::GapProbe {
             common,
             events,
@@ -627,6 +663,17 @@ fn main() -> ExitCode {
             if violations > 0 {
                 eprintln!("bench: {violations} invariant violation(s)");
                 return ExitCode::from(1);
+            }
+            ExitCode::SUCCESS
+        }
+        Outcome::Floor(r) => {
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&r).expect("report serialises")
+                );
+            } else {
+                print!("{}", r.table());
             }
             ExitCode::SUCCESS
         }

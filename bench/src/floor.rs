@@ -1,0 +1,128 @@
+//! The `floor` scenario: what the kernel alone charges to deliver one event to one subscriber
+//! over loopback — one `send()` of `payload_bytes` per subscriber per event, from a writer
+//! thread pinned to one core, with a reader thread pinned to another core draining every
+//! socket. The writer thread's CPU time (user + system, from `/proc/thread-self/stat`) per send
+//! is the floor a server's CPU per delivered event is compared with: a server cannot deliver an
+//! event to a TCP subscriber for less than the `send()` that puts it in the socket.
+#![forbid(unsafe_code)]
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::procstat;
+
+/// What to measure.
+#[derive(Debug, Clone)]
+pub struct FloorConfig {
+    pub subscribers: usize,
+    pub payload_bytes: usize,
+    pub secs: f64,
+    pub writer_cpu: usize,
+    pub reader_cpu: usize,
+}
+
+/// The floor.
+#[derive(Debug, Clone, Serialize)]
+pub struct FloorReport {
+    pub subscribers: usize,
+    pub payload_bytes: usize,
+    pub sends: u64,
+    pub writer_cpu_secs: f64,
+    /// Writer CPU per send: the kernel's cost of one delivery.
+    pub us_per_send: f64,
+}
+
+impl FloorReport {
+    pub fn table(&self) -> String {
+        format!(
+            "== floor\n  {} subscribers x {} B: {} sends, writer CPU {:.2} s: {:.2} us per send (delivery)\n",
+            self.subscribers,
+            self.payload_bytes,
+            self.sends,
+            self.writer_cpu_secs,
+            self.us_per_send
+        )
+    }
+}
+
+fn pin(cpu: usize) -> Result<(), String> {
+    let mut set = rustix::thread::CpuSet::new();
+    set.set(cpu);
+    rustix::thread::sched_setaffinity(None, &set).map_err(|e| format!("pin to cpu {cpu}: {e}"))
+}
+
+/// This thread's CPU seconds (user + system).
+fn thread_cpu_secs() -> Result<f64, String> {
+    let stat = std::fs::read_to_string("/proc/thread-self/stat").map_err(|e| e.to_string())?;
+    let (u, s) = procstat::parse_stat(&stat).ok_or("cannot parse /proc/thread-self/stat")?;
+    Ok((u + s) as f64 / procstat::ticks_per_second() as f64)
+}
+
+/// Loopback pairs: (writer side, reader side).
+fn pairs(n: usize) -> Result<Vec<(TcpStream, TcpStream)>, String> {
+    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    let addr = l.local_addr().map_err(|e| e.to_string())?;
+    (0..n)
+        .map(|_| {
+            let w = TcpStream::connect(addr).map_err(|e| e.to_string())?;
+            let (r, _) = l.accept().map_err(|e| e.to_string())?;
+            w.set_nodelay(true).map_err(|e| e.to_string())?;
+            r.set_nonblocking(true).map_err(|e| e.to_string())?;
+            Ok((w, r))
+        })
+        .collect()
+}
+
+/// Runs the measurement.
+pub fn run(cfg: &FloorConfig) -> Result<FloorReport, String> {
+    let (writers, readers): (Vec<_>, Vec<_>) = pairs(cfg.subscribers)?.into_iter().unzip();
+    let stop = Arc::new(AtomicBool::new(false));
+    let reader_cpu = cfg.reader_cpu;
+    let stop_r = Arc::clone(&stop);
+    let reader = std::thread::spawn(move || -> Result<(), String> {
+        pin(reader_cpu)?;
+        let mut readers = readers;
+        let mut buf = vec![0u8; 1 << 16];
+        while !stop_r.load(Ordering::Relaxed) {
+            for r in readers.iter_mut() {
+                loop {
+                    match r.read(&mut buf) {
+                        Ok(0) => return Ok(()),
+                        Ok(_) => {}
+                        Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                        Err(e) => return Err(e.to_string()),
+                    }
+                }
+            }
+        }
+        Ok(())
+    });
+    pin(cfg.writer_cpu)?;
+    let payload = vec![b'e'; cfg.payload_bytes];
+    let mut writers = writers;
+    let cpu0 = thread_cpu_secs()?;
+    let deadline = Instant::now() + Duration::from_secs_f64(cfg.secs);
+    let mut sends = 0u64;
+    while Instant::now() < deadline {
+        for w in writers.iter_mut() {
+            w.write_all(&payload).map_err(|e| e.to_string())?;
+            sends += 1;
+        }
+    }
+    let writer_cpu_secs = thread_cpu_secs()? - cpu0;
+    stop.store(true, Ordering::Relaxed);
+    drop(writers);
+    reader.join().map_err(|_| "reader panicked")??;
+    Ok(FloorReport {
+        subscribers: cfg.subscribers,
+        payload_bytes: cfg.payload_bytes,
+        sends,
+        writer_cpu_secs,
+        us_per_send: writer_cpu_secs * 1e6 / sends.max(1) as f64,
+    })
+}

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# bench-durable.sh [GATEWAY_BIN]: the durability and kernel-floor figures of BENCHMARKS.md
+# ("Durable by default"), in one run. Gateway on core 0 (one reactor), bench on core 1.
+#  1. the gateway with its default flags (`--fsync group`): `bench durable` — the raw
+#     fdatasync of its data filesystem, then 1 and 64 sequential publishers (publish p50/p99,
+#     durable events/s, server CPU per event);
+#  2. the same with `--fsync never` (the plain request round trip, for comparison);
+#  3. `bench floor`: one send() per subscriber per 300 B event to 100 loopback subscribers,
+#     writer on core 0, reader on core 1 (the kernel's floor per delivery);
+#  4. fan-out 1 x 100 (300 B) with the default flags, publisher pipeline 1 (unbatched) and 16
+#     (batched), and with `--fsync never`: server CPU per delivered event, and its ratio to (3).
+# Every wait is bounded; each gateway is stopped after its run and on any exit.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=$(realpath "${1:-target/release/gateway}")
+BENCH=$(realpath "${BENCH_BIN:-target/release/bench}")
+SECS=${SECS:-5}
+WORK=$(mktemp -d /tmp/bench-durable.XXXXXX)
+GW=""
+stop() {
+  [[ -n $GW ]] || return 0
+  kill -TERM "$GW" 2>/dev/null || true
+  for _ in $(seq 50); do kill -0 "$GW" 2>/dev/null || break; sleep 0.1; done
+  kill -KILL "$GW" 2>/dev/null || true
+  wait "$GW" 2>/dev/null || true
+  GW=""
+}
+trap 'stop; rm -rf "$WORK"' EXIT
+# start NAME FLAGS...: a fresh gateway on core 0; sets GW and ADDR.
+start() {
+  local name=$1; shift
+  mkdir -p "$WORK/$name"
+  taskset -c 0 "$BIN" --listen 127.0.0.1:0 --cores 1 --data-dir "$WORK/$name/data" "$@" \
+    >"$WORK/$name/out" 2>"$WORK/$name/err" &
+  GW=$!
+  for _ in $(seq 100); do grep -q "listening on" "$WORK/$name/out" && break; sleep 0.1; done
+  ADDR=$(grep -o "listening on .*" "$WORK/$name/out" | awk '{print $3}')
+  [[ -n $ADDR ]] || { echo "gateway $name did not start" >&2; cat "$WORK/$name/err" >&2; exit 1; }
+}
+durable() {
+  taskset -c 1 "$BENCH" durable --publish-url "http://$ADDR/v1/streams/{stream}/events" \
+    --target-pid "$GW" --secs-per-run "$SECS" "$@"
+}
+fanout() { # fanout PIPELINE
+  local u="http://$ADDR/v1/streams/{stream}"
+  taskset -c 1 "$BENCH" fanout --streams 1 --subscribers-per-stream 100 --payload-bytes 300 \
+    --publishers 1 --pipeline-depth "$1" --events-per-stream 100000000 --publish-secs-max "$SECS" \
+    --publish-url "$u/events" --publish-batch-url "$u/events:batch" --subscribe-url "$u" \
+    --publish-style gateway --id-style gateway --target-pid "$GW" \
+    | grep -E "delivered events|server cpu s / 1M|gaps|violations" || true
+}
+echo "# bench-durable $(date -u +%FT%TZ) $(uname -r); load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "## 1. default flags (--fsync group)"
+start group; durable --fsync-probe-dir "$WORK/group/data"; stop
+echo "## 2. --fsync never"
+start never --fsync never; durable; stop
+echo "## 3. kernel floor"
+taskset -c 0,1 "$BENCH" floor --subscribers 100 --payload-bytes 300 --secs "$SECS"
+echo "## 4. fan-out 1 x 100"
+for p in 1 16; do
+  echo "### default flags, publisher pipeline $p"; start fan-g$p; fanout "$p"; stop
+  echo "### --fsync never, publisher pipeline $p"; start fan-n$p --fsync never; fanout "$p"; stop
+done
