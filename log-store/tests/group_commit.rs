@@ -144,3 +144,32 @@ fn a_roll_during_a_sync_leaves_the_sealed_segment_to_the_next_one() {
         "everything synced survives a reopen"
     );
 }
+
+#[test]
+fn interval_and_never_decide_when_a_sync_is_due() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = LogOptions {
+        fsync: FsyncPolicy::Interval { interval_ms: 50 },
+        ..opts(1 << 20)
+    };
+    let mut log = Log::open(dir.path(), o).unwrap();
+    let a = log.create_stream("a").unwrap();
+    let before = Instant::now();
+    log.append(a, None, b"x").unwrap();
+    assert!(!log.sync_due(before), "not before the interval");
+    let later = Instant::now() + std::time::Duration::from_millis(50);
+    assert!(log.sync_due(later));
+    drop(log);
+    let dir = tempfile::tempdir().unwrap();
+    let o = LogOptions {
+        fsync: FsyncPolicy::Never,
+        ..opts(1 << 20)
+    };
+    let mut log = Log::open(dir.path(), o).unwrap();
+    let a = log.create_stream("a").unwrap();
+    assert!(
+        log.append(a, None, b"x").unwrap().durable,
+        "never: visible at once"
+    );
+    assert!(!log.sync_due(Instant::now() + std::time::Duration::from_secs(3600)));
+}

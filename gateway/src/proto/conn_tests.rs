@@ -323,3 +323,31 @@ fn a_large_body_buffer_shrinks_back_after_the_request() {
     };
     assert!(buf.len() <= lim.head.header_bytes_max, "{}", buf.len());
 }
+
+#[test]
+fn a_failed_wait_turns_its_answer_into_the_error_in_place() {
+    let (lim, t0) = (limits(), Instant::now());
+    let mut c = HttpConn::new(Vec::new(), t0);
+    feed(&mut c, &publish("a", "x"), t0, &lim);
+    let _ = request(&mut c, t0, &lim);
+    let lost = Wait {
+        shard: 3,
+        stream: 1,
+        seq: 7,
+    };
+    let kept = Wait { shard: 4, ..lost };
+    c.answer(b"201-lost".to_vec(), Some(lost), false);
+    c.answer(b"201-kept".to_vec(), Some(kept), false);
+    c.fail_waits(
+        |w| w.shard == 3,
+        |close| format!("500 close={close}").into_bytes(),
+    );
+    assert_eq!(
+        drain(&mut c, t0),
+        b"500 close=false",
+        "the error leaves; the next still waits"
+    );
+    assert_eq!(c.answer_bytes(), b"201-kept".len());
+    assert!(!c.release_waits(|_| true));
+    assert_eq!(drain(&mut c, t0), b"201-kept");
+}
