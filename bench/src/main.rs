@@ -667,25 +667,11 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Outcome::Floor(r) => {
-            if json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&r).expect("report serialises")
-                );
-            } else {
-                print!("{}", r.table());
-            }
+            emit(json, &r, || r.table());
             ExitCode::SUCCESS
         }
         Outcome::Durable(r) => {
-            if json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&r).expect("report serialises")
-                );
-            } else {
-                print!("{}", r.table());
-            }
+            emit(json, &r, || r.table());
             if r.errors() > 0 {
                 eprintln!("bench: {} publish(es) not answered 201", r.errors());
                 return ExitCode::from(1);
@@ -693,14 +679,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Outcome::Mcp(r) => {
-            if json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&r).expect("report serialises")
-                );
-            } else {
-                print!("{}", r.table());
-            }
+            emit(json, &r, || r.table());
             if r.violations > 0 {
                 eprintln!("bench: {} invariant violation(s)", r.violations);
                 return ExitCode::from(1);
@@ -746,5 +725,15 @@ fn main() -> ExitCode {
                 ExitCode::from(1)
             }
         }
+    }
+}
+
+/// Prints a report as pretty JSON or as its table.
+fn emit(json: bool, report: &impl serde::Serialize, table: impl FnOnce() -> String) {
+    if json {
+        let text = serde_json::to_string_pretty(report).expect("report serialises");
+        println!("{text}");
+    } else {
+        print!("{}", table());
     }
 }
