@@ -118,6 +118,16 @@ pub struct Config {
     #[arg(long, default_value_t = 1024 * 1024)]
     pub pipeline_answer_bytes_max: usize,
 
+    /// Also export one floor / tail / visible-tail series per stream in `/metrics` (off: only
+    /// aggregates, so stream names — which may be private — are not exported). MCP streams are
+    /// never listed: their names carry session IDs.
+    #[arg(long)]
+    pub metrics_per_stream: bool,
+
+    /// With --metrics-per-stream: at most this many streams' series per core.
+    #[arg(long, default_value_t = 1000)]
+    pub metrics_per_stream_max: usize,
+
     /// Bytes handed to the kernel in one sendmsg to a subscriber (at most 1024 iovecs).
     #[arg(long, default_value_t = 256 * 1024)]
     pub send_bytes_max: usize,

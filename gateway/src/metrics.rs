@@ -57,6 +57,8 @@ pub struct CoreMetrics {
     pub unmatched_completions_total: AtomicU64,
     pub cq_stale_slots_total: AtomicU64,
     pub log_fsyncs_total: AtomicU64,
+    /// Streams in the core's logs.
+    pub streams: AtomicU64,
     pub log_sync_failures_total: AtomicU64,
     /// ACK confirmations received as SO_TIMESTAMPING TX_ACK completions.
     pub tx_ack_timestamps_total: AtomicU64,
@@ -85,7 +87,7 @@ type Field = fn(&CoreMetrics) -> &AtomicU64;
 /// Renders all cores' counters as Prometheus text exposition format.
 pub fn render(cores: &[CoreMetrics]) -> String {
     let mut out = String::with_capacity(4096);
-    let scalar: [(&str, &str, Field); 23] = [
+    let scalar: [(&str, &str, Field); 24] = [
         ("gateway_connections", "gauge", |m| &m.connections),
         ("gateway_subscribers", "gauge", |m| &m.subscribers),
         ("gateway_accepted_total", "counter", |m| &m.accepted_total),
@@ -129,6 +131,7 @@ pub fn render(cores: &[CoreMetrics]) -> String {
         ("gateway_log_fsyncs_total", "counter", |m| {
             &m.log_fsyncs_total
         }),
+        ("gateway_streams", "gauge", |m| &m.streams),
         ("gateway_log_sync_failures_total", "counter", |m| {
             &m.log_sync_failures_total
         }),

@@ -464,3 +464,47 @@ fn mcp_modern_stream_close_cancels_upstream() {
         "the upstream saw the gateway's id, not the client's"
     );
 }
+
+/// An MCP session ID is the session's only credential: `/metrics` never shows it, not even
+/// with per-stream series on, while ordinary streams are listed then (and not by default).
+#[test]
+fn metrics_never_show_an_mcp_session_id() {
+    let mut flags = vec!["--metrics-per-stream"];
+    let cmd = upstream_cmd();
+    flags.extend(["--cores", "2", "--upstream-cmd", &cmd]);
+    let g = Gateway::start(&flags);
+    let sid = initialize(g.addr);
+    common::publish(g.addr, "public-stream", "x");
+    let metrics = |g: &Gateway| {
+        let (st, _, body) = common::request(g.addr, "GET", "/metrics", &[], b"");
+        assert_eq!(st, 200);
+        String::from_utf8(body).unwrap()
+    };
+    // The per-stream snapshot is refreshed once a second.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let text = loop {
+        let t = metrics(&g);
+        if t.contains("stream=\"public-stream\"") {
+            break t;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no per-stream series:\n{t}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(!text.contains(&sid), "the session ID leaked into /metrics");
+    assert!(!text.contains("stream=\"mcp/"), "an MCP stream is listed");
+    assert!(text.contains("gateway_streams{"), "the aggregate is there");
+    drop(g);
+    // By default: no stream names at all.
+    let g = start();
+    let sid = initialize(g.addr);
+    common::publish(g.addr, "public-stream", "x");
+    std::thread::sleep(Duration::from_millis(1200));
+    let text = metrics(&g);
+    assert!(
+        !text.contains(&sid) && !text.contains("stream=\""),
+        "{text}"
+    );
+}

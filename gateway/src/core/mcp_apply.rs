@@ -66,10 +66,8 @@ impl Core {
             Action::CreateStream { stream } => {
                 let shard = self.mcp_shard();
                 if let Err(e) = self.hub.log_mut(shard).create_stream(&stream) {
-                    eprintln!(
-                        "core {}: MCP stream {stream} cannot be created: {e}",
-                        self.id
-                    );
+                    let (id, stream) = (self.id, redacted(&stream));
+                    eprintln!("core {id}: MCP stream {stream} cannot be created: {e}");
                 }
             }
             Action::Append {
@@ -119,6 +117,7 @@ impl Core {
         let id_core = self.id;
         let m = self.mcp.as_mut().expect("checked");
         if m.broken.contains_key(&stream) {
+            let stream = redacted(&stream);
             eprintln!(
                 "core {id_core}: MCP message for broken stream {stream} (seq {seq}) not stored"
             );
@@ -134,7 +133,8 @@ impl Core {
             // so the stream stays gap-free and the core's sequence prediction holds.
             m.records_refused += 1;
             let why = e.to_string();
-            eprintln!("core {id_core}: MCP append to {stream} failed: {why}");
+            let name = redacted(&stream);
+            eprintln!("core {id_core}: MCP append to {name} failed: {why}");
             let (t, sub) = jsonrpc::not_stored_substitute(data, &why);
             log.append(sid, t, &sub)
                 .map_err(|e2| format!("{why}; then {e2}"))
@@ -159,11 +159,9 @@ impl Core {
             return;
         };
         if let Some(why) = m.broken.get(&o.stream) {
-            let msg = format!(
-                "stream {} cannot be served: its log refused a record ({why})",
-                o.stream
-            );
-            let data = Some(serde_json::json!({ "stream": o.stream }));
+            let name = redacted(&o.stream);
+            let msg = format!("stream {name} cannot be served: its log refused a record ({why})");
+            let data = Some(serde_json::json!({ "stream": name }));
             let body = jsonrpc::error_body(None, jsonrpc::NOT_STORED, &msg, data);
             let headers = vec![("Content-Type", "application/json".to_owned())];
             return self.mcp_respond(o.conn, 503, &headers, &body);
@@ -288,10 +286,8 @@ impl Core {
     /// open connections are closed (the client sees the records up to the log's tail, then the
     /// end; resuming gets an explicit 503), and the process keeps running.
     fn mcp_break_stream(&mut self, shard: u32, sid: StreamId, stream: String, why: String) {
-        eprintln!(
-            "core {}: MCP stream {stream} broken (no record could be stored): {why}",
-            self.id
-        );
+        let (id, name) = (self.id, redacted(&stream));
+        eprintln!("core {id}: MCP stream {name} broken (no record could be stored): {why}");
         if let Some(m) = self.mcp.as_mut() {
             m.broken.insert(stream, why); // first: closing re-enters the core
         }
@@ -319,4 +315,24 @@ fn sse_head(o: &OpenSse) -> Vec<u8> {
         head.push_str(&format!("id: {id}\ndata: \n\n"));
     }
     head.into_bytes()
+}
+
+/// An MCP stream's name for logs and error bodies: `mcp/<session>/<n>` without the session ID,
+/// which is the session's only credential.
+fn redacted(stream: &str) -> String {
+    match stream.rsplit_once('/') {
+        Some((_, n)) if stream.starts_with(super::MCP_STREAM_PREFIX) => {
+            format!("mcp/<session>/{n}")
+        }
+        _ => stream.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn redaction_drops_the_session_id_only() {
+        assert_eq!(super::redacted("mcp/0123abcd/7"), "mcp/<session>/7");
+        assert_eq!(super::redacted("orders"), "orders");
+    }
 }

@@ -33,6 +33,8 @@ use crate::streams::sub::{Sub, SubLimits};
 use crate::sys;
 use crate::uring::{Cqe, Driver};
 
+/// Every MCP stream's name starts with this (`mcp/<session>/<n>`): one shard holds them all.
+pub const MCP_STREAM_PREFIX: &str = "mcp/";
 /// The tick: timers, `SIOCOUTQ` confirmation, keep-alives.
 const TICK: Duration = Duration::from_millis(100);
 /// Requests one connection may have processed per call before others get a turn.

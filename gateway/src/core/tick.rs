@@ -55,8 +55,15 @@ impl Core {
         if now >= self.next_retention {
             self.next_retention = now + Duration::from_secs(1);
             self.hub.enforce_retention(SystemTime::now(), self.id);
-            let lines = self.hub.stream_lines();
+            let cfg = &self.shared.cfg;
+            let lines = if cfg.metrics_per_stream {
+                self.hub.stream_lines(cfg.metrics_per_stream_max)
+            } else {
+                String::new()
+            };
             *self.m().streams_snapshot.lock().expect("metrics lock") = lines;
+            let n = self.hub.stream_count() as u64;
+            self.m().streams.store(n, Relaxed);
         }
         if self.shared.shutdown.load(Relaxed) && self.shutting_down.is_none() {
             self.begin_shutdown();

@@ -16,6 +16,9 @@ use super::route::{self, Route};
 
 /// The smallest receive buffer (and what it shrinks back to after a large body).
 pub const RECV_BYTES_MIN: usize = 4096;
+/// What one receive may add to a body beyond the bytes that arrived (at least; the buffer then
+/// doubles): a client that declares a large body and sends little costs little memory.
+const BODY_GROWTH_BYTES_MIN: usize = 16 * 1024;
 /// A buffer grown past this by a large body is shrunk once the body is consumed.
 const RECV_BYTES_KEEP_MAX: usize = 64 * 1024;
 const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
@@ -333,9 +336,11 @@ impl HttpConn {
     fn await_body(&mut self, head: &Head, total: usize, idle_deadline: bool) -> Step {
         self.compact();
         self.awaiting_body = idle_deadline;
+        // The buffer grows with the bytes that arrive, never to the declared length up front.
+        let want = total.min((self.rlen * 2).max(self.rlen + BODY_GROWTH_BYTES_MIN));
         let rbuf = self.rbuf.as_mut().expect("held");
-        if rbuf.len() < total {
-            rbuf.resize(total, 0);
+        if rbuf.len() < want {
+            rbuf.resize(want, 0);
         }
         if head.expect_continue && !self.sent_continue {
             self.sent_continue = true;

@@ -351,3 +351,48 @@ fn a_failed_wait_turns_its_answer_into_the_error_in_place() {
     assert!(!c.release_waits(|_| true));
     assert_eq!(drain(&mut c, t0), b"201-kept");
 }
+
+#[test]
+fn a_declared_body_is_buffered_only_as_its_bytes_arrive() {
+    let lim = ConnLimits {
+        batch_bytes_max: 4 << 20,
+        ..limits()
+    };
+    let t0 = Instant::now();
+    let mut c = HttpConn::new(Vec::new(), t0);
+    let head = format!(
+        "POST /v1/streams/a/events:batch HTTP/1.1\r\nContent-Length: {}\r\n\r\n{{",
+        4 << 20
+    );
+    feed(&mut c, head.as_bytes(), t0, &lim);
+    let Step::Recv { buf, from } = c.poll(t0, &lim, &local) else {
+        panic!("waits for the body");
+    };
+    assert!(
+        buf.len() <= head.len() + BODY_GROWTH_BYTES_MIN,
+        "4 MiB declared, 1 byte sent: a {} byte buffer",
+        buf.len()
+    );
+    // Each receive that fills the buffer lets it grow (doubling), never past the request.
+    let mut have = from;
+    let mut buf = buf;
+    let total = head.len() - 1 + (4 << 20);
+    while have < total {
+        let n = buf.len() - have;
+        c.on_recv(buf, n, t0);
+        have += n;
+        match c.poll(t0, &lim, &local) {
+            Step::Recv { buf: b, from } => {
+                assert_eq!(from, have);
+                assert!(b.len() <= total && b.len() <= 2 * have.max(BODY_GROWTH_BYTES_MIN));
+                buf = b;
+            }
+            Step::Request(r) => {
+                assert_eq!(r.body.len(), 4 << 20);
+                return;
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    panic!("the request never completed");
+}

@@ -225,15 +225,24 @@ impl Hub {
         }
     }
 
-    /// The per-stream lines of `/metrics`.
-    pub fn stream_lines(&self) -> String {
+    /// Streams in the core's logs.
+    pub fn stream_count(&self) -> usize {
+        self.logs.values().map(Log::stream_count).sum()
+    }
+
+    /// The per-stream lines of `/metrics`, for at most `max` streams. MCP streams are never
+    /// listed: their names carry session IDs, a session's only credential.
+    pub fn stream_lines(&self, max: usize) -> String {
         let mut out = String::new();
         let mut shards: Vec<_> = self.logs.keys().copied().collect();
         shards.sort_unstable();
-        for s in shards {
-            for (_, name, b) in self.logs[&s].streams() {
-                metrics::stream_lines(&mut out, s, name, b.floor, b.tail, b.visible_tail);
-            }
+        let listed = shards
+            .iter()
+            .flat_map(|&s| self.logs[&s].streams().map(move |st| (s, st)))
+            .filter(|(_, (_, name, _))| !name.starts_with(crate::core::MCP_STREAM_PREFIX))
+            .take(max);
+        for (s, (_, name, b)) in listed {
+            metrics::stream_lines(&mut out, s, name, b.floor, b.tail, b.visible_tail);
         }
         out
     }
