@@ -59,6 +59,8 @@ pub struct CoreMetrics {
     pub log_fsyncs_total: AtomicU64,
     /// Streams in the core's logs.
     pub streams: AtomicU64,
+    /// Read-aheads of cold log pages before a replay's send.
+    pub prefetches_total: AtomicU64,
     pub log_sync_failures_total: AtomicU64,
     /// ACK confirmations received as SO_TIMESTAMPING TX_ACK completions.
     pub tx_ack_timestamps_total: AtomicU64,
@@ -87,7 +89,7 @@ type Field = fn(&CoreMetrics) -> &AtomicU64;
 /// Renders all cores' counters as Prometheus text exposition format.
 pub fn render(cores: &[CoreMetrics]) -> String {
     let mut out = String::with_capacity(4096);
-    let scalar: [(&str, &str, Field); 24] = [
+    let scalar: [(&str, &str, Field); 25] = [
         ("gateway_connections", "gauge", |m| &m.connections),
         ("gateway_subscribers", "gauge", |m| &m.subscribers),
         ("gateway_accepted_total", "counter", |m| &m.accepted_total),
@@ -132,6 +134,9 @@ pub fn render(cores: &[CoreMetrics]) -> String {
             &m.log_fsyncs_total
         }),
         ("gateway_streams", "gauge", |m| &m.streams),
+        ("gateway_prefetches_total", "counter", |m| {
+            &m.prefetches_total
+        }),
         ("gateway_log_sync_failures_total", "counter", |m| {
             &m.log_sync_failures_total
         }),

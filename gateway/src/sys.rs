@@ -163,6 +163,37 @@ pub fn outq_bytes(fd: BorrowedFd<'_>) -> io::Result<u64> {
     Ok(v.max(0) as u64)
 }
 
+/// Whether every page under `bytes` — a slice of a file mapping — is in memory (`mincore(2)`).
+/// `true` when it cannot tell (then nothing is read ahead).
+pub fn resident(bytes: &[u8]) -> bool {
+    if bytes.is_empty() {
+        return true;
+    }
+    let page = rustix::param::page_size();
+    let start = bytes.as_ptr() as usize & !(page - 1);
+    let end = bytes.as_ptr() as usize + bytes.len();
+    let pages = (end - start).div_ceil(page);
+    let mut vec = vec![0u8; pages];
+    // SAFETY: mincore only reads the page tables of `[start, start + pages * page)` (rounded
+    // out to pages from memory the caller holds mapped) and writes one byte per page into
+    // `vec`, which has `pages` bytes.
+    let r = unsafe { libc::mincore(start as *mut libc::c_void, pages * page, vec.as_mut_ptr()) };
+    r != 0 || vec.iter().all(|&b| b & 1 == 1)
+}
+
+/// Asks the kernel to drop the pages under `bytes` from memory (`MADV_PAGEOUT`), so tests can
+/// make a mapping cold. Page-rounded like [`resident`].
+#[cfg(test)]
+pub fn page_out(bytes: &[u8]) -> io::Result<()> {
+    let page = rustix::param::page_size();
+    let start = bytes.as_ptr() as usize & !(page - 1);
+    let end = (bytes.as_ptr() as usize + bytes.len()).div_ceil(page) * page;
+    // SAFETY: MADV_PAGEOUT only reclaims pages of the caller's mapping (file-backed pages are
+    // read back on the next access); it never unmaps or changes their content.
+    cvt(unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_PAGEOUT) })
+        .map(drop)
+}
+
 /// What [`discard_input`] found on a socket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Input {

@@ -855,6 +855,12 @@ impl Log {
         self.next_sync_deadline().is_some_and(|d| now >= d)
     }
 
+    /// The number of the segment appends go to (its pages are hot: a reader of an older one
+    /// may be reading cold pages).
+    pub fn active_segment(&self) -> u64 {
+        self.segs.back().expect("active segment").seg.number
+    }
+
     /// Whether a group commit begun by [`Log::begin_sync`] has not been finished yet.
     pub fn sync_in_flight(&self) -> bool {
         self.syncing.is_some()
@@ -1371,6 +1377,16 @@ impl LogSlice {
     /// Number of the segment this slice points into (diagnostics).
     pub fn segment_number(&self) -> u64 {
         self.seg.number
+    }
+
+    /// The segment file holding the slice (to read it ahead of a send: see `file_offset`).
+    pub fn file(&self) -> BorrowedFd<'_> {
+        self.seg.file().as_fd()
+    }
+
+    /// Where the slice's first byte lies in its segment file.
+    pub fn file_offset(&self) -> u64 {
+        u64::from(self.off)
     }
 }
 

@@ -25,7 +25,8 @@ impl Core {
             | Completion::Send { slot, .. }
             | Completion::PollOut { slot, .. }
             | Completion::Watch { slot, .. }
-            | Completion::TxTimestamp { slot, .. } => slot,
+            | Completion::TxTimestamp { slot, .. }
+            | Completion::Prefetch { slot, .. } => slot,
         };
         if self.conn(slot).closing {
             return self.maybe_free(slot); // the memory in `c` is dropped here
@@ -37,6 +38,12 @@ impl Core {
                 SendMem::Vectored(v) => self.on_sub_sent(slot, res, v),
             },
             Completion::PollOut { slot, .. } => self.pump(slot),
+            Completion::Prefetch { slot, .. } => {
+                if let State::Sub(sub) = &mut self.conn(slot).state {
+                    sub.on_prefetched();
+                }
+                self.pump(slot);
+            }
             Completion::Watch { slot, res, more } => self.on_watch(slot, res, more),
             Completion::TxTimestamp {
                 slot,

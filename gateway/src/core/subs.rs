@@ -72,7 +72,8 @@ impl Core {
     /// and hands every unsent byte to the kernel in one send, unless a send or a `POLLOUT`
     /// wait is in flight.
     pub(super) fn pump(&mut self, slot: u32) {
-        if self.io.in_flight(slot, Op::Send) || self.io.in_flight(slot, Op::PollOut) {
+        let busy = [Op::Send, Op::PollOut, Op::Prefetch];
+        if busy.iter().any(|&op| self.io.in_flight(slot, op)) {
             return;
         }
         let (now, lim) = (self.now, self.lim.sub);
@@ -92,6 +93,14 @@ impl Core {
             Some(Ended::Truncated) => m.truncated_closes_total.fetch_add(1, Relaxed),
             None => 0,
         };
+        let active = self.hub.log(sub.key.0).active_segment();
+        if let Some(c) = sub.cold_run(active, &lim, sys::resident) {
+            // Replaying cold history: read it ahead through the ring first, so the send does
+            // not fault the pages in on the reactor thread.
+            m.prefetches_total.fetch_add(1, Relaxed);
+            let (file, at) = (c.slice.file().as_raw_fd(), c.slice.file_offset());
+            return self.io.prefetch(slot, file, at + c.off as u64, c.len);
+        }
         match sub.next_send(now, &lim) {
             Next::Send(v) => self.io.send_vectored(slot, fd, v),
             Next::Close => self.close_conn(slot),

@@ -110,6 +110,17 @@ pub struct Sub {
     ack_awaited: Option<u64>,
     /// Send memory kept between sends (`None` while a send holds it).
     spare: Option<Box<Vectored>>,
+    /// A read-ahead just completed: the next send goes without checking residency again.
+    prefetched: bool,
+}
+
+/// Bytes of a cold log segment the next send would point at: read them ahead first.
+#[derive(Debug)]
+pub struct ColdRun {
+    pub slice: log_store::LogSlice,
+    /// Where the run starts in the slice, and its length.
+    pub off: usize,
+    pub len: usize,
 }
 
 impl Sub {
@@ -142,7 +153,45 @@ impl Sub {
             ack_ask_in_send: false,
             ack_awaited: None,
             spare: Some(Box::default()),
+            prefetched: false,
         }
+    }
+
+    /// The first run of the next send that lies in a segment other than the log's active one
+    /// (`active_segment`) and whose pages `resident` says are not all in memory — a replay
+    /// from cold history. `None` right after a read-ahead (the send goes then).
+    pub fn cold_run(
+        &mut self,
+        active_segment: u64,
+        lim: &SubLimits,
+        resident: impl Fn(&[u8]) -> bool,
+    ) -> Option<ColdRun> {
+        if std::mem::take(&mut self.prefetched) {
+            return None;
+        }
+        let mut cold = None;
+        self.window
+            .for_each_unsent_run(IOV_MAX_PER_SEND, lim.send_bytes_max, |c, off, len| {
+                if cold.is_some() {
+                    return;
+                }
+                if let Bytes::Log(s) = c
+                    && s.segment_number() != active_segment
+                    && !resident(&s.as_bytes()[off..off + len])
+                {
+                    cold = Some(ColdRun {
+                        slice: s.clone(),
+                        off,
+                        len,
+                    });
+                }
+            });
+        cold
+    }
+
+    /// A read-ahead of a cold run completed.
+    pub fn on_prefetched(&mut self) {
+        self.prefetched = true;
     }
 
     /// Ends the response after `seq` (an MCP stream that is complete).

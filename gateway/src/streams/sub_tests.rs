@@ -277,3 +277,53 @@ fn parking_keeps_the_newest_windows_per_stream_until_they_expire() {
     parked.expire(t0 + lim_park.grace);
     assert_eq!(parked.count(), 0);
 }
+
+#[test]
+fn a_replay_from_a_cold_segment_is_read_ahead_once_then_sent() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let o = LogOptions {
+        segment_bytes: 65536,
+        record_bytes_max: 16 * 1024,
+        ..LogOptions::default()
+    };
+    let mut log = Log::open(dir.path(), o).expect("open");
+    let sid = log.create_stream("s").expect("create");
+    let big = vec![b'c'; 4000];
+    while log.active_segment() < 2 {
+        log.append(sid, None, &big).expect("append");
+    }
+    log.sync_now().expect("sync");
+    let t0 = Instant::now();
+    let mut sub = Sub::new((0, sid), 1, AckMode::Outq, Vec::new(), None, t0);
+    sub.refill(&log, &lim());
+    let active = log.active_segment();
+    // Warm: nothing to read ahead.
+    assert!(sub.cold_run(active, &lim(), crate::sys::resident).is_none());
+    // Cold (the kernel dropped the old segment's pages): the first run of the send.
+    let first = log.read(sid, 1, 1).expect("read").slices.remove(0);
+    crate::sys::page_out(first.as_bytes()).expect("MADV_PAGEOUT");
+    assert!(!crate::sys::resident(first.as_bytes()), "paged out");
+    let cold = sub
+        .cold_run(active, &lim(), crate::sys::resident)
+        .expect("a cold run");
+    assert_eq!(cold.slice.segment_number(), first.segment_number());
+    assert_eq!(
+        (cold.off, cold.slice.file_offset()),
+        (0, first.file_offset())
+    );
+    // Once read ahead, the send goes (even if the kernel dropped the pages again meanwhile).
+    sub.on_prefetched();
+    assert!(sub.cold_run(active, &lim(), |_| false).is_none());
+    assert!(matches!(sub.next_send(t0, &lim()), Next::Send(_)));
+    // The active segment is never read ahead (appends keep it hot).
+    let mut live = Sub::new(
+        (0, sid),
+        log.bounds(sid).unwrap().tail,
+        AckMode::Outq,
+        Vec::new(),
+        None,
+        t0,
+    );
+    live.refill(&log, &lim());
+    assert!(live.cold_run(active, &lim(), |_| false).is_none());
+}

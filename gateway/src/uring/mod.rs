@@ -9,16 +9,17 @@
 //! nothing in flight is counted ([`Driver::unmatched`]) and never acted on.
 
 pub mod lap;
+mod mem;
 pub mod op;
 pub mod table;
 
+pub use mem::{Bytes, SendMem, Vectored};
+
 use std::collections::VecDeque;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
-use std::rc::Rc;
 use std::time::Duration;
 
 use io_uring::{IoUring, cqueue, opcode, squeue, types};
-use log_store::LogSlice;
 
 pub use op::{Op, SLOTS_MAX, UserData};
 pub use table::{Match, OpTable, Unmatched};
@@ -30,100 +31,6 @@ const SOCKET_URING_OP_TX_TIMESTAMP: u32 = 4;
 const SQ_ENTRIES: u32 = 1024;
 /// Iovecs one vectored send carries at most (`IOV_MAX`).
 pub const IOV_MAX_PER_SEND: usize = 1024;
-
-/// Bytes a vectored send may point at: memory whose address does not change while the value
-/// lives, even when the value itself is moved (a mapped log slice, a reference-counted
-/// buffer, a static).
-#[derive(Clone, Debug)]
-pub enum Bytes {
-    Log(LogSlice),
-    Owned(Rc<[u8]>),
-    Static(&'static [u8]),
-}
-
-impl Bytes {
-    pub fn as_slice(&self) -> &[u8] {
-        match self {
-            Bytes::Log(s) => s.as_bytes(),
-            Bytes::Owned(b) => b,
-            Bytes::Static(b) => b,
-        }
-    }
-}
-
-/// The memory of one vectored send: the runs it sends (each holding its bytes alive), the
-/// iovec array and the msghdr the kernel reads. Reused across sends (cleared in between).
-#[derive(Debug)]
-pub struct Vectored {
-    runs: Vec<(Bytes, usize, usize)>,
-    iov: Vec<libc::iovec>,
-    msg: libc::msghdr,
-    ask_tx_ack: bool,
-}
-
-impl Default for Vectored {
-    fn default() -> Self {
-        Vectored {
-            runs: Vec::new(),
-            iov: Vec::new(),
-            // SAFETY: msghdr is plain data; all-zero is a valid empty header.
-            msg: unsafe { std::mem::zeroed() },
-            ask_tx_ack: false,
-        }
-    }
-}
-
-impl Vectored {
-    /// Drops the runs of the last send.
-    pub fn clear(&mut self) {
-        self.runs.clear();
-        self.iov.clear();
-        self.ask_tx_ack = false;
-    }
-
-    /// Appends `bytes[off..off + len]`.
-    pub fn push(&mut self, bytes: Bytes, off: usize, len: usize) {
-        assert!(off + len <= bytes.as_slice().len(), "run within its bytes");
-        self.runs.push((bytes, off, len));
-    }
-
-    /// Asks for a TX ACK timestamp of the send's last byte (a `SO_TIMESTAMPING` control message).
-    pub fn ask_tx_ack(&mut self, ask: bool) {
-        self.ask_tx_ack = ask;
-    }
-
-    /// Bytes the send carries.
-    pub fn len(&self) -> u64 {
-        self.runs.iter().map(|r| r.2 as u64).sum()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.runs.is_empty()
-    }
-
-    /// Whether the send asks for a TX ACK timestamp.
-    #[cfg(test)]
-    pub fn asks_tx_ack(&self) -> bool {
-        self.ask_tx_ack
-    }
-
-    /// The bytes the send carries, copied (for tests).
-    #[cfg(test)]
-    pub fn flatten(&self) -> Vec<u8> {
-        self.runs
-            .iter()
-            .flat_map(|(b, off, len)| b.as_slice()[*off..off + len].to_vec())
-            .collect()
-    }
-}
-
-/// The memory of a send, handed back with its completion.
-#[derive(Debug)]
-pub enum SendMem {
-    /// A buffer (sent from an offset).
-    Buf(Vec<u8>),
-    Vectored(Box<Vectored>),
-}
 
 /// A matched completion, with the memory its operation owned.
 #[derive(Debug)]
@@ -165,6 +72,12 @@ pub enum Completion {
         shard: u32,
         res: i32,
     },
+    /// A subscriber's read-ahead completed (the pages are in memory; the bytes read are
+    /// dropped). Its result is not needed: a failed read-ahead only means the send faults the
+    /// pages in itself, as it would have without one.
+    Prefetch {
+        slot: u32,
+    },
 }
 
 /// A reaped CQE, not yet matched: `(user_data, result, flags)`.
@@ -175,6 +88,8 @@ pub type Cqe = (u64, i32, u32);
 struct SlotMem {
     recv: Option<Vec<u8>>,
     send: Option<SendMem>,
+    /// The scratch buffer of a read-ahead in flight.
+    prefetch: Option<Vec<u8>>,
 }
 
 /// Counts of completions that matched nothing in flight, by kind.
@@ -459,6 +374,26 @@ impl Driver {
         unsafe { self.push(e) };
     }
 
+    /// Reads `len` bytes of `file` at `offset` into a scratch buffer, so that the pages of a cold
+    /// log segment are in memory before a send points at them (a send from the mapping would
+    /// otherwise fault them in synchronously, stalling the reactor). `file` must stay open until
+    /// the completion (the subscriber's window holds the segment).
+    pub fn prefetch(&mut self, slot: u32, file: RawFd, offset: u64, len: usize) {
+        let ud = self.table.begin(slot, Op::Prefetch);
+        let mut buf = vec![0u8; len];
+        let ptr = buf.as_mut_ptr();
+        let m = &mut self.mem[slot as usize];
+        debug_assert!(m.prefetch.is_none());
+        m.prefetch = Some(buf);
+        let e = opcode::Read::new(types::Fd(file), ptr, len as u32)
+            .offset(offset)
+            .build()
+            .user_data(ud.pack());
+        // SAFETY: the buffer is the heap allocation of the Vec now held in this slot's
+        // `mem.prefetch`, handed back (dropped) only with the op's completion.
+        unsafe { self.push(e) };
+    }
+
     /// A single-shot `POLLOUT` wait.
     pub fn poll_out(&mut self, slot: u32, fd: RawFd) {
         let ud = self.table.begin(slot, Op::PollOut);
@@ -595,6 +530,12 @@ impl Driver {
             },
             Op::PollOut => Completion::PollOut { slot },
             Op::Watch => Completion::Watch { slot, res, more },
+            Op::Prefetch => {
+                m.prefetch
+                    .take()
+                    .expect("a read-ahead in flight holds its buffer");
+                Completion::Prefetch { slot }
+            }
             Op::TxTimestamps => Completion::TxTimestamp {
                 slot,
                 res,

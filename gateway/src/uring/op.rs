@@ -36,11 +36,20 @@ pub enum Op {
     Watch,
     /// An `fdatasync` of a log segment (a group commit); its slot field names the shard.
     Fsync,
+    /// A subscriber's read-ahead of cold log pages (into a scratch buffer) before a send.
+    Prefetch,
 }
 
 impl Op {
     /// The per-connection operations, in op-table order.
-    pub const CONN: [Op; 5] = [Op::Recv, Op::Send, Op::PollOut, Op::TxTimestamps, Op::Watch];
+    pub const CONN: [Op; 6] = [
+        Op::Recv,
+        Op::Send,
+        Op::PollOut,
+        Op::TxTimestamps,
+        Op::Watch,
+        Op::Prefetch,
+    ];
 
     fn code(self) -> u8 {
         match self {
@@ -53,6 +62,7 @@ impl Op {
             Op::Cancel => 7,
             Op::Watch => 8,
             Op::Fsync => 9,
+            Op::Prefetch => 10,
         }
     }
 
@@ -67,6 +77,7 @@ impl Op {
             7 => Op::Cancel,
             8 => Op::Watch,
             9 => Op::Fsync,
+            10 => Op::Prefetch,
             _ => return None,
         })
     }
@@ -79,6 +90,7 @@ impl Op {
             Op::PollOut => Some(2),
             Op::TxTimestamps => Some(3),
             Op::Watch => Some(4),
+            Op::Prefetch => Some(5),
             Op::Accept | Op::EventFd | Op::Cancel | Op::Fsync => None,
         }
     }
@@ -87,7 +99,10 @@ impl Op {
     /// operation's last completion: the slot is freed only when none of these is in flight.
     /// The TX-timestamp command points at nothing of ours; a late completion of it is stale.
     pub fn owns_memory(self) -> bool {
-        matches!(self, Op::Recv | Op::Send | Op::PollOut | Op::Watch)
+        matches!(
+            self,
+            Op::Recv | Op::Send | Op::PollOut | Op::Watch | Op::Prefetch
+        )
     }
 
     /// Multishot: stays in flight while its completions carry `IORING_CQE_F_MORE`.
@@ -147,7 +162,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn op_strategy() -> impl Strategy<Value = Op> {
-        (1u8..=9).prop_map(|c| Op::from_code(c).expect("valid code"))
+        (1u8..=10).prop_map(|c| Op::from_code(c).expect("valid code"))
     }
 
     proptest! {
@@ -194,7 +209,7 @@ mod tests {
 
     #[test]
     fn unknown_op_codes_are_refused() {
-        for code in [0u64, 10, 15] {
+        for code in [0u64, 11, 15] {
             assert_eq!(UserData::unpack(code), None);
         }
     }

@@ -241,7 +241,7 @@ mod tests {
 
     fn step() -> impl Strategy<Value = Step> {
         prop_oneof![
-            4 => (0usize..8, 0usize..5).prop_map(|(c, o)| Step::Submit(c, o)),
+            4 => (0usize..8, 0usize..6).prop_map(|(c, o)| Step::Submit(c, o)),
             5 => (0usize..64, any::<bool>()).prop_map(|(i, m)| Step::Complete(i, m)),
             1 => (0usize..64).prop_map(Step::Repeat),
             1 => (0usize..8).prop_map(Step::Close),

@@ -1,0 +1,102 @@
+//! The memory a send points at while the kernel reads it: [`Bytes`] (bytes whose address is
+//! stable for the value's life), a vectored send's runs, iovecs and msghdr ([`Vectored`]), and
+//! what a send completion hands back ([`SendMem`]). The driver holds these from submission to
+//! completion; their fields are visible to it alone.
+
+use std::rc::Rc;
+
+use log_store::LogSlice;
+
+/// Bytes a vectored send may point at: memory whose address does not change while the value
+/// lives, even when the value itself is moved (a mapped log slice, a reference-counted
+/// buffer, a static).
+#[derive(Clone, Debug)]
+pub enum Bytes {
+    Log(LogSlice),
+    Owned(Rc<[u8]>),
+    Static(&'static [u8]),
+}
+
+impl Bytes {
+    pub fn as_slice(&self) -> &[u8] {
+        match self {
+            Bytes::Log(s) => s.as_bytes(),
+            Bytes::Owned(b) => b,
+            Bytes::Static(b) => b,
+        }
+    }
+}
+
+/// The memory of one vectored send: the runs it sends (each holding its bytes alive), the
+/// iovec array and the msghdr the kernel reads. Reused across sends (cleared in between).
+#[derive(Debug)]
+pub struct Vectored {
+    pub(super) runs: Vec<(Bytes, usize, usize)>,
+    pub(super) iov: Vec<libc::iovec>,
+    pub(super) msg: libc::msghdr,
+    pub(super) ask_tx_ack: bool,
+}
+
+impl Default for Vectored {
+    fn default() -> Self {
+        Vectored {
+            runs: Vec::new(),
+            iov: Vec::new(),
+            // SAFETY: msghdr is plain data; all-zero is a valid empty header.
+            msg: unsafe { std::mem::zeroed() },
+            ask_tx_ack: false,
+        }
+    }
+}
+
+impl Vectored {
+    /// Drops the runs of the last send.
+    pub fn clear(&mut self) {
+        self.runs.clear();
+        self.iov.clear();
+        self.ask_tx_ack = false;
+    }
+
+    /// Appends `bytes[off..off + len]`.
+    pub fn push(&mut self, bytes: Bytes, off: usize, len: usize) {
+        assert!(off + len <= bytes.as_slice().len(), "run within its bytes");
+        self.runs.push((bytes, off, len));
+    }
+
+    /// Asks for a TX ACK timestamp of the send's last byte (a `SO_TIMESTAMPING` control message).
+    pub fn ask_tx_ack(&mut self, ask: bool) {
+        self.ask_tx_ack = ask;
+    }
+
+    /// Bytes the send carries.
+    pub fn len(&self) -> u64 {
+        self.runs.iter().map(|r| r.2 as u64).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.runs.is_empty()
+    }
+
+    /// Whether the send asks for a TX ACK timestamp.
+    #[cfg(test)]
+    pub fn asks_tx_ack(&self) -> bool {
+        self.ask_tx_ack
+    }
+
+    /// The bytes the send carries, copied (for tests).
+    #[cfg(test)]
+    pub fn flatten(&self) -> Vec<u8> {
+        self.runs
+            .iter()
+            .flat_map(|(b, off, len)| b.as_slice()[*off..off + len].to_vec())
+            .collect()
+    }
+}
+
+/// The memory of a send, handed back with its completion.
+#[derive(Debug)]
+pub enum SendMem {
+    /// A buffer (sent from an offset).
+    Buf(Vec<u8>),
+    Vectored(Box<Vectored>),
+}
