@@ -130,6 +130,18 @@ impl McpCore {
         self.respond(conn, status, vec![(JSON.0, JSON.1.into())], body);
     }
 
+    /// Answers a request whose client does not accept SSE: 406.
+    pub(super) fn not_acceptable(&mut self, conn: ConnId, id: Option<&RpcId>) {
+        self.error(
+            conn,
+            406,
+            id,
+            jsonrpc::INVALID_REQUEST,
+            "Not Acceptable: requests are answered with text/event-stream",
+            None,
+        );
+    }
+
     pub(super) fn accepts_sse(h: &Headers<'_>) -> bool {
         let accept = h.joined(headers::ACCEPT);
         accept.is_empty()

@@ -129,14 +129,7 @@ impl McpCore {
             return self.respond(conn, 202, Vec::new(), Vec::new());
         }
         if !Self::accepts_sse(h) {
-            return self.error(
-                conn,
-                406,
-                None,
-                jsonrpc::INVALID_REQUEST,
-                "Not Acceptable: requests are answered with text/event-stream",
-                None,
-            );
+            return self.not_acceptable(conn, None);
         }
         if self.refuse_requests(conn, &sid, &requests) {
             return;
@@ -404,14 +397,7 @@ impl McpCore {
             return true;
         }
         if !Self::accepts_sse(h) {
-            self.error(
-                conn,
-                406,
-                Some(id),
-                jsonrpc::INVALID_REQUEST,
-                "Not Acceptable: requests are answered with text/event-stream",
-                None,
-            );
+            self.not_acceptable(conn, Some(id));
             return true;
         }
         if self.sessions.len() >= self.cfg.sessions_max {

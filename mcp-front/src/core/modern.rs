@@ -96,14 +96,7 @@ impl McpCore {
     /// modern in-flight limit (429). Returns true when it answered.
     fn refuse_modern_request(&mut self, conn: ConnId, h: &Headers<'_>, id: &RpcId) -> bool {
         if !Self::accepts_sse(h) {
-            self.error(
-                conn,
-                406,
-                Some(id),
-                jsonrpc::INVALID_REQUEST,
-                "Not Acceptable: requests are answered with text/event-stream",
-                None,
-            );
+            self.not_acceptable(conn, Some(id));
             return true;
         }
         if self.modern.routes.len() >= self.cfg.requests_inflight_max {
