@@ -702,6 +702,10 @@ fn subscriber_overtaken_by_retention_is_told() {
         "4096",
         "--send-bytes-max",
         "65536",
+        // No keep-alive comments: a stalled stream ends the test with a read timeout instead
+        // of keeping the reader waiting forever.
+        "--keepalive-secs",
+        "3600",
     ]);
     publish(g.addr, "ret", "e1");
     let mut s = Sse::open(g.addr, "/v1/streams/ret?from=earliest", None);
@@ -713,6 +717,20 @@ fn subscriber_overtaken_by_retention_is_told() {
     assert_eq!(seq_of(&first), 2);
     for _ in 0..40 {
         publish_batch(g.addr, "ret", &vec![payload.clone(); 50]);
+    }
+    // Retention runs on a 1 s timer: wait (bounded) until it has dropped an event 1,500 past
+    // the first, which the stalled subscriber cannot have reached (its window and the kernel's
+    // buffers hold a few hundred 1,000-byte events at most). Without this, a fast run could
+    // let the subscriber read everything before retention overtook it.
+    let (prefix, _) = first.rsplit_once('-').expect("an event ID");
+    let probe = format!("{prefix}-{}", seq_of(&first) + 1500);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Sse::open(g.addr, "/v1/streams/ret", Some(&probe)).status != 410 {
+        assert!(
+            Instant::now() < deadline,
+            "retention never passed event {probe}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
     }
     let mut last = 1u64;
     let mut told = None;
