@@ -12,17 +12,6 @@ use crate::mcp::core::{Action, ConnId, UpstreamId};
 use crate::mcp::jsonrpc;
 use crate::streams::sub::Sub;
 
-/// An `OpenSse` action's fields.
-struct OpenSse {
-    conn: ConnId,
-    stream: String,
-    from_seq: Seq,
-    retry_ms: Option<u32>,
-    reprime: Option<String>,
-    headers: Vec<(&'static str, String)>,
-    end_after: Option<Seq>,
-}
-
 fn reason(status: u16) -> &'static str {
     match status {
         200 => "OK",
@@ -76,23 +65,7 @@ impl Core {
                 event_type,
                 data,
             } => self.mcp_append(stream, seq, event_type, &data),
-            Action::OpenSse {
-                conn,
-                stream,
-                from_seq,
-                retry_ms,
-                reprime,
-                headers,
-                end_after,
-            } => self.mcp_open_sse(OpenSse {
-                conn,
-                stream,
-                from_seq,
-                retry_ms,
-                reprime,
-                headers,
-                end_after,
-            }),
+            open @ Action::OpenSse { .. } => self.mcp_open_sse(open),
             Action::StreamComplete { stream, last_seq } => self.mcp_complete(&stream, last_seq),
             Action::CloseSse { conn } => self.mcp_close_sse(conn),
             Action::SpawnUpstream { upstream, session } => {
@@ -152,43 +125,48 @@ impl Core {
         }
     }
 
-    fn mcp_open_sse(&mut self, o: OpenSse) {
+    /// An `Action::OpenSse`: the connection becomes a subscriber of the MCP stream.
+    fn mcp_open_sse(&mut self, open: Action) {
+        let Action::OpenSse {
+            conn,
+            stream,
+            from_seq,
+            retry_ms,
+            reprime,
+            headers,
+            end_after,
+        } = open
+        else {
+            unreachable!("called with OpenSse only");
+        };
         let shard = self.mcp_shard();
         let m = self.mcp.as_mut().expect("checked");
-        let Some(&(slot, generation, _)) = m.conns.get(&o.conn) else {
+        let Some(&(slot, generation, _)) = m.conns.get(&conn) else {
             return;
         };
-        if let Some(why) = m.broken.get(&o.stream) {
-            let name = redacted(&o.stream);
+        if let Some(why) = m.broken.get(&stream) {
+            let name = redacted(&stream);
             let msg = format!("stream {name} cannot be served: its log refused a record ({why})");
             let data = Some(serde_json::json!({ "stream": name }));
             let body = jsonrpc::error_body(None, jsonrpc::NOT_STORED, &msg, data);
             let headers = vec![("Content-Type", "application/json".to_owned())];
-            return self.mcp_respond(o.conn, 503, &headers, &body);
+            return self.mcp_respond(conn, 503, &headers, &body);
         }
         if self.conn_at((slot, generation)).is_none_or(|c| c.closing) {
-            return self.mcp_conn_gone(o.conn);
+            return self.mcp_conn_gone(conn);
         }
         let sid = self
             .hub
             .log(shard)
-            .stream_id(&o.stream)
+            .stream_id(&stream)
             .expect("the core creates a stream before opening it");
-        let head = sse_head(&o);
-        let end_after = o.end_after;
-        self.become_subscriber(
-            slot,
-            (shard, sid),
-            o.from_seq,
-            head,
-            None,
-            |sub: &mut Sub| {
-                sub.never_park();
-                if let Some(e) = end_after {
-                    sub.end_after(e);
-                }
-            },
-        );
+        let head = sse_head(&headers, retry_ms, reprime.as_deref());
+        self.become_subscriber(slot, (shard, sid), from_seq, head, None, |sub: &mut Sub| {
+            sub.never_park();
+            if let Some(e) = end_after {
+                sub.end_after(e);
+            }
+        });
     }
 
     fn mcp_complete(&mut self, stream: &str, last_seq: Seq) {
@@ -300,18 +278,22 @@ impl Core {
 }
 
 /// The SSE response head of an MCP stream, with its `retry:` and re-priming event.
-fn sse_head(o: &OpenSse) -> Vec<u8> {
+fn sse_head(
+    headers: &[(&'static str, String)],
+    retry_ms: Option<u32>,
+    reprime: Option<&str>,
+) -> Vec<u8> {
     let mut head = String::from(
         "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nConnection: close\r\n",
     );
-    for (k, v) in &o.headers {
+    for (k, v) in headers {
         head.push_str(&format!("{k}: {v}\r\n"));
     }
     head.push_str("\r\n");
-    if let Some(r) = o.retry_ms {
+    if let Some(r) = retry_ms {
         head.push_str(&format!("retry: {r}\n\n"));
     }
-    if let Some(id) = &o.reprime {
+    if let Some(id) = reprime {
         head.push_str(&format!("id: {id}\ndata: \n\n"));
     }
     head.into_bytes()

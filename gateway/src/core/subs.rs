@@ -88,13 +88,13 @@ impl Core {
             return;
         }
         let m = &self.shared.metrics[self.id];
-        match sub.refill(self.hub.log(sub.key.0), &lim) {
+        let log = self.hub.log(sub.key.0);
+        match sub.refill(log, &lim) {
             Some(Ended::Lagging) => m.lagging_closes_total.fetch_add(1, Relaxed),
             Some(Ended::Truncated) => m.truncated_closes_total.fetch_add(1, Relaxed),
             None => 0,
         };
-        let active = self.hub.log(sub.key.0).active_segment();
-        if let Some(c) = sub.cold_run(active, &lim, sys::resident) {
+        if let Some(c) = sub.cold_run(log.active_segment(), &lim, sys::resident) {
             // Replaying cold history: read it ahead through the ring first, so the send does
             // not fault the pages in on the reactor thread.
             m.prefetches_total.fetch_add(1, Relaxed);
