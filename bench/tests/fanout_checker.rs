@@ -414,9 +414,11 @@ fn unsolicited_response_is_an_error_not_a_panic() {
                 let _ = c.write_all(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n");
                 held.push(c); // an idle subscription until the test ends
             } else {
+                // Both answers in one write, so they arrive together: written apart, a loaded
+                // machine could let the client send its next request in between, and the
+                // second answer would look solicited.
                 let ok = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n";
-                let _ = c.write_all(ok);
-                let _ = c.write_all(ok);
+                let _ = c.write_all(&[&ok[..], &ok[..]].concat());
                 held.push(c);
             }
         }
