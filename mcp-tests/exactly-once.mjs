@@ -68,7 +68,7 @@ class Gateway {
   }
   async start(port) {
     this.port = port ?? this.port ?? (await freePort());
-    const args = ['--listen', `127.0.0.1:${this.port}`, '--data-dir', this.dataDir, '--cores', '2',
+    const args = ['--listen', `127.0.0.1:${this.port}`, '--admin-listen', '127.0.0.1:0', '--data-dir', this.dataDir, '--cores', '2',
       ...(this.upstreamCmd === null ? [] : ['--upstream-cmd', this.upstreamCmd]),
       '--mcp-retry-ms', '50', ...this.extraArgs];
     this.proc = spawn(GATEWAY_BIN, args, { stdio: ['ignore', 'pipe', 'pipe'] });

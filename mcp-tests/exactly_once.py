@@ -53,7 +53,7 @@ class Gateway:
 
     async def start(self) -> None:
         self.proc = await asyncio.create_subprocess_exec(
-            GATEWAY_BIN, "--listen", f"127.0.0.1:{self.port}", "--data-dir", self.data_dir,
+            GATEWAY_BIN, "--listen", f"127.0.0.1:{self.port}", "--admin-listen", "127.0.0.1:0", "--data-dir", self.data_dir,
             "--cores", "2", "--upstream-cmd", FIXTURE, "--mcp-retry-ms", "50",
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
         line = await asyncio.wait_for(self.proc.stdout.readline(), 20)

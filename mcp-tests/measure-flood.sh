@@ -14,7 +14,7 @@ trap 'kill $GW 2>/dev/null || true; wait $GW 2>/dev/null || true; rm -rf "$WORK"
 AWK="awk -f '$PWD/gateway/tests/mcp_upstream.awk'"
 AWK_VERSION=$(awk -W version 2>&1 </dev/null || true)
 [[ $AWK_VERSION == *mawk* ]] && AWK="awk -W interactive -f '$PWD/gateway/tests/mcp_upstream.awk'"
-"$BIN" --listen 127.0.0.1:0 --data-dir "$WORK/data" --cores 2 --fsync never --upstream-cmd "$AWK" >"$WORK/out" 2>"$WORK/err" &
+"$BIN" --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 --data-dir "$WORK/data" --cores 2 --fsync never --upstream-cmd "$AWK" >"$WORK/out" 2>"$WORK/err" &
 GW=$!
 for _ in $(seq 100); do grep -q listening "$WORK/out" && break; sleep 0.1; done
 URL=http://$(sed -n 's/^listening on //p' "$WORK/out")/mcp

@@ -96,7 +96,7 @@ run_one() {
   file="$OUT/$name-$side.r$round"
   data="$WORK/data-$name-$side-$round"
   log="$file.gateway.log"
-  taskset -c "$SERVER_CORE" "$bin" --listen 127.0.0.1:0 --data-dir "$data" --cores 1 \
+  taskset -c "$SERVER_CORE" "$bin" --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 --connections-per-ip-max 0 --data-dir "$data" --cores 1 \
     --fsync never --connections-max 200000 >"$log" 2>&1 &
   GW_PID=$!
   addr=""

@@ -30,7 +30,7 @@ trap 'stop; rm -rf "$WORK"' EXIT
 start() {
   local name=$1; shift
   mkdir -p "$WORK/$name"
-  taskset -c 0 "$BIN" --listen 127.0.0.1:0 --cores 1 --data-dir "$WORK/$name/data" "$@" \
+  taskset -c 0 "$BIN" --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 --connections-per-ip-max 0 --cores 1 --data-dir "$WORK/$name/data" "$@" \
     >"$WORK/$name/out" 2>"$WORK/$name/err" &
   GW=$!
   for _ in $(seq 100); do grep -q "listening on" "$WORK/$name/out" && break; sleep 0.1; done

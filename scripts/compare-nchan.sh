@@ -31,6 +31,7 @@ SERVER_CORE=0
 BENCH_CORE=1
 NCHAN_PORT=18081
 GW_PORT=18080
+GW_ADMIN_PORT=18090
 GW_DEMO_PORT=18082
 GW_MCP_PORT=18083
 
@@ -174,6 +175,7 @@ wait_port "$NCHAN_PORT"
 
 echo "== starting gateway on core $SERVER_CORE (127.0.0.1:$GW_PORT, --cores 1, --fsync never like nchan's memory store)"
 taskset -c "$SERVER_CORE" "$GATEWAY" --listen "127.0.0.1:$GW_PORT" --data-dir "$WORK/gw-data" \
+  --admin-listen "127.0.0.1:$GW_ADMIN_PORT" --connections-per-ip-max 0 \
   --cores 1 --fsync never --connections-max 200000 >"$WORK/gateway.log" 2>&1 &
 GW_PID=$!
 PIDS+=("$GW_PID")
@@ -181,6 +183,7 @@ wait_listening "$WORK/gateway.log"
 
 echo "== gap-demo gateway on core $SERVER_CORE (127.0.0.1:$GW_DEMO_PORT, 256 KiB segments, 512 KiB retained)"
 taskset -c "$SERVER_CORE" "$GATEWAY" --listen "127.0.0.1:$GW_DEMO_PORT" --data-dir "$WORK/gw-demo" \
+  --admin-listen 127.0.0.1:0 --connections-per-ip-max 0 \
   --cores 1 --fsync never --segment-bytes 262144 --retain-bytes 524288 --event-bytes-max 4096 \
   >"$WORK/gateway-demo.log" 2>&1 &
 PIDS+=("$!")
@@ -193,7 +196,7 @@ GW_ARGS=(--publish-url "http://127.0.0.1:$GW_PORT/v1/streams/{stream}/events"
   --publish-batch-url "http://127.0.0.1:$GW_PORT/v1/streams/{stream}/events:batch"
   --subscribe-url "http://127.0.0.1:$GW_PORT/v1/streams/{stream}"
   --publish-style gateway --id-style gateway --target-pid "$GW_PID" --label gateway
-  --metrics-url "http://127.0.0.1:$GW_PORT/metrics")
+  --metrics-url "http://127.0.0.1:$GW_ADMIN_PORT/metrics")
 
 echo "== servers pinned to core $SERVER_CORE, bench pinned to core $BENCH_CORE (taskset)"
 echo "== results in $OUT"
@@ -271,6 +274,7 @@ if ! wanted mcp; then
 elif [[ -x $NODE_BIN/node && -d $ROOT/mcp-fixture/node_modules ]]; then
   echo "== MCP gateway on core $SERVER_CORE (127.0.0.1:$GW_MCP_PORT, mcp-fixture upstream)"
   PATH=$NODE_BIN:$PATH taskset -c "$SERVER_CORE" "$GATEWAY" --listen "127.0.0.1:$GW_MCP_PORT" \
+    --admin-listen 127.0.0.1:0 --connections-per-ip-max 0 \
     --data-dir "$WORK/gw-mcp" --cores 1 --upstream-cmd "node '$ROOT/mcp-fixture/server.mjs'" \
     >"$WORK/gateway-mcp.log" 2>&1 &
   PIDS+=("$!")

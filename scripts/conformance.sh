@@ -92,7 +92,7 @@ conformance_pass() {
   echo "== [$pass] starting gateway: $*"
   # --mcp-post-hold-ms: a POST stream whose response takes longer than this is cut after its
   # priming event, so server-sse-polling exercises GET + Last-Event-ID resumption from the log.
-  "$GATEWAY" --listen 127.0.0.1:0 --data-dir "$WORK/data-$pass" --cores 2 \
+  "$GATEWAY" --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 --data-dir "$WORK/data-$pass" --cores 2 \
     "$@" --mcp-post-hold-ms 50 \
     >"$WORK/gateway-$pass.out" 2>"$WORK/gateway-$pass.err" &
   GW_PID=$!

@@ -9,7 +9,7 @@ BIN=${1:?gateway binary}; NAME=${2:?output name}; SECS=${3:-7}
 BENCH=${BENCH_BIN:-target/release/bench}
 D=$(mktemp -d)
 trap 'kill "$GP" 2>/dev/null || true; rm -rf "$D"' EXIT
-taskset -c 0 "$BIN" --listen 127.0.0.1:0 --cores 1 --fsync never --connections-max 200000 \
+taskset -c 0 "$BIN" --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 --connections-per-ip-max 0 --cores 1 --fsync never --connections-max 200000 \
   --data-dir "$D/data" >"$D/out" 2>"$D/err" &
 GP=$!
 for _ in $(seq 100); do grep -q "listening on" "$D/out" && break; sleep 0.1; done

@@ -18,6 +18,10 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== doc tests"
 cargo test --workspace --locked --doc
 
+echo "== browser (chromium) setup"
+# Debian's chromium for gateway/tests/browser.rs (installs it on first use; fails loudly if it cannot).
+CHROMIUM=$(bash scripts/setup-browser.sh | tail -1); export CHROMIUM
+
 echo "== tests"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

@@ -137,6 +137,46 @@ pub struct Config {
     #[arg(long, default_value_t = 0, hide = true)]
     pub listen_cores_max: usize,
 
+    /// Address of the admin listener: `/metrics` and `/healthz` only, served by a small thread
+    /// of its own (not a reactor). Keep it on loopback or a private network. Port 0 picks a
+    /// free port, printed as "admin listening on <addr>".
+    #[arg(long, default_value = "127.0.0.1:9090")]
+    pub admin_listen: SocketAddr,
+
+    /// Allow a `--listen` address other than loopback with no authentication configured (no
+    /// JWT key and no anonymous pattern). Without it such a start is refused.
+    #[arg(long)]
+    pub insecure_no_auth: bool,
+
+    /// A browser origin (`https://app.example.com`) allowed to use the API (CORS; repeatable).
+    /// A request carrying any other `Origin` is refused with 403.
+    #[arg(long = "cors-allow-origin", value_name = "ORIGIN")]
+    pub cors_allow_origins: Vec<String>,
+
+    #[command(flatten)]
+    pub auth: AuthArgs,
+
+    /// Streams (across all shards, not counting removed ones) before a create is refused with
+    /// 507 `streams_exhausted`.
+    #[arg(long, default_value_t = 100_000)]
+    pub streams_max: u64,
+
+    /// Seconds a stream with no retained events and no subscribers is kept before it is
+    /// removed (its name is free again; its old IDs are refused as another stream's). 0 = never.
+    #[arg(long, default_value_t = 3600)]
+    pub stream_idle_expire_secs: u64,
+
+    /// Bytes of request bodies being received, across all connections of the process, beyond
+    /// each connection's head buffer; past it, connections that need more wait (reads pause
+    /// and TCP pushes back) until others finish.
+    #[arg(long, default_value_t = 256 * 1024 * 1024)]
+    pub request_buffer_bytes_max: u64,
+
+    /// Open connections from one IP address (all cores); above it new ones get 503 and are
+    /// closed. Behind a proxy every client shares its address: raise this there. 0 = no limit.
+    #[arg(long, default_value_t = 4096)]
+    pub connections_per_ip_max: u32,
+
     /// Disable SO_TIMESTAMPING TX_ACK confirmation and use SIOCOUTQ accounting only.
     #[arg(long, default_value_t = false)]
     pub no_tx_timestamps: bool,
@@ -149,6 +189,72 @@ pub struct Config {
     /// disconnect; a longer interval trades a little send-window memory for fewer wake-ups.
     #[arg(long, default_value_t = 20)]
     pub tx_ack_interval_ms: u64,
+}
+
+/// Authentication flags (the `auth` crate verifies; `log-store`-style units in names).
+#[derive(Debug, Clone, clap::Args)]
+pub struct AuthArgs {
+    /// File holding an HS256 secret (at least 32 bytes; repeatable, for rotation).
+    #[arg(long = "jwt-hs256-secret-file", value_name = "PATH")]
+    pub jwt_hs256_secret_files: Vec<PathBuf>,
+
+    /// PEM public key (RSA → RS256, EC P-256 → ES256, Ed25519 → EdDSA; repeatable, for
+    /// rotation). A token's `alg` must match a configured key's.
+    #[arg(long = "jwt-public-key-file", value_name = "PATH")]
+    pub jwt_public_key_files: Vec<PathBuf>,
+
+    /// Required `iss` claim.
+    #[arg(long)]
+    pub jwt_issuer: Option<String>,
+
+    /// Required `aud` claim.
+    #[arg(long)]
+    pub jwt_audience: Option<String>,
+
+    /// Cookie that may carry the token (browser `EventSource` with credentials).
+    #[arg(long)]
+    pub jwt_cookie_name: Option<String>,
+
+    /// Accept the token from `?access_token=` (URLs get logged by proxies: off by default).
+    #[arg(long)]
+    pub jwt_allow_query_token: bool,
+
+    /// Verified tokens cached per core until their `exp`.
+    #[arg(long, default_value_t = 10_000)]
+    pub jwt_cache_entries_max: usize,
+
+    /// Streams anyone may subscribe to without a token (exact name, or `*` wildcards;
+    /// repeatable).
+    #[arg(long = "anonymous-subscribe", value_name = "PATTERN")]
+    pub anonymous_subscribe: Vec<String>,
+
+    /// Streams anyone may publish to (and delete) without a token (repeatable).
+    #[arg(long = "anonymous-publish", value_name = "PATTERN")]
+    pub anonymous_publish: Vec<String>,
+}
+
+impl AuthArgs {
+    pub fn settings(&self) -> auth::AuthSettings {
+        auth::AuthSettings {
+            hs256_secret_files: self.jwt_hs256_secret_files.clone(),
+            public_key_files: self.jwt_public_key_files.clone(),
+            issuer: self.jwt_issuer.clone(),
+            audience: self.jwt_audience.clone(),
+            cookie_name: self.jwt_cookie_name.clone(),
+            query_token: self.jwt_allow_query_token,
+            anonymous_subscribe: self.anonymous_subscribe.clone(),
+            anonymous_publish: self.anonymous_publish.clone(),
+            cache_entries_max: self.jwt_cache_entries_max,
+        }
+    }
+
+    /// Whether any access control is configured.
+    pub fn configured(&self) -> bool {
+        !(self.jwt_hs256_secret_files.is_empty()
+            && self.jwt_public_key_files.is_empty()
+            && self.anonymous_subscribe.is_empty()
+            && self.anonymous_publish.is_empty())
+    }
 }
 
 /// A flag combination that cannot work, named exactly.
@@ -164,6 +270,10 @@ pub enum ConfigError {
     TooLarge(&'static str, u64),
     /// An MCP front flag is invalid (the message names it).
     Mcp(String),
+    /// A non-loopback `--listen` with no authentication and no `--insecure-no-auth`.
+    ExposedWithoutAuth(SocketAddr),
+    /// A `--cors-allow-origin` that is not `scheme://host[:port]`.
+    BadOrigin(String),
 }
 
 impl std::fmt::Display for ConfigError {
@@ -181,6 +291,17 @@ impl std::fmt::Display for ConfigError {
             }
             ConfigError::TooLarge(flag, max) => write!(f, "{flag} must be at most {max}"),
             ConfigError::Mcp(m) => write!(f, "{m}"),
+            ConfigError::ExposedWithoutAuth(a) => write!(
+                f,
+                "--listen {a} is not loopback and no authentication is configured: give \
+                 --jwt-hs256-secret-file / --jwt-public-key-file (or --anonymous-subscribe / \
+                 --anonymous-publish patterns), or --insecure-no-auth to expose it open"
+            ),
+            ConfigError::BadOrigin(o) => write!(
+                f,
+                "--cors-allow-origin {o:?}: expected an origin like https://app.example.com \
+                 (scheme://host[:port], no path, no trailing slash)"
+            ),
         }
     }
 }
@@ -205,6 +326,12 @@ impl Config {
                 self.pipeline_answer_bytes_max as u64,
                 "--pipeline-answer-bytes-max",
             ),
+            (self.streams_max, "--streams-max"),
+            (self.request_buffer_bytes_max, "--request-buffer-bytes-max"),
+            (
+                self.auth.jwt_cache_entries_max as u64,
+                "--jwt-cache-entries-max",
+            ),
         ] {
             if v == 0 {
                 return Err(ConfigError::Zero(name));
@@ -212,6 +339,12 @@ impl Config {
         }
         if self.send_bytes_max < self.event_bytes_max {
             return Err(ConfigError::SendBytesBelowEvent);
+        }
+        if !self.listen.ip().is_loopback() && !self.auth.configured() && !self.insecure_no_auth {
+            return Err(ConfigError::ExposedWithoutAuth(self.listen));
+        }
+        if let Some(o) = self.cors_allow_origins.iter().find(|o| !valid_origin(o)) {
+            return Err(ConfigError::BadOrigin(o.clone()));
         }
         // One core holds at most this many connections in its slot table (the slot number is
         // 24 bits of every io_uring user_data).
@@ -226,6 +359,16 @@ impl Config {
     pub fn fsync_policy(&self) -> log_store::FsyncPolicy {
         parse_fsync(&self.fsync).expect("validated at start")
     }
+}
+
+/// `scheme://host[:port]` as a browser serializes an origin (RFC 6454 §6.2).
+fn valid_origin(o: &str) -> bool {
+    let Some((scheme, rest)) = o.split_once("://") else {
+        return false;
+    };
+    matches!(scheme, "http" | "https")
+        && !rest.is_empty()
+        && !rest.contains(['/', '?', '#', ' ', '*'])
 }
 
 fn parse_fsync(s: &str) -> Result<log_store::FsyncPolicy, ConfigError> {
@@ -256,6 +399,48 @@ mod tests {
             Err(ConfigError::TooLarge("--connections-max", 16_777_215))
         );
         let c = Config::parse_from(["gateway", "--connections-max", "16777215"]);
+        assert_eq!(c.validate(), Ok(()));
+    }
+
+    #[test]
+    fn exposed_listener_needs_auth_or_the_insecure_flag() {
+        let c = Config::parse_from(["gateway", "--listen", "0.0.0.0:8080"]);
+        assert_eq!(
+            c.validate(),
+            Err(ConfigError::ExposedWithoutAuth(
+                "0.0.0.0:8080".parse().unwrap()
+            ))
+        );
+        let c = Config::parse_from(["gateway", "--listen", "0.0.0.0:8080", "--insecure-no-auth"]);
+        assert_eq!(c.validate(), Ok(()));
+        let c = Config::parse_from([
+            "gateway",
+            "--listen",
+            "[::]:8080",
+            "--anonymous-subscribe",
+            "public-*",
+        ]);
+        assert_eq!(c.validate(), Ok(()));
+        let c = Config::parse_from(["gateway", "--listen", "[::1]:8080"]);
+        assert_eq!(c.validate(), Ok(()));
+    }
+
+    #[test]
+    fn origins_are_checked() {
+        for bad in [
+            "example.com",
+            "https://a.example/",
+            "https://*.example",
+            "ftp://a",
+        ] {
+            let c = Config::parse_from(["gateway", "--cors-allow-origin", bad]);
+            assert_eq!(
+                c.validate(),
+                Err(ConfigError::BadOrigin(bad.into())),
+                "{bad}"
+            );
+        }
+        let c = Config::parse_from(["gateway", "--cors-allow-origin", "http://127.0.0.2:8000"]);
         assert_eq!(c.validate(), Ok(()));
     }
 }

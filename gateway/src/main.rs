@@ -19,10 +19,11 @@
 use std::io::Write as _;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 
 use clap::Parser;
 
+mod admin;
 mod config;
 mod core;
 mod mcp;
@@ -78,9 +79,24 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
         eprintln!("gateway: warning: no segment-retirement thread ({e}); reactors retire");
     }
     let (logs_per_core, epochs, shard_count) = open_logs(&cfg, cores)?;
+    let streams_open: u64 = logs_per_core
+        .iter()
+        .flatten()
+        .map(|(_, log)| {
+            let mcp = log
+                .streams()
+                .filter(|(_, n, _)| n.starts_with(core::MCP_STREAM_PREFIX))
+                .count();
+            (log.live_stream_count() - mcp) as u64
+        })
+        .sum();
     raise_fd_limit(&cfg, shard_count);
     let signals = sys::block_shutdown_signals();
     let (listeners, addr) = bind_listeners(&cfg, cores)?;
+    let admin_listener = std::net::TcpListener::bind(cfg.admin_listen)
+        .map_err(|e| format!("bind --admin-listen {}: {e}", cfg.admin_listen))?;
+    let admin_addr = admin_listener.local_addr().map_err(|e| e.to_string())?;
+    let verifier = auth::Verifier::load(&cfg.auth.settings()).map_err(|e| e.to_string())?;
     let mut txs = Vec::with_capacity(cores);
     let mut rxs = Vec::with_capacity(cores);
     let mut eventfds = Vec::with_capacity(cores);
@@ -103,6 +119,11 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
         shutdown: AtomicBool::new(false),
         epochs,
         uring_cmd: features.uring_cmd,
+        verifier: Arc::new(verifier),
+        origins: cfg.cors_allow_origins.clone().into(),
+        streams: AtomicU64::new(streams_open),
+        per_ip: std::sync::Mutex::new(std::collections::HashMap::new()),
+        request_bytes: AtomicU64::new(0),
     });
     let mut listeners = listeners.into_iter();
     let setups = rxs
@@ -118,8 +139,13 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
         })
         .collect();
     let threads = start_cores(setups, &shared)?;
-    println!("listening on {addr}");
-    let _ = std::io::stdout().flush();
+    admin::spawn(admin_listener, shared.clone()).map_err(|e| format!("admin thread: {e}"))?;
+    // Errors ignored: a supervisor that closed our stdout must not stop the gateway.
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "listening on {addr}");
+    let _ = writeln!(out, "admin listener on {admin_addr}");
+    let _ = out.flush();
+    drop(out);
 
     let sig = sys::wait_signal(&signals);
     eprintln!("gateway: signal {sig}: shutting down");

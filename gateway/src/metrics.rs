@@ -66,6 +66,21 @@ pub struct CoreMetrics {
     pub tx_ack_timestamps_total: AtomicU64,
     /// Subscribers that fell back to SIOCOUTQ accounting.
     pub outq_fallbacks_total: AtomicU64,
+    /// Subscriptions ended in-band because their token expired.
+    pub token_expired_closes_total: AtomicU64,
+    /// Requests refused 401 / 403 by authentication (the gate's count, copied at the tick).
+    pub auth_refusals_total: AtomicU64,
+    /// Requests refused 403 because their `Origin` is not allowed (copied at the tick).
+    pub origin_refusals_total: AtomicU64,
+    /// Streams removed by `DELETE` and by idle expiry.
+    pub streams_deleted_total: AtomicU64,
+    pub streams_expired_total: AtomicU64,
+    /// Stream creations refused at `--streams-max`.
+    pub streams_exhausted_total: AtomicU64,
+    /// Connections refused at `--connections-per-ip-max`.
+    pub per_ip_refusals_total: AtomicU64,
+    /// Receives deferred because `--request-buffer-bytes-max` was reached.
+    pub request_buffer_waits_total: AtomicU64,
     pub resumes: [AtomicU64; 7],
     /// Pre-rendered `gateway_stream_*` lines for this core's streams.
     pub streams_snapshot: Mutex<String>,
@@ -89,7 +104,7 @@ type Field = fn(&CoreMetrics) -> &AtomicU64;
 /// Renders all cores' counters as Prometheus text exposition format.
 pub fn render(cores: &[CoreMetrics]) -> String {
     let mut out = String::with_capacity(4096);
-    let scalar: [(&str, &str, Field); 25] = [
+    let scalar: [(&str, &str, Field); 33] = [
         ("gateway_connections", "gauge", |m| &m.connections),
         ("gateway_subscribers", "gauge", |m| &m.subscribers),
         ("gateway_accepted_total", "counter", |m| &m.accepted_total),
@@ -148,6 +163,30 @@ pub fn render(cores: &[CoreMetrics]) -> String {
         }),
         ("gateway_outq_fallbacks_total", "counter", |m| {
             &m.outq_fallbacks_total
+        }),
+        ("gateway_token_expired_closes_total", "counter", |m| {
+            &m.token_expired_closes_total
+        }),
+        ("gateway_auth_refusals_total", "counter", |m| {
+            &m.auth_refusals_total
+        }),
+        ("gateway_origin_refusals_total", "counter", |m| {
+            &m.origin_refusals_total
+        }),
+        ("gateway_streams_deleted_total", "counter", |m| {
+            &m.streams_deleted_total
+        }),
+        ("gateway_streams_expired_total", "counter", |m| {
+            &m.streams_expired_total
+        }),
+        ("gateway_streams_exhausted_total", "counter", |m| {
+            &m.streams_exhausted_total
+        }),
+        ("gateway_per_ip_refusals_total", "counter", |m| {
+            &m.per_ip_refusals_total
+        }),
+        ("gateway_request_buffer_waits_total", "counter", |m| {
+            &m.request_buffer_waits_total
         }),
     ];
     for (name, kind, get) in scalar {

@@ -98,6 +98,14 @@ pub fn local_addr(fd: BorrowedFd<'_>) -> io::Result<SocketAddr> {
     SocketAddr::try_from(any).map_err(|_| io::Error::other("unknown address family"))
 }
 
+/// The peer's IP address of a connected socket (an IPv4-mapped IPv6 address as IPv4, so one
+/// client counts once whichever family the listener has).
+pub fn peer_ip(fd: BorrowedFd<'_>) -> io::Result<std::net::IpAddr> {
+    let any = rnet::getpeername(fd)?.ok_or_else(|| io::Error::other("no peer address"))?;
+    let addr = SocketAddr::try_from(any).map_err(|_| io::Error::other("unknown address family"))?;
+    Ok(addr.ip().to_canonical())
+}
+
 /// TCP_NODELAY on: responses and batched event sends go out at once.
 pub fn set_nodelay(fd: BorrowedFd<'_>) -> io::Result<()> {
     Ok(sockopt::set_tcp_nodelay(fd, true)?)

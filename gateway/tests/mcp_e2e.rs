@@ -476,7 +476,7 @@ fn metrics_never_show_an_mcp_session_id() {
     let sid = initialize(g.addr);
     common::publish(g.addr, "public-stream", "x");
     let metrics = |g: &Gateway| {
-        let (st, _, body) = common::request(g.addr, "GET", "/metrics", &[], b"");
+        let (st, _, body) = common::request(g.admin_addr, "GET", "/metrics", &[], b"");
         assert_eq!(st, 200);
         String::from_utf8(body).unwrap()
     };

@@ -430,7 +430,7 @@ fn mcp_http_upstream_round_trip_and_resume_from_our_log() {
     // messages): initialize result, 60 progress + result, cut's progress + made-up error,
     // fail's made-up error, unknown tool's error.
     wait_metrics(
-        a,
+        g.admin_addr,
         &[
             ("gateway_mcp_sessions_open", 0),
             ("gateway_mcp_sessions_created_total", 1),
@@ -476,7 +476,7 @@ fn mcp_http_upstream_losing_its_session_ends_ours() {
         std::thread::sleep(Duration::from_millis(20));
     }
     wait_metrics(
-        a,
+        g.admin_addr,
         &[
             ("gateway_mcp_upstream_deaths_total", 1),
             ("gateway_mcp_sessions_terminated_total", 1),
@@ -570,7 +570,7 @@ fn mcp_response_the_log_refuses_is_an_explicit_error() {
     );
     assert_eq!(messages(&mut x)[0]["id"], 7);
     wait_metrics(
-        a,
+        g.admin_addr,
         &[
             ("gateway_mcp_records_refused_total", 1),
             ("gateway_mcp_streams_broken", 0),
@@ -608,5 +608,5 @@ fn mcp_unreachable_http_upstream_is_an_explicit_error() {
         r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#,
     );
     assert_eq!(x.status, 404);
-    wait_metrics(a, &[("gateway_mcp_upstream_deaths_total", 1)]);
+    wait_metrics(g.admin_addr, &[("gateway_mcp_upstream_deaths_total", 1)]);
 }

@@ -110,6 +110,8 @@ fn start_with_nofile(
             "1",
             "--listen",
             "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
         ])
         .arg("--data-dir")
         .arg(dir)
@@ -182,6 +184,7 @@ fn a_second_gateway_cannot_share_the_port() {
     let a = Gateway::start(&["--cores", "2"]);
     let tmp = tempfile::tempdir().expect("tempdir");
     let mut b = Command::new(env!("CARGO_BIN_EXE_gateway"))
+        .args(["--admin-listen", "127.0.0.1:0"])
         .args(["--segment-bytes", "1048576", "--cores", "1", "--listen"])
         .arg(a.addr.to_string())
         .arg("--data-dir")

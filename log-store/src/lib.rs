@@ -10,7 +10,8 @@
 //!   (see `DESIGN.md`); pure encode/decode.
 //! - `mmap` (private): the only module with `unsafe` — the mapped segment memory and its
 //!   write token, plus `posix_fallocate`.
-//! - [`log`]: [`Log`] — open/recover, append, group-commit sync, read, retention.
+//! - [`log`]: [`Log`] — open/recover, create/remove streams, append, group-commit sync, read,
+//!   retention.
 //! - [`resume`]: the pure resume planner (decision table), no I/O.
 //!
 //! # Example
@@ -42,8 +43,8 @@ pub mod resume;
 pub use event_id::{EVENT_ID_BYTES_MAX, Epoch, EventId, EventIdError, Seq, StreamId};
 pub use log::retire::retire_in_background;
 pub use log::{
-    AppendError, Appended, Bounds, Log, LogSlice, OpenError, ReadBatch, ReadError, RetentionError,
-    RetentionReport, SyncError, SyncJob, SyncReport,
+    AppendError, Appended, Bounds, Log, LogSlice, OpenError, ReadBatch, ReadError, RemoveError,
+    Removed, RetentionError, RetentionReport, SyncError, SyncJob, SyncReport,
 };
 pub use options::{FsyncPolicy, FsyncPolicyError, LogOptions, LogOptionsError};
 pub use resume::{

@@ -10,7 +10,7 @@
 //! - the bytes of every indexed record are frozen (immutable) in their segment's mapping.
 #![forbid(unsafe_code)]
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::fmt;
 use std::fs::{self, File};
 use std::io;
@@ -21,11 +21,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::event_id::{Epoch, EventId, Seq, StreamId};
-use crate::format::{Checkpoint, CheckpointStream, ENTRY_BYTES, Entry, HEADER_BYTES, Header, Kind};
+use crate::format::{
+    Checkpoint, CheckpointStream, ENTRY_BYTES, Entry, HEADER_BYTES, Header, Kind, SEGMENT_VERSION,
+};
 pub use crate::format::{CheckpointError, EntryError, HeaderError, STREAM_NAME_BYTES_MAX};
 use crate::frame;
 use crate::mmap::{self, SharedMap, WriteToken};
 use crate::options::{FsyncPolicy, LogOptions, LogOptionsError};
+use streams::{Lookup, StreamState, Streams};
+pub use streams::{RemoveError, Removed};
 
 const CHECKPOINT_FILE: &str = "checkpoint";
 const CHECKPOINT_TMP_FILE: &str = "checkpoint.tmp";
@@ -59,10 +63,12 @@ pub struct Appended {
     pub durable: bool,
 }
 
-/// Streams whose visible tail advanced in one sync.
+/// What one sync made durable: streams whose visible tail advanced, and stream removals.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SyncReport {
     pub advanced: Vec<(StreamId, Seq)>,
+    /// Streams whose removal ([`Log::remove_stream`]) became durable.
+    pub removed: Vec<StreamId>,
 }
 
 /// A group commit for the caller to carry out: `fdatasync` each file of [`SyncJob::fds`]
@@ -86,6 +92,8 @@ impl SyncJob {
 struct Syncing {
     from_segment: u64,
     marks: Vec<(StreamId, Seq)>,
+    /// Removals written before it began (durable when it completes).
+    removals: Vec<StreamId>,
 }
 
 /// What one retention pass deleted.
@@ -119,6 +127,8 @@ pub struct RecoveryReport {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReadError {
     UnknownStream,
+    /// The stream was removed ([`Log::remove_stream`]); its events are never served.
+    StreamRemoved,
     /// `requested` is below the retained floor: those events were deleted.
     Truncated {
         requested: Seq,
@@ -230,6 +240,10 @@ pub enum CorruptReason {
     },
     StreamNameMismatch(StreamId),
     StreamNameInvalid,
+    /// A record of a stream after its removal record (an event, its name, a second removal).
+    StreamRemoved(StreamId),
+    /// A stream name record names a live stream under another id.
+    DuplicateStreamName(StreamId),
     BadSeal {
         expected: u64,
         found: u64,
@@ -246,6 +260,8 @@ pub enum CorruptReason {
 #[derive(Debug)]
 pub enum AppendError {
     UnknownStream(StreamId),
+    /// The stream was removed ([`Log::remove_stream`]); ids are never reused.
+    StreamRemoved(StreamId),
     /// The event type contains CR or LF.
     EventTypeHasLineBreak,
     /// The data is not UTF-8 (SSE streams are UTF-8).
@@ -342,6 +358,7 @@ impl fmt::Display for AppendError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             AppendError::UnknownStream(s) => write!(f, "unknown stream {s}"),
+            AppendError::StreamRemoved(s) => write!(f, "stream {s} was removed"),
             AppendError::EventTypeHasLineBreak => write!(f, "event type contains CR or LF"),
             AppendError::DataNotUtf8 { valid_up_to } => {
                 write!(
@@ -391,6 +408,7 @@ impl fmt::Display for ReadError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ReadError::UnknownStream => write!(f, "unknown stream"),
+            ReadError::StreamRemoved => write!(f, "stream was removed"),
             ReadError::Truncated {
                 requested,
                 floor,
@@ -489,6 +507,9 @@ struct Active {
     entry_low: usize,
     entries: u64,
     sealed: bool,
+    /// The segment's header version (1: written before stream removal existed; no removal
+    /// record may go into it).
+    version: u32,
     /// CRC of the last entry written (the header's CRC before the first): the next entry's seed.
     chain: u32,
     /// Pages of `[data_end, populated_high)` and `[populated_low, entry_low)` are faulted in
@@ -508,44 +529,6 @@ struct Loc {
     seg: u32,
     off: u32,
     len: u32,
-}
-
-#[derive(Debug)]
-struct StreamState {
-    /// `id: {epoch}-{stream}-`, the constant start of this stream's framed events.
-    id_prefix: Box<[u8]>,
-    name: Box<str>,
-    floor: Seq,
-    tail: Seq,
-    visible: Seq,
-    /// Locations of `floor..=tail`.
-    index: VecDeque<Loc>,
-    /// Number of the last segment this stream's `SegMeta::streams` lists it in.
-    last_seg: Option<u64>,
-    dirty: bool,
-}
-
-impl StreamState {
-    fn new(epoch: Epoch, id: StreamId, name: Box<str>, floor: Seq, tail: Seq) -> StreamState {
-        StreamState {
-            id_prefix: frame::id_prefix(epoch, id),
-            name,
-            floor,
-            tail,
-            visible: tail,
-            index: VecDeque::new(),
-            last_seg: None,
-            dirty: false,
-        }
-    }
-
-    fn bounds(&self) -> Bounds {
-        Bounds {
-            floor: self.floor,
-            tail: self.tail,
-            visible_tail: self.visible,
-        }
-    }
 }
 
 fn segment_path(dir: &Path, number: u64) -> PathBuf {
@@ -630,6 +613,7 @@ fn create_segment(
     };
     let (map, mut tok) = SharedMap::map(&file, bytes as usize).map_err(AppendError::Io)?;
     let header = Header {
+        version: SEGMENT_VERSION,
         epoch,
         number,
         segment_bytes: bytes,
@@ -656,6 +640,7 @@ fn create_segment(
         entry_low: bytes as usize,
         entries: 0,
         sealed: false,
+        version: SEGMENT_VERSION,
         chain: Header::crc(&header_bytes),
         populated_high: HEADER_BYTES,
         populated_low: bytes as usize,
@@ -674,10 +659,12 @@ pub struct Log {
     epoch: Epoch,
     segs: VecDeque<SegMeta>,
     active: Active,
-    streams: Vec<StreamState>,
-    by_name: HashMap<Box<str>, StreamId>,
-    /// Streams with appends not yet visible (policies other than `Never`).
+    streams: Streams,
+    /// Streams with appends not yet visible (policies other than `Never`); removed ones are
+    /// skipped when the marks are taken.
     dirty: Vec<StreamId>,
+    /// Removals written since the last `begin_sync` (policies other than `Never`).
+    unsynced_removals: Vec<StreamId>,
     /// When the oldest unsynced write happened.
     unsynced_since: Option<Instant>,
     /// Number of the oldest segment written since the last flush (any policy).
@@ -697,7 +684,8 @@ impl fmt::Debug for Log {
             .field("dir", &self.dir)
             .field("epoch", &self.epoch)
             .field("segments", &self.segs.len())
-            .field("streams", &self.streams.len())
+            .field("streams", &self.streams.ids())
+            .field("live_streams", &self.streams.live_count())
             .field("poisoned", &self.poisoned)
             .finish()
     }
@@ -724,39 +712,43 @@ impl Log {
         &self.recovery
     }
 
+    /// The live stream named `name` (a removed stream's name maps to nothing).
     pub fn stream_id(&self, name: &str) -> Option<StreamId> {
-        self.by_name.get(name).copied()
+        self.streams.id_of(name)
     }
 
+    /// The name of live stream `id`; `None` when unknown or removed.
     pub fn stream_name(&self, id: StreamId) -> Option<&str> {
-        self.streams.get(id.0 as usize).map(|s| &*s.name)
+        self.streams.get(id).map(|s| &*s.name)
     }
 
+    /// Number of stream ids ever created, removed streams included (the next stream's id).
+    /// [`Log::live_stream_count`] counts the live ones.
     pub fn stream_count(&self) -> usize {
-        self.streams.len()
+        self.streams.ids()
     }
 
+    /// Live streams in id order (removed ones are skipped).
     pub fn streams(&self) -> impl Iterator<Item = (StreamId, &str, Bounds)> + '_ {
-        self.streams
-            .iter()
-            .enumerate()
-            .map(|(i, s)| (StreamId(i as u32), &*s.name, s.bounds()))
+        self.streams.iter().map(|s| (s.id, &*s.name, s.bounds()))
     }
 
+    /// Bounds of live stream `stream`; `None` when unknown or removed.
     pub fn bounds(&self, stream: StreamId) -> Option<Bounds> {
-        self.streams.get(stream.0 as usize).map(StreamState::bounds)
+        self.streams.get(stream).map(StreamState::bounds)
     }
 
-    /// Creates the stream `name` (idempotent: an existing name returns its id).
+    /// Creates the stream `name` (idempotent: an existing name returns its id). A name whose
+    /// stream was removed gets a new id.
     pub fn create_stream(&mut self, name: &str) -> Result<StreamId, AppendError> {
-        if let Some(&id) = self.by_name.get(name) {
+        if let Some(id) = self.streams.id_of(name) {
             return Ok(id);
         }
         if self.poisoned {
             return Err(AppendError::Poisoned);
         }
         validate_stream_name(name)?;
-        let id = u32::try_from(self.streams.len()).map_err(|_| AppendError::TooManyStreams)?;
+        let id = u32::try_from(self.streams.ids()).map_err(|_| AppendError::TooManyStreams)?;
         if id == u32::MAX {
             return Err(AppendError::TooManyStreams);
         }
@@ -767,8 +759,7 @@ impl Log {
             buf.copy_from_slice(name.as_bytes())
         });
         self.streams
-            .push(StreamState::new(self.epoch, id, name.into(), 1, 0));
-        self.by_name.insert(name.into(), id);
+            .push_live(StreamState::new(self.epoch, id, name.into(), 1, 0));
         Ok(id)
     }
 
@@ -782,10 +773,11 @@ impl Log {
         if self.poisoned {
             return Err(AppendError::Poisoned);
         }
-        let st = self
-            .streams
-            .get(stream.0 as usize)
-            .ok_or(AppendError::UnknownStream(stream))?;
+        let st = match self.streams.lookup(stream) {
+            Lookup::Live(_) => &self.streams[stream],
+            Lookup::Removed { .. } => return Err(AppendError::StreamRemoved(stream)),
+            Lookup::Unknown => return Err(AppendError::UnknownStream(stream)),
+        };
         if let Some(t) = event_type
             && t.bytes().any(|b| b == b'\r' || b == b'\n')
         {
@@ -817,14 +809,14 @@ impl Log {
         self.ensure_room(framed_bytes)?;
         let ts = mmap::coarse_unix_ms();
         // Borrow the prefix out of the stream for the duration of the write (no allocation).
-        let prefix = std::mem::take(&mut self.streams[stream.0 as usize].id_prefix);
+        let prefix = std::mem::take(&mut self.streams[stream].id_prefix);
         let loc = self.write_record(Kind::Event, stream, seq, ts, framed_bytes, |buf| {
             frame::write_frame(buf, &prefix, seq, event_type, data, lines)
         });
-        self.streams[stream.0 as usize].id_prefix = prefix;
+        self.streams[stream].id_prefix = prefix;
         let meta = self.segs.back_mut().expect("active segment");
         let seg_number = meta.seg.number;
-        let st = &mut self.streams[stream.0 as usize];
+        let st = &mut self.streams[stream];
         if st.last_seg != Some(seg_number) {
             st.last_seg = Some(seg_number);
             meta.streams.push(stream);
@@ -887,17 +879,20 @@ impl Log {
             .map(|m| Arc::clone(&m.seg))
             .collect();
         let marks = self.take_dirty_marks();
+        let removals = std::mem::take(&mut self.unsynced_removals);
         self.unflushed_from = None;
         self.unsynced_since = None;
         self.syncing = Some(Syncing {
             from_segment: from,
             marks,
+            removals,
         });
         Some(SyncJob { segs })
     }
 
     /// Ends the group commit in flight with the outcome of its `fdatasync`s: on success the
-    /// streams it covered become visible up to where they were when it began. A failure
+    /// streams it covered become visible up to where they were when it began, and the
+    /// removals written before it began are durable (`SyncReport::removed`). A failure
     /// poisons the log for good (never retried: after a failed fsync the kernel may have
     /// dropped the dirty pages, so a later success would claim durability for lost data).
     pub fn finish_sync(
@@ -917,35 +912,49 @@ impl Log {
         if self.poisoned {
             return Err(SyncError::Poisoned);
         }
-        Ok(self.make_visible(&s.marks))
+        let mut report = self.make_visible(&s.marks);
+        self.removals_durable(s.removals, &mut report);
+        Ok(report)
     }
 
-    /// The dirty streams and their tails, now clean (appends re-dirty them).
+    /// The dirty streams and their tails, now clean (appends re-dirty them). Streams removed
+    /// meanwhile are dropped: their appends are durable with their removal.
     fn take_dirty_marks(&mut self) -> Vec<(StreamId, Seq)> {
         let streams = &mut self.streams;
         self.dirty
             .drain(..)
-            .map(|id| {
-                let st = &mut streams[id.0 as usize];
+            .filter_map(|id| {
+                let st = streams.get_mut(id)?;
                 st.dirty = false;
-                (id, st.tail)
+                Some((id, st.tail))
             })
             .collect()
     }
 
-    /// Raises each stream's visible tail to its mark; reports those that moved.
+    /// Raises each live stream's visible tail to its mark; reports those that moved.
     fn make_visible(&mut self, marks: &[(StreamId, Seq)]) -> SyncReport {
         let mut report = SyncReport {
             advanced: Vec::with_capacity(marks.len()),
+            removed: Vec::new(),
         };
         for &(id, mark) in marks {
-            let st = &mut self.streams[id.0 as usize];
+            let Some(st) = self.streams.get_mut(id) else {
+                continue; // removed while the sync ran
+            };
             if mark > st.visible {
                 st.visible = mark;
                 report.advanced.push((id, mark));
             }
         }
         report
+    }
+
+    /// Marks `removals` durable and reports them.
+    fn removals_durable(&mut self, removals: Vec<StreamId>, report: &mut SyncReport) {
+        for &id in &removals {
+            self.streams.mark_removal_durable(id);
+        }
+        report.removed = removals;
     }
 
     /// Group commit: performs the fsync the policy requires now (`Always`: if anything is
@@ -977,10 +986,15 @@ impl Log {
         }
         self.unsynced_since = None;
         let mut marks = self.take_dirty_marks();
-        if let Some(s) = &self.syncing {
+        let mut removals = std::mem::take(&mut self.unsynced_removals);
+        if let Some(s) = &mut self.syncing {
             marks.extend_from_slice(&s.marks);
+            // Reported here, not again by the in-flight sync's `finish_sync`.
+            removals.append(&mut s.removals);
         }
-        Ok(self.make_visible(&marks))
+        let mut report = self.make_visible(&marks);
+        self.removals_durable(removals, &mut report);
+        Ok(report)
     }
 
     /// When `poll_sync` next has work (for reactor timers); `None` when it has none.
@@ -1004,10 +1018,7 @@ impl Log {
         from: Seq,
         bytes_max: usize,
     ) -> Result<ReadBatch, ReadError> {
-        let st = self
-            .streams
-            .get(stream.0 as usize)
-            .ok_or(ReadError::UnknownStream)?;
+        let st = self.live_for_read(stream)?;
         let from = self.check_from(st, from)?;
         let mut batch = ReadBatch {
             slices: Vec::new(),
@@ -1049,10 +1060,7 @@ impl Log {
 
     /// Framed bytes of one visible record.
     pub fn record(&self, stream: StreamId, seq: Seq) -> Result<LogSlice, ReadError> {
-        let st = self
-            .streams
-            .get(stream.0 as usize)
-            .ok_or(ReadError::UnknownStream)?;
+        let st = self.live_for_read(stream)?;
         let seq = self.check_from(st, seq)?;
         if seq > st.visible {
             return Err(ReadError::BeyondTail {
@@ -1098,39 +1106,48 @@ impl Log {
         let first_live = self.segs[k].seg.number;
         let doomed = |loc: &Loc| (loc.seg.wrapping_sub(first_number as u32) as u64) < k as u64;
         let mut moves: Vec<(StreamId, u64)> = Vec::new();
-        let mut seen = vec![false; self.streams.len()];
+        let mut seen = vec![false; self.streams.ids()];
         for m in self.segs.range(..k) {
             for &id in &m.streams {
                 if std::mem::replace(&mut seen[id.0 as usize], true) {
                     continue;
                 }
-                let st = &self.streams[id.0 as usize];
+                let Some(st) = self.streams.get(id) else {
+                    continue; // removed: nothing of it is indexed
+                };
                 let n = st.index.iter().take_while(|l| doomed(l)).count() as u64;
                 if n > 0 {
                     moves.push((id, n));
                 }
             }
         }
+        // Removed streams go in as tombstones, so they stay removed (and their ids used) after
+        // the segments holding their name and removal records are gone.
         let mut ckpt = Checkpoint {
             epoch: self.epoch,
             first_live_segment: first_live,
             streams: self
                 .streams
-                .iter()
-                .map(|s| CheckpointStream {
-                    name: s.name.to_string(),
-                    floor: s.floor,
-                    tail: s.tail,
+                .iter_ids()
+                .map(|s| {
+                    s.map(|s| CheckpointStream {
+                        name: s.name.to_string(),
+                        floor: s.floor,
+                        tail: s.tail,
+                    })
                 })
                 .collect(),
         };
         for &(id, n) in &moves {
-            ckpt.streams[id.0 as usize].floor += n;
+            ckpt.streams[id.0 as usize]
+                .as_mut()
+                .expect("a live stream")
+                .floor += n;
         }
         self.write_checkpoint(&ckpt)?;
         let mut report = RetentionReport::default();
         for &(id, n) in &moves {
-            let st = &mut self.streams[id.0 as usize];
+            let st = &mut self.streams[id];
             st.index.drain(..n as usize);
             st.floor += n;
             assert!(st.floor <= st.visible + 1, "floor passed the visible tail");
@@ -1156,6 +1173,14 @@ impl Log {
     }
 
     // ----- internals -----
+
+    fn live_for_read(&self, stream: StreamId) -> Result<&StreamState, ReadError> {
+        match self.streams.lookup(stream) {
+            Lookup::Live(_) => Ok(&self.streams[stream]),
+            Lookup::Removed { .. } => Err(ReadError::StreamRemoved),
+            Lookup::Unknown => Err(ReadError::UnknownStream),
+        }
+    }
 
     fn check_from(&self, st: &StreamState, from: Seq) -> Result<Seq, ReadError> {
         let from = from.max(1);
@@ -1413,3 +1438,4 @@ impl ReadBatch {
 
 mod recover;
 pub(crate) mod retire;
+mod streams;

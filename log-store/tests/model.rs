@@ -1,9 +1,11 @@
-//! Model-based property test: random operations (stream creation, appends over many streams,
-//! syncs, range reads, resumes through the planner, retention, clean reopen, and crashes that
-//! tear unsynced records off the active segment) run against the real `Log` and a plain
-//! in-memory model. Every read must equal the model's suffix or be the explicit truncation /
-//! beyond-tail error the model predicts; recovery must keep every synced record and drop exactly
-//! a suffix of unsynced ones. `PROPTEST_CASES` overrides the case count (default 24).
+//! Model-based property test: random operations (stream creation, removal and recreation under
+//! the same name, appends over many streams, syncs, range reads, resumes through the planner,
+//! retention, clean reopen, and crashes that tear unsynced records off the active segment) run
+//! against the real `Log` and a plain in-memory model. Every read must equal the model's suffix
+//! or be the explicit truncation / beyond-tail / removed-stream error the model predicts; an
+//! event ID of a removed incarnation resumes as another stream; recovery must keep every synced
+//! record (and removal) and drop exactly a suffix of unsynced ones. `PROPTEST_CASES` overrides
+//! the case count (default 24).
 #![forbid(unsafe_code)]
 
 use std::fs;
@@ -11,7 +13,7 @@ use std::path::Path;
 use std::time::SystemTime;
 
 use log_store::resume::{ResumeInput, ResumePlan, WindowView, plan_resume};
-use log_store::{Epoch, EventId, FsyncPolicy, Log, LogOptions, ReadError, StreamId};
+use log_store::{AppendError, Epoch, EventId, FsyncPolicy, Log, LogOptions, ReadError, StreamId};
 use proptest::prelude::*;
 
 const SEGMENT_BYTES: u64 = 64 * 1024;
@@ -30,6 +32,7 @@ fn options() -> LogOptions {
 #[derive(Debug, Clone)]
 enum Op {
     Create(u8),
+    Remove(u8),
     Append {
         stream: u8,
         shape: u8,
@@ -64,6 +67,7 @@ enum Op {
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         2 => any::<u8>().prop_map(Op::Create),
+        1 => any::<u8>().prop_map(Op::Remove),
         24 => (any::<u8>(), any::<u8>(), prop_oneof![0u16..80, 0u16..3000], any::<bool>())
             .prop_map(|(stream, shape, len, typed)| Op::Append { stream, shape, len, typed }),
         3 => Just(Op::Sync),
@@ -131,6 +135,7 @@ fn frame(id: &EventId, typ: Option<&str>, data: &str) -> Vec<u8> {
 enum Write {
     Name(usize),
     Event(usize),
+    Remove(usize),
 }
 
 #[derive(Debug, Default)]
@@ -139,22 +144,31 @@ struct MStream {
     visible: u64,
     /// `recs[seq - 1]` = framed bytes (kept even below the floor, for reference).
     recs: Vec<Vec<u8>>,
+    removed: bool,
 }
 
+/// Per stream id (dense, never reused): its name and state.
 #[derive(Debug, Default)]
 struct Model {
     names: Vec<&'static str>,
     streams: Vec<MStream>,
     writes: Vec<Write>,
     synced: usize,
+    /// Removals not yet synced, in order.
+    pending_removals: Vec<StreamId>,
 }
 
 impl Model {
     fn sync(&mut self) {
         self.synced = self.writes.len();
+        self.pending_removals.clear();
         for s in &mut self.streams {
             s.visible = s.recs.len() as u64;
         }
+    }
+
+    fn live_id(&self, name: &str) -> Option<usize> {
+        (0..self.names.len()).find(|&i| self.names[i] == name && !self.streams[i].removed)
     }
 }
 
@@ -187,9 +201,20 @@ fn active_segment(dir: &Path) -> std::path::PathBuf {
 
 fn check_equal(log: &Log, m: &Model) {
     assert_eq!(log.stream_count(), m.streams.len());
+    let live = m.streams.iter().filter(|s| !s.removed).count();
+    assert_eq!(log.live_stream_count(), live);
+    assert_eq!(log.streams().count(), live);
     for (i, ms) in m.streams.iter().enumerate() {
         let s = StreamId(i as u32);
+        if ms.removed {
+            assert!(log.is_removed(s), "stream {i} removed");
+            assert_eq!((log.bounds(s), log.stream_name(s)), (None, None));
+            assert_eq!(log.read(s, 1, 100).unwrap_err(), ReadError::StreamRemoved);
+            continue;
+        }
+        assert_eq!(log.stream_id(m.names[i]), Some(s));
         assert_eq!(log.stream_name(s), Some(m.names[i]));
+        assert_eq!(log.stream_is_empty(s), ms.floor > ms.recs.len() as u64);
         let b = log.bounds(s).unwrap();
         assert_eq!(
             (b.floor, b.tail, b.visible_tail),
@@ -221,6 +246,9 @@ fn run(ops: Vec<Op>) {
                 }
                 let si = stream as usize % m.streams.len();
                 let ms = &m.streams[si];
+                if ms.removed {
+                    continue;
+                }
                 let from = ms.floor + from as u64 % (ms.visible + 2 - ms.floor);
                 let b = log.read(StreamId(si as u32), from, 5000).unwrap();
                 let bytes: Vec<u8> = b
@@ -243,18 +271,37 @@ fn run(ops: Vec<Op>) {
             Op::Create(k) => {
                 let name = NAMES[k as usize % NAMES.len()];
                 let id = log.create_stream(name).unwrap();
-                if let Some(pos) = m.names.iter().position(|n| *n == name) {
+                if let Some(pos) = m.live_id(name) {
                     assert_eq!(id.0 as usize, pos);
                 } else {
+                    // New, or recreated after a removal: the next id, never an old one.
                     assert_eq!(id.0 as usize, m.names.len());
                     m.names.push(name);
                     m.streams.push(MStream {
                         floor: 1,
                         visible: 0,
                         recs: Vec::new(),
+                        removed: false,
                     });
                     m.writes.push(Write::Name(id.0 as usize));
                 }
+            }
+            Op::Remove(k) => {
+                if m.streams.is_empty() {
+                    continue;
+                }
+                let si = k as usize % m.streams.len();
+                let s = StreamId(si as u32);
+                let r = log.remove_stream(s);
+                if m.streams[si].removed {
+                    assert!(matches!(r, Err(log_store::RemoveError::AlreadyRemoved(_))));
+                    continue;
+                }
+                assert!(!r.unwrap().durable);
+                assert!(log.is_removed(s) && !log.removal_is_durable(s));
+                m.streams[si].removed = true;
+                m.writes.push(Write::Remove(si));
+                m.pending_removals.push(s);
             }
             Op::Append {
                 stream,
@@ -268,7 +315,12 @@ fn run(ops: Vec<Op>) {
                 let si = stream as usize % m.streams.len();
                 let d = data(shape, len, step as u64);
                 let typ = typed.then_some("tick");
-                let r = log.append(StreamId(si as u32), typ, d.as_bytes()).unwrap();
+                let r = log.append(StreamId(si as u32), typ, d.as_bytes());
+                if m.streams[si].removed {
+                    assert!(matches!(r, Err(AppendError::StreamRemoved(s)) if s.0 as usize == si));
+                    continue;
+                }
+                let r = r.unwrap();
                 let ms = &mut m.streams[si];
                 assert_eq!(
                     r.id,
@@ -283,17 +335,20 @@ fn run(ops: Vec<Op>) {
                 m.writes.push(Write::Event(si));
             }
             Op::Sync => {
-                let mut adv = log.sync_now().unwrap().advanced;
+                let report = log.sync_now().unwrap();
+                let mut adv = report.advanced;
                 adv.sort();
                 let mut want: Vec<(StreamId, u64)> = m
                     .streams
                     .iter()
                     .enumerate()
-                    .filter(|(_, s)| s.visible < s.recs.len() as u64)
+                    .filter(|(_, s)| !s.removed && s.visible < s.recs.len() as u64)
                     .map(|(i, s)| (StreamId(i as u32), s.recs.len() as u64))
                     .collect();
                 want.sort();
                 assert_eq!(adv, want);
+                assert_eq!(report.removed, m.pending_removals);
+                assert!(report.removed.iter().all(|&s| log.removal_is_durable(s)));
                 m.sync();
             }
             Op::Read {
@@ -308,6 +363,10 @@ fn run(ops: Vec<Op>) {
                 let ms = &m.streams[si];
                 let from = from as u64 % (ms.recs.len() as u64 + 3);
                 let res = log.read(StreamId(si as u32), from, bytes_max as usize);
+                if ms.removed {
+                    assert_eq!(res.unwrap_err(), ReadError::StreamRemoved);
+                    continue;
+                }
                 let f = from.max(1);
                 if f < ms.floor {
                     assert_eq!(
@@ -364,7 +423,40 @@ fn run(ops: Vec<Op>) {
                 let si = stream as usize % m.streams.len();
                 let s = StreamId(si as u32);
                 let ms = &m.streams[si];
+                if ms.removed {
+                    continue;
+                }
                 let n = n as u64 % (ms.recs.len() as u64 + 3);
+                // An ID of an earlier, removed incarnation of the same name: another stream,
+                // whatever its sequence and the window.
+                let old = (0..si).find(|&o| m.names[o] == m.names[si] && m.streams[o].removed);
+                if let Some(o) = old.filter(|_| n % 2 == 1) {
+                    let requested = EventId {
+                        epoch,
+                        stream: StreamId(o as u32),
+                        seq: n,
+                    };
+                    let plan = plan_resume(&ResumeInput {
+                        log_epoch: epoch,
+                        stream: s,
+                        bounds: log.bounds(s).unwrap(),
+                        requested,
+                        window: None,
+                        known_epochs: &[],
+                    });
+                    assert_eq!(
+                        plan,
+                        ResumePlan::OtherStream {
+                            got: requested.stream,
+                            expected: s
+                        }
+                    );
+                    assert!(matches!(
+                        plan.outcome(),
+                        log_store::ResumeOutcome::Refused(_)
+                    ));
+                    continue;
+                }
                 let window = window.map(|(delta, len, contiguous, foreign)| {
                     let head = (n as i64 + 1 + delta as i64).max(0) as u64;
                     WindowView {
@@ -424,6 +516,9 @@ fn run(ops: Vec<Op>) {
                     .iter()
                     .enumerate()
                     .map(|(i, ms)| {
+                        if ms.removed {
+                            return Vec::new();
+                        }
                         (ms.floor..=ms.visible)
                             .map(|q| log.record(StreamId(i as u32), q).unwrap().segment_number())
                             .collect()
@@ -432,6 +527,9 @@ fn run(ops: Vec<Op>) {
                 let report = log.enforce_retention(SystemTime::now()).unwrap();
                 first_live += report.segments_deleted as u64;
                 for (i, ms) in m.streams.iter_mut().enumerate() {
+                    if ms.removed {
+                        continue;
+                    }
                     let gone = segs_before[i].iter().filter(|&&g| g < first_live).count() as u64;
                     let floor = ms.floor + gone;
                     assert_eq!(
@@ -508,6 +606,8 @@ fn run(ops: Vec<Op>) {
                             assert!(m.streams.pop().unwrap().recs.is_empty());
                             m.names.pop();
                         }
+                        // The removal was lost: the stream is back with its events.
+                        Write::Remove(si) => m.streams[si].removed = false,
                     }
                 }
                 m.sync();

@@ -87,6 +87,8 @@ struct H {
     spawned: Vec<(UpstreamId, Option<String>)>,
     killed: Vec<UpstreamId>,
     complete: HashMap<String, Seq>,
+    /// The authenticated subject every request carries (None: no authentication).
+    subject: Option<String>,
 }
 
 fn counter_source() -> Box<dyn FnMut() -> [u8; 16] + Send> {
@@ -116,6 +118,7 @@ impl H {
             spawned: Vec::new(),
             killed: Vec::new(),
             complete: HashMap::new(),
+            subject: None,
         }
     }
 
@@ -237,6 +240,7 @@ impl H {
                 method,
                 headers: &pairs,
                 body: body.as_bytes(),
+                subject: self.subject.as_deref(),
             },
             &self.log,
         );
@@ -585,6 +589,38 @@ fn session_id_is_visible_ascii_and_unique() {
         assert!(sid.bytes().all(|b| (0x21..=0x7e).contains(&b)));
         assert!(seen.insert(sid));
     }
+}
+
+/// With authentication, a session belongs to the subject that initialized it: another
+/// subject's POST, GET (resume) or DELETE gets 404 exactly as an unknown session, and the owner
+/// keeps working.
+#[test]
+fn a_session_answers_only_its_own_subject() {
+    let mut h = H::new();
+    h.subject = Some("alice".into());
+    let (sid, _, _) = h.init();
+    assert!(sid.ends_with(&crate::core::subject_tag("alice")), "{sid}");
+    let headers = h.s(&sid);
+    let hs: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    for subject in [Some("mallory"), Some("")] {
+        h.subject = subject.map(str::to_owned);
+        let c = h.post(&hs, &call(1, "t", None));
+        assert_eq!(h.status(c), 404, "POST as {subject:?}");
+        let c = h.req(HttpMethod::Get, &hs, "");
+        assert_eq!(h.status(c), 404, "GET as {subject:?}");
+        let c = h.req(HttpMethod::Delete, &hs, "");
+        assert_eq!(h.status(c), 404, "DELETE as {subject:?}");
+    }
+    // An unknown session of the same shape answers the same way.
+    h.subject = Some("mallory".into());
+    let fake = format!("{}{}", "0".repeat(32), crate::core::subject_tag("alice"));
+    let fake_headers = h.s(&fake);
+    let fh: Vec<(&str, &str)> = fake_headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let c = h.post(&fh, &call(1, "t", None));
+    assert_eq!(h.status(c), 404);
+    h.subject = Some("alice".into());
+    let c = h.post(&hs, &call(2, "t", None));
+    assert!(h.sse.contains_key(&c), "the owner's call is accepted");
 }
 
 /// SPEC L3.

@@ -52,7 +52,10 @@ impl Core {
         if !conn.closing || self.io.owning_in_flight(slot) {
             return;
         }
-        drop(self.conns[slot as usize].take()); // closes the fd
+        self.release_buffered(slot);
+        let conn = self.conns[slot as usize].take().expect("live slot");
+        self.release_peer(conn.peer);
+        drop(conn); // closes the fd
         self.io.close_slot(slot);
         self.shared.connections.fetch_sub(1, Relaxed);
         self.m().connections.fetch_sub(1, Relaxed);

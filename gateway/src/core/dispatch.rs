@@ -3,6 +3,7 @@
 //! of a closing connection only returns its memory; the slot is freed once nothing that owns
 //! memory is in flight.
 
+use std::net::IpAddr;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -95,18 +96,32 @@ impl Core {
             sys::send_now(fd.as_fd(), &body);
             return;
         }
+        let Ok(peer) = self.admit_peer(&fd) else {
+            self.shared.connections.fetch_sub(1, Relaxed);
+            self.m().per_ip_refusals_total.fetch_add(1, Relaxed);
+            let body = http::error_response(
+                503,
+                "too_many_connections_from_address",
+                "this address is at --connections-per-ip-max; retry later",
+                true,
+            );
+            sys::send_now(fd.as_fd(), &body);
+            return;
+        };
         let _ = sys::set_nodelay(fd.as_fd());
-        let slot = self.insert_conn(fd, Vec::new());
+        let slot = self.insert_conn(fd, Vec::new(), peer);
         self.drive_http(slot);
     }
 
     /// Takes a slot for a connection that received `bytes` so far.
-    fn insert_conn(&mut self, fd: OwnedFd, bytes: Vec<u8>) -> u32 {
+    fn insert_conn(&mut self, fd: OwnedFd, bytes: Vec<u8>, peer: Option<IpAddr>) -> u32 {
         let slot = self.io.open_slot();
         let conn = Conn {
             fd,
             closing: false,
             state: State::Http(HttpConn::new(bytes, self.now)),
+            peer,
+            buffered: 0,
         };
         if self.conns.len() <= slot as usize {
             self.conns.resize_with(slot as usize + 1, || None);
@@ -131,9 +146,10 @@ impl Core {
             if self.shutting_down.is_some() {
                 drop(h.fd);
                 self.shared.connections.fetch_sub(1, Relaxed);
+                self.release_peer(h.peer);
                 continue;
             }
-            let slot = self.insert_conn(h.fd, h.bytes);
+            let slot = self.insert_conn(h.fd, h.bytes, h.peer);
             self.drive_http(slot);
         }
     }

@@ -6,7 +6,7 @@ use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::Ordering::Relaxed;
 
 use super::{Core, Handoff, PIPELINED_PER_CALL_MAX, State};
-use crate::metrics;
+use crate::proto::access;
 use crate::proto::conn::{Kind, Request, Step, Target};
 use crate::proto::http;
 use crate::proto::route::{self, Route};
@@ -45,13 +45,12 @@ impl Core {
                 else {
                     return;
                 };
-                h.poll(now, lim, &remote)
+                h.poll(now, lim, &remote, &mut self.gate)
             };
             match step {
                 Step::Wait => break,
                 Step::Recv { buf, from } => {
-                    let fd = self.conn(slot).fd.as_raw_fd();
-                    self.io.recv(slot, fd, buf, from);
+                    self.arm_recv(slot, buf, from);
                     break;
                 }
                 Step::HandOff { owner, bytes } => {
@@ -75,7 +74,14 @@ impl Core {
         let close = r.close;
         let route = match r.kind {
             Kind::Mcp { head } => {
-                self.mcp_request(slot, &head, r.body, close);
+                // With JWT keys configured every MCP request carries a verified token, and its
+                // session is bound to the token's subject (`""` if it names none).
+                let subject = self
+                    .shared
+                    .verifier
+                    .keys_configured()
+                    .then(|| r.access.subject.unwrap_or_default());
+                self.mcp_request(slot, &head, r.body, close, subject.as_deref());
                 return false;
             }
             Kind::Api { route, event_type } => match route {
@@ -92,11 +98,8 @@ impl Core {
                 let b = http::json_response(200, &serde_json::json!({"status": "ok"}), close);
                 self.answer(slot, b, close);
             }
-            Route::Metrics => {
-                let text = metrics::render(&self.shared.metrics);
-                let b = http::response(200, "text/plain; version=0.0.4", text.as_bytes(), close);
-                self.answer(slot, b, close);
-            }
+            Route::Delete { stream } => self.delete_stream(slot, &stream, close),
+            Route::Preflight => unreachable!("preflights are answered by the connection machine"),
             Route::PublishBatch { stream } => {
                 match route::parse_batch(&r.body, self.shared.cfg.event_bytes_max) {
                     Ok(events) => {
@@ -113,7 +116,7 @@ impl Core {
                 }
             }
             Route::Subscribe { stream, q } => {
-                self.subscribe(slot, &stream, &q);
+                self.subscribe(slot, &stream, &q, &r.headers, r.access.expires_unix_secs);
                 return false;
             }
             Route::Publish { .. } => unreachable!("handled above"),
@@ -175,14 +178,20 @@ impl Core {
             !self.io.owning_in_flight(slot),
             "a handed-off connection has no operation in flight"
         );
+        self.release_buffered(slot);
         let conn = self.conns[slot as usize].take().expect("live slot");
         self.io.close_slot(slot);
         self.m().connections.fetch_sub(1, Relaxed);
         self.m().handoffs_out_total.fetch_add(1, Relaxed);
-        let h = Handoff { fd: conn.fd, bytes };
-        if self.shared.handoff_tx[owner].send(h).is_err() {
+        let h = Handoff {
+            fd: conn.fd,
+            bytes,
+            peer: conn.peer,
+        };
+        if let Err(e) = self.shared.handoff_tx[owner].send(h) {
             // The owner is gone (shutting down): the fd is dropped, which closes it.
             self.shared.connections.fetch_sub(1, Relaxed);
+            self.release_peer(e.0.peer);
             return;
         }
         sys::eventfd_wake(self.shared.eventfds[owner].as_fd());
@@ -234,12 +243,8 @@ impl Core {
         if let Err((status, code, msg)) = publish::check_events(&events) {
             return self.error(slot, status, code, &msg, close);
         }
-        let key = match self.hub.open_stream(stream) {
-            Ok(k) => k,
-            Err(e) => {
-                let (status, code) = publish::append_status(&e);
-                return self.error(slot, status, code, &e.to_string(), close);
-            }
+        let Some(key) = self.open_stream(slot, stream, close) else {
+            return;
         };
         if let Err((status, code, msg)) = publish::check_framed(self.hub.log(key.0), key.1, &events)
         {
@@ -261,15 +266,17 @@ impl Core {
 
     // ---- subscribe ----
 
-    fn subscribe(&mut self, slot: u32, stream: &str, q: &route::SubscribeQuery) {
+    fn subscribe(
+        &mut self,
+        slot: u32,
+        stream: &str,
+        q: &route::SubscribeQuery,
+        headers: &str,
+        expires: Option<u64>,
+    ) {
         // Subscribing creates the stream: subscribers commonly connect before the first publish.
-        let key = match self.hub.open_stream(stream) {
-            Ok(k) => k,
-            Err(e) => {
-                let (status, code) = publish::append_status(&e);
-                let b = http::error_response(status, code, &e.to_string(), true);
-                return self.respond(slot, b, true);
-            }
+        let Some(key) = self.open_stream(slot, stream, true) else {
+            return self.flush(slot);
         };
         let ask = Ask {
             key,
@@ -290,7 +297,12 @@ impl Core {
                 cursor,
                 preamble,
                 aligned,
-            } => self.become_subscriber(slot, key, cursor, preamble, aligned, |_| {}),
+            } => {
+                let preamble = access::with_headers(preamble, headers);
+                self.become_subscriber(slot, key, cursor, preamble, aligned, |s| {
+                    s.expire_at(expires)
+                })
+            }
             Start::Refuse(answer) => self.respond(slot, answer, true),
         }
     }

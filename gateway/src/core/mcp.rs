@@ -236,7 +236,14 @@ impl Core {
 
     /// A complete request on the MCP path, on the MCP owner core: every header of `head`
     /// and the body go to the MCP core, whose actions are then carried out.
-    pub(super) fn mcp_request(&mut self, slot: u32, head: &[u8], body: Vec<u8>, close: bool) {
+    pub(super) fn mcp_request(
+        &mut self,
+        slot: u32,
+        head: &[u8],
+        body: Vec<u8>,
+        close: bool,
+        subject: Option<&str>,
+    ) {
         let header_count_max = self.lim.conn.head.header_count_max;
         // Re-read the head for every header (the connection machine keeps only a few).
         let mut hs = vec![httparse::EMPTY_HEADER; header_count_max];
@@ -275,6 +282,7 @@ impl Core {
             method,
             headers: &headers,
             body: &body,
+            subject,
         };
         let view = LogRef {
             log,

@@ -7,17 +7,21 @@
 //! machine (`proto::conn`), stream decisions from `streams`, every submission goes through
 //! `uring`.
 
+mod bounds;
 mod close;
 mod dispatch;
 mod http;
+mod lifecycle;
 mod mcp;
 mod mcp_apply;
 mod subs;
 mod tick;
 
+use std::collections::HashMap;
+use std::net::IpAddr;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crossbeam::channel::{Receiver, Sender};
@@ -25,6 +29,7 @@ use log_store::{Epoch, Log};
 
 use crate::config::Config;
 use crate::metrics::CoreMetrics;
+use crate::proto::access::Gate;
 use crate::proto::conn::{ConnLimits, HttpConn};
 use crate::proto::http::HeadLimits;
 use crate::streams::hub::{Hub, SubRef};
@@ -55,6 +60,17 @@ pub struct Shared {
     /// Every shard's log epoch, so an ID of another shard is named "another stream".
     pub epochs: Vec<Epoch>,
     pub uring_cmd: bool,
+    /// JWT keys and anonymous patterns (each core has its own token cache over it).
+    pub verifier: Arc<auth::Verifier>,
+    /// `--cors-allow-origin`.
+    pub origins: Arc<[String]>,
+    /// Live streams across all shards (`--streams-max`).
+    pub streams: AtomicU64,
+    /// Open connections by peer address (`--connections-per-ip-max`).
+    pub per_ip: Mutex<HashMap<IpAddr, u32>>,
+    /// Bytes of request buffers beyond each connection's head buffer
+    /// (`--request-buffer-bytes-max`).
+    pub request_bytes: AtomicU64,
 }
 
 /// A connection moving to the core that owns its stream: the fd and the bytes read so far.
@@ -62,6 +78,8 @@ pub struct Shared {
 pub struct Handoff {
     pub fd: OwnedFd,
     pub bytes: Vec<u8>,
+    /// The peer's address as counted in `Shared::per_ip` (the count moves with the fd).
+    pub peer: Option<IpAddr>,
 }
 
 /// What one core thread is given at start.
@@ -88,6 +106,10 @@ struct Conn {
     fd: OwnedFd,
     closing: bool,
     state: State,
+    /// The peer's address, counted in `Shared::per_ip` until the connection closes.
+    peer: Option<IpAddr>,
+    /// Bytes of this connection's request buffer counted in `Shared::request_bytes`.
+    buffered: u64,
 }
 
 /// The limits of a core, from the flags.
@@ -126,6 +148,11 @@ struct Core {
     mcp: Option<Box<mcp::Mcp>>,
     /// The core that owns the MCP shard (requests on the MCP path are handed to it).
     mcp_core: usize,
+    /// CORS and authentication (with this core's token cache).
+    gate: Gate,
+    /// Receives not armed because `--request-buffer-bytes-max` was reached: retried at the
+    /// tick and whenever buffer bytes are released.
+    deferred_recvs: Vec<(u32, u32)>,
 }
 
 fn limits(cfg: &Config) -> Limits {
@@ -178,6 +205,10 @@ pub fn run_core(setup: CoreSetup, shared: Arc<Shared>, ready: impl FnOnce(Result
     };
     let now = Instant::now();
     let shared_efd = shared.eventfds[setup.id].as_raw_fd();
+    let gate = Gate::new(
+        shared.origins.clone(),
+        auth::Auth::new(shared.verifier.clone()),
+    );
     let mut core = Core {
         id: setup.id,
         lim: limits(&shared.cfg),
@@ -198,6 +229,8 @@ pub fn run_core(setup: CoreSetup, shared: Arc<Shared>, ready: impl FnOnce(Result
         accept_paused: false,
         mcp: None,
         mcp_core: 0,
+        gate,
+        deferred_recvs: Vec::new(),
     };
     core.mcp_core = core.mcp_owner_core();
     if let Some(l) = &core.listener {
@@ -207,6 +240,13 @@ pub fn run_core(setup: CoreSetup, shared: Arc<Shared>, ready: impl FnOnce(Result
     core.mcp_setup();
     ready(Ok(()));
     core.run();
+}
+
+/// Seconds since the Unix epoch (token expiry is wall-clock time).
+fn unix_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 impl Core {
@@ -219,6 +259,7 @@ impl Core {
         loop {
             self.io.submit_and_wait(self.wait_duration());
             self.now = Instant::now();
+            self.gate.now_unix_secs = unix_secs();
             cqes.clear();
             self.io.reap(&mut cqes);
             for &cqe in &cqes {
@@ -285,6 +326,9 @@ impl Core {
         for (shard, fd) in self.hub.start_syncs(self.now) {
             self.io.fsync(shard, fd);
         }
+        // Receives deferred by --request-buffer-bytes-max, now that this turn's requests and
+        // closes may have released bytes (a deferral re-queues itself: no loop).
+        self.retry_deferred_recvs();
     }
 
     /// Pumps the subscribers of `touched` streams.

@@ -48,6 +48,12 @@ impl Core {
         for slot in to_pump {
             self.pump(slot);
         }
+        self.retry_deferred_recvs();
+        let m = &self.shared.metrics[self.id];
+        m.auth_refusals_total
+            .store(self.gate.auth_refusals, Relaxed);
+        m.origin_refusals_total
+            .store(self.gate.origin_refusals, Relaxed);
         self.parked.expire(now);
         self.m()
             .parked_windows
@@ -55,6 +61,7 @@ impl Core {
         if now >= self.next_retention {
             self.next_retention = now + Duration::from_secs(1);
             self.hub.enforce_retention(SystemTime::now(), self.id);
+            self.expire_idle_streams();
             let cfg = &self.shared.cfg;
             let lines = if cfg.metrics_per_stream {
                 self.hub.stream_lines(cfg.metrics_per_stream_max)
@@ -91,6 +98,9 @@ impl Core {
                     }
                 }
                 State::Sub(sub) => {
+                    if sub.expire(self.gate.now_unix_secs) {
+                        m.token_expired_closes_total.fetch_add(1, Relaxed);
+                    }
                     if sub.wants_outq_poll(now)
                         && let Ok(q) = sys::outq_bytes(conn.fd.as_fd())
                     {

@@ -11,6 +11,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use super::access::{self, Admission, Gate};
 use super::http::{self, Head, HeadLimits};
 use super::route::{self, Route};
 
@@ -51,6 +52,10 @@ pub struct Request {
     /// The client asked to close after the answer.
     pub close: bool,
     pub body: Vec<u8>,
+    /// Who asked (the gate's verdict): subject and token expiry, both `None` when anonymous.
+    pub access: auth::Access,
+    /// Header lines for every answer to this request (CORS); empty for most.
+    pub headers: String,
 }
 
 #[derive(Debug)]
@@ -93,6 +98,8 @@ struct Outgoing {
     bytes: Vec<u8>,
     wait: Option<Wait>,
     close: bool,
+    /// The request's extra header lines (CORS), for an answer rewritten by `fail_waits`.
+    headers: String,
 }
 
 /// What the header / idle deadlines decided at a tick.
@@ -128,6 +135,9 @@ pub struct HttpConn {
     head_started: Option<Instant>,
     /// The head is complete and the body is being received: the idle timeout applies.
     awaiting_body: bool,
+    /// Extra header lines for the answers to the request being handled (the gate's CORS
+    /// headers); set per head, spliced into each answer queued meanwhile.
+    headers: String,
 }
 
 /// Where a parsed head goes next (internal to [`HttpConn::poll`]).
@@ -158,6 +168,7 @@ impl HttpConn {
             idle_since: now,
             head_started: (rlen > 0).then_some(now),
             awaiting_body: false,
+            headers: String::new(),
         }
     }
 
@@ -167,6 +178,7 @@ impl HttpConn {
         now: Instant,
         lim: &ConnLimits,
         remote: &dyn Fn(Target<'_>) -> Option<usize>,
+        gate: &mut Gate,
     ) -> Step {
         loop {
             if self.close_requested || self.rbuf.is_none() {
@@ -185,11 +197,13 @@ impl HttpConn {
                 Ok(None) => return self.await_head(lim),
                 Err(e) => {
                     let (status, code, msg) = e.status();
+                    self.headers.clear();
                     self.error(status, code, &msg, true);
                     return Step::Wait;
                 }
             };
-            match self.on_head(head, busy, now, lim, remote) {
+            self.headers.clear();
+            match self.on_head(head, busy, now, lim, remote, gate) {
                 Parsed::Step(s) => return s,
                 Parsed::Again => continue,
             }
@@ -203,27 +217,42 @@ impl HttpConn {
         now: Instant,
         lim: &ConnLimits,
         remote: &dyn Fn(Target<'_>) -> Option<usize>,
+        gate: &mut Gate,
     ) -> Parsed {
         if let Some((path, body_max)) = &lim.mcp
             && *path == head.path
         {
-            return Parsed::Step(self.on_mcp_head(head, busy, *body_max, now, remote));
+            return Parsed::Step(self.on_mcp_head(head, busy, *body_max, now, remote, gate));
         }
         let route = match route::route(&head) {
             Ok(r) => r,
             Err(e) => {
                 let (status, code, msg) = e.status();
-                // The body (if any) was not read: only keep the connection if there is none.
-                let close = head.close || status == 411 || head.content_length > 0;
-                if !close {
-                    self.consume(head.head_len);
-                }
-                self.error(status, code, &msg, close);
-                return if close {
+                return self.refuse_head(&head, status, code, &msg);
+            }
+        };
+        let access = match gate.admit(&head, &route) {
+            Admission::Admit { headers, access } => {
+                self.headers = headers;
+                access
+            }
+            Admission::Preflight { answer } => {
+                self.consume(head.head_len);
+                self.answer(answer, None, head.close);
+                return if head.close {
                     Parsed::Step(Step::Wait)
                 } else {
                     Parsed::Again
                 };
+            }
+            Admission::Refuse {
+                status,
+                code,
+                message,
+                headers,
+            } => {
+                self.headers = headers;
+                return self.refuse_head(&head, status, code, &message);
             }
         };
         let body_max = match route {
@@ -257,7 +286,24 @@ impl HttpConn {
             },
             close: head.close,
             body,
+            access,
+            headers: self.headers.clone(),
         }))
+    }
+
+    /// Refuses a head with a JSON error. Its body (if any) was not read, so the connection is
+    /// kept only if there is none.
+    fn refuse_head(&mut self, head: &Head, status: u16, code: &str, msg: &str) -> Parsed {
+        let close = head.close || status == 411 || head.content_length > 0;
+        if !close {
+            self.consume(head.head_len);
+        }
+        self.error(status, code, msg, close);
+        if close {
+            Parsed::Step(Step::Wait)
+        } else {
+            Parsed::Again
+        }
     }
 
     /// A head on the MCP path: it always takes the connection over (its answer may be a stream).
@@ -268,11 +314,26 @@ impl HttpConn {
         body_max: usize,
         now: Instant,
         remote: &dyn Fn(Target<'_>) -> Option<usize>,
+        gate: &mut Gate,
     ) -> Step {
         self.compact();
         if busy {
             return Step::Wait;
         }
+        let access = match gate.admit_mcp(&head) {
+            Admission::Admit { access, .. } => access,
+            Admission::Refuse {
+                status,
+                code,
+                message,
+                headers,
+            } => {
+                self.headers = headers;
+                self.error(status, code, &message, true);
+                return Step::Wait;
+            }
+            Admission::Preflight { .. } => unreachable!("admit_mcp answers no preflight"),
+        };
         if head.content_length > body_max as u64 {
             let msg = format!(
                 "body of {} bytes exceeds --mcp-body-bytes-max {body_max}",
@@ -294,6 +355,8 @@ impl HttpConn {
             kind: Kind::Mcp { head: head_bytes },
             close: head.close,
             body,
+            access,
+            headers: String::new(),
         })
     }
 
@@ -419,13 +482,31 @@ impl HttpConn {
         self.head_started.get_or_insert(now);
     }
 
+    /// The receive `Step::Recv` asked for is not armed now (a process-wide byte bound): the
+    /// buffer comes back, cut to `keep` bytes (at least what it holds); the next poll asks
+    /// again.
+    pub fn give_back(&mut self, mut buf: Vec<u8>, keep: usize) {
+        assert!(self.rbuf.is_none(), "a buffer given back that was not out");
+        if buf.len() > keep.max(self.rlen) {
+            buf.truncate(keep.max(self.rlen));
+            buf.shrink_to_fit();
+        }
+        self.rbuf = Some(buf);
+    }
+
     // ---- answers ----
 
     /// Queues an answer after the earlier ones; `wait`: held back until durable.
     pub fn answer(&mut self, bytes: Vec<u8>, wait: Option<Wait>, close: bool) {
         self.close_requested |= close;
+        let bytes = access::with_headers(bytes, &self.headers);
         self.outbox_bytes += bytes.len();
-        self.outbox.push_back(Outgoing { bytes, wait, close });
+        self.outbox.push_back(Outgoing {
+            bytes,
+            wait,
+            close,
+            headers: self.headers.clone(),
+        });
     }
 
     /// A JSON error answer.
@@ -453,7 +534,7 @@ impl HttpConn {
     pub fn fail_waits(&mut self, failed: impl Fn(Wait) -> bool, error: impl Fn(bool) -> Vec<u8>) {
         for o in self.outbox.iter_mut() {
             if o.wait.is_some_and(&failed) {
-                let bytes = error(o.close);
+                let bytes = access::with_headers(error(o.close), &o.headers);
                 self.outbox_bytes = self.outbox_bytes - o.bytes.len() + bytes.len();
                 o.bytes = bytes;
                 o.wait = None;

@@ -22,10 +22,16 @@ fn local(_: Target<'_>) -> Option<usize> {
     None
 }
 
+/// A gate with no access control and no allowed origin (the default flags).
+fn open_gate() -> Gate {
+    let v = auth::Verifier::load(&auth::AuthSettings::default()).expect("no files to read");
+    Gate::new(Vec::new().into(), auth::Auth::new(std::sync::Arc::new(v)))
+}
+
 /// Feeds `bytes` as one receive: polls for the receive step, writes the bytes into its
 /// buffer, completes it.
 fn feed(c: &mut HttpConn, bytes: &[u8], now: Instant, lim: &ConnLimits) {
-    match c.poll(now, lim, &local) {
+    match c.poll(now, lim, &local, &mut open_gate()) {
         Step::Recv { mut buf, from } => {
             buf[from..from + bytes.len()].copy_from_slice(bytes);
             c.on_recv(buf, bytes.len(), now);
@@ -54,7 +60,7 @@ fn publish(stream: &str, body: &str) -> Vec<u8> {
 }
 
 fn request(c: &mut HttpConn, now: Instant, lim: &ConnLimits) -> Request {
-    match c.poll(now, lim, &local) {
+    match c.poll(now, lim, &local, &mut open_gate()) {
         Step::Request(r) => r,
         other => panic!("expected a request, got {other:?}"),
     }
@@ -90,7 +96,10 @@ fn pipelined_requests_come_out_in_order_and_answers_keep_it() {
     assert!(drain(&mut c, t0).is_empty());
     assert!(!c.release_waits(|x| x.seq <= 1));
     assert_eq!(drain(&mut c, t0), b"A1A2A3");
-    assert!(matches!(c.poll(t0, &lim, &local), Step::Recv { .. }));
+    assert!(matches!(
+        c.poll(t0, &lim, &local, &mut open_gate()),
+        Step::Recv { .. }
+    ));
 }
 
 #[test]
@@ -105,11 +114,17 @@ fn pipelining_stops_reading_at_the_answer_cap_and_resumes_when_answers_leave() {
     let _ = request(&mut c, t0, &lim);
     c.answer(vec![b'x'; lim.answer_bytes_max], None, false);
     // Answers at the cap: the next buffered request is not read.
-    assert!(matches!(c.poll(t0, &lim, &local), Step::Wait));
+    assert!(matches!(
+        c.poll(t0, &lim, &local, &mut open_gate()),
+        Step::Wait
+    ));
     // A send in flight still counts until the kernel takes it.
     let (buf, from) = c.poll_transmit().expect("ready");
     assert_eq!(c.answer_bytes(), lim.answer_bytes_max);
-    assert!(matches!(c.poll(t0, &lim, &local), Step::Wait));
+    assert!(matches!(
+        c.poll(t0, &lim, &local, &mut open_gate()),
+        Step::Wait
+    ));
     // A partial send: still over the cap by what is left.
     c.on_sent(buf, 10, t0);
     assert_eq!(c.answer_bytes(), lim.answer_bytes_max - 10);
@@ -129,14 +144,17 @@ fn expect_continue_is_answered_once_before_the_body() {
     let head =
         b"POST /v1/streams/a/events HTTP/1.1\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n";
     feed(&mut c, head, t0, &lim);
-    let Step::Recv { mut buf, from } = c.poll(t0, &lim, &local) else {
+    let Step::Recv { mut buf, from } = c.poll(t0, &lim, &local, &mut open_gate()) else {
         panic!("waits for the body");
     };
     assert_eq!(drain(&mut c, t0), CONTINUE, "100 Continue goes out first");
     buf[from..from + 2].copy_from_slice(b"he");
     c.on_recv(buf, 2, t0);
     // Still awaiting the body: another receive, and no second 100.
-    assert!(matches!(c.poll(t0, &lim, &local), Step::Recv { .. }));
+    assert!(matches!(
+        c.poll(t0, &lim, &local, &mut open_gate()),
+        Step::Recv { .. }
+    ));
     assert!(drain(&mut c, t0).is_empty());
 }
 
@@ -157,7 +175,7 @@ fn an_incomplete_head_times_out_with_408_exactly_at_the_deadline() {
     let (lim, t0) = (limits(), Instant::now());
     let mut c = HttpConn::new(Vec::new(), t0);
     feed(&mut c, b"GET /healthz HTTP/1.1\r\nHost:", t0, &lim);
-    let Step::Recv { buf, .. } = c.poll(t0, &lim, &local) else {
+    let Step::Recv { buf, .. } = c.poll(t0, &lim, &local, &mut open_gate()) else {
         panic!("waits for the rest of the head");
     };
     let just_before = t0 + lim.header_timeout - Duration::from_millis(1);
@@ -184,7 +202,7 @@ fn a_body_in_progress_is_under_the_idle_timeout_not_the_header_timeout() {
         t0,
         &lim,
     );
-    let _recv = c.poll(t0, &lim, &local);
+    let _recv = c.poll(t0, &lim, &local, &mut open_gate());
     assert_eq!(c.on_tick(t0 + lim.header_timeout * 2, &lim), Deadline::None);
     assert_eq!(c.on_tick(t0 + lim.idle_timeout, &lim), Deadline::Idle);
 }
@@ -193,7 +211,7 @@ fn a_body_in_progress_is_under_the_idle_timeout_not_the_header_timeout() {
 fn an_idle_keep_alive_connection_closes_after_the_idle_timeout() {
     let (lim, t0) = (limits(), Instant::now());
     let mut c = HttpConn::new(Vec::new(), t0);
-    let _recv = c.poll(t0, &lim, &local);
+    let _recv = c.poll(t0, &lim, &local, &mut open_gate());
     let t1 = t0 + lim.idle_timeout - Duration::from_millis(1);
     assert_eq!(c.on_tick(t1, &lim), Deadline::None);
     assert_eq!(c.on_tick(t0 + lim.idle_timeout, &lim), Deadline::Idle);
@@ -218,14 +236,17 @@ fn a_request_for_another_core_hands_over_every_unconsumed_byte() {
     bytes.extend(&second);
     feed(&mut c, &bytes, t0, &lim);
     let remote = |t: Target<'_>| (t == Target::Stream("elsewhere")).then_some(3);
-    let Step::Request(_) = c.poll(t0, &lim, &remote) else {
+    let Step::Request(_) = c.poll(t0, &lim, &remote, &mut open_gate()) else {
         panic!("the local request first")
     };
     // An answer queued: the handoff waits for it to leave.
     c.answer(b"ok".to_vec(), None, false);
-    assert!(matches!(c.poll(t0, &lim, &remote), Step::Wait));
+    assert!(matches!(
+        c.poll(t0, &lim, &remote, &mut open_gate()),
+        Step::Wait
+    ));
     assert_eq!(drain(&mut c, t0), b"ok");
-    match c.poll(t0, &lim, &remote) {
+    match c.poll(t0, &lim, &remote, &mut open_gate()) {
         Step::HandOff { owner, bytes } => assert_eq!((owner, bytes), (3, second)),
         other => panic!("expected a handoff, got {other:?}"),
     }
@@ -240,7 +261,10 @@ fn a_subscribe_waits_for_earlier_answers() {
     feed(&mut c, &bytes, t0, &lim);
     let _ = request(&mut c, t0, &lim);
     c.answer(b"201".to_vec(), None, false);
-    assert!(matches!(c.poll(t0, &lim, &local), Step::Wait));
+    assert!(matches!(
+        c.poll(t0, &lim, &local, &mut open_gate()),
+        Step::Wait
+    ));
     drain(&mut c, t0);
     let r = request(&mut c, t0, &lim);
     assert!(matches!(
@@ -261,7 +285,10 @@ fn an_oversized_body_is_refused_with_413_and_close() {
         lim.event_bytes_max + 1
     );
     feed(&mut c, head.as_bytes(), t0, &lim);
-    assert!(matches!(c.poll(t0, &lim, &local), Step::Wait));
+    assert!(matches!(
+        c.poll(t0, &lim, &local, &mut open_gate()),
+        Step::Wait
+    ));
     let out = drain(&mut c, t0);
     assert!(out.starts_with(b"HTTP/1.1 413 "));
     assert!(c.done(false));
@@ -309,7 +336,7 @@ fn a_large_body_buffer_shrinks_back_after_the_request() {
     let req = publish("a", &body);
     let mut sent = 0;
     while sent < req.len() {
-        let Step::Recv { mut buf, from } = c.poll(t0, &lim, &local) else {
+        let Step::Recv { mut buf, from } = c.poll(t0, &lim, &local, &mut open_gate()) else {
             panic!("receiving");
         };
         let n = (buf.len() - from).min(req.len() - sent);
@@ -318,7 +345,7 @@ fn a_large_body_buffer_shrinks_back_after_the_request() {
         c.on_recv(buf, n, t0);
     }
     assert_eq!(request(&mut c, t0, &lim).body.len(), body.len());
-    let Step::Recv { buf, .. } = c.poll(t0, &lim, &local) else {
+    let Step::Recv { buf, .. } = c.poll(t0, &lim, &local, &mut open_gate()) else {
         panic!("receiving");
     };
     assert!(buf.len() <= lim.head.header_bytes_max, "{}", buf.len());
@@ -365,7 +392,7 @@ fn a_declared_body_is_buffered_only_as_its_bytes_arrive() {
         4 << 20
     );
     feed(&mut c, head.as_bytes(), t0, &lim);
-    let Step::Recv { buf, from } = c.poll(t0, &lim, &local) else {
+    let Step::Recv { buf, from } = c.poll(t0, &lim, &local, &mut open_gate()) else {
         panic!("waits for the body");
     };
     assert!(
@@ -381,7 +408,7 @@ fn a_declared_body_is_buffered_only_as_its_bytes_arrive() {
         let n = buf.len() - have;
         c.on_recv(buf, n, t0);
         have += n;
-        match c.poll(t0, &lim, &local) {
+        match c.poll(t0, &lim, &local, &mut open_gate()) {
             Step::Recv { buf: b, from } => {
                 assert_eq!(from, have);
                 assert!(b.len() <= total && b.len() <= 2 * have.max(BODY_GROWTH_BYTES_MIN));

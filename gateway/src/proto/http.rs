@@ -22,6 +22,9 @@ pub enum Method {
     Get,
     Head,
     Post,
+    Delete,
+    /// A CORS preflight (answered by the connection machine).
+    Options,
     /// Anything else (answered 405 by the router).
     Other,
 }
@@ -48,6 +51,12 @@ pub struct Head {
     pub accept: Option<String>,
     /// `Event-Type` header: the SSE `event:` field of a single publish.
     pub event_type: Option<String>,
+    /// `Origin` (sent by browsers; checked against `--cors-allow-origin`).
+    pub origin: Option<String>,
+    /// `Authorization` (a Bearer token when authentication is on).
+    pub authorization: Option<String>,
+    /// `Cookie` (several fields are joined with `; `, as RFC 6265 §5.4 has a user agent send one).
+    pub cookie: Option<String>,
 }
 
 /// A request the gateway refuses, with the status it deserves.
@@ -161,6 +170,8 @@ pub fn parse_head(buf: &[u8], limits: &HeadLimits) -> Result<Option<Head>, HttpE
         "GET" => Method::Get,
         "HEAD" => Method::Head,
         "POST" => Method::Post,
+        "DELETE" => Method::Delete,
+        "OPTIONS" => Method::Options,
         _ => Method::Other,
     };
     let target = req.path.ok_or(HttpError::Malformed("target"))?;
@@ -180,6 +191,9 @@ pub fn parse_head(buf: &[u8], limits: &HeadLimits) -> Result<Option<Head>, HttpE
         last_event_id: None,
         accept: None,
         event_type: None,
+        origin: None,
+        authorization: None,
+        cookie: None,
     };
     for h in req.headers.iter() {
         apply_header(&mut head, h.name, h.value, version)?;
@@ -223,7 +237,31 @@ fn apply_header(head: &mut Head, name: &str, value: &[u8], version: u8) -> Resul
         head.accept = Some(text(value, "Accept")?.to_owned());
     } else if name.eq_ignore_ascii_case("event-type") {
         head.event_type = Some(text(value, "Event-Type")?.trim().to_owned());
+    } else if name.eq_ignore_ascii_case("origin") {
+        single(&mut head.origin, text(value, "Origin")?.trim(), "Origin")?;
+    } else if name.eq_ignore_ascii_case("authorization") {
+        let v = text(value, "Authorization")?.trim();
+        single(&mut head.authorization, v, "Authorization")?;
+    } else if name.eq_ignore_ascii_case("cookie") {
+        let v = text(value, "Cookie")?.trim();
+        match &mut head.cookie {
+            Some(c) => {
+                c.push_str("; ");
+                c.push_str(v);
+            }
+            None => head.cookie = Some(v.to_owned()),
+        }
     }
+    Ok(())
+}
+
+/// A single-valued header: a repeat with another value is refused (which one an intermediary
+/// honoured is unknowable).
+fn single(slot: &mut Option<String>, v: &str, name: &'static str) -> Result<(), HttpError> {
+    if slot.as_deref().is_some_and(|prev| prev != v) {
+        return Err(HttpError::ConflictingHeader(name));
+    }
+    *slot = Some(v.to_owned());
     Ok(())
 }
 

@@ -3,6 +3,7 @@
 //! is passed in), no io_uring.
 #![forbid(unsafe_code)]
 
+pub mod access;
 pub mod conn;
 pub mod http;
 pub mod route;

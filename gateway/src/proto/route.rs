@@ -11,7 +11,7 @@ pub const STREAM_NAME_BYTES_MAX: usize = 200;
 /// Event types only the gateway emits: `event: truncated` is its in-band notice that events
 /// were skipped. A published event of that type would be indistinguishable to a client that
 /// switches on the type, so a producer could make subscribers believe (or miss) a truncation.
-pub const RESERVED_EVENT_TYPES: [&str; 1] = ["truncated"];
+pub const RESERVED_EVENT_TYPES: [&str; 2] = ["truncated", "expired"];
 
 /// What a request asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,8 +22,11 @@ pub enum Route {
     PublishBatch { stream: String },
     /// `GET /v1/streams/{name}` (text/event-stream).
     Subscribe { stream: String, q: SubscribeQuery },
-    /// `GET /metrics`.
-    Metrics,
+    /// `DELETE /v1/streams/{name}`: the stream, its events and its name are removed; a stream
+    /// created later under the name is another stream (old IDs are refused as foreign).
+    Delete { stream: String },
+    /// `OPTIONS` on an API path: a CORS preflight.
+    Preflight,
     /// `GET /healthz`.
     Healthz,
 }
@@ -34,8 +37,9 @@ impl Route {
         match self {
             Route::Publish { stream }
             | Route::PublishBatch { stream }
-            | Route::Subscribe { stream, .. } => Some(stream),
-            Route::Metrics | Route::Healthz => None,
+            | Route::Subscribe { stream, .. }
+            | Route::Delete { stream } => Some(stream),
+            Route::Preflight | Route::Healthz => None,
         }
     }
 }
@@ -71,6 +75,8 @@ pub struct SubscribeQuery {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RouteError {
     NotFound,
+    /// `/metrics` asked on the public listener: it is served on `--admin-listen` only.
+    AdminOnly,
     MethodNotAllowed,
     /// The stream name has a forbidden byte or length.
     BadStreamName,
@@ -89,6 +95,11 @@ impl RouteError {
     pub fn status(&self) -> (u16, &'static str, String) {
         match self {
             RouteError::NotFound => (404, "not_found", "no such resource".into()),
+            RouteError::AdminOnly => (
+                404,
+                "not_found",
+                "/metrics is served on the admin listener (--admin-listen) only".into(),
+            ),
             RouteError::MethodNotAllowed => {
                 (405, "method_not_allowed", "method not allowed here".into())
             }
@@ -111,7 +122,7 @@ impl RouteError {
             RouteError::ReservedEventType => (
                 400,
                 "reserved_event_type",
-                "event types reserved for the gateway's own notices: truncated".into(),
+                "event types reserved for the gateway's own notices: truncated, expired".into(),
             ),
         }
     }
@@ -121,15 +132,13 @@ impl RouteError {
 pub fn route(head: &Head) -> Result<Route, RouteError> {
     let path = head.path.as_str();
     match path {
-        "/metrics" | "/healthz" => {
-            if head.method != Method::Get {
-                return Err(RouteError::MethodNotAllowed);
-            }
-            return Ok(if path == "/metrics" {
-                Route::Metrics
-            } else {
-                Route::Healthz
-            });
+        "/metrics" => return Err(RouteError::AdminOnly),
+        "/healthz" => {
+            return match head.method {
+                Method::Get | Method::Head => Ok(Route::Healthz),
+                Method::Options => Ok(Route::Preflight),
+                _ => Err(RouteError::MethodNotAllowed),
+            };
         }
         _ => {}
     }
@@ -140,44 +149,50 @@ pub fn route(head: &Head) -> Result<Route, RouteError> {
         Some((n, t)) => (n, Some(t)),
         None => (rest, None),
     };
+    let stream = valid_name(name)?;
+    if head.method == Method::Options && matches!(tail, None | Some("events" | "events:batch")) {
+        return Ok(Route::Preflight);
+    }
     match tail {
-        None => {
-            if head.method != Method::Get {
-                return Err(RouteError::MethodNotAllowed);
+        None => match head.method {
+            Method::Get => {
+                if let Some(a) = &head.accept
+                    && !accepts_event_stream(a)
+                {
+                    return Err(RouteError::NotAcceptable);
+                }
+                let q = subscribe_query(&head.query, head.last_event_id.as_deref())?;
+                Ok(Route::Subscribe { stream, q })
             }
-            let stream = valid_name(name)?;
-            if let Some(a) = &head.accept
-                && !accepts_event_stream(a)
-            {
-                return Err(RouteError::NotAcceptable);
-            }
-            let q = subscribe_query(&head.query, head.last_event_id.as_deref())?;
-            Ok(Route::Subscribe { stream, q })
-        }
-        Some(t @ ("events" | "events:batch")) => {
-            if head.method != Method::Post {
-                return Err(RouteError::MethodNotAllowed);
-            }
-            let stream = valid_name(name)?;
-            if !head.has_content_length {
-                return Err(RouteError::LengthRequired);
-            }
-            if t == "events"
-                && head
-                    .event_type
-                    .as_deref()
-                    .is_some_and(|e| RESERVED_EVENT_TYPES.contains(&e))
-            {
-                return Err(RouteError::ReservedEventType);
-            }
-            Ok(if t == "events" {
-                Route::Publish { stream }
-            } else {
-                Route::PublishBatch { stream }
-            })
-        }
+            Method::Delete => Ok(Route::Delete { stream }),
+            _ => Err(RouteError::MethodNotAllowed),
+        },
+        Some(t @ ("events" | "events:batch")) => publish_route(head, stream, t == "events"),
         Some(_) => Err(RouteError::NotFound),
     }
+}
+
+/// `POST /v1/streams/{name}/events[:batch]`.
+fn publish_route(head: &Head, stream: String, single: bool) -> Result<Route, RouteError> {
+    if head.method != Method::Post {
+        return Err(RouteError::MethodNotAllowed);
+    }
+    if !head.has_content_length {
+        return Err(RouteError::LengthRequired);
+    }
+    if single
+        && head
+            .event_type
+            .as_deref()
+            .is_some_and(|e| RESERVED_EVENT_TYPES.contains(&e))
+    {
+        return Err(RouteError::ReservedEventType);
+    }
+    Ok(if single {
+        Route::Publish { stream }
+    } else {
+        Route::PublishBatch { stream }
+    })
 }
 
 /// A stream name as routed: 1..=STREAM_NAME_BYTES_MAX bytes of `[A-Za-z0-9._~-]`.
@@ -247,6 +262,8 @@ fn subscribe_query(query: &str, header_id: Option<&str>) -> Result<SubscribeQuer
                     q.last_event_id = Some(v.to_owned());
                 }
             }
+            // The token, read by the access gate (only under --jwt-allow-query-token).
+            "access_token" => {}
             _ => {
                 return Err(RouteError::BadQuery(format!(
                     "unknown query parameter {k:?}"
@@ -423,7 +440,23 @@ mod tests {
         );
         assert_eq!(
             route(&head("GET /metrics HTTP/1.1\r\n\r\n")),
-            Ok(Route::Metrics)
+            Err(RouteError::AdminOnly)
+        );
+        assert_eq!(
+            route(&head("DELETE /v1/streams/a HTTP/1.1\r\n\r\n")),
+            Ok(Route::Delete { stream: "a".into() })
+        );
+        assert_eq!(
+            route(&head("OPTIONS /v1/streams/a/events HTTP/1.1\r\n\r\n")),
+            Ok(Route::Preflight)
+        );
+        assert_eq!(
+            route(&head("OPTIONS /v1/streams/a/x HTTP/1.1\r\n\r\n")),
+            Err(RouteError::NotFound)
+        );
+        assert_eq!(
+            route(&head("PUT /v1/streams/a HTTP/1.1\r\n\r\n")),
+            Err(RouteError::MethodNotAllowed)
         );
         assert_eq!(
             route(&head("DELETE /healthz HTTP/1.1\r\n\r\n")),

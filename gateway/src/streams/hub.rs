@@ -9,9 +9,9 @@
 
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, RawFd};
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
-use log_store::{AppendError, Log, SyncJob, SyncReport};
+use log_store::{AppendError, Log, RemoveError, Removed, StreamId, SyncJob, SyncReport};
 
 use super::StreamKey;
 use crate::proto::conn::Wait;
@@ -32,6 +32,8 @@ pub struct Hub {
     syncs: HashMap<u32, Pending>,
     /// Shards whose group commit failed since the last `take_failed` (their logs are poisoned).
     failed: Vec<u32>,
+    /// Since when each API stream has had no retained event and no subscriber (idle expiry).
+    idle_since: HashMap<StreamKey, Instant>,
 }
 
 /// A group commit in flight: its job, the `fdatasync`s not completed yet, the first error.
@@ -51,6 +53,7 @@ impl Hub {
             shards,
             syncs: HashMap::new(),
             failed: Vec::new(),
+            idle_since: HashMap::new(),
         }
     }
 
@@ -74,6 +77,12 @@ impl Hub {
         self.logs.contains_key(&shard)
     }
 
+    /// The stream named `stream`, if it exists.
+    pub fn stream_key(&self, stream: &str) -> Option<StreamKey> {
+        let shard = self.shard_of(stream);
+        Some((shard, self.log(shard).stream_id(stream)?))
+    }
+
     /// The stream named `stream`, created if new (subscribers commonly come before the
     /// first publish).
     pub fn open_stream(&mut self, stream: &str) -> Result<StreamKey, AppendError> {
@@ -90,12 +99,59 @@ impl Hub {
         self.touched.push(key);
     }
 
-    /// Whether `w`'s event is visible (durable under `--fsync`).
+    /// Whether `w`'s event is visible (durable under `--fsync`). A removed stream's waits end
+    /// once its removal is durable: every append before it is durable then (and a `DELETE`
+    /// waits with `seq` = `u64::MAX` for exactly that).
     pub fn visible(&self, w: Wait) -> bool {
-        self.logs
-            .get(&w.shard)
-            .and_then(|l| l.bounds(log_store::StreamId(w.stream)))
-            .is_some_and(|b| b.visible_tail >= w.seq)
+        let Some(log) = self.logs.get(&w.shard) else {
+            return false;
+        };
+        let id = StreamId(w.stream);
+        match log.bounds(id) {
+            Some(b) => b.visible_tail >= w.seq,
+            None => log.removal_is_durable(id),
+        }
+    }
+
+    /// Removes the stream (its subscribers must be gone): a durable *stream removed* record;
+    /// the name is free again. [`Removed::durable`] false: answer only once
+    /// [`Hub::visible`] says so for a wait on `(key, u64::MAX)`.
+    pub fn remove_stream(&mut self, key: StreamKey) -> Result<Removed, RemoveError> {
+        assert!(
+            self.subscribers(key).is_empty(),
+            "a stream is removed only once its subscribers are gone"
+        );
+        self.subs.remove(&key);
+        self.idle_since.remove(&key);
+        self.log_mut(key.0).remove_stream(key.1)
+    }
+
+    /// The API streams with no retained event and no subscriber for `after` (checked at each
+    /// call; MCP streams are the MCP front's).
+    pub fn idle_streams(&mut self, now: Instant, after: Duration) -> Vec<StreamKey> {
+        let mut due = Vec::new();
+        let mut idle = std::mem::take(&mut self.idle_since);
+        let mut still = HashMap::with_capacity(idle.len());
+        for (&s, log) in &self.logs {
+            for (id, name, _) in log.streams() {
+                let key = (s, id);
+                if name.starts_with(crate::core::MCP_STREAM_PREFIX)
+                    || !log.stream_is_empty(id)
+                    || self.subs.contains_key(&key)
+                {
+                    continue;
+                }
+                let since = idle.remove(&key).unwrap_or(now);
+                if now.duration_since(since) >= after {
+                    due.push(key);
+                } else {
+                    still.insert(key, since);
+                }
+            }
+        }
+        idle.clear();
+        self.idle_since = still;
+        due
     }
 
     /// The streams touched this turn — appended to (visible at once under `--fsync never`) or
@@ -176,6 +232,8 @@ impl Hub {
     fn note_synced(&mut self, shard: u32, r: &SyncReport) {
         self.touched
             .extend(r.advanced.iter().map(|(sid, _)| (shard, *sid)));
+        self.touched
+            .extend(r.removed.iter().map(|sid| (shard, *sid)));
     }
 
     fn take_touched(&mut self) -> Vec<StreamKey> {
@@ -225,9 +283,9 @@ impl Hub {
         }
     }
 
-    /// Streams in the core's logs.
+    /// Live streams in the core's logs.
     pub fn stream_count(&self) -> usize {
-        self.logs.values().map(Log::stream_count).sum()
+        self.logs.values().map(Log::live_stream_count).sum()
     }
 
     /// The per-stream lines of `/metrics`, for at most `max` streams. MCP streams are never

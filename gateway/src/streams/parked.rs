@@ -124,6 +124,13 @@ impl ParkedWindows {
         evs
     }
 
+    /// Drops every window of `key` (its stream was removed).
+    pub fn forget(&mut self, key: StreamKey) {
+        if let Some(list) = self.by_stream.remove(&key) {
+            self.count -= list.len();
+        }
+    }
+
     /// Drops windows past their grace period.
     pub fn expire(&mut self, now: Instant) {
         for list in self.by_stream.values_mut() {

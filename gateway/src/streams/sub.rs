@@ -112,6 +112,9 @@ pub struct Sub {
     spare: Option<Box<Vectored>>,
     /// A read-ahead just completed: the next send goes without checking residency again.
     prefetched: bool,
+    /// When the subscriber's token expires (seconds since the Unix epoch): the stream is
+    /// ended then with an in-band `event: expired`.
+    expires_unix_secs: Option<u64>,
 }
 
 /// Bytes of a cold log segment the next send would point at: read them ahead first.
@@ -154,6 +157,7 @@ impl Sub {
             ack_awaited: None,
             spare: Some(Box::default()),
             prefetched: false,
+            expires_unix_secs: None,
         }
     }
 
@@ -197,6 +201,34 @@ impl Sub {
     /// Ends the response after `seq` (an MCP stream that is complete).
     pub fn end_after(&mut self, seq: Seq) {
         self.end_after = Some(seq);
+    }
+
+    /// The subscriber's credentials expire at `exp` (seconds since the Unix epoch).
+    pub fn expire_at(&mut self, exp: Option<u64>) {
+        self.expires_unix_secs = exp;
+    }
+
+    /// Ends the stream in-band if its credentials expired by `now_unix_secs`: an
+    /// `event: expired` notice (no `id:`, so the client's Last-Event-ID stays on the last event
+    /// it got) goes after what is already queued, then the connection closes. The client comes
+    /// back with a fresh token and its Last-Event-ID and misses nothing. True if it ended now.
+    pub fn expire(&mut self, now_unix_secs: u64) -> bool {
+        if self.finishing || self.expires_unix_secs.is_none_or(|e| now_unix_secs < e) {
+            return false;
+        }
+        let json = serde_json::json!({
+            "error": "token_expired",
+            "exp": self.expires_unix_secs,
+            "message": "the subscription's token expired: reconnect with a fresh token and \
+                        Last-Event-ID",
+        });
+        self.window.push_bytes(Run::whole(Bytes::Owned(
+            format!("event: expired\ndata: {json}\n\n")
+                .into_bytes()
+                .into(),
+        )));
+        self.finishing = true;
+        true
     }
 
     /// Never park this subscriber's window (its resumes replay from the log).

@@ -16,6 +16,8 @@ pub const IO_TIMEOUT: Duration = Duration::from_secs(20);
 pub struct Gateway {
     pub child: Child,
     pub addr: SocketAddr,
+    /// The admin listener (`/metrics`, `/healthz`).
+    pub admin_addr: SocketAddr,
     pub data_dir: PathBuf,
     _tmp: Option<tempfile::TempDir>,
 }
@@ -37,6 +39,9 @@ impl Gateway {
             // Small segments keep test data directories small.
             cmd.args(["--segment-bytes", "1048576"]);
         }
+        if !args.contains(&"--admin-listen") {
+            cmd.args(["--admin-listen", "127.0.0.1:0"]);
+        }
         cmd.arg("--data-dir")
             .arg(dir)
             .args(["--listen", "127.0.0.1:0"])
@@ -48,9 +53,11 @@ impl Gateway {
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let mut r = BufReader::new(stdout);
-            let mut line = String::new();
-            let _ = r.read_line(&mut line);
-            let _ = tx.send(line);
+            for _ in 0..2 {
+                let mut line = String::new();
+                let _ = r.read_line(&mut line);
+                let _ = tx.send(line);
+            }
             // Keep draining so the child never blocks on a full pipe.
             let mut sink = Vec::new();
             let _ = r.read_to_end(&mut sink);
@@ -59,9 +66,19 @@ impl Gateway {
             .recv_timeout(Duration::from_secs(60))
             .expect("gateway printed its address");
         let addr = listening_addr(&line);
+        let line = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("gateway printed its admin address");
+        let admin = line
+            .trim()
+            .strip_prefix("admin listener on ")
+            .unwrap_or_else(|| panic!("unexpected second line {line:?}"))
+            .parse()
+            .expect("admin address");
         Gateway {
             child,
             addr,
+            admin_addr: admin,
             data_dir: dir.to_path_buf(),
             _tmp: None,
         }
@@ -96,7 +113,7 @@ impl Gateway {
 
     /// Value of one metric line (exact label set), summed if `labels` matches several.
     pub fn metric(&self, name: &str, label_filter: &str) -> u64 {
-        let (_, _, body) = request(self.addr, "GET", "/metrics", &[], b"");
+        let (_, _, body) = request(self.admin_addr, "GET", "/metrics", &[], b"");
         let text = String::from_utf8(body).unwrap();
         text.lines()
             .filter(|l| l.starts_with(name) && l[name.len()..].starts_with('{'))
@@ -229,6 +246,7 @@ pub fn listening_addr(line: &str) -> SocketAddr {
 /// stderr. Panics (after killing it) if it is still running then.
 pub fn run_to_exit(dir: &Path, args: &[&str], secs: u64) -> (std::process::ExitStatus, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_gateway"))
+        .args(["--admin-listen", "127.0.0.1:0"])
         .arg("--data-dir")
         .arg(dir)
         .args(["--listen", "127.0.0.1:0"])
@@ -315,10 +333,23 @@ pub struct Sse {
 impl Sse {
     /// Sends the GET and reads the response head. For non-200 the body is in `body`.
     pub fn open(addr: SocketAddr, path: &str, last_event_id: Option<&str>) -> Sse {
+        Sse::open_with(addr, path, last_event_id, &[])
+    }
+
+    /// [`Sse::open`] with extra request headers.
+    pub fn open_with(
+        addr: SocketAddr,
+        path: &str,
+        last_event_id: Option<&str>,
+        headers: &[(&str, &str)],
+    ) -> Sse {
         let mut s = connect(addr);
         let mut req = format!("GET {path} HTTP/1.1\r\nHost: t\r\nAccept: text/event-stream\r\n");
         if let Some(id) = last_event_id {
             req.push_str(&format!("Last-Event-ID: {id}\r\n"));
+        }
+        for (k, v) in headers {
+            req.push_str(&format!("{k}: {v}\r\n"));
         }
         req.push_str("\r\n");
         s.write_all(req.as_bytes()).unwrap();

@@ -6,6 +6,7 @@
 
 use std::os::unix::fs::FileExt;
 
+use super::streams::Lookup;
 use super::*;
 use crate::options::{SEGMENT_BYTES_MAX, SEGMENT_BYTES_MIN};
 
@@ -93,26 +94,33 @@ pub(super) fn open(dir: &Path, opts: LogOptions) -> Result<Log, OpenError> {
 
     let mut scan = Scan {
         epoch: ckpt.as_ref().map(|c| c.epoch),
-        streams: Vec::new(),
-        by_name: HashMap::new(),
+        streams: Streams::default(),
         report,
         lock: Arc::clone(&lock),
         ckpt_tails: Vec::new(),
+        ckpt_removed_unseen: Vec::new(),
     };
     if let Some(c) = &ckpt {
         for (i, s) in c.streams.iter().enumerate() {
-            let name: Box<str> = s.name.as_str().into();
+            let id = StreamId(i as u32);
+            let Some(s) = s else {
+                scan.streams.push_removed();
+                scan.ckpt_tails.push(0);
+                scan.ckpt_removed_unseen.push(true);
+                continue;
+            };
+            if scan.streams.id_of(&s.name).is_some() {
+                return Err(OpenError::Checkpoint {
+                    path: ckpt_path,
+                    reason: CheckpointError::Malformed("two live streams with one name"),
+                });
+            }
             // During the scan `tail` is "last indexed": the first retained record must be `floor`.
-            let epoch = c.epoch;
-            scan.streams.push(StreamState::new(
-                epoch,
-                StreamId(i as u32),
-                name.clone(),
-                s.floor,
-                s.floor - 1,
-            ));
-            scan.by_name.insert(name, StreamId(i as u32));
+            let name: Box<str> = s.name.as_str().into();
+            let st = StreamState::new(c.epoch, id, name, s.floor, s.floor - 1);
+            scan.streams.push_live(st);
             scan.ckpt_tails.push(s.tail);
+            scan.ckpt_removed_unseen.push(false);
         }
     }
 
@@ -129,7 +137,6 @@ pub(super) fn open(dir: &Path, opts: LogOptions) -> Result<Log, OpenError> {
     let Scan {
         epoch,
         mut streams,
-        by_name,
         mut report,
         ckpt_tails,
         ..
@@ -137,7 +144,9 @@ pub(super) fn open(dir: &Path, opts: LogOptions) -> Result<Log, OpenError> {
     let epoch = epoch.expect("at least one segment was scanned");
 
     for (i, &ckpt_tail) in ckpt_tails.iter().enumerate() {
-        let st = &mut streams[i];
+        let Some(st) = streams.get_mut(StreamId(i as u32)) else {
+            continue; // removed
+        };
         if st.tail < ckpt_tail {
             // The checkpoint saw records the disk lost (power loss under `Never`). Sequences up
             // to `ckpt_tail` may have been seen by readers: never reuse them, and serve nothing
@@ -153,10 +162,11 @@ pub(super) fn open(dir: &Path, opts: LogOptions) -> Result<Log, OpenError> {
             }
         }
     }
-    for st in &mut streams {
+    for st in streams.iter_live_mut() {
         st.visible = st.tail;
         debug_assert_eq!(st.index.len() as u64, st.tail + 1 - st.floor);
     }
+    streams.shrink_slots();
 
     let (active, sealed_last) = active.expect("last segment scanned");
     let mut log = Log {
@@ -166,8 +176,8 @@ pub(super) fn open(dir: &Path, opts: LogOptions) -> Result<Log, OpenError> {
         segs,
         active,
         streams,
-        by_name,
         dirty: Vec::new(),
+        unsynced_removals: Vec::new(),
         unsynced_since: None,
         unflushed_from: Some(first_live),
         poisoned: false,
@@ -230,9 +240,9 @@ fn create_new(
         epoch,
         segs: VecDeque::from([meta]),
         active,
-        streams: Vec::new(),
-        by_name: HashMap::new(),
+        streams: Streams::default(),
         dirty: Vec::new(),
+        unsynced_removals: Vec::new(),
         unsynced_since: None,
         unflushed_from: None,
         poisoned: false,
@@ -293,11 +303,13 @@ fn segment_is_blank_or_stale(path: &Path, number: u64) -> Result<bool, OpenError
 
 struct Scan {
     lock: Arc<File>,
-    /// Checkpointed tail of each stream the checkpoint knows.
+    /// Checkpointed tail of each stream the checkpoint knows (0 for a removed one).
     ckpt_tails: Vec<Seq>,
+    /// Per stream the checkpoint knows: it is removed there and its removal record has not
+    /// been scanned yet, so its earlier records may still show up (and are skipped).
+    ckpt_removed_unseen: Vec<bool>,
     epoch: Option<Epoch>,
-    streams: Vec<StreamState>,
-    by_name: HashMap<Box<str>, StreamId>,
+    streams: Streams,
     report: RecoveryReport,
 }
 
@@ -327,6 +339,7 @@ impl Scan {
             reason,
         })?;
         let mut chain = Header::crc(header_bytes);
+        let version = header.version;
         let mismatch = |field, expected: u64, found: u64| OpenError::HeaderMismatch {
             path: path.clone(),
             field,
@@ -366,7 +379,7 @@ impl Scan {
                 break;
             }
             let checked = (|| {
-                let e = Entry::decode_fields(&eb).map_err(CorruptReason::Entry)?;
+                let e = Entry::decode_fields(&eb, version).map_err(CorruptReason::Entry)?;
                 if e.data_off as usize != data_end {
                     return Err(CorruptReason::DataOffset {
                         expected: data_end as u32,
@@ -398,74 +411,19 @@ impl Scan {
             };
             let payload_len = e.len as usize;
             match e.kind {
-                Kind::Event => {
-                    let st = self
-                        .streams
-                        .get_mut(e.stream.0 as usize)
-                        .ok_or(corrupt(CorruptReason::UnknownStream(e.stream)))?;
-                    // Found by fuzzing (`log_forged`): a checksum-valid event with sequence
-                    // u64::MAX overflowed `tail + 1`; it is never a valid sequence.
-                    if e.seq == u64::MAX {
-                        return Err(corrupt(CorruptReason::SequenceOverflow {
-                            stream: e.stream,
-                        }));
-                    }
-                    if e.seq != st.tail + 1 {
-                        match self.ckpt_tails.get(e.stream.0 as usize) {
-                            // Records up to the checkpointed tail were lost (power loss under
-                            // `fsync=never`, see `open`) and an earlier open continued the
-                            // stream after them: skip the lost range again.
-                            Some(&t) if st.tail < t && e.seq == t + 1 => {
-                                st.index.clear();
-                                st.floor = t + 1;
-                                st.tail = t;
-                                if !self.report.streams_behind_checkpoint.contains(&e.stream) {
-                                    self.report.streams_behind_checkpoint.push(e.stream);
-                                }
-                            }
-                            _ => {
-                                return Err(corrupt(CorruptReason::SequenceGap {
-                                    stream: e.stream,
-                                    expected: st.tail + 1,
-                                    found: e.seq,
-                                }));
-                            }
-                        }
-                    }
-                    st.index.push_back(Loc {
-                        seg: number as u32,
-                        off: e.data_off,
-                        len: e.len,
-                    });
-                    st.tail = e.seq;
-                    if st.last_seg != Some(number) {
-                        st.last_seg = Some(number);
-                        seg_streams.push(e.stream);
-                    }
-                    self.report.records_recovered += 1;
-                }
-                Kind::StreamName => {
+                Kind::Event => self.event(&e, number, &mut seg_streams).map_err(corrupt)?,
+                Kind::StreamName | Kind::StreamRemoved => {
                     let payload = map.read_private(&tok, data_end, payload_len);
                     let name = std::str::from_utf8(payload)
                         .ok()
                         .filter(|n| validate_stream_name(n).is_ok())
                         .ok_or(corrupt(CorruptReason::StreamNameInvalid))?;
-                    let id = e.stream.0 as usize;
-                    if id < self.streams.len() {
-                        if &*self.streams[id].name != name {
-                            return Err(corrupt(CorruptReason::StreamNameMismatch(e.stream)));
-                        }
-                    } else if id == self.streams.len() {
-                        let epoch = self.epoch.expect("header read before entries");
-                        self.streams
-                            .push(StreamState::new(epoch, e.stream, name.into(), 1, 0));
-                        self.by_name.insert(name.into(), e.stream);
+                    if e.kind == Kind::StreamName {
+                        self.stream_name(e.stream, name)
                     } else {
-                        return Err(corrupt(CorruptReason::StreamIdGap {
-                            expected: self.streams.len() as u32,
-                            found: e.stream.0,
-                        }));
+                        self.stream_removed(e.stream, name)
                     }
+                    .map_err(corrupt)?;
                 }
                 Kind::Seal => {
                     if e.seq != entries || e.len != 0 {
@@ -536,10 +494,121 @@ impl Scan {
             entry_low,
             entries,
             sealed,
+            version,
             chain,
             populated_high: data_end,
             populated_low: entry_low,
         };
         Ok((meta, (active, sealed)))
+    }
+
+    /// An event: the next sequence of a live stream, or a record of a stream the checkpoint
+    /// knows as removed, scanned before its removal record (skipped).
+    fn event(
+        &mut self,
+        e: &Entry,
+        number: u64,
+        seg_streams: &mut Vec<StreamId>,
+    ) -> Result<(), CorruptReason> {
+        let st = match self.streams.lookup(e.stream) {
+            Lookup::Live(_) => &mut self.streams[e.stream],
+            Lookup::Unknown => return Err(CorruptReason::UnknownStream(e.stream)),
+            Lookup::Removed { .. } => return self.before_checkpointed_removal(e.stream),
+        };
+        // Found by fuzzing (`log_forged`): a checksum-valid event with sequence u64::MAX
+        // overflowed `tail + 1`; it is never a valid sequence.
+        if e.seq == u64::MAX {
+            return Err(CorruptReason::SequenceOverflow { stream: e.stream });
+        }
+        if e.seq != st.tail + 1 {
+            match self.ckpt_tails.get(e.stream.0 as usize) {
+                // Records up to the checkpointed tail were lost (power loss under
+                // `fsync=never`, see `open`) and an earlier open continued the stream after
+                // them: skip the lost range again.
+                Some(&t) if st.tail < t && e.seq == t + 1 => {
+                    st.index.clear();
+                    st.floor = t + 1;
+                    st.tail = t;
+                    if !self.report.streams_behind_checkpoint.contains(&e.stream) {
+                        self.report.streams_behind_checkpoint.push(e.stream);
+                    }
+                }
+                _ => {
+                    return Err(CorruptReason::SequenceGap {
+                        stream: e.stream,
+                        expected: st.tail + 1,
+                        found: e.seq,
+                    });
+                }
+            }
+        }
+        st.index.push_back(Loc {
+            seg: number as u32,
+            off: e.data_off,
+            len: e.len,
+        });
+        st.tail = e.seq;
+        if st.last_seg != Some(number) {
+            st.last_seg = Some(number);
+            seg_streams.push(e.stream);
+        }
+        self.report.records_recovered += 1;
+        Ok(())
+    }
+
+    /// A stream name record: creates the next id, or repeats the name of a stream the
+    /// checkpoint already knows.
+    fn stream_name(&mut self, id: StreamId, name: &str) -> Result<(), CorruptReason> {
+        match self.streams.lookup(id) {
+            Lookup::Live(_) if &*self.streams[id].name != name => {
+                Err(CorruptReason::StreamNameMismatch(id))
+            }
+            Lookup::Live(_) => Ok(()),
+            Lookup::Removed { .. } => self.before_checkpointed_removal(id),
+            Lookup::Unknown if id.0 as usize == self.streams.ids() => {
+                if self.streams.id_of(name).is_some() {
+                    return Err(CorruptReason::DuplicateStreamName(id));
+                }
+                let epoch = self.epoch.expect("header read before entries");
+                self.streams
+                    .push_live(StreamState::new(epoch, id, name.into(), 1, 0));
+                Ok(())
+            }
+            Lookup::Unknown => Err(CorruptReason::StreamIdGap {
+                expected: self.streams.ids() as u32,
+                found: id.0,
+            }),
+        }
+    }
+
+    /// A stream removed record: removes a live stream (its name must match), or is the
+    /// removal record of a stream the checkpoint knows as removed.
+    fn stream_removed(&mut self, id: StreamId, name: &str) -> Result<(), CorruptReason> {
+        match self.streams.lookup(id) {
+            Lookup::Live(_) if &*self.streams[id].name != name => {
+                Err(CorruptReason::StreamNameMismatch(id))
+            }
+            Lookup::Live(_) => {
+                self.streams.remove(id, true);
+                Ok(())
+            }
+            Lookup::Removed { .. } => {
+                self.before_checkpointed_removal(id)?;
+                self.ckpt_removed_unseen[id.0 as usize] = false;
+                Ok(())
+            }
+            Lookup::Unknown => Err(CorruptReason::UnknownStream(id)),
+        }
+    }
+
+    /// A record of removed stream `id` is valid only ahead of its removal record, which only
+    /// a stream removed in the checkpoint can still have to come (records are in log order;
+    /// nothing of a stream follows its removal).
+    fn before_checkpointed_removal(&self, id: StreamId) -> Result<(), CorruptReason> {
+        if self.ckpt_removed_unseen.get(id.0 as usize) == Some(&true) {
+            Ok(())
+        } else {
+            Err(CorruptReason::StreamRemoved(id))
+        }
     }
 }

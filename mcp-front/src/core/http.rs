@@ -11,6 +11,7 @@ impl McpCore {
     pub fn handle_http(&mut self, now_ms: u64, req: &HttpRequest<'_>, log: &dyn LogView) {
         let h = Headers::new(req.headers);
         let conn = req.conn;
+        self.subject = req.subject.map(str::to_owned);
         if self.refuse_headers(conn, &h) {
             return;
         }
@@ -167,8 +168,13 @@ impl McpCore {
             return None;
         };
         let sid = String::from_utf8_lossy(raw);
-        if !self.sessions.contains_key(sid.as_ref()) {
-            // SPEC L4: unknown or terminated.
+        let bound = self
+            .subject
+            .as_deref()
+            .is_none_or(|s| sid.ends_with(&super::subject_tag(s)));
+        if !bound || !self.sessions.contains_key(sid.as_ref()) {
+            // SPEC L4: unknown or terminated. A session of another subject is answered
+            // exactly as an unknown one (nothing tells a prober that the ID exists).
             self.error(
                 conn,
                 404,

@@ -63,6 +63,20 @@ pub struct HttpRequest<'a> {
     pub method: HttpMethod,
     pub headers: &'a [(&'a str, &'a [u8])],
     pub body: &'a [u8],
+    /// The authenticated subject (the token's `sub`, `""` for a token without one) when the
+    /// gateway authenticates; `None` when it does not. A session is bound to the subject that
+    /// initialized it: another subject's request or resume gets 404, as an unknown session.
+    pub subject: Option<&'a str>,
+}
+
+/// The tag binding a session ID to a subject: `.` and the first 128 bits of SHA-256(subject)
+/// in hex, appended to the ID's 128 random bits. The binding lives in the ID itself, so it
+/// holds for sessions recovered after a restart too (the log keeps only stream names). The
+/// random part stays the secret; the tag only says whose it is.
+pub fn subject_tag(subject: &str) -> String {
+    use sha2::Digest as _;
+    let d = sha2::Sha256::digest(subject.as_bytes());
+    format!(".{}", hex(&d[..16]))
 }
 
 /// What the core needs to know about the log (names and bounds), for resumes.
@@ -287,6 +301,8 @@ enum Owner {
 pub struct McpCore {
     cfg: McpConfig,
     session_id_source: Box<dyn FnMut() -> [u8; 16] + Send>,
+    /// The subject of the request being handled (`HttpRequest::subject`).
+    subject: Option<String>,
     boot: String,
     sessions: HashMap<String, Session>,
     modern: Modern,
@@ -347,6 +363,7 @@ impl McpCore {
         McpCore {
             cfg,
             session_id_source,
+            subject: None,
             boot,
             sessions: HashMap::new(),
             modern: Modern::default(),

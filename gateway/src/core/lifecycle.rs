@@ -1,0 +1,115 @@
+//! Streams coming and going on a core: creation under `--streams-max`, `DELETE`, and idle
+//! expiry (`--stream-idle-expire-secs`). A removed stream's name is free again; a stream
+//! created later under it has a new stream id, so the old incarnation's IDs are refused as
+//! another stream's and never read as the new one's.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+use log_store::RemoveError;
+
+use super::{Core, State};
+use crate::proto::conn::Wait;
+use crate::proto::http;
+use crate::streams::StreamKey;
+use crate::streams::publish;
+
+impl Core {
+    /// The API stream `stream`, created if new and `--streams-max` allows; `None` after an
+    /// error answer was queued (closing when `close`).
+    pub(super) fn open_stream(
+        &mut self,
+        slot: u32,
+        stream: &str,
+        close: bool,
+    ) -> Option<StreamKey> {
+        if let Some(key) = self.hub.stream_key(stream) {
+            return Some(key);
+        }
+        let max = self.shared.cfg.streams_max;
+        if self.shared.streams.fetch_add(1, Relaxed) >= max {
+            self.shared.streams.fetch_sub(1, Relaxed);
+            self.m().streams_exhausted_total.fetch_add(1, Relaxed);
+            let msg = format!("the gateway holds --streams-max {max} streams; no new stream");
+            self.error(slot, 507, "streams_exhausted", &msg, close);
+            return None;
+        }
+        match self.hub.open_stream(stream) {
+            Ok(k) => Some(k),
+            Err(e) => {
+                self.shared.streams.fetch_sub(1, Relaxed);
+                let (status, code) = publish::append_status(&e);
+                self.error(slot, status, code, &e.to_string(), close);
+                None
+            }
+        }
+    }
+}
+
+impl Core {
+    /// `DELETE /v1/streams/{name}`: its subscribers are closed (a resume gets the new
+    /// incarnation's refusal of a foreign ID, never a gap), its parked windows dropped, a
+    /// durable *stream removed* record written; the answer (200) waits until it is durable.
+    pub(super) fn delete_stream(&mut self, slot: u32, stream: &str, close: bool) {
+        let Some(key) = self.hub.stream_key(stream) else {
+            return self.error(slot, 404, "unknown_stream", "no stream of that name", close);
+        };
+        match self.remove_stream(key) {
+            Ok(removed) => {
+                self.m().streams_deleted_total.fetch_add(1, Relaxed);
+                let wait = (!removed.durable).then_some(Wait {
+                    shard: key.0,
+                    stream: key.1.0,
+                    seq: u64::MAX,
+                });
+                let generation = self.io.generation(slot);
+                if wait.is_some() && !self.waiting.contains(&(slot, generation)) {
+                    self.waiting.push((slot, generation));
+                }
+                let body = serde_json::json!({"stream": stream, "deleted": true});
+                let answer = http::json_response(200, &body, close);
+                if let State::Http(h) = &mut self.conn(slot).state {
+                    h.answer(answer, wait, close);
+                }
+            }
+            Err(e) => {
+                let (status, code) = match e {
+                    RemoveError::DiskFull => (507, "insufficient_storage"),
+                    RemoveError::Poisoned => (500, "log_failed"),
+                    _ => (500, "remove_failed"),
+                };
+                self.error(slot, status, code, &e.to_string(), close);
+            }
+        }
+    }
+
+    /// Removes `key` after closing its subscribers and dropping its parked windows.
+    fn remove_stream(&mut self, key: StreamKey) -> Result<log_store::Removed, RemoveError> {
+        let subs: Vec<_> = self.hub.subscribers(key).to_vec();
+        for r in subs {
+            if self.conn_at(r).is_some_and(|c| !c.closing) {
+                self.close_conn(r.0);
+            }
+        }
+        let removed = self.hub.remove_stream(key)?;
+        self.parked.forget(key);
+        self.shared.streams.fetch_sub(1, Relaxed);
+        Ok(removed)
+    }
+
+    /// Idle expiry (`--stream-idle-expire-secs`), at the retention tick.
+    pub(super) fn expire_idle_streams(&mut self) {
+        let secs = self.shared.cfg.stream_idle_expire_secs;
+        if secs == 0 {
+            return;
+        }
+        for key in self.hub.idle_streams(self.now, Duration::from_secs(secs)) {
+            match self.remove_stream(key) {
+                Ok(_) => {
+                    self.m().streams_expired_total.fetch_add(1, Relaxed);
+                }
+                Err(e) => eprintln!("core {}: idle stream expiry: {e}", self.id),
+            }
+        }
+    }
+}
