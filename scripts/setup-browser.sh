@@ -36,7 +36,8 @@ else
     || { cat "$out" >&2; die "apt-get install chromium failed"; }
   path=$(command -v chromium || true)
   [[ -n $path ]] || die "apt-get installed chromium but it is not on PATH"
-  works "$path" || die "$path was installed but does not start ('$path --headless=new --no-sandbox --version' failed)"
+  works "$path" \
+    || die "$path was installed but does not start ('$path --headless=new --no-sandbox --version')"
   log "installed $("$path" --version 2>/dev/null)"
 fi
 echo "$path"

@@ -113,8 +113,14 @@ fn check_time(exp: u64, nbf: Option<u64>, now_unix_secs: u64) -> Result<(), Deni
 }
 
 /// The header's `alg`, if it is one this crate knows. `none` in any case is named as such.
+/// The token must be exactly `header.payload.signature` (jsonwebtoken splits from the right;
+/// this peek and it must agree on which part is the header).
 fn peek_alg(token: &str) -> Result<KeyAlg, Invalid> {
-    let header = token.split('.').next().unwrap_or_default();
+    let mut parts = token.split('.');
+    let header = parts.next().unwrap_or_default();
+    if parts.count() != 2 {
+        return Err(Invalid::Malformed);
+    }
     let json = URL_SAFE_NO_PAD
         .decode(header)
         .map_err(|_| Invalid::Malformed)?;
@@ -203,7 +209,13 @@ mod tests {
         );
         assert_eq!(peek_alg(&enc(r#"{"typ":"JWT"}"#)), Err(Invalid::Malformed));
         assert_eq!(peek_alg(&enc(r#"{"alg":"ES256"}"#)), Ok(KeyAlg::Es256));
-        assert_eq!(peek_alg("!!"), Err(Invalid::Malformed));
+        assert_eq!(peek_alg("!!.e30."), Err(Invalid::Malformed));
+        let four = format!("{}.x", enc(r#"{"alg":"ES256"}"#));
+        assert_eq!(peek_alg(&four), Err(Invalid::Malformed));
+        assert_eq!(
+            peek_alg(&enc(r#"{"alg":"ES256"}"#)[..10]),
+            Err(Invalid::Malformed)
+        );
     }
 
     #[test]

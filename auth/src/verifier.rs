@@ -161,35 +161,7 @@ const FLAG_PUBLIC: &str = "--jwt-public-key-file";
 impl Verifier {
     /// Reads the key files and checks the settings.
     pub fn load(s: &AuthSettings) -> Result<Verifier, LoadError> {
-        let count = s.hs256_secret_files.len() + s.public_key_files.len();
-        if count > KEYS_MAX {
-            return Err(LoadError::TooManyKeys { count });
-        }
-        let mut keys = Vec::with_capacity(count);
-        for path in &s.hs256_secret_files {
-            let bytes = read(FLAG_SECRET, path)?;
-            let decoding =
-                keyfile::hs256_secret(&bytes).map_err(|why| key_error(FLAG_SECRET, path, why))?;
-            keys.push(Key {
-                spec: KeySpec {
-                    alg: KeyAlg::Hs256,
-                    path: path.clone(),
-                },
-                decoding,
-            });
-        }
-        for path in &s.public_key_files {
-            let bytes = read(FLAG_PUBLIC, path)?;
-            let (alg, decoding) =
-                keyfile::public_key(&bytes).map_err(|why| key_error(FLAG_PUBLIC, path, why))?;
-            keys.push(Key {
-                spec: KeySpec {
-                    alg,
-                    path: path.clone(),
-                },
-                decoding,
-            });
-        }
+        let keys = load_keys(s)?;
         check_settings(s)?;
         let mut validations: Vec<(KeyAlg, Validation)> = Vec::new();
         for k in &keys {
@@ -256,6 +228,38 @@ impl fmt::Debug for Verifier {
             .field("cache_entries_max", &self.cache_entries_max)
             .finish()
     }
+}
+
+/// The keys of the two key-file flags: secrets first, then public keys, in flag order.
+fn load_keys(s: &AuthSettings) -> Result<Vec<Key>, LoadError> {
+    let count = s.hs256_secret_files.len() + s.public_key_files.len();
+    if count > KEYS_MAX {
+        return Err(LoadError::TooManyKeys { count });
+    }
+    let mut keys = Vec::with_capacity(count);
+    for path in &s.hs256_secret_files {
+        let bytes = read(FLAG_SECRET, path)?;
+        let decoding =
+            keyfile::hs256_secret(&bytes).map_err(|why| key_error(FLAG_SECRET, path, why))?;
+        let spec = KeySpec {
+            alg: KeyAlg::Hs256,
+            path: path.clone(),
+        };
+        keys.push(Key { spec, decoding });
+    }
+    for path in &s.public_key_files {
+        let bytes = read(FLAG_PUBLIC, path)?;
+        let (alg, decoding) =
+            keyfile::public_key(&bytes).map_err(|why| key_error(FLAG_PUBLIC, path, why))?;
+        keys.push(Key {
+            spec: KeySpec {
+                alg,
+                path: path.clone(),
+            },
+            decoding,
+        });
+    }
+    Ok(keys)
 }
 
 /// The claim rules for tokens of `alg`. Time claims are not checked here (the library would

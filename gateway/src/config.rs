@@ -139,7 +139,7 @@ pub struct Config {
 
     /// Address of the admin listener: `/metrics` and `/healthz` only, served by a small thread
     /// of its own (not a reactor). Keep it on loopback or a private network. Port 0 picks a
-    /// free port, printed as "admin listening on <addr>".
+    /// free port, printed as "admin listener on <addr>".
     #[arg(long, default_value = "127.0.0.1:9090")]
     pub admin_listen: SocketAddr,
 
@@ -274,6 +274,8 @@ pub enum ConfigError {
     ExposedWithoutAuth(SocketAddr),
     /// A `--cors-allow-origin` that is not `scheme://host[:port]`.
     BadOrigin(String),
+    /// `--request-buffer-bytes-max` below the largest body one request may have.
+    RequestBufferBelowBody(u64),
 }
 
 impl std::fmt::Display for ConfigError {
@@ -296,6 +298,11 @@ impl std::fmt::Display for ConfigError {
                 "--listen {a} is not loopback and no authentication is configured: give \
                  --jwt-hs256-secret-file / --jwt-public-key-file (or --anonymous-subscribe / \
                  --anonymous-publish patterns), or --insecure-no-auth to expose it open"
+            ),
+            ConfigError::RequestBufferBelowBody(b) => write!(
+                f,
+                "--request-buffer-bytes-max must be at least the largest request body \
+                 (--batch-bytes-max / --mcp-body-bytes-max): {b}"
             ),
             ConfigError::BadOrigin(o) => write!(
                 f,
@@ -339,6 +346,15 @@ impl Config {
         }
         if self.send_bytes_max < self.event_bytes_max {
             return Err(ConfigError::SendBytesBelowEvent);
+        }
+        let mcp_body = if self.mcp.enabled() {
+            self.mcp.mcp_body_bytes_max
+        } else {
+            0
+        };
+        let body_max = self.batch_bytes_max.max(self.event_bytes_max).max(mcp_body) as u64;
+        if self.request_buffer_bytes_max < body_max {
+            return Err(ConfigError::RequestBufferBelowBody(body_max));
         }
         if !self.listen.ip().is_loopback() && !self.auth.configured() && !self.insecure_no_auth {
             return Err(ConfigError::ExposedWithoutAuth(self.listen));

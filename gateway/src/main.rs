@@ -123,7 +123,7 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
         origins: cfg.cors_allow_origins.clone().into(),
         streams: AtomicU64::new(streams_open),
         per_ip: std::sync::Mutex::new(std::collections::HashMap::new()),
-        request_bytes: AtomicU64::new(0),
+        body_budget: Arc::new(proto::conn::BodyBudget::new(cfg.request_buffer_bytes_max)),
     });
     let mut listeners = listeners.into_iter();
     let setups = rxs

@@ -101,95 +101,97 @@ impl CoreMetrics {
 /// Selects one counter of a core's block.
 type Field = fn(&CoreMetrics) -> &AtomicU64;
 
+/// Every per-core scalar: name, Prometheus type, the counter.
+const SCALARS: [(&str, &str, Field); 33] = [
+    ("gateway_connections", "gauge", |m| &m.connections),
+    ("gateway_subscribers", "gauge", |m| &m.subscribers),
+    ("gateway_accepted_total", "counter", |m| &m.accepted_total),
+    ("gateway_handoffs_out_total", "counter", |m| {
+        &m.handoffs_out_total
+    }),
+    ("gateway_handoffs_in_total", "counter", |m| {
+        &m.handoffs_in_total
+    }),
+    ("gateway_requests_total", "counter", |m| &m.requests_total),
+    ("gateway_events_appended_total", "counter", |m| {
+        &m.events_appended_total
+    }),
+    ("gateway_events_sent_total", "counter", |m| {
+        &m.events_sent_total
+    }),
+    ("gateway_events_confirmed_total", "counter", |m| {
+        &m.events_confirmed_total
+    }),
+    ("gateway_bytes_sent_total", "counter", |m| {
+        &m.bytes_sent_total
+    }),
+    ("gateway_bytes_confirmed_total", "counter", |m| {
+        &m.bytes_confirmed_total
+    }),
+    ("gateway_truncated_closes_total", "counter", |m| {
+        &m.truncated_closes_total
+    }),
+    ("gateway_lagging_closes_total", "counter", |m| {
+        &m.lagging_closes_total
+    }),
+    ("gateway_inflight_bytes", "gauge", |m| &m.inflight_bytes),
+    ("gateway_lag_events_max", "gauge", |m| &m.lag_events_max),
+    ("gateway_parked_windows", "gauge", |m| &m.parked_windows),
+    ("gateway_answer_bytes_queued", "gauge", |m| {
+        &m.answer_bytes_queued
+    }),
+    ("gateway_unmatched_completions_total", "counter", |m| {
+        &m.unmatched_completions_total
+    }),
+    ("gateway_log_fsyncs_total", "counter", |m| {
+        &m.log_fsyncs_total
+    }),
+    ("gateway_streams", "gauge", |m| &m.streams),
+    ("gateway_prefetches_total", "counter", |m| {
+        &m.prefetches_total
+    }),
+    ("gateway_log_sync_failures_total", "counter", |m| {
+        &m.log_sync_failures_total
+    }),
+    ("gateway_cq_stale_slots_total", "counter", |m| {
+        &m.cq_stale_slots_total
+    }),
+    ("gateway_tx_ack_timestamps_total", "counter", |m| {
+        &m.tx_ack_timestamps_total
+    }),
+    ("gateway_outq_fallbacks_total", "counter", |m| {
+        &m.outq_fallbacks_total
+    }),
+    ("gateway_token_expired_closes_total", "counter", |m| {
+        &m.token_expired_closes_total
+    }),
+    ("gateway_auth_refusals_total", "counter", |m| {
+        &m.auth_refusals_total
+    }),
+    ("gateway_origin_refusals_total", "counter", |m| {
+        &m.origin_refusals_total
+    }),
+    ("gateway_streams_deleted_total", "counter", |m| {
+        &m.streams_deleted_total
+    }),
+    ("gateway_streams_expired_total", "counter", |m| {
+        &m.streams_expired_total
+    }),
+    ("gateway_streams_exhausted_total", "counter", |m| {
+        &m.streams_exhausted_total
+    }),
+    ("gateway_per_ip_refusals_total", "counter", |m| {
+        &m.per_ip_refusals_total
+    }),
+    ("gateway_request_buffer_waits_total", "counter", |m| {
+        &m.request_buffer_waits_total
+    }),
+];
+
 /// Renders all cores' counters as Prometheus text exposition format.
 pub fn render(cores: &[CoreMetrics]) -> String {
     let mut out = String::with_capacity(4096);
-    let scalar: [(&str, &str, Field); 33] = [
-        ("gateway_connections", "gauge", |m| &m.connections),
-        ("gateway_subscribers", "gauge", |m| &m.subscribers),
-        ("gateway_accepted_total", "counter", |m| &m.accepted_total),
-        ("gateway_handoffs_out_total", "counter", |m| {
-            &m.handoffs_out_total
-        }),
-        ("gateway_handoffs_in_total", "counter", |m| {
-            &m.handoffs_in_total
-        }),
-        ("gateway_requests_total", "counter", |m| &m.requests_total),
-        ("gateway_events_appended_total", "counter", |m| {
-            &m.events_appended_total
-        }),
-        ("gateway_events_sent_total", "counter", |m| {
-            &m.events_sent_total
-        }),
-        ("gateway_events_confirmed_total", "counter", |m| {
-            &m.events_confirmed_total
-        }),
-        ("gateway_bytes_sent_total", "counter", |m| {
-            &m.bytes_sent_total
-        }),
-        ("gateway_bytes_confirmed_total", "counter", |m| {
-            &m.bytes_confirmed_total
-        }),
-        ("gateway_truncated_closes_total", "counter", |m| {
-            &m.truncated_closes_total
-        }),
-        ("gateway_lagging_closes_total", "counter", |m| {
-            &m.lagging_closes_total
-        }),
-        ("gateway_inflight_bytes", "gauge", |m| &m.inflight_bytes),
-        ("gateway_lag_events_max", "gauge", |m| &m.lag_events_max),
-        ("gateway_parked_windows", "gauge", |m| &m.parked_windows),
-        ("gateway_answer_bytes_queued", "gauge", |m| {
-            &m.answer_bytes_queued
-        }),
-        ("gateway_unmatched_completions_total", "counter", |m| {
-            &m.unmatched_completions_total
-        }),
-        ("gateway_log_fsyncs_total", "counter", |m| {
-            &m.log_fsyncs_total
-        }),
-        ("gateway_streams", "gauge", |m| &m.streams),
-        ("gateway_prefetches_total", "counter", |m| {
-            &m.prefetches_total
-        }),
-        ("gateway_log_sync_failures_total", "counter", |m| {
-            &m.log_sync_failures_total
-        }),
-        ("gateway_cq_stale_slots_total", "counter", |m| {
-            &m.cq_stale_slots_total
-        }),
-        ("gateway_tx_ack_timestamps_total", "counter", |m| {
-            &m.tx_ack_timestamps_total
-        }),
-        ("gateway_outq_fallbacks_total", "counter", |m| {
-            &m.outq_fallbacks_total
-        }),
-        ("gateway_token_expired_closes_total", "counter", |m| {
-            &m.token_expired_closes_total
-        }),
-        ("gateway_auth_refusals_total", "counter", |m| {
-            &m.auth_refusals_total
-        }),
-        ("gateway_origin_refusals_total", "counter", |m| {
-            &m.origin_refusals_total
-        }),
-        ("gateway_streams_deleted_total", "counter", |m| {
-            &m.streams_deleted_total
-        }),
-        ("gateway_streams_expired_total", "counter", |m| {
-            &m.streams_expired_total
-        }),
-        ("gateway_streams_exhausted_total", "counter", |m| {
-            &m.streams_exhausted_total
-        }),
-        ("gateway_per_ip_refusals_total", "counter", |m| {
-            &m.per_ip_refusals_total
-        }),
-        ("gateway_request_buffer_waits_total", "counter", |m| {
-            &m.request_buffer_waits_total
-        }),
-    ];
-    for (name, kind, get) in scalar {
+    for (name, kind, get) in SCALARS {
         let _ = writeln!(out, "# TYPE {name} {kind}");
         for (c, m) in cores.iter().enumerate() {
             let _ = writeln!(out, "{name}{{core=\"{c}\"}} {}", get(m).load(Relaxed));

@@ -14,6 +14,7 @@ mod common;
 #[path = "common/browser.rs"]
 mod support;
 
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::{Gateway, json, request};
@@ -110,18 +111,14 @@ fn eventsource_resumes_exactly_once_across_cuts_with_cors_and_jwt() {
     let console = browser.console_lines();
     browser.kill();
     let stats = &proxy.stats;
-    let cuts = stats.cuts.load(std::sync::atomic::Ordering::Relaxed);
-    let cuts_mid = stats
-        .cuts_mid_event
-        .load(std::sync::atomic::Ordering::Relaxed);
-    let sse = stats
-        .sse_responses
-        .load(std::sync::atomic::Ordering::Relaxed);
+    let cuts = stats.cuts.load(Relaxed);
+    let cuts_mid = stats.cuts_mid_event.load(Relaxed);
+    let sse = stats.sse_responses.load(Relaxed);
     let last_ids = stats.last_event_ids.lock().unwrap().clone();
     let proxy_summary = format!(
         "proxy: {} connections, {sse} SSE responses, {cuts} cuts ({cuts_mid} mid-event), {} \
          requests with Last-Event-ID\n{}",
-        stats.connections.load(std::sync::atomic::Ordering::Relaxed),
+        stats.connections.load(Relaxed),
         last_ids.len(),
         stats.cut_log.lock().unwrap().join("\n")
     );

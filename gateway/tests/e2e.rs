@@ -460,7 +460,9 @@ fn slow_consumer_beside_fast_ones() {
             std::thread::spawn(move || {
                 for i in 0..total {
                     let e = s.next_event().expect("fast subscriber gets everything");
-                    assert_eq!(seq_of(e.id.as_deref().unwrap()), i as u64 + 1);
+                    let id = e.id.as_deref();
+                    let id = id.unwrap_or_else(|| panic!("event {i} without an id: {e:?}"));
+                    assert_eq!(seq_of(id), i as u64 + 1);
                 }
             })
         })
@@ -544,7 +546,7 @@ fn bad_inputs_get_precise_errors() {
     assert_eq!(st, 406);
     let (st, _, _) = request(g.addr, "GET", "/nope", &[], b"");
     assert_eq!(st, 404);
-    let (st, _, _) = request(g.addr, "DELETE", "/v1/streams/b", &[], b"");
+    let (st, _, _) = request(g.addr, "PUT", "/v1/streams/b", &[], b"");
     assert_eq!(st, 405);
     let (st, _, _) = request(g.addr, "GET", "/v1/streams/bad%20name", &[], b"");
     assert_eq!(st, 400);

@@ -15,6 +15,8 @@ pub(crate) const CHECKPOINT_MAGIC: [u8; 8] = *b"SSELOGCK";
 pub(crate) const SEGMENT_VERSION: u32 = 2;
 /// Oldest segment header version still read (logs written before stream removal existed).
 pub(crate) const SEGMENT_VERSION_MIN: u32 = 1;
+/// First segment header version whose segments may hold a *stream removed* record.
+pub(crate) const STREAM_REMOVED_SINCE_VERSION: u32 = 2;
 /// Checkpoint version written by this code (2: a tag byte per stream, live or removed);
 /// version 1 (every stream live, no tag) is still read.
 pub(crate) const CHECKPOINT_VERSION: u32 = 2;
@@ -170,7 +172,7 @@ impl Entry {
             1 => Kind::Event,
             2 => Kind::StreamName,
             3 => Kind::Seal,
-            4 if version >= 2 => Kind::StreamRemoved,
+            4 if version >= STREAM_REMOVED_SINCE_VERSION => Kind::StreamRemoved,
             k => return Err(EntryError::BadKind(k)),
         };
         let flags = (tail >> 56) as u8;

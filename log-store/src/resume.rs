@@ -15,7 +15,7 @@
 //! |---|------|-----------|------|-----|
 //! | 1 | `WrongEpoch` | `id.epoch != E`, not a known epoch | `WrongEpoch` | The ID is from a log that no longer exists (recreated: same sequence numbers, other content). Serving "from N+1" would splice two histories. |
 //! | 2 | `OtherLog` | `id.epoch != E`, in `known_epochs` | `OtherStream` | The ID belongs to another shard's log: a different stream by construction. |
-//! | 3 | `OtherStream` | `id.epoch == E`, `id.stream != S` | `OtherStream` | Sequences are per stream; N of another stream says nothing about this one. |
+//! | 3 | `OtherStream` | `id.epoch == E`, `id.stream != S` | `OtherStream` | Sequences are per stream; N of another stream says nothing about this one. This includes an ID of a removed stream whose name was recreated: the new incarnation has a new id. |
 //! | 4 | `BeyondTail` | same stream, `N > v` | `BeyondTail` | The client claims an event readers never saw (or that a power loss under `fsync=never` took back). Serving would skip or reuse sequence numbers. |
 //! | 5 | `Truncated` | same stream, `N <= v`, `N + 1 < f` | `Truncated` | N+1 was deleted by retention: any replay would start with a gap. Explicit error, never a partial success. |
 //! | 6 | `UpToDate` | same stream, `N == v` (so `N + 1 >= f`) | `UpToDate { from: v + 1 }` | Nothing to replay (includes an empty stream and N = 0 on it); the window, if any, is irrelevant. Go live. |

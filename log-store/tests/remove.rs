@@ -79,7 +79,10 @@ fn framed(log: &Log, stream: StreamId, seq: u64, data: &str) -> String {
 /// stream has too. The new incarnation's own ID replays.
 fn check_old_id_is_another_stream(log: &Log, old: EventId, new: StreamId) {
     let epoch = log.epoch();
-    assert!(log.bounds(new).unwrap().visible_tail > old.seq, "same seq exists in new");
+    assert!(
+        log.bounds(new).unwrap().visible_tail > old.seq,
+        "same seq exists in new"
+    );
     let window = WindowView {
         epoch,
         stream: new,
@@ -99,7 +102,10 @@ fn check_old_id_is_another_stream(log: &Log, old: EventId, new: StreamId) {
         let ResumeOutcome::Refused(r) = plan.outcome() else {
             panic!("an old incarnation's ID is refused, not served: {plan:?}");
         };
-        assert_eq!((r.class, r.code), (ResumeClass::OtherStream, "other_stream"));
+        assert_eq!(
+            (r.class, r.code),
+            (ResumeClass::OtherStream, "other_stream")
+        );
     }
     let own = EventId {
         epoch,
@@ -203,7 +209,11 @@ fn removal_follows_the_group_commit() {
     log.remove_stream(c).unwrap();
     let outcome = run(&job);
     let report = log.finish_sync(job, outcome).unwrap();
-    assert_eq!(report.advanced, vec![(a, 1)], "a removed stream is not advanced");
+    assert_eq!(
+        report.advanced,
+        vec![(a, 1)],
+        "a removed stream is not advanced"
+    );
     assert_eq!(report.removed, vec![b]);
     assert!(log.removal_is_durable(b) && !log.removal_is_durable(c));
     let job = log.begin_sync().unwrap();
@@ -258,7 +268,10 @@ fn stream_is_empty_and_live_stream_count() {
     assert!(log.stream_is_empty(idle) && !log.stream_is_empty(hot));
     assert_eq!(log.live_stream_count(), 2);
     log.remove_stream(idle).unwrap();
-    assert!(!log.stream_is_empty(idle), "a removed stream is not an expiry candidate");
+    assert!(
+        !log.stream_is_empty(idle),
+        "a removed stream is not an expiry candidate"
+    );
     assert!(!log.stream_is_empty(StreamId(77)));
     assert_eq!((log.stream_count(), log.live_stream_count()), (2, 1));
     log.sync_now().unwrap();
@@ -284,11 +297,18 @@ fn removal_survives_restart_under_each_policy() {
         log.append(kept, None, b"k").unwrap();
         log.remove_stream(gone).unwrap();
         let report = log.sync_now().unwrap();
-        assert_eq!(report.removed.is_empty(), fsync == FsyncPolicy::Never, "{fsync:?}");
+        assert_eq!(
+            report.removed.is_empty(),
+            fsync == FsyncPolicy::Never,
+            "{fsync:?}"
+        );
         assert!(log.removal_is_durable(gone));
         drop(log);
         let mut log = Log::open(dir.path(), opts(fsync)).unwrap();
-        assert!(log.is_removed(gone) && log.removal_is_durable(gone), "{fsync:?}");
+        assert!(
+            log.is_removed(gone) && log.removal_is_durable(gone),
+            "{fsync:?}"
+        );
         assert_eq!(log.stream_id("gone"), None);
         assert_eq!(text(&log, kept), framed(&log, kept, 1, "k"));
         assert_eq!(log.create_stream("gone").unwrap(), StreamId(2), "{fsync:?}");
@@ -327,7 +347,10 @@ fn appends_to_other_streams_are_unaffected() {
         }
     }
     log.sync_now().unwrap();
-    assert_eq!((text(&log, a), text(&log, c)), (want_a.clone(), want_c.clone()));
+    assert_eq!(
+        (text(&log, a), text(&log, c)),
+        (want_a.clone(), want_c.clone())
+    );
     assert_eq!(b, StreamId(2 + removed.len() as u32));
     drop(log);
     let log = Log::open(dir.path(), opts(FsyncPolicy::Group)).unwrap();
@@ -385,8 +408,16 @@ fn removal_survives_retention_of_its_name_and_removal_records() {
         }
         assert_eq!(log.stream_id("b"), Some(b2));
         let b = log.bounds(b2).unwrap();
-        assert_eq!((b.floor, b.tail), (b2_floor, 2), "b2-1 retired with segment 0");
-        let want = if b2_floor == 2 { framed(log, b2, 2, "b2-2") } else { String::new() };
+        assert_eq!(
+            (b.floor, b.tail),
+            (b2_floor, 2),
+            "b2-1 retired with segment 0"
+        );
+        let want = if b2_floor == 2 {
+            framed(log, b2, 2, "b2-2")
+        } else {
+            String::new()
+        };
         assert_eq!(text(log, b2), want);
         for name in ["early", "late", "z"] {
             assert_eq!(log.stream_id(name), None);

@@ -41,7 +41,7 @@ fn entry_count(b: &[u8]) -> usize {
 
 /// Segment `number` with header `version` holding `(kind, stream, seq, payload)` entries
 /// (kind 1 event, 2 stream name, 3 seal, 4 stream removed), CRC chain intact.
-fn write_segment(dir: &Path, number: u64, version: u32, entries: &[(u8, u32, u64, &[u8])]) {
+fn write_segment(dir: &Path, number: u64, version: u32, entries: &[Forged<'_>]) {
     let mut b = vec![0u8; SEG];
     b[0..8].copy_from_slice(b"SSELOGSG");
     b[8..12].copy_from_slice(&version.to_le_bytes());
@@ -91,6 +91,9 @@ fn write_checkpoint_v1(dir: &Path, first_live: u64, streams: &[(u64, u64, &str)]
     fs::write(dir.join("checkpoint"), b).unwrap();
 }
 
+/// A forged entry: `(kind, stream, seq, payload)`.
+type Forged<'a> = (u8, u32, u64, &'a [u8]);
+
 fn event(stream: u32, seq: u64) -> Vec<u8> {
     format!("id: {EPOCH:016x}-{stream}-{seq}\ndata: {stream}/{seq}\n\n").into_bytes()
 }
@@ -133,7 +136,11 @@ fn build_unsynced_removal(dir: &Path) -> (usize, Vec<Vec<u8>>, Vec<Vec<u8>>) {
 /// stream stays removed. Either way the other stream's synced events are intact.
 #[test]
 fn a_crash_before_the_removal_is_synced_loses_only_the_removal() {
-    for case in ["nothing reached the disk", "removal torn", "removal reached the disk"] {
+    for case in [
+        "nothing reached the disk",
+        "removal torn",
+        "removal reached the disk",
+    ] {
         let dir = tempfile::tempdir().unwrap();
         let (synced, ra, rb) = build_unsynced_removal(dir.path());
         let path = seg_path(dir.path(), 0);
@@ -168,13 +175,79 @@ fn a_crash_before_the_removal_is_synced_loses_only_the_removal() {
             assert!(log.is_removed(b) && log.stream_id("b").is_none(), "{case}");
             assert_eq!(log.create_stream("b").unwrap(), StreamId(2), "{case}");
         } else {
-            assert_eq!(log.recovery().torn_tail_offset.is_some(), case == "removal torn");
+            assert_eq!(
+                log.recovery().torn_tail_offset.is_some(),
+                case == "removal torn"
+            );
             assert_eq!(log.stream_id("b"), Some(b), "{case}: the removal was lost");
             assert_eq!(records(&log, b), rb, "{case}: b's synced events");
             assert_eq!(log.append(b, None, b"b3").unwrap().id.seq, 4, "{case}");
             assert_eq!(log.create_stream("c").unwrap(), StreamId(2), "{case}");
         }
         assert_eq!(log.append(a, None, b"a3").unwrap().id.seq, 4, "{case}");
+    }
+}
+
+/// The removal record and the event after it, cut at every byte of their writes (payload then
+/// entry, and entry then payload: pages reach the disk in any order): the log reopens with
+/// exactly the records whose every byte arrived — stream b removed iff its removal record is
+/// whole — and keeps working.
+#[test]
+fn a_removal_cut_at_every_byte() {
+    let src = tempfile::tempdir().unwrap();
+    let (synced, ra, rb) = build_unsynced_removal(src.path());
+    let bytes = fs::read(seg_path(src.path(), 0)).unwrap();
+    let len = bytes.len();
+    // (payload range, entry range) of the removal and of the later event.
+    let ranges: Vec<(std::ops::Range<usize>, std::ops::Range<usize>)> = (synced..synced + 2)
+        .map(|i| {
+            let slot = len - 32 * (i + 1);
+            let e = &bytes[slot..slot + 32];
+            let u = |a: usize| u32::from_le_bytes(e[a..a + 4].try_into().unwrap()) as usize;
+            (u(8)..u(8) + u(4), slot..slot + 32)
+        })
+        .collect();
+    for entry_first in [false, true] {
+        let order: Vec<usize> = ranges
+            .iter()
+            .flat_map(|(p, e)| {
+                let (x, y) = if entry_first { (e, p) } else { (p, e) };
+                x.clone().chain(y.clone())
+            })
+            .collect();
+        for cut in 0..=order.len() {
+            let mut b = bytes.clone();
+            for &at in &order[cut..] {
+                b[at] = 0;
+            }
+            let dir = tempfile::tempdir().unwrap();
+            fs::write(seg_path(dir.path(), 0), &b).unwrap();
+            let what = format!("entry_first {entry_first} cut {cut}");
+            let mut log = Log::open(dir.path(), opts()).unwrap_or_else(|e| panic!("{what}: {e}"));
+            let whole = |r: usize| {
+                let (p, e) = &ranges[r];
+                p.clone().chain(e.clone()).all(|at| b[at] == bytes[at])
+            };
+            let (a, bid) = (StreamId(0), StreamId(1));
+            // The event after the removal counts only if the removal is whole too (chain).
+            let (removed, event) = (whole(0), whole(0) && whole(1));
+            assert_eq!(log.is_removed(bid), removed, "{what}");
+            if !removed {
+                assert_eq!(records(&log, bid), rb, "{what}");
+            }
+            let mut want_a = ra.clone();
+            if event {
+                want_a.push(bytes[ranges[1].0.clone()].to_vec());
+            }
+            assert_eq!(records(&log, a), want_a, "{what}");
+            let next = log.append(a, None, b"next").unwrap().id.seq;
+            assert_eq!(next, want_a.len() as u64 + 1, "{what}");
+            log.sync_now().unwrap();
+            drop(log);
+            let log = Log::open(dir.path(), opts()).unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert_eq!(log.is_removed(bid), removed, "{what} (reopen)");
+            assert_eq!(log.bounds(a).unwrap().tail, next, "{what} (reopen)");
+        }
     }
 }
 
@@ -204,7 +277,11 @@ fn an_old_log_opens_and_its_first_removal_starts_a_version_2_segment() {
     assert_eq!(records(&log, b), [event(1, 1)]);
     assert_eq!(log.active_segment(), 2);
     log.remove_stream(b).unwrap();
-    assert_eq!(log.active_segment(), 3, "the removal went into a new segment");
+    assert_eq!(
+        log.active_segment(),
+        3,
+        "the removal went into a new segment"
+    );
     log.sync_now().unwrap();
     let old = fs::read(seg_path(dir.path(), 2)).unwrap();
     assert_eq!(old[8..12], 1u32.to_le_bytes(), "segment 2 stays version 1");
@@ -230,7 +307,12 @@ fn an_old_log_opens_and_its_first_removal_starts_a_version_2_segment() {
     };
     drop(log);
     let mut log = Log::open(dir.path(), opts_retain.clone()).unwrap();
-    assert!(log.enforce_retention(std::time::SystemTime::now()).unwrap().segments_deleted > 0);
+    assert!(
+        log.enforce_retention(std::time::SystemTime::now())
+            .unwrap()
+            .segments_deleted
+            > 0
+    );
     drop(log);
     let ckpt = fs::read(dir.path().join("checkpoint")).unwrap();
     assert_eq!(ckpt[8..12], 2u32.to_le_bytes());
@@ -270,7 +352,7 @@ fn the_removal_kind_is_unknown_in_a_version_1_segment() {
 fn impossible_removal_records_are_corruption() {
     let (a, b): (&[u8], &[u8]) = (b"a", b"b");
     let e = event(0, 1);
-    let cases: Vec<(&str, Vec<(u8, u32, u64, &[u8])>, CorruptReason)> = vec![
+    let cases: Vec<(&str, Vec<Forged<'_>>, CorruptReason)> = vec![
         (
             "removal of an unknown stream",
             vec![(2, 0, 0, a), (4, 1, 0, b)],

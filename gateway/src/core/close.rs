@@ -52,7 +52,6 @@ impl Core {
         if !conn.closing || self.io.owning_in_flight(slot) {
             return;
         }
-        self.release_buffered(slot);
         let conn = self.conns[slot as usize].take().expect("live slot");
         self.release_peer(conn.peer);
         drop(conn); // closes the fd

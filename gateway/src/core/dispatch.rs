@@ -116,12 +116,13 @@ impl Core {
     /// Takes a slot for a connection that received `bytes` so far.
     fn insert_conn(&mut self, fd: OwnedFd, bytes: Vec<u8>, peer: Option<IpAddr>) -> u32 {
         let slot = self.io.open_slot();
+        let mut http_conn = HttpConn::new(bytes, self.now);
+        http_conn.set_budget(self.shared.body_budget.clone());
         let conn = Conn {
             fd,
             closing: false,
-            state: State::Http(HttpConn::new(bytes, self.now)),
+            state: State::Http(http_conn),
             peer,
-            buffered: 0,
         };
         if self.conns.len() <= slot as usize {
             self.conns.resize_with(slot as usize + 1, || None);

@@ -48,9 +48,24 @@ impl Core {
                 h.poll(now, lim, &remote, &mut self.gate)
             };
             match step {
-                Step::Wait => break,
+                Step::Wait => {
+                    if let Some(super::Conn {
+                        state: State::Http(h),
+                        ..
+                    }) = self.conns[slot as usize].as_ref()
+                        && h.starved()
+                    {
+                        let r = (slot, self.io.generation(slot));
+                        self.deferred_recvs.push(r);
+                        if !self.retrying {
+                            self.m().request_buffer_waits_total.fetch_add(1, Relaxed);
+                        }
+                    }
+                    break;
+                }
                 Step::Recv { buf, from } => {
-                    self.arm_recv(slot, buf, from);
+                    let fd = self.conn(slot).fd.as_raw_fd();
+                    self.io.recv(slot, fd, buf, from);
                     break;
                 }
                 Step::HandOff { owner, bytes } => {
@@ -178,7 +193,6 @@ impl Core {
             !self.io.owning_in_flight(slot),
             "a handed-off connection has no operation in flight"
         );
-        self.release_buffered(slot);
         let conn = self.conns[slot as usize].take().expect("live slot");
         self.io.close_slot(slot);
         self.m().connections.fetch_sub(1, Relaxed);

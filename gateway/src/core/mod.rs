@@ -30,7 +30,7 @@ use log_store::{Epoch, Log};
 use crate::config::Config;
 use crate::metrics::CoreMetrics;
 use crate::proto::access::Gate;
-use crate::proto::conn::{ConnLimits, HttpConn};
+use crate::proto::conn::{BodyBudget, ConnLimits, HttpConn};
 use crate::proto::http::HeadLimits;
 use crate::streams::hub::{Hub, SubRef};
 use crate::streams::parked::{ParkLimits, ParkedWindows};
@@ -70,7 +70,7 @@ pub struct Shared {
     pub per_ip: Mutex<HashMap<IpAddr, u32>>,
     /// Bytes of request buffers beyond each connection's head buffer
     /// (`--request-buffer-bytes-max`).
-    pub request_bytes: AtomicU64,
+    pub body_budget: Arc<BodyBudget>,
 }
 
 /// A connection moving to the core that owns its stream: the fd and the bytes read so far.
@@ -108,8 +108,6 @@ struct Conn {
     state: State,
     /// The peer's address, counted in `Shared::per_ip` until the connection closes.
     peer: Option<IpAddr>,
-    /// Bytes of this connection's request buffer counted in `Shared::request_bytes`.
-    buffered: u64,
 }
 
 /// The limits of a core, from the flags.
@@ -153,6 +151,10 @@ struct Core {
     /// Receives not armed because `--request-buffer-bytes-max` was reached: retried at the
     /// tick and whenever buffer bytes are released.
     deferred_recvs: Vec<(u32, u32)>,
+    /// `BodyBudget::gives` when the deferred receives were last retried.
+    deferred_gives: u64,
+    /// Retrying deferred receives (a re-deferral is not counted again).
+    retrying: bool,
 }
 
 fn limits(cfg: &Config) -> Limits {
@@ -231,6 +233,8 @@ pub fn run_core(setup: CoreSetup, shared: Arc<Shared>, ready: impl FnOnce(Result
         mcp_core: 0,
         gate,
         deferred_recvs: Vec::new(),
+        deferred_gives: 0,
+        retrying: false,
     };
     core.mcp_core = core.mcp_owner_core();
     if let Some(l) = &core.listener {

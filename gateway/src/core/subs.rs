@@ -26,7 +26,6 @@ impl Core {
         aligned: Option<Vec<ParkedEvent<Bytes>>>,
         setup: impl FnOnce(&mut Sub),
     ) {
-        self.release_buffered(slot);
         let want_ts = self.shared.uring_cmd && !self.shared.cfg.no_tx_timestamps;
         let (now, generation) = (self.now, self.io.generation(slot));
         let lowat = self.shared.cfg.notsent_lowat_bytes;

@@ -72,15 +72,15 @@ impl Gate {
         }
     }
 
-    /// The decision for an API request (`route` is already parsed).
-    pub fn admit(&mut self, head: &Head, route: &Route) -> Admission {
-        let headers = match self.cors_headers(head) {
-            Ok(h) => h,
-            Err(refusal) => {
-                self.origin_refusals += 1;
-                return refusal;
-            }
-        };
+    /// The CORS verdict on a head, before it is routed (so routing errors carry the headers
+    /// too): the header lines for its answers, or the refusal of its origin.
+    pub fn cors(&mut self, head: &Head) -> Result<String, Admission> {
+        self.cors_headers(head)
+            .inspect_err(|_| self.origin_refusals += 1)
+    }
+
+    /// The decision for an API request from an allowed origin (`headers`: [`Gate::cors`]'s).
+    pub fn admit(&mut self, head: &Head, route: &Route, headers: String) -> Admission {
         let action = match route {
             Route::Preflight => {
                 return match &head.origin {

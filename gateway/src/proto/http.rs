@@ -29,6 +29,19 @@ pub enum Method {
     Other,
 }
 
+impl Method {
+    fn parse(m: &str) -> Method {
+        match m {
+            "GET" => Method::Get,
+            "HEAD" => Method::Head,
+            "POST" => Method::Post,
+            "DELETE" => Method::Delete,
+            "OPTIONS" => Method::Options,
+            _ => Method::Other,
+        }
+    }
+}
+
 /// The parsed head of one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Head {
@@ -166,14 +179,7 @@ pub fn parse_head(buf: &[u8], limits: &HeadLimits) -> Result<Option<Head>, HttpE
     if version > 1 {
         return Err(HttpError::Version);
     }
-    let method = match req.method.ok_or(HttpError::Malformed("method"))? {
-        "GET" => Method::Get,
-        "HEAD" => Method::Head,
-        "POST" => Method::Post,
-        "DELETE" => Method::Delete,
-        "OPTIONS" => Method::Options,
-        _ => Method::Other,
-    };
+    let method = Method::parse(req.method.ok_or(HttpError::Malformed("method"))?);
     let target = req.path.ok_or(HttpError::Malformed("target"))?;
     let (path, query) = match target.split_once('?') {
         Some((p, q)) => (p, q),
@@ -295,7 +301,10 @@ pub fn reason(status: u16) -> &'static str {
         100 => "Continue",
         200 => "OK",
         201 => "Created",
+        204 => "No Content",
         400 => "Bad Request",
+        401 => "Unauthorized",
+        403 => "Forbidden",
         404 => "Not Found",
         405 => "Method Not Allowed",
         406 => "Not Acceptable",
@@ -307,7 +316,9 @@ pub fn reason(status: u16) -> &'static str {
         429 => "Too Many Requests",
         431 => "Request Header Fields Too Large",
         500 => "Internal Server Error",
+        502 => "Bad Gateway",
         503 => "Service Unavailable",
+        504 => "Gateway Timeout",
         505 => "HTTP Version Not Supported",
         507 => "Insufficient Storage",
         _ => "Unknown",

@@ -1,9 +1,10 @@
 //! Helpers for the real-browser test (`tests/browser.rs`): a tiny page origin server, a proxy
 //! that cuts SSE responses after a seeded pseudo-random number of body bytes, and headless
-//! Chromium in its own process group (the gateway itself is `common::Gateway`). Plain std threads and blocking sockets with timeouts: every loop checks a
-//! stop flag or a deadline, and every process and thread is ended on drop (also on panic).
-//! It gives the browser no CORS help of any kind: the proxy forwards bytes unchanged (it only
-//! cuts), and publishes do not go through it.
+//! Chromium in its own process group (the gateway itself is `common::Gateway`). Plain std
+//! threads and blocking sockets with timeouts: every loop checks a stop flag or a deadline, and
+//! every process and thread is ended on drop (also on panic). It gives the browser no CORS help
+//! of any kind: the proxy forwards bytes unchanged (it only cuts), and publishes do not go
+//! through it.
 #![allow(dead_code)]
 #![forbid(unsafe_code)]
 

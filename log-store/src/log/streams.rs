@@ -10,7 +10,7 @@ use std::ops::{Index, IndexMut};
 
 use super::{AppendError, Bounds, Loc, Log};
 use crate::event_id::{Epoch, Seq, StreamId};
-use crate::format::Kind;
+use crate::format::{Kind, STREAM_REMOVED_SINCE_VERSION};
 use crate::frame;
 use crate::mmap;
 use crate::options::FsyncPolicy;
@@ -241,7 +241,8 @@ pub struct Removed {
     pub durable: bool,
 }
 
-/// Why `remove_stream` failed. Nothing was written and the stream is unchanged when it fails.
+/// Why `remove_stream` failed. The stream is unchanged when it fails (a failed roll may have
+/// sealed the active segment, as for a failed append).
 #[derive(Debug)]
 pub enum RemoveError {
     /// No stream was ever created with this id.
@@ -296,7 +297,8 @@ impl Log {
     /// `never` the removal is durable only once a sync that began after it completes:
     /// [`Removed::durable`] is false, and the sync reports the id in `SyncReport::removed`
     /// (poll [`Log::removal_is_durable`] alternatively). Acknowledge a removal (e.g. answer
-    /// `DELETE`) only then: a crash before it brings the stream back, with every event it had.
+    /// `DELETE`) only then: a crash before it may bring the stream back, with every event it
+    /// had (and nothing else is lost).
     /// The stream's own earlier appends precede the record in the log, so they are durable
     /// once the removal is. Under `never` the removal is visible and "durable" at once, like
     /// appends (it survives a process crash, not a power loss).
@@ -315,7 +317,7 @@ impl Log {
         // A segment written before the kind existed (an upgraded log's active segment) must
         // not hold it: an older reader would cut it and every later record as a torn tail.
         // Start a current-version segment instead (once per upgraded log).
-        if self.active.version < 2 {
+        if self.active.version < STREAM_REMOVED_SINCE_VERSION {
             self.roll()?;
         }
         self.ensure_room(name_len)?;

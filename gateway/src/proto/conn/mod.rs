@@ -11,7 +11,14 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use super::access::{self, Admission, Gate};
+mod budget;
+mod outbox;
+
+use std::sync::Arc;
+
+pub use budget::BodyBudget;
+
+use super::access::{Admission, Gate};
 use super::http::{self, Head, HeadLimits};
 use super::route::{self, Route};
 
@@ -20,8 +27,9 @@ pub const RECV_BYTES_MIN: usize = 4096;
 /// What one receive may add to a body beyond the bytes that arrived (at least; the buffer then
 /// doubles): a client that declares a large body and sends little costs little memory.
 const BODY_GROWTH_BYTES_MIN: usize = 16 * 1024;
-/// A buffer grown past this by a large body is shrunk once the body is consumed.
-const RECV_BYTES_KEEP_MAX: usize = 64 * 1024;
+/// A buffer grown by a body is shrunk back to a head buffer once the body is consumed (its
+/// bytes count against `--request-buffer-bytes-max` until then).
+const RECV_BYTES_KEEP_MAX: usize = 8 * 1024;
 const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
 
 /// The limits a connection enforces (flags, checked at start).
@@ -138,6 +146,11 @@ pub struct HttpConn {
     /// Extra header lines for the answers to the request being handled (the gate's CORS
     /// headers); set per head, spliced into each answer queued meanwhile.
     headers: String,
+    /// Where body bytes are taken from (`None`: unbounded), what this connection holds of it,
+    /// and whether it now waits for some (see [`HttpConn::starved`]).
+    budget: Option<Arc<BodyBudget>>,
+    counted: u64,
+    starved: bool,
 }
 
 /// Where a parsed head goes next (internal to [`HttpConn::poll`]).
@@ -169,6 +182,9 @@ impl HttpConn {
             head_started: (rlen > 0).then_some(now),
             awaiting_body: false,
             headers: String::new(),
+            budget: None,
+            counted: 0,
+            starved: false,
         }
     }
 
@@ -224,36 +240,9 @@ impl HttpConn {
         {
             return Parsed::Step(self.on_mcp_head(head, busy, *body_max, now, remote, gate));
         }
-        let route = match route::route(&head) {
-            Ok(r) => r,
-            Err(e) => {
-                let (status, code, msg) = e.status();
-                return self.refuse_head(&head, status, code, &msg);
-            }
-        };
-        let access = match gate.admit(&head, &route) {
-            Admission::Admit { headers, access } => {
-                self.headers = headers;
-                access
-            }
-            Admission::Preflight { answer } => {
-                self.consume(head.head_len);
-                self.answer(answer, None, head.close);
-                return if head.close {
-                    Parsed::Step(Step::Wait)
-                } else {
-                    Parsed::Again
-                };
-            }
-            Admission::Refuse {
-                status,
-                code,
-                message,
-                headers,
-            } => {
-                self.headers = headers;
-                return self.refuse_head(&head, status, code, &message);
-            }
+        let (route, access) = match self.admit(&head, gate) {
+            Ok(ra) => ra,
+            Err(parsed) => return parsed,
         };
         let body_max = match route {
             Route::Publish { .. } => lim.event_bytes_max,
@@ -289,6 +278,54 @@ impl HttpConn {
             access,
             headers: self.headers.clone(),
         }))
+    }
+
+    /// Routes an API head and asks the gate (origin, then grants): the route and who asked,
+    /// or what was answered instead (a refusal or a preflight).
+    // The `Err` is the step to return at once (moved straight out, once per request).
+    #[allow(clippy::result_large_err)]
+    fn admit(&mut self, head: &Head, gate: &mut Gate) -> Result<(Route, auth::Access), Parsed> {
+        let admission = match gate.cors(head) {
+            Err(refusal) => refusal,
+            Ok(headers) => {
+                self.headers = headers;
+                let route = match route::route(head) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        let (status, code, msg) = e.status();
+                        return Err(self.refuse_head(head, status, code, &msg));
+                    }
+                };
+                match gate.admit(head, &route, std::mem::take(&mut self.headers)) {
+                    Admission::Admit { headers, access } => {
+                        self.headers = headers;
+                        return Ok((route, access));
+                    }
+                    other => other,
+                }
+            }
+        };
+        match admission {
+            Admission::Preflight { answer } => {
+                self.consume(head.head_len);
+                self.answer(answer, None, head.close);
+                Err(if head.close {
+                    Parsed::Step(Step::Wait)
+                } else {
+                    Parsed::Again
+                })
+            }
+            Admission::Refuse {
+                status,
+                code,
+                message,
+                headers,
+            } => {
+                self.headers = headers;
+                Err(self.refuse_head(head, status, code, &message))
+            }
+            Admission::Admit { .. } => unreachable!("returned above"),
+        }
     }
 
     /// Refuses a head with a JSON error. Its body (if any) was not read, so the connection is
@@ -402,8 +439,16 @@ impl HttpConn {
         // The buffer grows with the bytes that arrive, never to the declared length up front.
         let want = total.min((self.rlen * 2).max(self.rlen + BODY_GROWTH_BYTES_MIN));
         let rbuf = self.rbuf.as_mut().expect("held");
+        self.starved = false;
         if rbuf.len() < want {
-            rbuf.resize(want, 0);
+            if self.reserve(total) {
+                self.rbuf.as_mut().expect("held").resize(want, 0);
+            } else if self.rlen == self.rbuf.as_ref().expect("held").len() {
+                // No budget for this body and no room left: the core polls again once some
+                // is given back. The bytes received so far stay.
+                self.starved = true;
+                return Step::Wait;
+            }
         }
         if head.expect_continue && !self.sent_continue {
             self.sent_continue = true;
@@ -440,13 +485,11 @@ impl HttpConn {
         self.sent_continue = false;
         self.awaiting_body = false;
         self.head_started = (self.rlen > self.rpos).then_some(now);
-        // A large body grew the buffer: give the memory back.
+        // A body grew the buffer: give the memory (and its budget) back.
         let rbuf = self.rbuf.as_mut().expect("held");
         if rbuf.len() > RECV_BYTES_KEEP_MAX && self.rlen - self.rpos <= RECV_BYTES_MIN {
             self.compact();
-            let rbuf = self.rbuf.as_mut().expect("held");
-            rbuf.truncate(RECV_BYTES_MIN);
-            rbuf.shrink_to_fit();
+            self.shrink_buffer(RECV_BYTES_MIN);
         }
         body
     }
@@ -482,139 +525,6 @@ impl HttpConn {
         self.head_started.get_or_insert(now);
     }
 
-    /// The receive `Step::Recv` asked for is not armed now (a process-wide byte bound): the
-    /// buffer comes back, cut to `keep` bytes (at least what it holds); the next poll asks
-    /// again.
-    pub fn give_back(&mut self, mut buf: Vec<u8>, keep: usize) {
-        assert!(self.rbuf.is_none(), "a buffer given back that was not out");
-        if buf.len() > keep.max(self.rlen) {
-            buf.truncate(keep.max(self.rlen));
-            buf.shrink_to_fit();
-        }
-        self.rbuf = Some(buf);
-    }
-
-    // ---- answers ----
-
-    /// Queues an answer after the earlier ones; `wait`: held back until durable.
-    pub fn answer(&mut self, bytes: Vec<u8>, wait: Option<Wait>, close: bool) {
-        self.close_requested |= close;
-        let bytes = access::with_headers(bytes, &self.headers);
-        self.outbox_bytes += bytes.len();
-        self.outbox.push_back(Outgoing {
-            bytes,
-            wait,
-            close,
-            headers: self.headers.clone(),
-        });
-    }
-
-    /// A JSON error answer.
-    pub fn error(&mut self, status: u16, code: &str, msg: &str, close: bool) {
-        self.answer(http::error_response(status, code, msg, close), None, close);
-    }
-
-    /// Releases the answers whose wait `visible` says is over; true if some still wait.
-    pub fn release_waits(&mut self, visible: impl Fn(Wait) -> bool) -> bool {
-        let mut still = false;
-        for o in self.outbox.iter_mut() {
-            if let Some(w) = o.wait {
-                if visible(w) {
-                    o.wait = None;
-                } else {
-                    still = true;
-                }
-            }
-        }
-        still
-    }
-
-    /// Replaces every queued answer whose wait `failed` says is lost with `error(close)` (the
-    /// answer's own close flag), ready to send.
-    pub fn fail_waits(&mut self, failed: impl Fn(Wait) -> bool, error: impl Fn(bool) -> Vec<u8>) {
-        for o in self.outbox.iter_mut() {
-            if o.wait.is_some_and(&failed) {
-                let bytes = access::with_headers(error(o.close), &o.headers);
-                self.outbox_bytes = self.outbox_bytes - o.bytes.len() + bytes.len();
-                o.bytes = bytes;
-                o.wait = None;
-            }
-        }
-    }
-
-    /// The bytes to send next — the rest of a partial send, or the ready prefix of the
-    /// outbox — unless a send is in flight. Hand the buffer back with [`HttpConn::on_sent`].
-    pub fn poll_transmit(&mut self) -> Option<(Vec<u8>, usize)> {
-        let mut buf = self.wbuf.take()?;
-        if self.woff == 0 {
-            buf.clear();
-            while self.outbox.front().is_some_and(|o| o.wait.is_none()) {
-                let o = self.outbox.pop_front().expect("front exists");
-                self.outbox_bytes -= o.bytes.len();
-                buf.extend_from_slice(&o.bytes);
-                if o.close {
-                    self.close_after_write = true;
-                    self.outbox.clear();
-                    self.outbox_bytes = 0;
-                    break;
-                }
-            }
-        }
-        if buf.len() == self.woff {
-            self.wbuf = Some(buf);
-            return None;
-        }
-        self.sending = buf.len() - self.woff;
-        let from = self.woff;
-        Some((buf, from))
-    }
-
-    /// A send of the buffer completed with `n` bytes taken by the kernel.
-    pub fn on_sent(&mut self, buf: Vec<u8>, n: usize, now: Instant) {
-        assert!(self.wbuf.is_none(), "a send completed with no send out");
-        assert!(n <= self.sending, "the kernel took more than was sent");
-        self.woff += n;
-        self.sending = 0;
-        let mut buf = buf;
-        if self.woff == buf.len() {
-            buf.clear();
-            self.woff = 0;
-            self.idle_since = now;
-        }
-        self.wbuf = Some(buf);
-    }
-
-    /// Nothing more will be sent and the connection should close: an answer said close and
-    /// went out, or (shutting down) every answer went out.
-    pub fn done(&self, shutting_down: bool) -> bool {
-        !self.is_sending()
-            && self.woff == 0
-            && (self.close_after_write || (shutting_down && self.outbox.is_empty()))
-    }
-
-    /// Close once the send in flight completes (shutdown).
-    pub fn close_after_send(&mut self) {
-        self.close_after_write = true;
-    }
-
-    pub fn is_sending(&self) -> bool {
-        self.wbuf.is_none()
-    }
-
-    /// Answers queued or being sent (a send in flight or answers not sent yet).
-    pub fn busy(&self) -> bool {
-        !self.outbox.is_empty() || self.is_sending() || self.woff > 0
-    }
-
-    /// Answer bytes held: queued plus not yet taken by the kernel.
-    pub fn answer_bytes(&self) -> usize {
-        let partial = self
-            .wbuf
-            .as_ref()
-            .map_or(self.sending, |b| b.len() - self.woff);
-        self.outbox_bytes + partial
-    }
-
     /// The header and idle deadlines at a tick (none while answers are pending).
     pub fn on_tick(&mut self, now: Instant, lim: &ConnLimits) -> Deadline {
         if self.busy() {
@@ -642,5 +552,4 @@ impl HttpConn {
 }
 
 #[cfg(test)]
-#[path = "conn_tests.rs"]
 mod tests;

@@ -423,3 +423,67 @@ fn a_declared_body_is_buffered_only_as_its_bytes_arrive() {
     }
     panic!("the request never completed");
 }
+
+/// The body budget (`--request-buffer-bytes-max`): a body reserves its whole size before its
+/// buffer grows; a second body that does not fit waits (no receive armed) with what it has,
+/// and goes on once the first gives its reservation back — so connections cannot each hold a
+/// part of the budget while all wait for more.
+#[test]
+fn body_budget_admits_whole_bodies_and_starved_ones_resume() {
+    let lim = limits();
+    let t0 = Instant::now();
+    let budget = std::sync::Arc::new(BodyBudget::new(300 * 1024));
+    let body = "x".repeat(200 * 1024);
+    let req = format!(
+        "POST /v1/streams/a/events:batch HTTP/1.1\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    let mut a = HttpConn::new(Vec::new(), t0);
+    let mut b = HttpConn::new(Vec::new(), t0);
+    a.set_budget(budget.clone());
+    b.set_budget(budget.clone());
+    // Both send the head and a full head buffer of body.
+    let first = format!("{req}{}", &body[..8192 - req.len()]);
+    feed(&mut a, first.as_bytes(), t0, &lim);
+    feed(&mut b, first.as_bytes(), t0, &lim);
+    // `a` reserves its body; `b` cannot and waits, starved.
+    assert!(matches!(
+        a.poll(t0, &lim, &local, &mut open_gate()),
+        Step::Recv { .. }
+    ));
+    assert!(matches!(
+        b.poll(t0, &lim, &local, &mut open_gate()),
+        Step::Wait
+    ));
+    assert!(b.starved() && !a.starved());
+    // `a` ends (its reservation is given back): `b` goes on and gets its whole body.
+    drop(a);
+    let gives = budget.gives();
+    assert!(gives > 0);
+    let mut have = 8192;
+    let mut step = b.poll(t0, &lim, &local, &mut open_gate());
+    loop {
+        match step {
+            Step::Recv { mut buf, from } => {
+                let total = req.len() + body.len();
+                let n = (buf.len() - from).min(total - have);
+                buf[from..from + n].copy_from_slice(
+                    &req.as_bytes()
+                        .iter()
+                        .chain(body.as_bytes())
+                        .copied()
+                        .collect::<Vec<u8>>()[have..have + n],
+                );
+                have += n;
+                b.on_recv(buf, n, t0);
+            }
+            Step::Request(r) => {
+                assert_eq!(r.body, body.as_bytes());
+                break;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        step = b.poll(t0, &lim, &local, &mut open_gate());
+    }
+    assert!(!b.starved());
+}
