@@ -15,6 +15,9 @@ python3 scripts/budgets.py
 echo "== cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+echo "== fuzz targets compile (they include the gateway's parsers by path; running them: scripts/fuzz.sh)"
+(cd fuzz && cargo check --locked --quiet)
+
 echo "== doc tests"
 cargo test --workspace --locked --doc
 
