@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::procstat;
-use crate::target::UrlTemplate;
+use crate::target::{Bearer, UrlTemplate};
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -34,6 +34,8 @@ pub struct DurableConfig {
     pub fsync_probe_dir: Option<PathBuf>,
     pub fsync_probes: usize,
     pub target_pid: Option<u32>,
+    /// `Authorization: Bearer <token>` on every publish (default: none).
+    pub bearer: Bearer,
 }
 
 /// Latency percentiles in milliseconds.
@@ -207,14 +209,7 @@ fn publisher(cfg: &DurableConfig, i: usize, deadline: Instant) -> Result<Thread,
         .map_err(|e| e.to_string())?;
     let mut w = sock.try_clone().map_err(|e| e.to_string())?;
     let mut r = BufReader::new(sock);
-    let body = vec![b'd'; cfg.payload_bytes];
-    let mut req = format!(
-        "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\r\n",
-        cfg.publish.host_header,
-        body.len()
-    )
-    .into_bytes();
-    req.extend_from_slice(&body);
+    let req = publish_request(cfg, &path);
     let mut t = Thread {
         us: Vec::new(),
         errors: 0,
@@ -230,6 +225,19 @@ fn publisher(cfg: &DurableConfig, i: usize, deadline: Instant) -> Result<Thread,
         }
     }
     Ok(t)
+}
+
+/// One publish request, head and body (`--payload-bytes` of `d`), sent again and again.
+fn publish_request(cfg: &DurableConfig, path: &str) -> Vec<u8> {
+    let mut req = format!(
+        "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: text/plain\r\n",
+        cfg.publish.host_header
+    )
+    .into_bytes();
+    cfg.bearer.append_header(&mut req);
+    req.extend_from_slice(format!("Content-Length: {}\r\n\r\n", cfg.payload_bytes).as_bytes());
+    req.resize(req.len() + cfg.payload_bytes, b'd');
+    req
 }
 
 /// Reads one response (status line, headers, Content-Length body); returns the status.
@@ -258,4 +266,44 @@ fn read_answer(r: &mut impl BufRead) -> Result<u16, String> {
     let mut body = vec![0; len];
     r.read_exact(&mut body).map_err(|e| format!("body: {e}"))?;
     Ok(status)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(bearer: Bearer) -> DurableConfig {
+        DurableConfig {
+            publish: UrlTemplate::parse("http://127.0.0.1:8080/v1/streams/{stream}/events")
+                .unwrap(),
+            stream_prefix: "d".into(),
+            publishers: vec![1],
+            payload_bytes: 4,
+            secs_per_run: 1.0,
+            fsync_probe_dir: None,
+            fsync_probes: 0,
+            target_pid: None,
+            bearer,
+        }
+    }
+
+    #[test]
+    fn publish_request_without_a_token() {
+        assert_eq!(
+            publish_request(&config(Bearer::none()), "/v1/streams/d0/events"),
+            b"POST /v1/streams/d0/events HTTP/1.1\r\nHost: 127.0.0.1:8080\r\n\
+              Content-Type: text/plain\r\nContent-Length: 4\r\n\r\ndddd"
+        );
+    }
+
+    #[test]
+    fn publish_request_carries_the_bearer_token() {
+        let bearer = Bearer::from_token_text("t0k.e.n\n").unwrap();
+        assert_eq!(
+            publish_request(&config(bearer), "/v1/streams/d0/events"),
+            b"POST /v1/streams/d0/events HTTP/1.1\r\nHost: 127.0.0.1:8080\r\n\
+              Content-Type: text/plain\r\nAuthorization: Bearer t0k.e.n\r\n\
+              Content-Length: 4\r\n\r\ndddd"
+        );
+    }
 }

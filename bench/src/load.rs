@@ -22,7 +22,7 @@ use crate::procstat::{self, ProcSample};
 use crate::resume_class::{ByClass, ResumeClass};
 use crate::sse::{Event, SseParser};
 use crate::tail::ByteTail;
-use crate::target::{IdStyle, PublishStyle, UrlTemplate, gateway_seq};
+use crate::target::{Bearer, IdStyle, PublishStyle, UrlTemplate, gateway_seq};
 
 /// Bytes of SSE framing per event beyond the payload, used to size slow readers' byte rate.
 const WIRE_OVERHEAD_BYTES: usize = 64;
@@ -86,6 +86,8 @@ pub struct LoadConfig {
     pub reconnects_max: u32,
     pub target_pids: Vec<u32>,
     pub seed: u64,
+    /// `Authorization: Bearer <token>` on every publish and subscribe request (default: none).
+    pub bearer: Bearer,
 }
 
 /// Server figures over the measured window.
@@ -381,19 +383,47 @@ pub fn stream_name(prefix: &str, i: usize) -> String {
     format!("{prefix}{i}")
 }
 
-fn build_sub_request(cfg: &LoadConfig, stream: &str, last_id: &[u8], out: &mut Vec<u8>) {
+/// A subscribe request (with `Last-Event-ID` when resuming, and the bearer header if any).
+fn build_sub_request(
+    url: &UrlTemplate,
+    bearer: &Bearer,
+    stream: &str,
+    last_id: &[u8],
+    out: &mut Vec<u8>,
+) {
     out.clear();
     out.extend_from_slice(b"GET ");
-    cfg.subscribe.render_path(stream, out);
+    url.render_path(stream, out);
     out.extend_from_slice(b" HTTP/1.1\r\nHost: ");
-    out.extend_from_slice(cfg.subscribe.host_header.as_bytes());
+    out.extend_from_slice(url.host_header.as_bytes());
     out.extend_from_slice(b"\r\nAccept: text/event-stream\r\nCache-Control: no-cache\r\n");
+    bearer.append_header(out);
     if !last_id.is_empty() {
         out.extend_from_slice(b"Last-Event-ID: ");
         out.extend_from_slice(last_id);
         out.extend_from_slice(b"\r\n");
     }
     out.extend_from_slice(b"\r\n");
+}
+
+/// A publish request's head up to its `Content-Length` value: "POST <path> HTTP/1.1\r\nHost:
+/// ..\r\nContent-Type: ..\r\n[Authorization: Bearer ..\r\n]Content-Length: ".
+fn build_publish_head(
+    url: &UrlTemplate,
+    stream: &str,
+    content_type: &[u8],
+    bearer: &Bearer,
+) -> Vec<u8> {
+    let mut h = b"POST ".to_vec();
+    url.render_path(stream, &mut h);
+    h.extend_from_slice(b" HTTP/1.1\r\nHost: ");
+    h.extend_from_slice(url.host_header.as_bytes());
+    h.extend_from_slice(b"\r\nContent-Type: ");
+    h.extend_from_slice(content_type);
+    h.extend_from_slice(b"\r\n");
+    bearer.append_header(&mut h);
+    h.extend_from_slice(b"Content-Length: ");
+    h
 }
 
 /// Run one load phase.
@@ -696,16 +726,7 @@ pub fn run(cfg: &LoadConfig) -> Result<LoadResult, LoadError> {
     };
     let heads: Vec<Vec<u8>> = names
         .iter()
-        .map(|n| {
-            let mut h = b"POST ".to_vec();
-            url.render_path(n, &mut h);
-            h.extend_from_slice(b" HTTP/1.1\r\nHost: ");
-            h.extend_from_slice(url.host_header.as_bytes());
-            h.extend_from_slice(b"\r\nContent-Type: ");
-            h.extend_from_slice(content_type);
-            h.extend_from_slice(b"\r\nContent-Length: ");
-            h
-        })
+        .map(|n| build_publish_head(url, n, content_type, &cfg.bearer))
         .collect();
     let mut counters = vec![0u64; cfg.streams];
     let start_sample = sample(&cfg.target_pids)?;
@@ -1036,7 +1057,13 @@ fn start_connects(
                     fail_sub(s, ctx, format!("register: {e}"));
                     continue;
                 }
-                build_sub_request(cfg, &names[s.stream as usize], s.sse.last_id(), &mut s.req);
+                build_sub_request(
+                    &cfg.subscribe,
+                    &cfg.bearer,
+                    &names[s.stream as usize],
+                    s.sse.last_id(),
+                    &mut s.req,
+                );
                 s.resuming = !s.sse.last_id().is_empty();
                 s.req_off = 0;
                 s.sock = Some(sock);
@@ -1718,5 +1745,56 @@ fn dump_trace(p: &Pub) -> String {
             wp.display()
         ),
         Err(e) => format!(" [trace not written to {}: {e}]", dir.display()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn url(s: &str) -> UrlTemplate {
+        UrlTemplate::parse(s).unwrap()
+    }
+
+    #[test]
+    fn requests_without_a_token_carry_no_authorization() {
+        let mut out = Vec::new();
+        let sub = url("http://127.0.0.1:8080/v1/streams/{stream}");
+        build_sub_request(&sub, &Bearer::none(), "s1", b"", &mut out);
+        assert_eq!(
+            out,
+            b"GET /v1/streams/s1 HTTP/1.1\r\nHost: 127.0.0.1:8080\r\n\
+              Accept: text/event-stream\r\nCache-Control: no-cache\r\n\r\n"
+        );
+        let publish = url("http://127.0.0.1:8080/v1/streams/{stream}/events");
+        let head = build_publish_head(&publish, "s1", b"application/octet-stream", &Bearer::none());
+        assert_eq!(
+            head,
+            b"POST /v1/streams/s1/events HTTP/1.1\r\nHost: 127.0.0.1:8080\r\n\
+              Content-Type: application/octet-stream\r\nContent-Length: "
+        );
+    }
+
+    #[test]
+    fn bearer_token_is_sent_on_publish_and_subscribe() {
+        let bearer = Bearer::from_token_text("abc.def.ghi\n").unwrap();
+        let mut out = Vec::new();
+        let sub = url("http://127.0.0.1:8080/v1/streams/{stream}");
+        build_sub_request(&sub, &bearer, "s1", b"00000000000000ab-0-7", &mut out);
+        assert_eq!(
+            out,
+            b"GET /v1/streams/s1 HTTP/1.1\r\nHost: 127.0.0.1:8080\r\n\
+              Accept: text/event-stream\r\nCache-Control: no-cache\r\n\
+              Authorization: Bearer abc.def.ghi\r\n\
+              Last-Event-ID: 00000000000000ab-0-7\r\n\r\n"
+        );
+        let batch = url("http://127.0.0.1:8080/v1/streams/{stream}/events:batch");
+        let head = build_publish_head(&batch, "s2", b"application/x-ndjson", &bearer);
+        assert_eq!(
+            head,
+            b"POST /v1/streams/s2/events:batch HTTP/1.1\r\nHost: 127.0.0.1:8080\r\n\
+              Content-Type: application/x-ndjson\r\n\
+              Authorization: Bearer abc.def.ghi\r\nContent-Length: "
+        );
     }
 }

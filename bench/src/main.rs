@@ -22,7 +22,7 @@ use bench::probe::{self, ProbeConfig};
 use bench::procstat;
 use bench::report::Report;
 use bench::scrape;
-use bench::target::{IdStyle, PublishStyle, UrlTemplate};
+use bench::target::{Bearer, IdStyle, PublishStyle, UrlTemplate};
 
 /// Load generator and gap/duplicate checker for SSE pub/sub servers (the gateway, nginx+nchan).
 ///
@@ -173,6 +173,10 @@ enum Cmd {
         /// The server's pid, for its CPU per event.
         #[arg(long)]
         target_pid: Option<u32>,
+        /// A file holding a token (e.g. a JWT), sent as `Authorization: Bearer <token>` on
+        /// every publish. Without it no Authorization header is sent.
+        #[arg(long, value_name = "PATH")]
+        bearer_token_file: Option<PathBuf>,
         #[arg(long)]
         json: bool,
     },
@@ -286,6 +290,11 @@ struct Common {
     /// doubles the value and enforces a minimum).
     #[arg(long, default_value_t = 0)]
     subscriber_rcvbuf_bytes: usize,
+    /// A file holding a token (e.g. a JWT; surrounding whitespace is dropped), sent as
+    /// `Authorization: Bearer <token>` on every publish and subscribe request. Without it no
+    /// Authorization header is sent.
+    #[arg(long, value_name = "PATH")]
+    bearer_token_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -398,6 +407,7 @@ fn base_config(c: &Common) -> Result<LoadConfig, String> {
         reconnects_max: c.reconnects_max,
         target_pids: target_pids(c),
         seed: c.seed,
+        bearer: Bearer::from_file(c.bearer_token_file.as_deref())?,
     })
 }
 
@@ -573,6 +583,7 @@ fn run(cmd: &Cmd) -> Result<(Outcome, bool), String> {
             secs_per_run,
             stream_prefix,
             target_pid,
+            bearer_token_file,
             json,
         } => {
             let cfg = durable::DurableConfig {
@@ -585,6 +596,7 @@ fn run(cmd: &Cmd) -> Result<(Outcome, bool), String> {
                 fsync_probe_dir: fsync_probe_dir.clone(),
                 fsync_probes: *fsync_probes,
                 target_pid: *target_pid,
+                bearer: Bearer::from_file(bearer_token_file.as_deref())?,
             };
             Ok((Outcome::Durable(durable::run(&cfg)?), *json))
         }
@@ -625,6 +637,7 @@ fn run(cmd: &Cmd) -> Result<(Outcome, bool), String> {
                 timeout_secs: *timeout_secs,
                 settle_secs: *settle_secs,
                 resume_query: resume_query.clone(),
+                bearer: base.bearer,
             };
             Ok((
                 Outcome::Probe(probe::run(&cfg, &common.label).map_err(|e| e.to_string())?),

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use crate::chunked::Dechunker;
 use crate::payload::{parse_payload, write_payload};
 use crate::sse::SseParser;
-use crate::target::UrlTemplate;
+use crate::target::{Bearer, UrlTemplate};
 
 /// Why the probe could not be carried out (as opposed to what the server answered).
 #[derive(Debug)]
@@ -148,6 +148,8 @@ pub struct ProbeConfig {
     pub settle_secs: f64,
     /// Extra query appended to the resume request (e.g. `on_truncated=earliest`).
     pub resume_query: Option<String>,
+    /// `Authorization: Bearer <token>` on every request (default: none).
+    pub bearer: Bearer,
 }
 
 struct Sub {
@@ -160,6 +162,7 @@ struct Sub {
 
 fn subscribe(
     url: &UrlTemplate,
+    bearer: &Bearer,
     stream: &str,
     last_id: Option<&str>,
     query: Option<&str>,
@@ -186,6 +189,7 @@ fn subscribe(
         )
         .as_bytes(),
     );
+    bearer.append_header(&mut req);
     if let Some(id) = last_id {
         req.extend_from_slice(format!("Last-Event-ID: {id}\r\n").as_bytes());
     }
@@ -285,6 +289,7 @@ fn read_events(sub: &mut Sub, deadline: Instant, stop: &mut StopFn<'_>) -> Resul
 
 fn publish(
     url: &UrlTemplate,
+    bearer: &Bearer,
     stream: &str,
     n: u64,
     payload_bytes: usize,
@@ -315,13 +320,10 @@ fn publish(
             let mut payload = Vec::new();
             write_payload(&mut payload, k, 0, payload_bytes);
             req.extend_from_slice(
-                format!(
-                    "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Length: {}\r\n\r\n",
-                    url.host_header,
-                    payload.len()
-                )
-                .as_bytes(),
+                format!("POST {path} HTTP/1.1\r\nHost: {}\r\n", url.host_header).as_bytes(),
             );
+            bearer.append_header(&mut req);
+            req.extend_from_slice(format!("Content-Length: {}\r\n\r\n", payload.len()).as_bytes());
             req.extend_from_slice(&payload);
         }
         sock.write_all(&req).map_err(|err| ProbeError::Io {
@@ -388,7 +390,14 @@ pub fn run(cfg: &ProbeConfig, label: &str) -> Result<ProbeReport, ProbeError> {
     }
     let timeout = Duration::from_secs_f64(cfg.timeout_secs);
     // 1. A recorder subscribed before the first publish sees every event and its ID.
-    let mut rec = subscribe(&cfg.subscribe, &cfg.stream, None, None, timeout)?;
+    let mut rec = subscribe(
+        &cfg.subscribe,
+        &cfg.bearer,
+        &cfg.stream,
+        None,
+        None,
+        timeout,
+    )?;
     if rec.status != 200 {
         return Err(ProbeError::RecorderRefused { status: rec.status });
     }
@@ -398,6 +407,7 @@ pub fn run(cfg: &ProbeConfig, label: &str) -> Result<ProbeReport, ProbeError> {
     let mut recorder_truncated = false;
     publish(
         &cfg.publish,
+        &cfg.bearer,
         &cfg.stream,
         cfg.events,
         cfg.payload_bytes,
@@ -433,6 +443,7 @@ pub fn run(cfg: &ProbeConfig, label: &str) -> Result<ProbeReport, ProbeError> {
     // 2. Resume from that early ID.
     let mut sub = subscribe(
         &cfg.subscribe,
+        &cfg.bearer,
         &cfg.stream,
         Some(&resume_id),
         cfg.resume_query.as_deref(),

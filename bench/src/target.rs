@@ -125,6 +125,83 @@ impl UrlTemplate {
     }
 }
 
+/// Why a bearer token is unusable as an HTTP header value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BearerError {
+    /// Nothing but whitespace.
+    Empty,
+    /// A byte that cannot appear in a token68 header value (a control byte, a space, non-ASCII).
+    BadByte(u8),
+}
+
+impl std::fmt::Display for BearerError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BearerError::Empty => write!(f, "the bearer token is empty"),
+            BearerError::BadByte(b) => {
+                write!(
+                    f,
+                    "the bearer token holds byte 0x{b:02x} (not a visible ASCII character)"
+                )
+            }
+        }
+    }
+}
+
+/// The `Authorization: Bearer <token>` header sent on every publish and subscribe request, or
+/// nothing (the default: no header at all).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Bearer {
+    /// The whole header line, CRLF included; empty when there is no token.
+    line: Vec<u8>,
+}
+
+impl Bearer {
+    /// No token: requests carry no `Authorization` header.
+    pub fn none() -> Bearer {
+        Bearer::default()
+    }
+
+    /// From a token's text (a token file's contents): surrounding whitespace, such as the
+    /// file's final newline, is dropped; what remains must be visible ASCII (no CR/LF, so it
+    /// cannot end the header early).
+    pub fn from_token_text(text: &str) -> Result<Bearer, BearerError> {
+        let token = text.trim();
+        if token.is_empty() {
+            return Err(BearerError::Empty);
+        }
+        if let Some(&b) = token.as_bytes().iter().find(|b| !b.is_ascii_graphic()) {
+            return Err(BearerError::BadByte(b));
+        }
+        let mut line = b"Authorization: Bearer ".to_vec();
+        line.extend_from_slice(token.as_bytes());
+        line.extend_from_slice(b"\r\n");
+        Ok(Bearer { line })
+    }
+
+    /// Reads a token file (`--bearer-token-file`); `None` gives [`Bearer::none`].
+    pub fn from_file(path: Option<&std::path::Path>) -> Result<Bearer, String> {
+        let Some(path) = path else {
+            return Ok(Bearer::none());
+        };
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("--bearer-token-file {}: {e}", path.display()))?;
+        Bearer::from_token_text(&text)
+            .map_err(|e| format!("--bearer-token-file {}: {e}", path.display()))
+    }
+
+    /// True when a token is set.
+    pub fn is_set(&self) -> bool {
+        !self.line.is_empty()
+    }
+
+    /// Appends the header line (`Authorization: Bearer <token>\r\n`), or nothing, to a request
+    /// head being built.
+    pub fn append_header(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.line);
+    }
+}
+
 /// Why an event ID could not be read for its sequence.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IdError {
@@ -202,6 +279,33 @@ mod tests {
             UrlTemplate::parse("http://127.0.0.1:1/{stream"),
             Err(UrlError::BadPlaceholder("{stream".into()))
         );
+    }
+
+    #[test]
+    fn bearer_header_line() {
+        let none = Bearer::none();
+        assert!(!none.is_set());
+        let mut out = b"x".to_vec();
+        none.append_header(&mut out);
+        assert_eq!(out, b"x", "no token, no header");
+        let b = Bearer::from_token_text("  eyJhbGciOi.eyJzdWIi.c2ln-_~+/=\n").unwrap();
+        assert!(b.is_set());
+        let mut out = Vec::new();
+        b.append_header(&mut out);
+        assert_eq!(
+            out,
+            b"Authorization: Bearer eyJhbGciOi.eyJzdWIi.c2ln-_~+/=\r\n"
+        );
+        assert_eq!(Bearer::from_token_text(" \n"), Err(BearerError::Empty));
+        assert_eq!(
+            Bearer::from_token_text("a\r\nX-Evil: 1"),
+            Err(BearerError::BadByte(b'\r'))
+        );
+        assert_eq!(
+            Bearer::from_token_text("a b"),
+            Err(BearerError::BadByte(b' '))
+        );
+        assert_eq!(Bearer::from_file(None), Ok(Bearer::none()));
     }
 
     #[test]

@@ -262,3 +262,79 @@ fn request_buffer_bound_pauses_reads_and_loses_nothing() {
     let ids = common::json(&answer)["ids"].as_array().unwrap().len();
     assert_eq!(ids, events, "the whole batch was appended");
 }
+
+/// Header flood and slow-loris: 1,000 connections each send 8 KiB less one byte of a head that
+/// never ends. Each costs at most its head buffer (RSS bounded), all get 408 and are closed at
+/// `--header-timeout-secs`, and what was acknowledged before is intact.
+#[test]
+fn header_flood_and_slow_loris_are_bounded_and_timed_out() {
+    let g = Gateway::start(&["--cores", "1", "--header-timeout-secs", "8"]);
+    let acked = publish(g.addr, "kept", "before the flood");
+    let before = g.rss_kib();
+    let mut head = String::from("GET /v1/streams/kept HTTP/1.1\r\n");
+    // Under --header-count-max (64) and --header-bytes-max (8 KiB): a head that is legal so far.
+    while head.len() < 8191 - 140 {
+        head.push_str(&format!("X-Filler: {}\r\n", "a".repeat(120)));
+    }
+    let mut conns: Vec<_> = (0..1000)
+        .map(|_| {
+            let mut s = connect(g.addr);
+            s.write_all(head.as_bytes()).unwrap();
+            s
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while g.metric("gateway_connections", "") < 1000 {
+        assert!(
+            Instant::now() < deadline,
+            "the gateway never held 1,000 connections"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let grown_kib = g.rss_kib().saturating_sub(before);
+    eprintln!("RSS grew {grown_kib} KiB for 1,000 unfinished 8 KiB heads");
+    assert!(grown_kib <= 32 * 1024, "RSS grew {grown_kib} KiB");
+    // Every one is answered 408 and closed once the header timeout passes.
+    for s in conns.iter_mut() {
+        let mut text = String::new();
+        std::io::Read::read_to_string(s, &mut text).unwrap();
+        assert!(text.starts_with("HTTP/1.1 408 "), "{text}");
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while g.metric("gateway_connections", "") > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "timed-out connections were not freed"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut s = common::Sse::open(g.addr, "/v1/streams/kept?from=earliest", None);
+    let e = s.next_event().unwrap();
+    assert_eq!(
+        (e.id.as_deref(), e.data.as_str()),
+        (Some(acked.as_str()), "before the flood")
+    );
+}
+
+/// Oversized heads (past `--header-bytes-max`) are refused with 431 at once, at no lasting
+/// memory cost.
+#[test]
+fn oversized_heads_are_refused_without_growth() {
+    let g = Gateway::start(&["--cores", "1"]);
+    publish(g.addr, "warm", "x");
+    let before = g.rss_kib();
+    let big = format!(
+        "GET /v1/streams/a HTTP/1.1\r\nX-Big: {}\r\n\r\n",
+        "b".repeat(64 * 1024)
+    );
+    for _ in 0..500 {
+        let mut s = connect(g.addr);
+        let _ = s.write_all(big.as_bytes()); // the gateway may close before all is written
+        let (st, _, _) = common::read_response(&mut std::io::BufReader::new(s));
+        assert_eq!(st, 431);
+    }
+    let grown_kib = g.rss_kib().saturating_sub(before);
+    eprintln!("RSS grew {grown_kib} KiB over 500 oversized heads");
+    assert!(grown_kib <= 8 * 1024, "RSS grew {grown_kib} KiB");
+    assert_eq!(request(g.addr, "GET", "/healthz", &[], b"").0, 200);
+}

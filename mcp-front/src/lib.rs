@@ -20,9 +20,12 @@
 //! - [`upstream_event`]: the events and limits both upstream drivers share.
 //! - [`upstream`], [`http_upstream`] (drivers, threads): stdio children (`--upstream-cmd`) or
 //!   streamable-HTTP clients (`--upstream-url`) behind one interface.
+//! - [`credential`]: a client's `Authorization` value on its way to an HTTP upstream
+//!   (`--mcp-forward-authorization`); never printable.
 #![forbid(unsafe_code)]
 
 pub mod core;
+pub mod credential;
 pub mod era;
 pub mod headers;
 pub mod http_upstream;

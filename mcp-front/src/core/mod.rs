@@ -34,6 +34,7 @@ mod modern;
 mod resume;
 mod routing;
 
+use crate::credential::Credential;
 use crate::era::Version;
 use crate::headers::OriginPolicy;
 use crate::jsonrpc::RpcId;
@@ -110,6 +111,12 @@ pub struct McpConfig {
     pub requests_inflight_max: usize,
     /// Messages in one 2025-03-26 batch (`--mcp-batch-len-max`).
     pub batch_len_max: usize,
+    /// Pass the client's `Authorization` header on to the upstream
+    /// (`--mcp-forward-authorization`, HTTP upstreams only): a session's upstream sends the
+    /// value of the session's latest request ([`Action::SetUpstreamAuthorization`]); the shared
+    /// modern upstream sends each request with its own ([`Action::SendUpstream`]). Off: the
+    /// core never reads the header.
+    pub forward_authorization: bool,
 }
 
 impl Default for McpConfig {
@@ -122,6 +129,7 @@ impl Default for McpConfig {
             sessions_max: 1024,
             requests_inflight_max: 256,
             batch_len_max: 64,
+            forward_authorization: false,
         }
     }
 }
@@ -169,8 +177,23 @@ pub enum Action {
         upstream: UpstreamId,
         session: Option<String>,
     },
-    /// Write one line (ends in `\n`) to the upstream.
-    SendUpstream { upstream: UpstreamId, line: Vec<u8> },
+    /// Write one line (ends in `\n`) to the upstream. `authorization`: the `Authorization` to
+    /// send this message with, for the shared modern upstream (the request's own, or for a
+    /// cancellation the cancelled request's); always `None` for a session's upstream, which
+    /// sends what [`Action::SetUpstreamAuthorization`] set last.
+    SendUpstream {
+        upstream: UpstreamId,
+        line: Vec<u8>,
+        authorization: Option<Credential>,
+    },
+    /// From now on, every request of this session's upstream (its POSTs, its GET stream, its
+    /// DELETE) carries this `Authorization` (`None`: none): the value of the session's latest
+    /// request, so a client's refreshed token replaces the old one at once. Only with
+    /// `forward_authorization`, and only after the request passed the session's subject check.
+    SetUpstreamAuthorization {
+        upstream: UpstreamId,
+        authorization: Option<Credential>,
+    },
     /// Stop the upstream (stdio: close stdin, then SIGTERM, then SIGKILL after grace).
     KillUpstream { upstream: UpstreamId },
 }
@@ -277,6 +300,8 @@ struct Route {
     stream: u32,
     orig_id: RpcId,
     up_token: Option<String>,
+    /// The request's `Authorization` (with `forward_authorization`), for its cancellation.
+    authorization: Option<Credential>,
 }
 
 #[derive(Debug, Default)]
@@ -303,6 +328,8 @@ pub struct McpCore {
     session_id_source: Box<dyn FnMut() -> [u8; 16] + Send>,
     /// The subject of the request being handled (`HttpRequest::subject`).
     subject: Option<String>,
+    /// The `Authorization` of the request being handled, with `forward_authorization` only.
+    authorization: Option<Credential>,
     boot: String,
     sessions: HashMap<String, Session>,
     modern: Modern,
@@ -338,6 +365,17 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// An MCP stream's name as logs, metrics and error bodies may show it: `mcp/<redacted>/<n>`.
+/// The session ID in the name is the session's only credential, so no output names it; other
+/// names are returned as they are.
+pub fn redact_stream_name(name: &str) -> String {
+    match parse_stream_name(name) {
+        Some((_, n)) => format!("mcp/<redacted>/{n}"),
+        None if name.starts_with("mcp/") => "mcp/<redacted>".to_owned(),
+        None => name.to_owned(),
+    }
+}
+
 /// `mcp/<session>/<n>` → (session, n).
 pub fn parse_stream_name(name: &str) -> Option<(&str, u32)> {
     let rest = name.strip_prefix("mcp/")?;
@@ -364,6 +402,7 @@ impl McpCore {
             cfg,
             session_id_source,
             subject: None,
+            authorization: None,
             boot,
             sessions: HashMap::new(),
             modern: Modern::default(),
