@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use bench::load::{self, LoadConfig};
 use bench::resume_class::ResumeClass;
-use bench::target::{IdStyle, PublishStyle, UrlTemplate};
+use bench::target::{Bearer, IdStyle, PublishStyle, UrlTemplate};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Fault {
@@ -36,6 +36,8 @@ struct Shared {
     stop: AtomicBool,
     fault: Fault,
     chunked: bool,
+    /// Every request's method and `Authorization` header value (if any), in arrival order.
+    auth_seen: Mutex<Vec<(String, Option<String>)>>,
 }
 
 struct TestServer {
@@ -60,6 +62,7 @@ fn start_server(fault: Fault, chunked: bool) -> TestServer {
         stop: AtomicBool::new(false),
         fault,
         chunked,
+        auth_seen: Mutex::new(Vec::new()),
     });
     let sh = shared.clone();
     thread::spawn(move || {
@@ -101,6 +104,7 @@ fn serve(conn: TcpStream, sh: &Shared) -> std::io::Result<()> {
         let path = parts.next().unwrap_or("").to_string();
         let mut content_length = 0usize;
         let mut last_id: Option<u64> = None;
+        let mut authorization: Option<String> = None;
         loop {
             let mut h = String::new();
             r.read_line(&mut h)?;
@@ -114,10 +118,15 @@ fn serve(conn: TcpStream, sh: &Shared) -> std::io::Result<()> {
                 "last-event-id" => {
                     last_id = v.trim().rsplit('-').next().and_then(|s| s.parse().ok())
                 }
+                "authorization" => authorization = Some(v.trim().to_string()),
                 _ => {}
             }
         }
         let stream = stream_of(&path);
+        sh.auth_seen
+            .lock()
+            .unwrap()
+            .push((method.clone(), authorization));
         if method == "POST" {
             let mut body = vec![0; content_length];
             r.read_exact(&mut body)?;
@@ -235,6 +244,7 @@ fn config(addr: SocketAddr, subscribers: usize, events: u64) -> LoadConfig {
         reconnects_max: 1000,
         target_pids: vec![std::process::id()],
         seed: 7,
+        bearer: Bearer::none(),
     }
 }
 
@@ -254,6 +264,40 @@ fn correct_server_gives_zero_violations() {
         assert_eq!(r.published, 400);
         assert_eq!(r.latency_fast_ns.len(), 1200);
         assert!(r.server.is_some());
+    }
+}
+
+#[test]
+fn no_authorization_header_by_default() {
+    let srv = start_server(Fault::None, false);
+    let r = load::run(&config(srv.addr, 2, 20)).unwrap();
+    assert_eq!(r.fast.violations(), 0, "{:?} {:?}", r.fast, r.errors);
+    let seen = srv.shared.auth_seen.lock().unwrap();
+    assert_eq!(seen.len(), 2 * 2 + 40, "4 subscribes and 40 publishes");
+    assert!(seen.iter().all(|(_, a)| a.is_none()), "{seen:?}");
+}
+
+#[test]
+fn bearer_token_is_sent_on_every_publish_and_subscribe() {
+    // Resumes (subscribes with Last-Event-ID after a cut) must carry it too.
+    let srv = start_server(Fault::None, false);
+    let mut cfg = config(srv.addr, 2, 1500);
+    storm(&mut cfg);
+    cfg.bearer = Bearer::from_token_text("hdr.claims.sig\n").unwrap();
+    let r = load::run(&cfg).unwrap();
+    assert_eq!(r.fast.violations(), 0, "{:?} {:?}", r.fast, r.errors);
+    assert!(r.cuts > 0, "no resume was exercised");
+    let seen = srv.shared.auth_seen.lock().unwrap();
+    let posts = seen.iter().filter(|(m, _)| m == "POST").count();
+    let gets = seen.iter().filter(|(m, _)| m == "GET").count();
+    assert_eq!(posts, 2 * 1500);
+    assert!(
+        gets as u64 >= 4 + r.cuts.min(1),
+        "subscribes {gets}, cuts {}",
+        r.cuts
+    );
+    for (method, auth) in seen.iter() {
+        assert_eq!(auth.as_deref(), Some("Bearer hdr.claims.sig"), "{method}");
     }
 }
 

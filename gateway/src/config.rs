@@ -156,6 +156,19 @@ pub struct Config {
     #[command(flatten)]
     pub auth: AuthArgs,
 
+    /// PEM certificate chain for TLS on --listen (with --tls-key-file). SIGHUP reloads both
+    /// files: new handshakes use the new pair, established connections are kept.
+    #[arg(long, value_name = "PATH", requires = "tls_key_file")]
+    pub tls_cert_file: Option<PathBuf>,
+
+    /// PEM private key for --tls-cert-file.
+    #[arg(long, value_name = "PATH", requires = "tls_cert_file")]
+    pub tls_key_file: Option<PathBuf>,
+
+    /// Seconds a TLS client has to complete its handshake (slow-loris on the handshake).
+    #[arg(long, default_value_t = 10)]
+    pub tls_handshake_timeout_secs: u64,
+
     /// Streams (across all shards, not counting removed ones) before a create is refused with
     /// 507 `streams_exhausted`.
     #[arg(long, default_value_t = 100_000)]
@@ -334,6 +347,10 @@ impl Config {
                 "--pipeline-answer-bytes-max",
             ),
             (self.streams_max, "--streams-max"),
+            (
+                self.tls_handshake_timeout_secs,
+                "--tls-handshake-timeout-secs",
+            ),
             (self.request_buffer_bytes_max, "--request-buffer-bytes-max"),
             (
                 self.auth.jwt_cache_entries_max as u64,

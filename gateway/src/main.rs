@@ -33,6 +33,7 @@ mod proto;
 mod shards;
 mod streams;
 mod sys;
+mod tls;
 mod uring;
 
 #[global_allocator]
@@ -79,17 +80,7 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
         eprintln!("gateway: warning: no segment-retirement thread ({e}); reactors retire");
     }
     let (logs_per_core, epochs, shard_count) = open_logs(&cfg, cores)?;
-    let streams_open: u64 = logs_per_core
-        .iter()
-        .flatten()
-        .map(|(_, log)| {
-            let mcp = log
-                .streams()
-                .filter(|(_, n, _)| n.starts_with(core::MCP_STREAM_PREFIX))
-                .count();
-            (log.live_stream_count() - mcp) as u64
-        })
-        .sum();
+    let streams_open = api_streams(&logs_per_core);
     raise_fd_limit(&cfg, shard_count);
     let signals = sys::block_shutdown_signals();
     let (listeners, addr) = bind_listeners(&cfg, cores)?;
@@ -97,15 +88,11 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
         .map_err(|e| format!("bind --admin-listen {}: {e}", cfg.admin_listen))?;
     let admin_addr = admin_listener.local_addr().map_err(|e| e.to_string())?;
     let verifier = auth::Verifier::load(&cfg.auth.settings()).map_err(|e| e.to_string())?;
-    let mut txs = Vec::with_capacity(cores);
-    let mut rxs = Vec::with_capacity(cores);
-    let mut eventfds = Vec::with_capacity(cores);
-    for _ in 0..cores {
-        let (tx, rx) = crossbeam::channel::unbounded();
-        txs.push(tx);
-        rxs.push(rx);
-        eventfds.push(sys::eventfd().map_err(|e| format!("eventfd: {e}"))?);
-    }
+    let certs = match (&cfg.tls_cert_file, &cfg.tls_key_file) {
+        (Some(c), Some(k)) => Some(tls::Certs::load(c, k)?),
+        _ => None,
+    };
+    let (txs, rxs, eventfds) = handoff_channels(cores)?;
     let shared = Arc::new(core::Shared {
         cfg: cfg.clone(),
         cores,
@@ -120,6 +107,7 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
         epochs,
         uring_cmd: features.uring_cmd,
         verifier: Arc::new(verifier),
+        certs,
         origins: cfg.cors_allow_origins.clone().into(),
         streams: AtomicU64::new(streams_open),
         per_ip: std::sync::Mutex::new(std::collections::HashMap::new()),
@@ -140,14 +128,8 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
         .collect();
     let threads = start_cores(setups, &shared)?;
     admin::spawn(admin_listener, shared.clone()).map_err(|e| format!("admin thread: {e}"))?;
-    // Errors ignored: a supervisor that closed our stdout must not stop the gateway.
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "listening on {addr}");
-    let _ = writeln!(out, "admin listener on {admin_addr}");
-    let _ = out.flush();
-    drop(out);
-
-    let sig = sys::wait_signal(&signals);
+    announce(addr, admin_addr, shared.certs.is_some());
+    let sig = wait_for_stop(&signals, &shared);
     eprintln!("gateway: signal {sig}: shutting down");
     shared.shutdown.store(true, Relaxed);
     for fd in &shared.eventfds {
@@ -157,6 +139,80 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
         let _ = t.join();
     }
     Ok(())
+}
+
+/// Each core's handoff channel and eventfd.
+type Channels = (
+    Vec<crossbeam::channel::Sender<core::Handoff>>,
+    Vec<crossbeam::channel::Receiver<core::Handoff>>,
+    Vec<OwnedFd>,
+);
+
+fn handoff_channels(cores: usize) -> Result<Channels, String> {
+    let mut txs = Vec::with_capacity(cores);
+    let mut rxs = Vec::with_capacity(cores);
+    let mut eventfds = Vec::with_capacity(cores);
+    for _ in 0..cores {
+        let (tx, rx) = crossbeam::channel::unbounded();
+        txs.push(tx);
+        rxs.push(rx);
+        eventfds.push(sys::eventfd().map_err(|e| format!("eventfd: {e}"))?);
+    }
+    Ok((txs, rxs, eventfds))
+}
+
+/// Live API streams (MCP streams are the MCP front's) across the logs: `--streams-max`'s start.
+fn api_streams(logs_per_core: &[Vec<(u32, log_store::Log)>]) -> u64 {
+    logs_per_core
+        .iter()
+        .flatten()
+        .map(|(_, log)| {
+            let mcp = log
+                .streams()
+                .filter(|(_, n, _)| n.starts_with(core::MCP_STREAM_PREFIX))
+                .count();
+            (log.live_stream_count() - mcp) as u64
+        })
+        .sum()
+}
+
+/// `listening on <addr>` and `admin listener on <addr>` on stdout (what scripts wait for), and
+/// which TLS path serves on stderr.
+fn announce(addr: std::net::SocketAddr, admin_addr: std::net::SocketAddr, tls_on: bool) {
+    // Errors ignored: a supervisor that closed our stdout must not stop the gateway.
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "listening on {addr}");
+    let _ = writeln!(out, "admin listener on {admin_addr}");
+    let _ = out.flush();
+    drop(out);
+    if tls_on {
+        eprintln!(
+            "gateway: TLS on {addr}: userspace rustls (kernel TLS {})",
+            if tls::ktls_available() {
+                "available but not used yet"
+            } else {
+                "unavailable: no tls in /proc/sys/net/ipv4/tcp_available_ulp"
+            }
+        );
+    }
+}
+
+/// Waits for SIGINT or SIGTERM; SIGHUP meanwhile reloads the TLS certificate and key (new
+/// handshakes take the pair on disk now; established connections keep theirs).
+fn wait_for_stop(signals: &libc::sigset_t, shared: &core::Shared) -> i32 {
+    loop {
+        let sig = sys::wait_signal(signals);
+        if sig != libc::SIGHUP {
+            return sig;
+        }
+        match &shared.certs {
+            Some(c) => match c.reload() {
+                Ok(()) => eprintln!("gateway: SIGHUP: TLS certificate and key reloaded"),
+                Err(e) => eprintln!("gateway: SIGHUP: reload failed, keeping the old pair: {e}"),
+            },
+            None => eprintln!("gateway: SIGHUP: no TLS configured; nothing to reload"),
+        }
+    }
 }
 
 /// Logs of each core (shard `s` belongs to core `s % cores`), every shard's epoch, and

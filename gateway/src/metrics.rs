@@ -79,6 +79,10 @@ pub struct CoreMetrics {
     pub streams_exhausted_total: AtomicU64,
     /// Connections refused at `--connections-per-ip-max`.
     pub per_ip_refusals_total: AtomicU64,
+    /// TLS handshakes completed, and TLS sessions that failed (bad handshakes, plaintext or
+    /// garbage on the TLS port, handshake timeouts).
+    pub tls_handshakes_total: AtomicU64,
+    pub tls_handshake_failures_total: AtomicU64,
     /// Receives deferred because `--request-buffer-bytes-max` was reached.
     pub request_buffer_waits_total: AtomicU64,
     pub resumes: [AtomicU64; 7],
@@ -102,7 +106,7 @@ impl CoreMetrics {
 type Field = fn(&CoreMetrics) -> &AtomicU64;
 
 /// Every per-core scalar: name, Prometheus type, the counter.
-const SCALARS: [(&str, &str, Field); 33] = [
+const SCALARS: [(&str, &str, Field); 35] = [
     ("gateway_connections", "gauge", |m| &m.connections),
     ("gateway_subscribers", "gauge", |m| &m.subscribers),
     ("gateway_accepted_total", "counter", |m| &m.accepted_total),
@@ -182,6 +186,12 @@ const SCALARS: [(&str, &str, Field); 33] = [
     }),
     ("gateway_per_ip_refusals_total", "counter", |m| {
         &m.per_ip_refusals_total
+    }),
+    ("gateway_tls_handshakes_total", "counter", |m| {
+        &m.tls_handshakes_total
+    }),
+    ("gateway_tls_handshake_failures_total", "counter", |m| {
+        &m.tls_handshake_failures_total
     }),
     ("gateway_request_buffer_waits_total", "counter", |m| {
         &m.request_buffer_waits_total

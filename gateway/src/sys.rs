@@ -292,7 +292,7 @@ pub fn block_shutdown_signals() -> libc::sigset_t {
     let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
     // SAFETY: `set` is a valid sigset_t for the call to write.
     unsafe { libc::sigemptyset(&mut set) };
-    for sig in [libc::SIGINT, libc::SIGTERM] {
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
         // SAFETY: `set` is an initialized sigset_t; `sig` is a valid signal number.
         unsafe { libc::sigaddset(&mut set, sig) };
     }

@@ -508,3 +508,183 @@ fn metrics_never_show_an_mcp_session_id() {
         "{text}"
     );
 }
+
+const JWT_SECRET: &[u8] = b"an hs256 secret of at least thirty-two bytes, for the MCP e2e tests";
+
+/// `Authorization: Bearer <token for sub>`, HS256, valid for 10 minutes, no stream grants.
+fn bearer(sub: &str) -> String {
+    let exp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        + 600;
+    let key = jsonwebtoken::EncodingKey::from_secret(JWT_SECRET).unwrap();
+    let claims = serde_json::json!({ "sub": sub, "exp": exp });
+    let tok = jsonwebtoken::encode(&jsonwebtoken::Header::default(), &claims, &key).unwrap();
+    format!("Bearer {tok}")
+}
+
+/// `initialize` + `notifications/initialized` as `auth`: the session ID and the priming
+/// event's id.
+fn initialize_as(addr: SocketAddr, auth: &str) -> (String, String) {
+    let mut x = Exchange::send(addr, "POST", &[ACCEPT, ("Authorization", auth)], INIT);
+    assert_eq!(x.status, 200, "{}", String::from_utf8_lossy(&x.body));
+    let sid = x.header("mcp-session-id").expect("session id").to_owned();
+    let priming = x.next_event().unwrap().id.expect("priming id");
+    while x.next_event().is_some() {}
+    let n = Exchange::send(
+        addr,
+        "POST",
+        &[ACCEPT, ("Mcp-Session-Id", &sid), ("Authorization", auth)],
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+    );
+    assert_eq!(n.status, 202);
+    (sid, priming)
+}
+
+/// A POST `ping`, a GET resuming from `last_event_id` and a DELETE on session `sid` as
+/// `auth`: (status, body) of each.
+fn probe_session(
+    addr: SocketAddr,
+    sid: &str,
+    auth: &str,
+    last_event_id: &str,
+) -> Vec<(u16, Vec<u8>)> {
+    let session = ("Mcp-Session-Id", sid);
+    let who = ("Authorization", auth);
+    let ping = r#"{"jsonrpc":"2.0","id":5,"method":"ping"}"#;
+    let resume = [
+        ("Accept", "text/event-stream"),
+        session,
+        who,
+        ("Last-Event-ID", last_event_id),
+    ];
+    [
+        Exchange::send(addr, "POST", &[ACCEPT, session, who], ping),
+        Exchange::send(addr, "GET", &resume, ""),
+        Exchange::send(addr, "DELETE", &[session, who], ""),
+    ]
+    .into_iter()
+    .map(|x| (x.status, x.body))
+    .collect()
+}
+
+/// With JWT authentication every MCP request needs a token, and a session answers only the
+/// subject that initialized it: another subject's POST, resume and DELETE with its ID get the
+/// same 404 as an unknown session, guessed IDs (random, or the owner's random part with the
+/// other subject's tag) too, and the owner keeps working.
+#[test]
+fn mcp_sessions_are_bound_to_the_token_subject() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("hs256.secret");
+    std::fs::write(&secret, JWT_SECRET).unwrap();
+    let cmd = upstream_cmd();
+    let g = Gateway::start(&[
+        "--cores",
+        "2",
+        "--jwt-hs256-secret-file",
+        secret.to_str().unwrap(),
+        "--upstream-cmd",
+        &cmd,
+        "--mcp-retry-ms",
+        "50",
+    ]);
+    let a = g.addr;
+    let (alice, mallory) = (bearer("alice"), bearer("mallory"));
+    let (sid, priming) = initialize_as(a, &alice);
+    assert!(
+        sid.ends_with(&mcp_front::core::subject_tag("alice")),
+        "{sid}"
+    );
+
+    // No token: 401 before the MCP front sees the request.
+    let ping = r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
+    let x = Exchange::send(a, "POST", &[ACCEPT, ("Mcp-Session-Id", &sid)], ping);
+    assert_eq!(x.status, 401);
+    let x = Exchange::send(a, "POST", &[ACCEPT], INIT);
+    assert_eq!(x.status, 401);
+
+    // An unknown session: the answer every refusal below must be indistinguishable from.
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let random = format!(
+        "{:032x}",
+        nanos.wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835)
+    );
+    let unknown = probe_session(a, &random, &mallory, &priming);
+    assert!(unknown.iter().all(|(st, _)| *st == 404), "{unknown:?}");
+    let body_404 = unknown[0].1.clone();
+    assert!(unknown.iter().all(|(_, b)| *b == body_404));
+
+    // Mallory with alice's session ID: POST, resume and DELETE all answer exactly that.
+    assert_eq!(probe_session(a, &sid, &mallory, &priming), unknown);
+
+    // Guessed IDs: alice's random part with mallory's tag (she learns her tag from a session
+    // of her own), and a random one with alice's tag.
+    let (own, _) = initialize_as(a, &mallory);
+    let (alice_random, _) = sid.split_once('.').unwrap();
+    let (_, mallory_tag) = own.split_once('.').unwrap();
+    assert_eq!(
+        format!(".{mallory_tag}"),
+        mcp_front::core::subject_tag("mallory")
+    );
+    let swapped = format!("{alice_random}.{mallory_tag}");
+    let with_alice_tag = format!("{random}{}", mcp_front::core::subject_tag("alice"));
+    for (guess, who, name) in [
+        (&swapped, &mallory, "mallory"),
+        (&swapped, &alice, "alice"),
+        (&random, &alice, "alice"),
+        (&with_alice_tag, &mallory, "mallory"),
+        (&with_alice_tag, &alice, "alice"),
+    ] {
+        let got = probe_session(a, guess, who, &priming);
+        assert_eq!(got, unknown, "{guess} as {name}");
+    }
+
+    // Alice keeps working: a request round trip and a resume of her first stream.
+    let mut x = Exchange::send(
+        a,
+        "POST",
+        &[ACCEPT, ("Mcp-Session-Id", &sid), ("Authorization", &alice)],
+        ping,
+    );
+    assert_eq!(x.status, 200, "{}", String::from_utf8_lossy(&x.body));
+    assert!(x.next_event().unwrap().data.is_empty(), "priming");
+    assert!(x.next_event().unwrap().data.contains(r#""id":1"#));
+    let mut r = Exchange::send(
+        a,
+        "GET",
+        &[
+            ("Accept", "text/event-stream"),
+            ("Mcp-Session-Id", &sid),
+            ("Authorization", &alice),
+            ("Last-Event-ID", &priming),
+        ],
+        "",
+    );
+    assert_eq!(r.status, 200);
+    let replay: Vec<Ev> = std::iter::from_fn(|| r.next_event()).collect();
+    assert!(
+        replay
+            .iter()
+            .any(|e| e.data.contains(r#""protocolVersion""#)),
+        "{replay:?}"
+    );
+    // Her DELETE ends the session; then it is unknown to her as well.
+    let d = Exchange::send(
+        a,
+        "DELETE",
+        &[("Mcp-Session-Id", &sid), ("Authorization", &alice)],
+        "",
+    );
+    assert_eq!(d.status, 200);
+    let x = Exchange::send(
+        a,
+        "POST",
+        &[ACCEPT, ("Mcp-Session-Id", &sid), ("Authorization", &alice)],
+        ping,
+    );
+    assert_eq!((x.status, x.body), (404, body_404));
+}

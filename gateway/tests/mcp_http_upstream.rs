@@ -546,6 +546,9 @@ fn mcp_response_the_log_refuses_is_an_explicit_error() {
     assert_eq!(m[0]["error"]["code"], -32005);
     let msg = m[0]["error"]["message"].as_str().unwrap();
     assert!(msg.contains("could not be stored"), "{msg}");
+    // The session ID is the session's credential: no error names it (nor a stream).
+    let text = serde_json::to_string(&m).unwrap();
+    assert!(!text.contains(&sid) && !text.contains("mcp/"), "{text}");
 
     // The error is in the log at the response's position: a resume replays it, nothing else.
     let mut r = Exchange::send(
@@ -609,4 +612,216 @@ fn mcp_unreachable_http_upstream_is_an_explicit_error() {
     );
     assert_eq!(x.status, 404);
     wait_metrics(g.admin_addr, &[("gateway_mcp_upstream_deaths_total", 1)]);
+}
+
+// ------------------------------------------------------------ --mcp-forward-authorization
+
+const SECRET: &[u8] = b"an hs256 secret of at least thirty-two bytes, for the MCP upstream tests";
+
+/// A signed HS256 token for `sub`, valid for 10 minutes; `jti` makes each one distinct.
+fn token(sub: &str, jti: u32) -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    jsonwebtoken::encode(
+        &jsonwebtoken::Header::default(),
+        &json!({"sub": sub, "exp": now + 600, "jti": jti.to_string()}),
+        &jsonwebtoken::EncodingKey::from_secret(SECRET).unwrap(),
+    )
+    .unwrap()
+}
+
+/// A gateway with JWT authentication in front of `up`, plus `extra` flags.
+fn start_authenticated(up: &Upstream, dir: &tempfile::TempDir, extra: &[&str]) -> Gateway {
+    let secret = dir.path().join("hs256.secret");
+    std::fs::write(&secret, SECRET).unwrap();
+    let mut args = vec!["--jwt-hs256-secret-file", secret.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    start_with(up, &args)
+}
+
+/// `initialize` and `notifications/initialized` with `auth` as the Authorization header.
+fn initialize_as(addr: SocketAddr, auth: &str) -> String {
+    let init = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"e2e","version":"1"}}}"#;
+    let mut x = Exchange::send(addr, "POST", &[ACCEPT, ("Authorization", auth)], init);
+    assert_eq!(x.status, 200, "{}", String::from_utf8_lossy(&x.body));
+    let sid = x.header("mcp-session-id").expect("session id").to_owned();
+    assert_eq!(messages(&mut x)[0]["id"], 0);
+    let n = Exchange::send(
+        addr,
+        "POST",
+        &[ACCEPT, ("Mcp-Session-Id", &sid), ("Authorization", auth)],
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+    );
+    assert_eq!(n.status, 202);
+    sid
+}
+
+/// A legacy `tools/call` of the unknown tool `name` (answered with an error by the upstream)
+/// as `auth`; returns its messages.
+fn call_as(addr: SocketAddr, sid: &str, auth: &str, id: u64, name: &str) -> Vec<Value> {
+    let body = json!({"jsonrpc":"2.0","id":id,"method":"tools/call","params":{"name":name}});
+    let mut x = Exchange::send(
+        addr,
+        "POST",
+        &[ACCEPT, ("Mcp-Session-Id", sid), ("Authorization", auth)],
+        &body.to_string(),
+    );
+    assert_eq!(x.status, 200, "{}", String::from_utf8_lossy(&x.body));
+    messages(&mut x)
+}
+
+/// A 2026-07-28 (stateless) `tools/call` of the unknown tool `name` as `auth`.
+fn modern_call_as(addr: SocketAddr, auth: &str, id: u64, name: &str) -> Vec<Value> {
+    let body = json!({"jsonrpc":"2.0","id":id,"method":"tools/call","params":{"name":name,
+        "_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}});
+    let mut x = Exchange::send(
+        addr,
+        "POST",
+        &[
+            ACCEPT,
+            ("Authorization", auth),
+            ("MCP-Protocol-Version", "2026-07-28"),
+            ("Mcp-Method", "tools/call"),
+            ("Mcp-Name", name),
+        ],
+        &body.to_string(),
+    );
+    assert_eq!(x.status, 200, "{}", String::from_utf8_lossy(&x.body));
+    messages(&mut x)
+}
+
+/// The request the upstream saw for `tools/call` of `name`.
+fn seen_call(up: &Upstream, name: &str) -> Seen {
+    up.wait_for(name, |s| s.body["params"]["name"] == name)
+}
+
+/// With the flag, the upstream gets exactly the client's Authorization header: on a session's
+/// requests the value of the session's latest request (a token refreshed mid-session is what
+/// the upstream sees next, on the DELETE too), on 2026-07-28 requests each request's own.
+/// Another subject holding the session's ID is refused (404) and the upstream never sees its
+/// token.
+#[test]
+fn mcp_forward_authorization_passes_the_clients_latest_header() {
+    let up = Upstream::start();
+    let dir = tempfile::tempdir().unwrap();
+    let g = start_authenticated(&up, &dir, &["--mcp-forward-authorization"]);
+    let a = g.addr;
+    let (t1, t2) = (
+        format!("Bearer {}", token("alice", 1)),
+        format!("Bearer {}", token("alice", 2)),
+    );
+    let mallory = format!("Bearer {}", token("mallory", 3));
+    let sid = initialize_as(a, &t1);
+    let m = call_as(a, &sid, &t1, 1, "first");
+    assert_eq!(m[0]["id"], 1);
+    let init = up.wait_for("initialize", |s| s.body["method"] == "initialize");
+    assert_eq!(init.header("authorization"), Some(t1.as_str()));
+    let note = up.wait_for("initialized", |s| {
+        s.body["method"] == "notifications/initialized"
+    });
+    assert_eq!(note.header("authorization"), Some(t1.as_str()));
+    assert_eq!(
+        seen_call(&up, "first").header("authorization"),
+        Some(t1.as_str())
+    );
+
+    // The client refreshes its token: the next upstream request carries the new one.
+    let m = call_as(a, &sid, &t2, 2, "refreshed");
+    assert_eq!(m[0]["id"], 2);
+    assert_eq!(
+        seen_call(&up, "refreshed").header("authorization"),
+        Some(t2.as_str())
+    );
+
+    // Mallory with alice's session ID: 404, nothing reaches the upstream on her behalf.
+    let x = Exchange::send(
+        a,
+        "POST",
+        &[
+            ACCEPT,
+            ("Mcp-Session-Id", &sid),
+            ("Authorization", &mallory),
+        ],
+        r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"stolen"}}"#,
+    );
+    assert_eq!(x.status, 404);
+
+    // 2026-07-28: one shared upstream client, each request with its own header.
+    let bob = format!("Bearer {}", token("bob", 4));
+    assert_eq!(modern_call_as(a, &t2, 5, "modern-alice")[0]["id"], 5);
+    assert_eq!(modern_call_as(a, &bob, 6, "modern-bob")[0]["id"], 6);
+    assert_eq!(
+        seen_call(&up, "modern-alice").header("authorization"),
+        Some(t2.as_str())
+    );
+    assert_eq!(
+        seen_call(&up, "modern-bob").header("authorization"),
+        Some(bob.as_str())
+    );
+
+    // DELETE (with the refreshed token): the upstream session is ended with it.
+    let d = Exchange::send(
+        a,
+        "DELETE",
+        &[("Mcp-Session-Id", &sid), ("Authorization", &t2)],
+        "",
+    );
+    assert_eq!(d.status, 200);
+    let del = up.wait_for("DELETE", |s| s.method == "DELETE");
+    assert_eq!(del.header("authorization"), Some(t2.as_str()));
+    let get = up.wait_for("the GET stream", |s| s.method == "GET");
+    let on_get = get.header("authorization");
+    assert!(on_get == Some(&t1) || on_get == Some(&t2), "{on_get:?}");
+
+    for s in up.seen() {
+        assert!(s.body["params"]["name"] != "stolen", "{s:?}");
+        let values: Vec<&str> = s
+            .headers
+            .iter()
+            .filter(|(k, _)| k.eq_ignore_ascii_case("authorization"))
+            .map(|(_, v)| v.as_str())
+            .collect();
+        assert_eq!(values.len(), 1, "exactly one Authorization: {s:?}");
+        assert!(
+            [&t1, &t2, &bob].iter().any(|t| t.as_str() == values[0]),
+            "{s:?}"
+        );
+    }
+}
+
+/// Without the flag no Authorization reaches the upstream, whatever the clients send.
+#[test]
+fn mcp_authorization_is_not_forwarded_by_default() {
+    let up = Upstream::start();
+    let dir = tempfile::tempdir().unwrap();
+    let g = start_authenticated(&up, &dir, &[]);
+    let t1 = format!("Bearer {}", token("alice", 1));
+    let sid = initialize_as(g.addr, &t1);
+    assert_eq!(call_as(g.addr, &sid, &t1, 1, "plain")[0]["id"], 1);
+    assert_eq!(modern_call_as(g.addr, &t1, 2, "modern-plain")[0]["id"], 2);
+    seen_call(&up, "plain");
+    seen_call(&up, "modern-plain");
+    for s in up.seen() {
+        assert_eq!(s.header("authorization"), None, "{s:?}");
+    }
+}
+
+/// The flag needs an HTTP upstream: with a stdio one (or none) the gateway refuses to start
+/// and says why.
+#[test]
+fn mcp_forward_authorization_needs_an_http_upstream() {
+    for args in [
+        vec!["--upstream-cmd", "cat", "--mcp-forward-authorization"],
+        vec!["--mcp-forward-authorization"],
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let (status, err) = common::run_to_exit(dir.path(), &args, 20);
+        assert!(!status.success(), "{args:?}");
+        assert!(
+            err.contains("--mcp-forward-authorization needs --upstream-url"),
+            "{args:?}: {err}"
+        );
+    }
 }

@@ -89,6 +89,9 @@ struct H {
     complete: HashMap<String, Seq>,
     /// The authenticated subject every request carries (None: no authentication).
     subject: Option<String>,
+    /// Per upstream, in order: `("set", value)` for each `SetUpstreamAuthorization`,
+    /// `("send:<method>", value)` for each `SendUpstream` (`"send:response"` without method).
+    auth_trace: Vec<(UpstreamId, String, Option<String>)>,
 }
 
 fn counter_source() -> Box<dyn FnMut() -> [u8; 16] + Send> {
@@ -119,6 +122,7 @@ impl H {
             killed: Vec::new(),
             complete: HashMap::new(),
             subject: None,
+            auth_trace: Vec::new(),
         }
     }
 
@@ -212,13 +216,25 @@ impl H {
                 Action::SpawnUpstream { upstream, session } => {
                     self.spawned.push((upstream, session))
                 }
-                Action::SendUpstream { upstream, line } => {
+                Action::SendUpstream {
+                    upstream,
+                    line,
+                    authorization,
+                } => {
                     assert_eq!(line.iter().filter(|&&b| b == b'\n').count(), 1);
                     assert_eq!(*line.last().unwrap(), b'\n');
-                    self.upstream_in
-                        .entry(upstream)
-                        .or_default()
-                        .push(serde_json::from_slice(&line).unwrap());
+                    let v: Value = serde_json::from_slice(&line).unwrap();
+                    let what = format!("send:{}", v["method"].as_str().unwrap_or("response"));
+                    let a = authorization.map(|c| c.expose().to_owned());
+                    self.auth_trace.push((upstream, what, a));
+                    self.upstream_in.entry(upstream).or_default().push(v);
+                }
+                Action::SetUpstreamAuthorization {
+                    upstream,
+                    authorization,
+                } => {
+                    let a = authorization.map(|c| c.expose().to_owned());
+                    self.auth_trace.push((upstream, "set".to_owned(), a));
                 }
                 Action::KillUpstream { upstream } => self.killed.push(upstream),
             }
@@ -1764,4 +1780,231 @@ proptest! {
         prop_assert_eq!(seen.len() as u64 + orphans_expected, sent_markers);
         prop_assert_eq!(h.core.stats().orphan_messages, orphans_expected);
     }
+}
+
+// ------------------------------------------------------------------ credentials, redaction
+
+fn forwarding() -> H {
+    H::with(McpConfig {
+        forward_authorization: true,
+        ..McpConfig::default()
+    })
+}
+
+/// `(what, value)` of upstream `up`'s trace entries from index `from` on.
+fn trace_of(h: &H, up: UpstreamId, from: usize) -> Vec<(String, Option<String>)> {
+    h.auth_trace[from..]
+        .iter()
+        .filter(|(u, _, _)| *u == up)
+        .map(|(_, w, a)| (w.clone(), a.clone()))
+        .collect()
+}
+
+fn set(a: Option<&str>) -> (String, Option<String>) {
+    ("set".to_owned(), a.map(str::to_owned))
+}
+
+fn sent(method: &str) -> (String, Option<String>) {
+    (format!("send:{method}"), None)
+}
+
+/// `--mcp-forward-authorization`, legacy: a session's upstream is told the Authorization of
+/// the session's latest request (before that request's messages), including a refreshed token,
+/// a request without one (none then) and the DELETE; another subject's request with the
+/// session's ID is refused (404) and changes nothing; the lines themselves carry none.
+#[test]
+fn forwarded_authorization_is_the_sessions_latest() {
+    let mut h = forwarding();
+    h.subject = Some("alice".into());
+    let accept = ("accept", "application/json, text/event-stream");
+    let c = h.post(&[accept, ("authorization", "Bearer A1")], INIT);
+    let sid = h.sse[&c]
+        .headers
+        .iter()
+        .find(|(k, _)| *k == "mcp-session-id");
+    let sid = sid.unwrap().1.clone();
+    let up = h.spawned[0].0;
+    assert_eq!(
+        trace_of(&h, up, 0),
+        vec![set(Some("Bearer A1")), sent("initialize")]
+    );
+    let mark = h.auth_trace.len();
+    let with = |a: &'static str| vec![("mcp-session-id", sid.clone()), ("authorization", a.into())];
+    let pairs = |v: &[(&'static str, String)]| -> Vec<(&'static str, String)> {
+        let mut v = v.to_vec();
+        v.push(("accept", "application/json, text/event-stream".into()));
+        v
+    };
+    let refreshed = pairs(&with("Bearer A2"));
+    let hs: Vec<(&str, &str)> = refreshed.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let a = h.post(&hs, &call(1, "t", None));
+    assert!(h.sse.contains_key(&a));
+    // Mallory holds the session ID: refused like an unknown session, nothing forwarded.
+    h.subject = Some("mallory".into());
+    let stolen = pairs(&with("Bearer M"));
+    let hs: Vec<(&str, &str)> = stolen.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    for method in [HttpMethod::Post, HttpMethod::Get, HttpMethod::Delete] {
+        let c = h.req(method, &hs, &call(2, "t", None));
+        assert_eq!(h.status(c), 404);
+    }
+    h.subject = Some("alice".into());
+    let g = h.req(
+        HttpMethod::Get,
+        &[("mcp-session-id", &sid), ("authorization", "Bearer A3")],
+        "",
+    );
+    assert!(h.sse.contains_key(&g), "alice's GET stream");
+    let c = h.post_s(&sid, &call(3, "t", None)); // no Authorization (say, a cookie token)
+    assert!(h.sse.contains_key(&c));
+    let d = h.req(
+        HttpMethod::Delete,
+        &[("mcp-session-id", &sid), ("authorization", "Bearer A4")],
+        "",
+    );
+    assert_eq!(h.status(d), 200);
+    assert_eq!(
+        trace_of(&h, up, mark),
+        vec![
+            set(Some("Bearer A2")),
+            sent("tools/call"),
+            set(Some("Bearer A3")),
+            set(None),
+            sent("tools/call"),
+            set(Some("Bearer A4")),
+        ]
+    );
+    assert!(
+        !h.auth_trace
+            .iter()
+            .any(|(_, _, a)| a.as_deref() == Some("Bearer M"))
+    );
+    assert_eq!(
+        h.killed,
+        vec![up],
+        "the DELETE came after its Authorization was set"
+    );
+}
+
+/// `--mcp-forward-authorization`, modern: the shared upstream gets no session credential;
+/// each message carries its own request's Authorization (or none), and a cancellation the
+/// cancelled request's.
+#[test]
+fn forwarded_authorization_is_per_request_in_the_modern_era() {
+    let mut h = forwarding();
+    let mut headers = modern_headers("tools/call", Some("t"));
+    headers.push(("authorization", "Bearer alice"));
+    let a = h.post(&headers, &modern_call(1, "t", None));
+    *headers.last_mut().unwrap() = ("authorization", "Bearer bob");
+    let b = h.post(&headers, &modern_call(2, "t", None));
+    headers.pop();
+    let c = h.post(&headers, &modern_call(3, "t", None));
+    assert!([a, b, c].iter().all(|x| h.sse.contains_key(x)));
+    h.close(a);
+    let up = h.spawned[0].0;
+    let with = |m: &str, a: Option<&str>| (format!("send:{m}"), a.map(str::to_owned));
+    assert_eq!(
+        trace_of(&h, up, 0),
+        vec![
+            with("tools/call", Some("Bearer alice")),
+            with("tools/call", Some("Bearer bob")),
+            with("tools/call", None),
+            with("notifications/cancelled", Some("Bearer alice")),
+        ]
+    );
+}
+
+/// Without the flag the core never reads Authorization: nothing is set or carried.
+#[test]
+fn authorization_is_not_forwarded_by_default() {
+    let mut h = H::new();
+    let accept = ("accept", "application/json, text/event-stream");
+    h.post(&[accept, ("authorization", "Bearer A1")], INIT);
+    let mut headers = modern_headers("tools/call", Some("t"));
+    headers.push(("authorization", "Bearer alice"));
+    h.post(&headers, &modern_call(1, "t", None));
+    assert_eq!(h.auth_trace.len(), 2, "{:?}", h.auth_trace);
+    assert!(
+        h.auth_trace
+            .iter()
+            .all(|(_, w, a)| w != "set" && a.is_none())
+    );
+}
+
+/// A session ID is the session's only credential: no answer of the core names it or one of
+/// its streams — the resume refusals that quote the stream (410 truncated, 400 beyond the
+/// tail, 410 after the end) show it as `mcp/<redacted>/<n>` — and neither do its Debug
+/// output or its stats.
+#[test]
+fn errors_never_name_a_session_or_its_streams() {
+    let mut h = H::new();
+    h.subject = Some("alice".into());
+    let (sid, up, init) = h.init();
+    let (other, _, _) = h.init();
+    let a = h.post_s(&sid, &call(1, "a", Some("t")));
+    for i in 1..=5 {
+        h.upstream_line(up, &progress("t", i));
+    }
+    h.upstream_line(up, &result(1));
+    h.close(a);
+    let id = h.log.id(&h.sse[&a].stream).unwrap().0 as usize;
+    let mut refusals = Vec::new();
+    let ended = h.event_id(a, 7);
+    refusals.push((h.get_s(&sid, Some(&ended)), 410));
+    let beyond = h.event_id(init, 9);
+    refusals.push((h.get_s(&sid, Some(&beyond)), 400));
+    h.log.floor[id] = 5;
+    let gone = h.event_id(a, 2);
+    refusals.push((h.get_s(&sid, Some(&gone)), 410));
+    let foreign = h.event_id(init, 1);
+    refusals.push((h.get_s(&other, Some(&foreign)), 400));
+    refusals.push((h.get_s(&sid, Some("not-an-id")), 400));
+    refusals.push((h.post_s(&sid, &call(1, "dup", None)), 200)); // an SSE answer, not an error
+    refusals.push((h.post_s(&sid, &call(2, "x", Some("t2"))), 200));
+    refusals.push((h.post_s(&sid, &call(2, "again", None)), 400));
+    h.subject = Some("mallory".into());
+    refusals.push((h.post_s(&sid, &call(9, "x", None)), 404));
+    for (c, status) in &refusals {
+        if *status == 200 {
+            assert!(h.sse.contains_key(c));
+        } else {
+            assert_eq!(
+                h.status(*c),
+                *status,
+                "{}",
+                String::from_utf8_lossy(&h.resp(*c).body)
+            );
+        }
+    }
+    let streams: Vec<Value> = refusals[..3]
+        .iter()
+        .map(|(c, _)| h.resp(*c).json()["error"]["data"]["stream"].clone())
+        .collect();
+    assert_eq!(
+        streams,
+        vec![
+            json!("mcp/<redacted>/2"),
+            json!("mcp/<redacted>/1"),
+            json!("mcp/<redacted>/2")
+        ]
+    );
+    let secret = &sid[..32];
+    for r in h.responses.values() {
+        let text = format!("{:?} {}", r.headers, String::from_utf8_lossy(&r.body));
+        let unredacted = text.replace("mcp/<redacted>", "").contains("mcp/");
+        assert!(!text.contains(secret) && !unredacted, "{text}");
+    }
+    for text in [format!("{:?}", h.core), format!("{:?}", h.core.stats())] {
+        assert!(!text.contains(secret), "{text}");
+    }
+}
+
+#[test]
+fn stream_names_are_redacted_for_output() {
+    assert_eq!(
+        redact_stream_name("mcp/0123abcd.ffee/7"),
+        "mcp/<redacted>/7"
+    );
+    assert_eq!(redact_stream_name("mcp/m0123/0"), "mcp/<redacted>/0");
+    assert_eq!(redact_stream_name("mcp/odd"), "mcp/<redacted>");
+    assert_eq!(redact_stream_name("orders"), "orders");
 }

@@ -60,6 +60,8 @@ pub const LAST_EVENT_ID: &str = "last-event-id";
 pub const MCP_METHOD: &str = "mcp-method";
 pub const MCP_NAME: &str = "mcp-name";
 pub const ACCEPT: &str = "accept";
+/// Read only with `--mcp-forward-authorization` (the gateway's access gate checks the token).
+pub const AUTHORIZATION: &str = "authorization";
 
 /// Which origins and hosts may talk to the MCP endpoint.
 #[derive(Debug, Clone)]

@@ -21,7 +21,8 @@
 #![forbid(unsafe_code)]
 
 use crate::core::UpstreamId;
-use crate::http_upstream::{HttpTarget, HttpUpstream};
+use crate::credential::Credential;
+use crate::http_upstream::{HttpTarget, HttpUpstream, Outbound};
 pub use crate::upstream_event::{UpstreamEvent, UpstreamLimits};
 use crossbeam::channel::{self, Receiver, Sender, TrySendError};
 use std::collections::HashMap;
@@ -228,13 +229,23 @@ impl UpstreamSet {
 
     /// Queues a line (ending in `\n`) for the child's stdin. A child that does not read its
     /// input fast enough to keep the queue under the limit is reported stuck (the caller
-    /// treats it as exited).
-    pub fn send(&mut self, id: UpstreamId, line: Vec<u8>) -> Result<(), String> {
+    /// treats it as exited). `authorization` goes with the line to an HTTP upstream (see
+    /// [`Outbound`]); a stdio child has nowhere to put it (`--mcp-forward-authorization` is
+    /// refused with `--upstream-cmd`, so the core gives it none).
+    pub fn send(
+        &mut self,
+        id: UpstreamId,
+        line: Vec<u8>,
+        authorization: Option<Credential>,
+    ) -> Result<(), String> {
         if let Some((h, _)) = self.http.get(&id) {
             let Some(tx) = h.lines() else {
                 return Err("upstream is being stopped".into());
             };
-            return match tx.try_send(line) {
+            return match tx.try_send(Outbound {
+                line,
+                authorization,
+            }) {
                 Ok(()) => Ok(()),
                 Err(TrySendError::Full(_)) => Err(format!(
                     "upstream backlog over {} messages (--mcp-upstream-queue-lines-max)",
@@ -256,6 +267,14 @@ impl UpstreamSet {
                 self.limits.queue_lines_max
             )),
             Err(TrySendError::Disconnected(_)) => Err("upstream stdin closed".into()),
+        }
+    }
+
+    /// The `Authorization` an HTTP upstream's requests carry from now on
+    /// ([`HttpUpstream::set_authorization`]); nothing for a stdio child.
+    pub fn set_authorization(&mut self, id: UpstreamId, authorization: Option<Credential>) {
+        if let Some((h, _)) = self.http.get(&id) {
+            h.set_authorization(authorization);
         }
     }
 
@@ -454,7 +473,8 @@ mod tests {
         let id = UpstreamId(7);
         s.spawn(id, Some("sess")).unwrap();
         for i in 0..20 {
-            s.send(id, format!("{{\"n\":{i}}}\n").into_bytes()).unwrap();
+            s.send(id, format!("{{\"n\":{i}}}\n").into_bytes(), None)
+                .unwrap();
         }
         for i in 0..20 {
             match next(&s) {
@@ -475,7 +495,7 @@ mod tests {
         }
         assert_eq!(ended.len(), 1, "cat exits on stdin EOF");
         assert!(wakes.load(Ordering::Relaxed) >= 21);
-        assert!(s.send(id, b"x\n".to_vec()).is_err());
+        assert!(s.send(id, b"x\n".to_vec(), None).is_err());
     }
 
     /// Over-long lines are skipped whole and reported; the next line is intact.

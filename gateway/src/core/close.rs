@@ -26,6 +26,10 @@ impl Core {
             // snd_una, still meaningful after a reset) tightens the window to what the peer
             // really confirmed, so the parked head is as exact as the kernel knows it.
             if let Ok(q) = sys::outq_bytes(fd) {
+                let q = match &mut conn.tls {
+                    Some(t) => t.s.map.plain_outq(q),
+                    None => q,
+                };
                 count_confirmed(&self.shared.metrics[self.id], sub.confirm_outq(q));
             }
             let events = sub.take_parkable();

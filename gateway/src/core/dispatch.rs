@@ -7,10 +7,12 @@ use std::net::IpAddr;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::atomic::Ordering::Relaxed;
 
+use super::tls::Tls;
 use super::{Conn, Core, State};
 use crate::proto::conn::HttpConn;
 use crate::proto::http;
 use crate::sys;
+use crate::tls::TlsConn;
 use crate::uring::{Completion, SendMem};
 
 impl Core {
@@ -33,8 +35,14 @@ impl Core {
             return self.maybe_free(slot); // the memory in `c` is dropped here
         }
         match c {
+            Completion::Recv { slot, res, buf } if self.conn(slot).tls.is_some() => {
+                self.on_tls_recv(slot, res, buf)
+            }
             Completion::Recv { slot, res, buf } => self.on_recv(slot, res, buf),
             Completion::Send { slot, res, mem } => match mem {
+                SendMem::Buf(buf) if self.conn(slot).tls.is_some() => {
+                    self.on_tls_sent(slot, res, buf)
+                }
                 SendMem::Buf(buf) => self.on_http_sent(slot, res, buf),
                 SendMem::Vectored(v) => self.on_sub_sent(slot, res, v),
             },
@@ -109,12 +117,30 @@ impl Core {
             return;
         };
         let _ = sys::set_nodelay(fd.as_fd());
-        let slot = self.insert_conn(fd, Vec::new(), peer);
+        let tls = match &self.shared.certs {
+            None => None,
+            Some(c) => match TlsConn::new(c.current(), self.now) {
+                Ok(t) => Some(Box::new(t)),
+                Err(e) => {
+                    eprintln!("core {}: TLS session: {e}", self.id);
+                    self.shared.connections.fetch_sub(1, Relaxed);
+                    self.release_peer(peer);
+                    return;
+                }
+            },
+        };
+        let slot = self.insert_conn(fd, Vec::new(), peer, tls);
         self.drive_http(slot);
     }
 
     /// Takes a slot for a connection that received `bytes` so far.
-    fn insert_conn(&mut self, fd: OwnedFd, bytes: Vec<u8>, peer: Option<IpAddr>) -> u32 {
+    fn insert_conn(
+        &mut self,
+        fd: OwnedFd,
+        bytes: Vec<u8>,
+        peer: Option<IpAddr>,
+        tls: Option<Box<TlsConn>>,
+    ) -> u32 {
         let slot = self.io.open_slot();
         let mut http_conn = HttpConn::new(bytes, self.now);
         http_conn.set_budget(self.shared.body_budget.clone());
@@ -123,6 +149,7 @@ impl Core {
             closing: false,
             state: State::Http(http_conn),
             peer,
+            tls: tls.map(|s| Box::new(Tls::new(s))),
         };
         if self.conns.len() <= slot as usize {
             self.conns.resize_with(slot as usize + 1, || None);
@@ -150,7 +177,7 @@ impl Core {
                 self.release_peer(h.peer);
                 continue;
             }
-            let slot = self.insert_conn(h.fd, h.bytes, h.peer);
+            let slot = self.insert_conn(h.fd, h.bytes, h.peer, h.tls);
             self.drive_http(slot);
         }
     }

@@ -24,52 +24,35 @@ impl Core {
     /// receive continues), then whatever answers are ready go out.
     pub(super) fn drive_http(&mut self, slot: u32) {
         for _ in 0..PIPELINED_PER_CALL_MAX {
-            let step = {
-                let (id, cores, shards) = (self.id, self.shared.cores, self.shared.shards);
-                let mcp_core = self.mcp_core;
-                let remote = |t: Target<'_>| {
-                    let owner = match t {
-                        Target::Stream(s) => {
-                            shards::core_of_shard(shards::shard_of(s, shards), cores)
-                        }
-                        Target::Mcp => mcp_core,
-                    };
-                    (owner != id).then_some(owner)
-                };
-                let (now, lim) = (self.now, &self.lim.conn);
-                let Some(super::Conn {
-                    state: State::Http(h),
-                    closing: false,
-                    ..
-                }) = self.conns[slot as usize].as_mut()
-                else {
-                    return;
-                };
-                h.poll(now, lim, &remote, &mut self.gate)
+            let Some(step) = self.poll_http(slot) else {
+                return;
             };
             match step {
                 Step::Wait => {
-                    if let Some(super::Conn {
-                        state: State::Http(h),
-                        ..
-                    }) = self.conns[slot as usize].as_ref()
-                        && h.starved()
-                    {
-                        let r = (slot, self.io.generation(slot));
-                        self.deferred_recvs.push(r);
-                        if !self.retrying {
-                            self.m().request_buffer_waits_total.fetch_add(1, Relaxed);
-                        }
-                    }
+                    self.note_starved(slot);
                     break;
                 }
                 Step::Recv { buf, from } => {
+                    if self.conn(slot).tls.is_some() {
+                        if self.tls_want_plain(slot, buf, from) {
+                            continue; // decrypted plaintext was waiting
+                        }
+                        break;
+                    }
                     let fd = self.conn(slot).fd.as_raw_fd();
                     self.io.recv(slot, fd, buf, from);
                     break;
                 }
                 Step::HandOff { owner, bytes } => {
                     self.m().requests_total.fetch_add(1, Relaxed);
+                    if let Some(t) = self.conn(slot).tls.as_mut()
+                        && t.s.sending()
+                    {
+                        // The session's own bytes (its last handshake flight, tickets) are
+                        // going out: move the connection once the kernel has them.
+                        t.handoff = Some((owner, bytes));
+                        return;
+                    }
                     return self.hand_off(slot, owner, bytes);
                 }
                 Step::Request(r) => {
@@ -81,6 +64,46 @@ impl Core {
             }
         }
         self.flush(slot);
+    }
+
+    /// The connection machine's next step (`None`: the connection is not in HTTP or closing).
+    fn poll_http(&mut self, slot: u32) -> Option<Step> {
+        let (id, cores, shards) = (self.id, self.shared.cores, self.shared.shards);
+        let mcp_core = self.mcp_core;
+        let remote = |t: Target<'_>| {
+            let owner = match t {
+                Target::Stream(s) => shards::core_of_shard(shards::shard_of(s, shards), cores),
+                Target::Mcp => mcp_core,
+            };
+            (owner != id).then_some(owner)
+        };
+        let (now, lim) = (self.now, &self.lim.conn);
+        let Some(super::Conn {
+            state: State::Http(h),
+            closing: false,
+            ..
+        }) = self.conns[slot as usize].as_mut()
+        else {
+            return None;
+        };
+        Some(h.poll(now, lim, &remote, &mut self.gate))
+    }
+
+    /// A connection waiting because the body budget is spent is retried once some is given
+    /// back (`--request-buffer-bytes-max`).
+    fn note_starved(&mut self, slot: u32) {
+        if let Some(super::Conn {
+            state: State::Http(h),
+            ..
+        }) = self.conns[slot as usize].as_ref()
+            && h.starved()
+        {
+            let r = (slot, self.io.generation(slot));
+            self.deferred_recvs.push(r);
+            if !self.retrying {
+                self.m().request_buffer_waits_total.fetch_add(1, Relaxed);
+            }
+        }
     }
 
     /// Carries out one request; false if the connection left HTTP (a subscriber, an MCP
@@ -163,6 +186,9 @@ impl Core {
         if c.closing {
             return;
         }
+        if c.tls.is_some() {
+            return self.tls_flush(slot);
+        }
         let State::Http(h) = &mut c.state else {
             return;
         };
@@ -188,7 +214,7 @@ impl Core {
     }
 
     /// Moves the connection to core `owner` with the bytes it received.
-    fn hand_off(&mut self, slot: u32, owner: usize, bytes: Vec<u8>) {
+    pub(super) fn hand_off(&mut self, slot: u32, owner: usize, bytes: Vec<u8>) {
         assert!(
             !self.io.owning_in_flight(slot),
             "a handed-off connection has no operation in flight"
@@ -201,6 +227,7 @@ impl Core {
             fd: conn.fd,
             bytes,
             peer: conn.peer,
+            tls: conn.tls.map(|t| t.into_session()),
         };
         if let Err(e) = self.shared.handoff_tx[owner].send(h) {
             // The owner is gone (shutting down): the fd is dropped, which closes it.

@@ -8,9 +8,10 @@
 use log_store::{Seq, StreamId};
 
 use super::{Core, State};
-use crate::mcp::core::{Action, ConnId, UpstreamId};
+use crate::mcp::core::{Action, ConnId, UpstreamId, redact_stream_name as redacted};
 use crate::mcp::jsonrpc;
 use crate::streams::sub::Sub;
+use mcp_front::credential::Credential;
 
 fn reason(status: u16) -> &'static str {
     match status {
@@ -71,7 +72,19 @@ impl Core {
             Action::SpawnUpstream { upstream, session } => {
                 self.mcp_spawn(upstream, session.as_deref())
             }
-            Action::SendUpstream { upstream, line } => self.mcp_send_up(upstream, line),
+            Action::SendUpstream {
+                upstream,
+                line,
+                authorization,
+            } => self.mcp_send_up(upstream, line, authorization),
+            Action::SetUpstreamAuthorization {
+                upstream,
+                authorization,
+            } => {
+                if let Some(m) = self.mcp.as_mut() {
+                    m.ups.set_authorization(upstream, authorization);
+                }
+            }
             Action::KillUpstream { upstream } => {
                 let now = self.now;
                 if let Some(m) = self.mcp.as_mut() {
@@ -114,9 +127,10 @@ impl Core {
         });
         match appended {
             Ok(a) => {
-                assert_eq!(
-                    a.id.seq, seq,
-                    "MCP core predicted seq {seq} on {stream}, log assigned {}",
+                assert!(
+                    a.id.seq == seq,
+                    "MCP core predicted seq {seq} on {}, log assigned {}",
+                    redacted(&stream),
                     a.id.seq
                 );
                 self.hub.record_appends((shard, sid), 1);
@@ -213,11 +227,16 @@ impl Core {
         }
     }
 
-    fn mcp_send_up(&mut self, upstream: UpstreamId, line: Vec<u8>) {
+    fn mcp_send_up(
+        &mut self,
+        upstream: UpstreamId,
+        line: Vec<u8>,
+        authorization: Option<Credential>,
+    ) {
         let (now, now_ms) = (self.now, self.mcp_now_ms());
         let m = self.mcp.as_mut().expect("checked");
         m.messages_up += 1;
-        if let Err(e) = m.ups.send(upstream, line) {
+        if let Err(e) = m.ups.send(upstream, line, authorization) {
             m.ups.kill(upstream, now);
             m.core.handle_upstream_exit(now_ms, upstream, &e);
         }
@@ -299,22 +318,11 @@ fn sse_head(
     head.into_bytes()
 }
 
-/// An MCP stream's name for logs and error bodies: `mcp/<session>/<n>` without the session ID,
-/// which is the session's only credential.
-fn redacted(stream: &str) -> String {
-    match stream.rsplit_once('/') {
-        Some((_, n)) if stream.starts_with(super::MCP_STREAM_PREFIX) => {
-            format!("mcp/<session>/{n}")
-        }
-        _ => stream.to_owned(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     #[test]
     fn redaction_drops_the_session_id_only() {
-        assert_eq!(super::redacted("mcp/0123abcd/7"), "mcp/<session>/7");
+        assert_eq!(super::redacted("mcp/0123abcd/7"), "mcp/<redacted>/7");
         assert_eq!(super::redacted("orders"), "orders");
     }
 }

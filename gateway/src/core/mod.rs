@@ -16,6 +16,7 @@ mod mcp;
 mod mcp_apply;
 mod subs;
 mod tick;
+mod tls;
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -66,6 +67,8 @@ pub struct Shared {
     pub origins: Arc<[String]>,
     /// Live streams across all shards (`--streams-max`).
     pub streams: AtomicU64,
+    /// The listener's certificate and key (`--tls-cert-file`), reloaded on SIGHUP.
+    pub certs: Option<crate::tls::Certs>,
     /// Open connections by peer address (`--connections-per-ip-max`).
     pub per_ip: Mutex<HashMap<IpAddr, u32>>,
     /// Bytes of request buffers beyond each connection's head buffer
@@ -80,6 +83,8 @@ pub struct Handoff {
     pub bytes: Vec<u8>,
     /// The peer's address as counted in `Shared::per_ip` (the count moves with the fd).
     pub peer: Option<IpAddr>,
+    /// The TLS session (it moves with the fd).
+    pub tls: Option<Box<crate::tls::TlsConn>>,
 }
 
 /// What one core thread is given at start.
@@ -108,12 +113,15 @@ struct Conn {
     state: State,
     /// The peer's address, counted in `Shared::per_ip` until the connection closes.
     peer: Option<IpAddr>,
+    /// TLS on this connection (`--tls-cert-file`).
+    tls: Option<Box<tls::Tls>>,
 }
 
 /// The limits of a core, from the flags.
 #[derive(Debug)]
 struct Limits {
     conn: ConnLimits,
+    tls_handshake: Duration,
     sub: SubLimits,
     park: ParkLimits,
 }
@@ -159,6 +167,7 @@ struct Core {
 
 fn limits(cfg: &Config) -> Limits {
     Limits {
+        tls_handshake: Duration::from_secs(cfg.tls_handshake_timeout_secs),
         conn: ConnLimits {
             head: HeadLimits {
                 header_bytes_max: cfg.header_bytes_max,

@@ -34,6 +34,9 @@ impl Core {
         let _ = sys::set_notsent_lowat(conn.fd.as_fd(), lowat);
         // Byte 0 of the window is the first byte written after this option is set: nothing is
         // in flight on this connection now (a request is taken over only with its answers sent).
+        // TLS: the kernel's byte counts are ciphertext; SIOCOUTQ goes through the session's
+        // ciphertext map (core/tls.rs), TX timestamps are not used.
+        let want_ts = want_ts && conn.tls.is_none();
         let ack = if want_ts && sys::enable_tx_ack_timestamps(conn.fd.as_fd()).is_ok() {
             AckMode::TxTimestamps
         } else {
@@ -81,6 +84,7 @@ impl Core {
             return;
         };
         let fd = conn.fd.as_raw_fd();
+        let tls = conn.tls.is_some();
         let State::Sub(sub) = &mut conn.state else {
             return;
         };
@@ -102,6 +106,7 @@ impl Core {
             return self.io.prefetch(slot, file, at + c.off as u64, c.len);
         }
         match sub.next_send(now, &lim) {
+            Next::Send(v) if tls => self.tls_send_sub(slot, v),
             Next::Send(v) => self.io.send_vectored(slot, fd, v),
             Next::Close => self.close_conn(slot),
             Next::Idle => {}
@@ -122,14 +127,7 @@ impl Core {
         if res < 0 {
             return self.close_conn(slot);
         }
-        let m = &self.shared.metrics[self.id];
-        m.bytes_confirmed_total
-            .fetch_add(sent.bytes_confirmed, Relaxed);
-        m.bytes_sent_total.fetch_add(sent.bytes, Relaxed);
-        m.events_sent_total
-            .fetch_add(sent.events_sent as u64, Relaxed);
-        m.events_confirmed_total
-            .fetch_add(sent.events_confirmed as u64, Relaxed);
+        count_sent(&self.shared.metrics[self.id], sent);
         if sent.partial {
             // The socket is above TCP_NOTSENT_LOWAT: wait until it drains below it; the rest
             // of the backlog stays in the log meanwhile.
@@ -162,6 +160,17 @@ impl Core {
             self.io.tx_timestamps(slot, fd);
         }
     }
+}
+
+/// Adds what a send completion did to the core's counters.
+pub(super) fn count_sent(m: &crate::metrics::CoreMetrics, sent: crate::streams::sub::Sent) {
+    m.bytes_confirmed_total
+        .fetch_add(sent.bytes_confirmed, Relaxed);
+    m.bytes_sent_total.fetch_add(sent.bytes, Relaxed);
+    m.events_sent_total
+        .fetch_add(sent.events_sent as u64, Relaxed);
+    m.events_confirmed_total
+        .fetch_add(sent.events_confirmed as u64, Relaxed);
 }
 
 /// Adds a confirmation to the core's counters.

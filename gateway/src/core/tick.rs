@@ -88,6 +88,14 @@ impl Core {
                 continue;
             };
             let slot = i as u32;
+            if let Some(t) = &conn.tls
+                && !t.s.established()
+                && now.duration_since(t.s.started()) >= self.lim.tls_handshake
+            {
+                m.tls_handshake_failures_total.fetch_add(1, Relaxed);
+                to_close.push(slot);
+                continue;
+            }
             match &mut conn.state {
                 State::Http(h) => {
                     g.answers += h.answer_bytes() as u64;
@@ -104,6 +112,10 @@ impl Core {
                     if sub.wants_outq_poll(now)
                         && let Ok(q) = sys::outq_bytes(conn.fd.as_fd())
                     {
+                        let q = match &mut conn.tls {
+                            Some(t) => t.s.map.plain_outq(q),
+                            None => q,
+                        };
                         count_confirmed(m, sub.confirm_outq(q));
                     }
                     g.inflight_bytes += sub.unconfirmed_bytes();

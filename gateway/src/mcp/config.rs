@@ -22,6 +22,15 @@ pub struct McpArgs {
     #[arg(long)]
     pub upstream_url: Option<String>,
 
+    /// Pass each client's `Authorization` header on to the --upstream-url server, on the
+    /// upstream requests made on that client's behalf: a session's upstream requests carry the
+    /// value of the session's latest request (a refreshed token replaces the old one at once);
+    /// 2026-07-28 requests, which share one upstream client, each carry their own. Never sent
+    /// on another client's behalf, never logged. Needs --upstream-url (refused with
+    /// --upstream-cmd: a stdio server has no HTTP request to carry it).
+    #[arg(long, default_value_t = false)]
+    pub mcp_forward_authorization: bool,
+
     /// Path of the MCP endpoint.
     #[arg(long, default_value = "/mcp")]
     pub mcp_path: String,
@@ -94,6 +103,7 @@ impl McpArgs {
             sessions_max: self.mcp_sessions_max,
             requests_inflight_max: self.mcp_requests_inflight_max,
             batch_len_max: self.mcp_batch_len_max,
+            forward_authorization: self.mcp_forward_authorization,
         }
     }
 
@@ -149,6 +159,16 @@ impl McpArgs {
         {
             return Err("--upstream-cmd is empty".into());
         }
+        if self.mcp_forward_authorization && self.upstream_url.is_none() {
+            return Err(if self.upstream_cmd.is_some() {
+                "--mcp-forward-authorization needs --upstream-url: a stdio upstream \
+                 (--upstream-cmd) has no HTTP request to carry the Authorization header"
+            } else {
+                "--mcp-forward-authorization needs --upstream-url (there is no upstream to \
+                 forward to)"
+            }
+            .into());
+        }
         if let Some(url) = &self.upstream_url {
             if self.upstream_cmd.is_some() {
                 return Err("--upstream-cmd and --upstream-url are exclusive".into());
@@ -157,5 +177,43 @@ impl McpArgs {
                 .map_err(|e| format!("--upstream-url {url:?}: {e}"))?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::McpArgs;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        mcp: McpArgs,
+    }
+
+    fn parse(args: &[&str]) -> McpArgs {
+        Cli::try_parse_from(std::iter::once("gateway").chain(args.iter().copied()))
+            .unwrap()
+            .mcp
+    }
+
+    #[test]
+    fn forward_authorization_is_off_by_default_and_needs_an_http_upstream() {
+        let off = parse(&["--upstream-url", "http://127.0.0.1:9/mcp"]);
+        assert!(!off.core_config().forward_authorization);
+        let on = parse(&[
+            "--upstream-url",
+            "http://127.0.0.1:9/mcp",
+            "--mcp-forward-authorization",
+        ]);
+        assert_eq!(on.validate(), Ok(()));
+        assert!(on.core_config().forward_authorization);
+        for args in [
+            &["--upstream-cmd", "cat", "--mcp-forward-authorization"][..],
+            &["--mcp-forward-authorization"][..],
+        ] {
+            let e = parse(args).validate().unwrap_err();
+            assert!(e.contains("needs --upstream-url"), "{args:?}: {e}");
+        }
     }
 }

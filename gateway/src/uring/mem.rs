@@ -68,6 +68,13 @@ impl Vectored {
         self.ask_tx_ack = ask;
     }
 
+    /// Calls `f` with each run's bytes, in order (what the send carries).
+    pub fn for_each_run(&self, mut f: impl FnMut(&[u8])) {
+        for (b, off, len) in &self.runs {
+            f(&b.as_slice()[*off..off + len]);
+        }
+    }
+
     /// Bytes the send carries.
     pub fn len(&self) -> u64 {
         self.runs.iter().map(|r| r.2 as u64).sum()

@@ -1,7 +1,8 @@
 //! HTTP input: the front door of every request (duplicate headers, Origin/Host, the
 //! version header), dispatch by era and method, and the response helpers the eras share.
 
-use super::{Action, ConnId, HttpMethod, HttpRequest, JSON, LogView, McpCore};
+use super::{Action, ConnId, HttpMethod, HttpRequest, JSON, LogView, McpCore, UpstreamId};
+use crate::credential::Credential;
 use crate::era::{self, Era, Version};
 use crate::headers::{self, Headers};
 use crate::jsonrpc::{self, RpcId};
@@ -9,9 +10,25 @@ use serde_json::{Value, json};
 
 impl McpCore {
     pub fn handle_http(&mut self, now_ms: u64, req: &HttpRequest<'_>, log: &dyn LogView) {
+        self.subject = req.subject.map(str::to_owned);
+        // Read only when it is to be forwarded; a repeated header is ambiguous: none.
+        self.authorization = if self.cfg.forward_authorization {
+            Headers::new(req.headers)
+                .one(headers::AUTHORIZATION)
+                .ok()
+                .flatten()
+                .and_then(Credential::from_header)
+        } else {
+            None
+        };
+        self.dispatch_http(now_ms, req, log);
+        // Held only while its own request is handled.
+        self.authorization = None;
+    }
+
+    fn dispatch_http(&mut self, now_ms: u64, req: &HttpRequest<'_>, log: &dyn LogView) {
         let h = Headers::new(req.headers);
         let conn = req.conn;
-        self.subject = req.subject.map(str::to_owned);
         if self.refuse_headers(conn, &h) {
             return;
         }
@@ -185,6 +202,21 @@ impl McpCore {
             );
             return None;
         }
+        if let Some(up) = self.sessions[sid.as_ref()].upstream {
+            self.set_upstream_authorization(up);
+        }
         Some(sid.into_owned())
+    }
+
+    /// With `forward_authorization`: the session upstream `up` sends the current request's
+    /// `Authorization` (or none) from now on. Called only for a request that passed the
+    /// session's subject check, so no client's credential goes out on another's behalf.
+    pub(super) fn set_upstream_authorization(&mut self, up: UpstreamId) {
+        if self.cfg.forward_authorization {
+            self.actions.push_back(Action::SetUpstreamAuthorization {
+                upstream: up,
+                authorization: self.authorization.clone(),
+            });
+        }
     }
 }

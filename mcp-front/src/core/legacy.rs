@@ -294,7 +294,8 @@ impl McpCore {
             Some(retry_ms),
             Vec::new(),
         );
-        debug_assert_eq!(name, format!("mcp/{sid}/{n}"));
+        // No `debug_assert_eq!`: its panic message would print the session ID.
+        debug_assert!(name == format!("mcp/{sid}/{n}"), "POST stream name");
     }
 
     /// Forwards `msgs` to `upstream`, in order.
@@ -303,6 +304,7 @@ impl McpCore {
             self.actions.push_back(Action::SendUpstream {
                 upstream,
                 line: m.to_line(),
+                authorization: None, // the session's, set by SetUpstreamAuthorization
             });
         }
     }
@@ -382,12 +384,14 @@ impl McpCore {
             upstream,
             session: Some(sid.clone()),
         });
+        self.set_upstream_authorization(upstream);
         let owner = Owner::Session(sid.clone());
         let retry = self.cfg.retry_ms;
         self.open_primed(conn, &owner, 1, Some(retry), vec![("mcp-session-id", sid)]);
         self.actions.push_back(Action::SendUpstream {
             upstream,
             line: msg.to_line(),
+            authorization: None, // the session's, set above
         });
     }
 

@@ -166,9 +166,11 @@ impl McpCore {
                     self.stats.modern_cancels += 1;
                     if let Some(u) = self.modern.upstream {
                         let note = json!({ "jsonrpc": "2.0", "method": "notifications/cancelled", "params": { "requestId": k, "reason": "client closed the response stream" } });
+                        // On behalf of the client whose request it cancels: its credential.
                         self.actions.push_back(Action::SendUpstream {
                             upstream: u,
                             line: jsonrpc::value_to_line(&note),
+                            authorization: r.authorization,
                         });
                     }
                 }

@@ -21,6 +21,7 @@ impl McpCore {
             self.actions.push_back(Action::SendUpstream {
                 upstream,
                 line: msg.to_line(),
+                authorization: self.authorization.clone(),
             });
             return self.respond(conn, 202, Vec::new(), Vec::new());
         };
@@ -32,6 +33,7 @@ impl McpCore {
         self.actions.push_back(Action::SendUpstream {
             upstream,
             line: jsonrpc::value_to_line(&value),
+            authorization: self.authorization.clone(),
         });
     }
 
@@ -138,6 +140,7 @@ impl McpCore {
                 stream: n,
                 orig_id: id,
                 up_token,
+                authorization: self.authorization.clone(),
             },
         );
         (n, value)

@@ -2,7 +2,8 @@
 //! log's resume planner decide, answer the MCP error or reattach the stream from the next seq.
 
 use super::{
-    Action, ConnId, LogView, McpCore, Owner, Stream, StreamKind, parse_stream_name, sse_headers,
+    Action, ConnId, LogView, McpCore, Owner, Stream, StreamKind, parse_stream_name,
+    redact_stream_name, sse_headers,
 };
 use crate::jsonrpc;
 use log_store::{
@@ -145,13 +146,13 @@ impl McpCore {
                     None,
                     jsonrpc::RESUME_TRUNCATED,
                     &format!("Gone: the history after {text} is no longer retained (requested seq {requested}, floor {floor}, tail {tail})"),
-                    Some(json!({ "requested": text, "stream": stream_name, "requested_seq": requested, "floor": floor, "tail": tail })),
+                    Some(json!({ "requested": text, "stream": redact_stream_name(stream_name), "requested_seq": requested, "floor": floor, "tail": tail })),
                 );
                 None
             }
             ResumeOutcome::Refused(r) if r.class == ResumeClass::BeyondTail => {
                 let (requested, tail) = (detail_num(&r, "requested"), detail_num(&r, "tail"));
-                self.refuse_resume(conn, &format!("Bad Request: event id {text} is beyond the stream's tail {tail}"), json!({ "requested": text, "stream": stream_name, "requested_seq": requested, "tail": tail }));
+                self.refuse_resume(conn, &format!("Bad Request: event id {text} is beyond the stream's tail {tail}"), json!({ "requested": text, "stream": redact_stream_name(stream_name), "requested_seq": requested, "tail": tail }));
                 None
             }
             ResumeOutcome::Refused(_) => {
@@ -199,7 +200,7 @@ impl McpCore {
             None,
             jsonrpc::RESUME_TRUNCATED,
             &format!("Gone: the stream ended at seq {last}; nothing follows {text}"),
-            Some(json!({ "requested": text, "stream": stream_name, "tail": last, "ended": true })),
+            Some(json!({ "requested": text, "stream": redact_stream_name(stream_name), "tail": last, "ended": true })),
         );
         true
     }

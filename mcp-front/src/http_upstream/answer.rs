@@ -3,6 +3,7 @@
 
 use super::Shared;
 use super::wire::{header, is_sse, read_head};
+use crate::credential::Credential;
 use crate::upstream_event::UpstreamEvent;
 use serde_json::Value;
 use std::io::{BufRead, Read};
@@ -44,8 +45,15 @@ fn forward(sh: &Shared, msg: Vec<u8>, want: Option<&Value>, answered: &mut bool,
 }
 
 /// Reads one POST's answer and forwards its messages; a request left unanswered gets an
-/// error response made here.
-pub(super) fn read_answer(sh: &Arc<Shared>, s: TcpStream, request_id: Option<&Value>, init: bool) {
+/// error response made here. `auth`: the `Authorization` the POST carried, scrubbed from any
+/// upstream text quoted in a log line or an error.
+pub(super) fn read_answer(
+    sh: &Arc<Shared>,
+    s: TcpStream,
+    request_id: Option<&Value>,
+    init: bool,
+    auth: Option<&Credential>,
+) {
     let reg = sh.register(&s);
     let mut answered = false;
     let failure = match read_head(s) {
@@ -76,18 +84,30 @@ pub(super) fn read_answer(sh: &Arc<Shared>, s: TcpStream, request_id: Option<&Va
                     sh.die("the upstream answered 404: its session is gone");
                     None
                 }
-                _ => {
-                    let mut text = Vec::new();
-                    let _ = body.take(512).read_to_end(&mut text);
-                    Some(format!(
-                        "upstream answered HTTP {status}: {}",
-                        String::from_utf8_lossy(&text).trim()
-                    ))
-                }
+                _ => Some(refused(status, body, auth)),
             }
         }
     };
     sh.unregister(reg);
+    settle(sh, request_id, answered, failure);
+}
+
+/// The failure an HTTP error answer means, quoting up to 512 bytes of the upstream's text
+/// with the request's `Authorization` scrubbed out (an upstream may echo what it was sent).
+fn refused(status: u16, body: Box<dyn BufRead + Send>, auth: Option<&Credential>) -> String {
+    let mut text = Vec::new();
+    let _ = body.take(512).read_to_end(&mut text);
+    let text = String::from_utf8_lossy(&text);
+    let text = match auth {
+        Some(a) => a.scrub(text.trim()),
+        None => text.trim().to_owned(),
+    };
+    format!("upstream answered HTTP {status}: {text}")
+}
+
+/// After an answer: a notification's failure is logged; a request left unanswered (by a live
+/// upstream) gets a JSON-RPC error made here, naming the failure.
+fn settle(sh: &Shared, request_id: Option<&Value>, answered: bool, failure: Option<String>) {
     let Some(id) = request_id else {
         if let Some(f) = failure {
             eprintln!("mcp upstream {}: {f}", sh.id.0);
@@ -191,5 +211,24 @@ mod tests {
         assert!(answers(br#"[{"jsonrpc":"2.0","id":3,"error":{}}]"#, &id));
         assert!(!answers(br#"{"jsonrpc":"2.0","id":3,"method":"x"}"#, &id));
         assert!(!answers(br#"{"jsonrpc":"2.0","id":"3","result":{}}"#, &id));
+    }
+
+    /// An upstream error body that echoes the forwarded credential is quoted without it.
+    #[test]
+    fn refused_scrubs_the_forwarded_credential() {
+        let auth = Credential::from_header(b"Bearer eyJ0eXAi.secret.sig").unwrap();
+        let body = || -> Box<dyn BufRead + Send> {
+            Box::new(std::io::Cursor::new(
+                b"token eyJ0eXAi.secret.sig expired (Authorization: Bearer eyJ0eXAi.secret.sig)"
+                    .to_vec(),
+            ))
+        };
+        let why = refused(401, body(), Some(&auth));
+        assert!(!why.contains("secret"), "{why}");
+        assert_eq!(
+            why,
+            "upstream answered HTTP 401: token <redacted> expired (Authorization: <redacted>)"
+        );
+        assert!(refused(500, body(), None).contains("HTTP 500: token eyJ0eXAi"));
     }
 }

@@ -17,6 +17,19 @@
 //! (the core then answers its in-flight requests with errors). Once a message is in our log it
 //! is resumable by our clients even though the upstream keeps no history.
 //!
+//! `Authorization` (`--mcp-forward-authorization`, off by default): the client's header value
+//! goes on the upstream requests made on its behalf, and never on another client's. A
+//! session's client (one per gateway session, so one client's) sends the value of the
+//! session's latest request ([`HttpUpstream::set_authorization`], called by the reactor
+//! before it queues that request's messages) on every request it makes — its POSTs, even those
+//! queued before a refresh, its GET stream and its DELETE — so an upstream never sees a token
+//! the client has already replaced. The shared modern client serves every 2026-07-28 client
+//! on one dispatcher, so it forwards per request: each message carries its own value
+//! ([`Outbound::authorization`], the request's; a cancellation the cancelled request's) and
+//! nothing else does (its GET stream and DELETE go without). The value is written into the
+//! request head and nowhere else: never logged, never in an error made here (an upstream
+//! error body quoted in one has it scrubbed, [`Credential::scrub`]).
+//!
 //! Not done: TLS (`https://` is refused at start), keep-alive connections, resuming the
 //! upstream's own streams with `Last-Event-ID`, and the 2026-07-28 `Mcp-Method`/`Mcp-Name`
 //! mirror headers towards the upstream (the body's `_meta` protocol version is sent as
@@ -32,6 +45,7 @@ mod answer;
 mod wire;
 
 use crate::core::UpstreamId;
+use crate::credential::Credential;
 use crate::upstream_event::UpstreamEvent;
 use answer::{read_answer, read_sse};
 use crossbeam::channel::{self, Receiver, Sender};
@@ -126,6 +140,9 @@ struct Shared {
     wake: Arc<dyn Fn() + Send + Sync>,
     /// Upstream session id and protocol version, once `initialize` has been answered.
     session: Mutex<(Option<String>, Option<String>)>,
+    /// The client's `Authorization` for requests whose message carries none (the session's
+    /// latest; never set for the shared modern client). See the module doc.
+    authorization: Mutex<Option<Credential>>,
     /// Open sockets (POST answers, GET stream), shut down when the upstream stops; the flag
     /// says they were, so a socket registered later is shut down at once.
     sockets: Mutex<(bool, Vec<(u64, TcpStream)>)>,
@@ -178,12 +195,22 @@ impl Shared {
         }
     }
 
-    /// Sends one request; the connection is returned for reading the answer.
+    /// The session credential (see the module doc).
+    fn session_authorization(&self) -> Option<Credential> {
+        self.authorization
+            .lock()
+            .expect("authorization lock")
+            .clone()
+    }
+
+    /// Sends one request (with `auth` as its `Authorization`, if any); the connection is
+    /// returned for reading the answer.
     fn send(
         &self,
         method: &str,
         body: &[u8],
         extra: &[(&str, &str)],
+        auth: Option<&Credential>,
     ) -> std::io::Result<TcpStream> {
         let mut s = TcpStream::connect_timeout(&self.target.addr, IO_TIMEOUT)?;
         s.set_write_timeout(Some(IO_TIMEOUT))?;
@@ -203,6 +230,12 @@ impl Shared {
         if let Some(v) = ver {
             head.push_str(&format!("MCP-Protocol-Version: {v}\r\n"));
         }
+        if let Some(a) = auth {
+            // `Credential` holds no CR, LF or other control byte: it cannot end the head.
+            head.push_str("Authorization: ");
+            head.push_str(a.expose());
+            head.push_str("\r\n");
+        }
         if method == "POST" {
             head.push_str(&format!(
                 "Content-Type: application/json\r\nContent-Length: {}\r\n",
@@ -217,9 +250,17 @@ impl Shared {
     }
 }
 
+/// One message for the upstream and the `Authorization` to send it with; `None`: the
+/// client's session credential, if one is set ([`HttpUpstream::set_authorization`]).
+#[derive(Debug)]
+pub struct Outbound {
+    pub line: Vec<u8>,
+    pub authorization: Option<Credential>,
+}
+
 /// One HTTP-upstream client.
 pub struct HttpUpstream {
-    lines: Option<Sender<Vec<u8>>>,
+    lines: Option<Sender<Outbound>>,
     shared: Arc<Shared>,
     finished: Arc<AtomicBool>,
 }
@@ -251,11 +292,12 @@ impl HttpUpstream {
             tx,
             wake,
             session: Mutex::new((None, None)),
+            authorization: Mutex::new(None),
             sockets: Mutex::new((false, Vec::new())),
             next_socket: AtomicU64::new(0),
             dead: AtomicBool::new(false),
         });
-        let (ltx, lrx) = channel::bounded::<Vec<u8>>(queue_lines_max.max(1));
+        let (ltx, lrx) = channel::bounded::<Outbound>(queue_lines_max.max(1));
         let finished = Arc::new(AtomicBool::new(false));
         let (sh, fin) = (shared.clone(), finished.clone());
         std::thread::Builder::new()
@@ -272,9 +314,20 @@ impl HttpUpstream {
         })
     }
 
-    /// The line queue towards the dispatcher (None once stopping).
-    pub fn lines(&self) -> Option<&Sender<Vec<u8>>> {
+    /// The message queue towards the dispatcher (None once stopping).
+    pub fn lines(&self) -> Option<&Sender<Outbound>> {
         self.lines.as_ref()
+    }
+
+    /// The `Authorization` every later request of this client carries when its message brings
+    /// none (the session's latest request's; `None`: no header). Takes effect at once, also
+    /// for messages already queued.
+    pub fn set_authorization(&self, authorization: Option<Credential>) {
+        *self
+            .shared
+            .authorization
+            .lock()
+            .expect("authorization lock") = authorization;
     }
 
     /// Stops: the dispatcher sends DELETE (when a session exists) and shuts sockets down.
@@ -319,53 +372,19 @@ fn describe(line: &[u8]) -> Outgoing {
     }
 }
 
-fn dispatch(sh: &Arc<Shared>, lines: &Receiver<Vec<u8>>) {
-    for line in lines {
+fn dispatch(sh: &Arc<Shared>, lines: &Receiver<Outbound>) {
+    for msg in lines {
         if sh.dead.load(Ordering::SeqCst) {
             continue; // drained until the driver stops us
         }
-        let body = line.strip_suffix(b"\n").unwrap_or(&line).to_vec();
-        let out = describe(&body);
-        let extra: Vec<(&str, &str)> = out
-            .version
-            .as_deref()
-            .map(|v| ("MCP-Protocol-Version", v))
-            .into_iter()
-            .collect();
-        let s = match sh.send("POST", &body, &extra) {
-            Ok(s) => s,
-            Err(e) => {
-                sh.die(&format!(
-                    "cannot send to {}{}: {e}",
-                    sh.target.authority, sh.target.path
-                ));
-                continue;
-            }
-        };
-        if out.initialize {
-            // Read the answer here: the session id must be known before the next message.
-            read_answer(sh, s, out.request_id.as_ref(), true);
-            if sh.session.lock().expect("session lock").0.is_some() {
-                let sh2 = sh.clone();
-                let _ = std::thread::Builder::new()
-                    .name(format!("mcp-up{}-get", sh.id.0))
-                    .spawn(move || open_get(&sh2));
-            }
-        } else {
-            let sh2 = sh.clone();
-            let started = std::thread::Builder::new()
-                .name(format!("mcp-up{}-post", sh.id.0))
-                .spawn(move || read_answer(&sh2, s, out.request_id.as_ref(), false));
-            if let Err(e) = started {
-                sh.die(&format!("cannot start a reader thread: {e}"));
-            }
-        }
+        post(sh, msg);
     }
     // Stopped by the driver: end the upstream session, then every open stream.
     let sid = sh.session.lock().expect("session lock").0.clone();
+    let auth = sh.session_authorization();
     if sid.is_some()
         && !sh.dead.load(Ordering::SeqCst)
-        && let Ok(mut s) = sh.send("DELETE", b"", &[])
+        && let Ok(mut s) = sh.send("DELETE", b"", &[], auth.as_ref())
     {
         let _ = s.set_read_timeout(Some(SHORT_READ_TIMEOUT));
         let _ = s.read(&mut [0u8; 1024]);
@@ -373,9 +392,49 @@ fn dispatch(sh: &Arc<Shared>, lines: &Receiver<Vec<u8>>) {
     sh.shutdown_all();
 }
 
+/// POSTs one message and starts reading its answer (`initialize`: reads it here, then opens
+/// the GET stream).
+fn post(sh: &Arc<Shared>, msg: Outbound) {
+    let body = msg.line.strip_suffix(b"\n").unwrap_or(&msg.line).to_vec();
+    let out = describe(&body);
+    let extra: Vec<(&str, &str)> = out
+        .version
+        .as_deref()
+        .map(|v| ("MCP-Protocol-Version", v))
+        .into_iter()
+        .collect();
+    let auth = msg.authorization.or_else(|| sh.session_authorization());
+    let s = match sh.send("POST", &body, &extra, auth.as_ref()) {
+        Ok(s) => s,
+        Err(e) => {
+            let (a, p) = (&sh.target.authority, &sh.target.path);
+            return sh.die(&format!("cannot send to {a}{p}: {e}"));
+        }
+    };
+    if out.initialize {
+        // Read the answer here: the session id must be known before the next message.
+        read_answer(sh, s, out.request_id.as_ref(), true, auth.as_ref());
+        if sh.session.lock().expect("session lock").0.is_some() {
+            let sh2 = sh.clone();
+            let _ = std::thread::Builder::new()
+                .name(format!("mcp-up{}-get", sh.id.0))
+                .spawn(move || open_get(&sh2));
+        }
+    } else {
+        let sh2 = sh.clone();
+        let started = std::thread::Builder::new()
+            .name(format!("mcp-up{}-post", sh.id.0))
+            .spawn(move || read_answer(&sh2, s, out.request_id.as_ref(), false, auth.as_ref()));
+        if let Err(e) = started {
+            sh.die(&format!("cannot start a reader thread: {e}"));
+        }
+    }
+}
+
 /// The GET stream: server messages unrelated to a request. 405 = the upstream has none.
 fn open_get(sh: &Arc<Shared>) {
-    let Ok(s) = sh.send("GET", b"", &[]) else {
+    let auth = sh.session_authorization();
+    let Ok(s) = sh.send("GET", b"", &[], auth.as_ref()) else {
         return;
     };
     let reg = sh.register(&s);

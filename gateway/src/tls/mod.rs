@@ -1,0 +1,252 @@
+//! TLS on the listener (`--tls-cert-file`, `--tls-key-file`): rustls, which is sans-IO, sits
+//! between the io_uring driver and the connection machine. Ciphertext goes through the
+//! driver's receive and send operations; plaintext goes to and from the connection machine and
+//! the subscribers' send windows. No socket, no io_uring, no clock here (time passed in).
+//!
+//! - [`Certs`]: the server configuration (TLS 1.2 and 1.3, ALPN `http/1.1`, session tickets),
+//!   replaced whole on SIGHUP; new handshakes take the current one, established connections
+//!   keep theirs.
+//! - [`TlsConn`]: one connection's session: ciphertext in, plaintext out; plaintext in (an
+//!   HTTP answer, or a subscriber's runs straight from the mapped log), one batch of
+//!   ciphertext out at a time; and [`map::CipherMap`], which turns the kernel's ciphertext
+//!   byte counts into the plaintext the window counts.
+//!
+//! Kernel TLS (`TCP_ULP "tls"`) is not used: the machines this runs on have no `tls` module
+//! (`/proc/sys/net/ipv4/tcp_available_ulp`); the start-up line and `gateway_tls_path` say so.
+#![forbid(unsafe_code)]
+
+pub mod map;
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::Instant;
+
+use rustls::ServerConfig;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+use map::CipherMap;
+
+/// Ciphertext bytes one receive takes: a maximal TLS record (16 KiB + header + overhead).
+pub const CIPHER_RECV_BYTES: usize = 16 * 1024 + 512;
+
+/// The server certificate and key, reloadable.
+#[derive(Debug)]
+pub struct Certs {
+    cert_file: PathBuf,
+    key_file: PathBuf,
+    current: RwLock<Arc<ServerConfig>>,
+}
+
+impl Certs {
+    /// Loads the PEM chain and key; an error names the file and the cause.
+    pub fn load(cert_file: &Path, key_file: &Path) -> Result<Certs, String> {
+        let cfg = server_config(cert_file, key_file)?;
+        Ok(Certs {
+            cert_file: cert_file.to_owned(),
+            key_file: key_file.to_owned(),
+            current: RwLock::new(cfg),
+        })
+    }
+
+    /// The configuration new handshakes use.
+    pub fn current(&self) -> Arc<ServerConfig> {
+        self.current.read().expect("certs lock").clone()
+    }
+
+    /// Reads the files again; on success new handshakes use them. On failure the old pair
+    /// stays (the error says why).
+    pub fn reload(&self) -> Result<(), String> {
+        let cfg = server_config(&self.cert_file, &self.key_file)?;
+        *self.current.write().expect("certs lock") = cfg;
+        Ok(())
+    }
+}
+
+fn server_config(cert_file: &Path, key_file: &Path) -> Result<Arc<ServerConfig>, String> {
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert_file)
+        .and_then(|it| it.collect::<Result<_, _>>())
+        .map_err(|e| format!("--tls-cert-file {}: {e}", cert_file.display()))?;
+    if certs.is_empty() {
+        return Err(format!(
+            "--tls-cert-file {}: no CERTIFICATE in it",
+            cert_file.display()
+        ));
+    }
+    let key = PrivateKeyDer::from_pem_file(key_file)
+        .map_err(|e| format!("--tls-key-file {}: {e}", key_file.display()))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+        .map_err(|e| format!("TLS versions: {e}"))?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .map_err(|e| format!("--tls-cert-file / --tls-key-file: {e}"))?;
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    cfg.ticketer = rustls::crypto::ring::Ticketer::new().map_err(|e| format!("tickets: {e}"))?;
+    Ok(Arc::new(cfg))
+}
+
+/// Whether the kernel offers TLS offload (`tls` in `tcp_available_ulp`).
+pub fn ktls_available() -> bool {
+    std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_ulp")
+        .is_ok_and(|s| s.split_whitespace().any(|u| u == "tls"))
+}
+
+/// One connection's TLS session.
+#[derive(Debug)]
+pub struct TlsConn {
+    conn: rustls::ServerConnection,
+    /// Received ciphertext rustls has not taken yet (it refuses more while its plaintext
+    /// buffer is full): `cin[cin_pos..]`.
+    cin: Vec<u8>,
+    cin_pos: usize,
+    /// The ciphertext batch being sent (`None` while a send holds it), how much of it the
+    /// kernel took, and the plaintext it carries (`None`: no batch is being sent).
+    cout: Option<Vec<u8>>,
+    cout_off: usize,
+    carry: Option<u64>,
+    pub map: CipherMap,
+    started: Instant,
+    /// The peer sent `close_notify` (or the session failed): read nothing more.
+    pub eof: bool,
+}
+
+impl TlsConn {
+    pub fn new(cfg: Arc<ServerConfig>, now: Instant) -> Result<TlsConn, rustls::Error> {
+        let mut conn = rustls::ServerConnection::new(cfg)?;
+        // The gateway bounds what it encrypts at once (one batch: an answer, or at most
+        // --send-bytes-max of a subscriber's runs) and sends each batch whole before the next.
+        conn.set_buffer_limit(None);
+        Ok(TlsConn {
+            conn,
+            cin: Vec::new(),
+            cin_pos: 0,
+            cout: Some(Vec::new()),
+            cout_off: 0,
+            carry: None,
+            map: CipherMap::default(),
+            started: now,
+            eof: false,
+        })
+    }
+
+    /// The handshake is complete (application data flows).
+    pub fn established(&self) -> bool {
+        !self.conn.is_handshaking()
+    }
+
+    /// When the handshake started (the handshake timeout).
+    pub fn started(&self) -> Instant {
+        self.started
+    }
+
+    /// Received ciphertext; rustls takes what it can now (the rest waits in the session).
+    /// `Err`: a protocol error — the alert is queued to send, then the connection closes.
+    pub fn on_cipher(&mut self, bytes: &[u8]) -> Result<(), rustls::Error> {
+        if self.cin_pos == self.cin.len() {
+            self.cin.clear();
+            self.cin_pos = 0;
+        }
+        self.cin.extend_from_slice(bytes);
+        self.feed()
+    }
+
+    /// Hands rustls the received ciphertext it has not taken yet.
+    pub fn feed(&mut self) -> Result<(), rustls::Error> {
+        while self.cin_pos < self.cin.len() {
+            let mut rest = &self.cin[self.cin_pos..];
+            match self.conn.read_tls(&mut rest) {
+                Ok(0) => break,
+                Ok(n) => self.cin_pos += n,
+                // Its plaintext buffer is full: the rest waits until plaintext is read.
+                Err(_) => break,
+            }
+            self.conn.process_new_packets()?;
+        }
+        if self.cin_pos == self.cin.len() && self.cin.capacity() > CIPHER_RECV_BYTES * 2 {
+            self.cin = Vec::new();
+            self.cin_pos = 0;
+        }
+        Ok(())
+    }
+
+    /// Whether received ciphertext is still waiting for rustls (receive no more until it is
+    /// taken).
+    pub fn backlog(&self) -> bool {
+        self.cin_pos < self.cin.len()
+    }
+
+    /// Moves decrypted plaintext into `dst`; 0 when none is ready (or after `close_notify`,
+    /// which sets `eof`).
+    pub fn read_plain(&mut self, dst: &mut [u8]) -> usize {
+        if dst.is_empty() {
+            return 0;
+        }
+        match self.conn.reader().read(dst) {
+            Ok(0) => {
+                self.eof = true;
+                0
+            }
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => 0,
+            Err(_) => {
+                self.eof = true; // peer closed without close_notify
+                0
+            }
+        }
+    }
+
+    /// Encrypts `parts` as application data (after the handshake), to go out with the next
+    /// batch; returns the plaintext length.
+    pub fn encrypt<'a>(&mut self, parts: impl Iterator<Item = &'a [u8]>) -> usize {
+        let mut n = 0;
+        for p in parts {
+            self.conn
+                .writer()
+                .write_all(p)
+                .expect("rustls buffers all plaintext (no buffer limit set)");
+            n += p.len();
+        }
+        n
+    }
+
+    /// Takes the next ciphertext batch to send, if there is one and no batch is being sent:
+    /// the buffer and the offset to send from. `plain`: the plaintext it carries (encrypted
+    /// since the last batch), handed back by [`TlsConn::on_sent`] once the kernel took it all.
+    pub fn poll_send(&mut self, plain: u64) -> Option<(Vec<u8>, usize)> {
+        if self.cout.is_none() || self.carry.is_some() || !self.conn.wants_write() {
+            return None;
+        }
+        let mut buf = self.cout.take().expect("checked");
+        buf.clear();
+        while self.conn.wants_write() {
+            self.conn
+                .write_tls(&mut buf)
+                .expect("writing TLS records into a Vec cannot fail");
+        }
+        self.cout_off = 0;
+        self.carry = Some(plain);
+        Some((buf, 0))
+    }
+
+    /// Whether a batch is being sent.
+    pub fn sending(&self) -> bool {
+        self.carry.is_some()
+    }
+
+    /// The kernel took `n` bytes of the batch from its offset. `Ok(plain)` when the batch is
+    /// all taken (the buffer is kept for the next one); `Err((buf, off))`: send the rest.
+    pub fn on_sent(&mut self, buf: Vec<u8>, n: usize) -> Result<u64, (Vec<u8>, usize)> {
+        self.map.taken(n as u64);
+        self.cout_off += n;
+        if self.cout_off < buf.len() {
+            return Err((buf, self.cout_off));
+        }
+        let plain = self.carry.take().expect("a batch was being sent");
+        self.map.batch_done(plain);
+        self.cout = Some(buf);
+        Ok(plain)
+    }
+}
