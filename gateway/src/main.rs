@@ -128,6 +128,11 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
         .collect();
     let threads = start_cores(setups, &shared)?;
     admin::spawn(admin_listener, shared.clone()).map_err(|e| format!("admin thread: {e}"))?;
+    if shared.certs.is_some() {
+        for m in &shared.metrics {
+            m.tls_userspace.store(1, Relaxed);
+        }
+    }
     announce(addr, admin_addr, shared.certs.is_some());
     let sig = wait_for_stop(&signals, &shared);
     eprintln!("gateway: signal {sig}: shutting down");

@@ -82,6 +82,10 @@ pub struct CoreMetrics {
     /// TLS handshakes completed, and TLS sessions that failed (bad handshakes, plaintext or
     /// garbage on the TLS port, handshake timeouts).
     pub tls_handshakes_total: AtomicU64,
+    /// 1 when the listener serves TLS in userspace (rustls), which it does whenever TLS is on:
+    /// kernel TLS is not used (`gateway_tls_kernel` stays 0).
+    pub tls_userspace: AtomicU64,
+    pub tls_kernel: AtomicU64,
     pub tls_handshake_failures_total: AtomicU64,
     /// Receives deferred because `--request-buffer-bytes-max` was reached.
     pub request_buffer_waits_total: AtomicU64,
@@ -106,7 +110,7 @@ impl CoreMetrics {
 type Field = fn(&CoreMetrics) -> &AtomicU64;
 
 /// Every per-core scalar: name, Prometheus type, the counter.
-const SCALARS: [(&str, &str, Field); 35] = [
+const SCALARS: [(&str, &str, Field); 37] = [
     ("gateway_connections", "gauge", |m| &m.connections),
     ("gateway_subscribers", "gauge", |m| &m.subscribers),
     ("gateway_accepted_total", "counter", |m| &m.accepted_total),
@@ -187,6 +191,8 @@ const SCALARS: [(&str, &str, Field); 35] = [
     ("gateway_per_ip_refusals_total", "counter", |m| {
         &m.per_ip_refusals_total
     }),
+    ("gateway_tls_userspace", "gauge", |m| &m.tls_userspace),
+    ("gateway_tls_kernel", "gauge", |m| &m.tls_kernel),
     ("gateway_tls_handshakes_total", "counter", |m| {
         &m.tls_handshakes_total
     }),

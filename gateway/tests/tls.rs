@@ -294,6 +294,9 @@ fn bad_handshakes_are_closed_and_counted_and_serving_goes_on() {
         assert!(Instant::now() < deadline, "failures not counted");
         std::thread::sleep(Duration::from_millis(50));
     }
+    // The path in use is reported: userspace rustls (no kernel TLS module on these machines).
+    assert!(g.metric("gateway_tls_userspace", "") >= 1);
+    assert_eq!(g.metric("gateway_tls_kernel", ""), 0);
     // Still serving over TLS.
     let mut s = connect(g.addr, &cfg).unwrap();
     let id = publish(&mut s, "after", "ok");

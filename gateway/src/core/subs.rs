@@ -45,6 +45,9 @@ impl Core {
         let mut sub = Box::new(Sub::new(key, cursor, ack, preamble, aligned, now));
         setup(&mut sub);
         conn.state = State::Sub(sub);
+        if let Some(t) = &mut conn.tls {
+            t.stop_reading(); // a subscriber reads nothing more: its receive buffer goes
+        }
         self.hub.subscribe(key, (slot, generation));
         self.m().subscribers.fetch_add(1, Relaxed);
         if ack == AckMode::TxTimestamps {

@@ -54,6 +54,11 @@ impl Tls {
         self.s
     }
 
+    /// The connection reads nothing more (a subscriber): the ciphertext receive buffer goes.
+    pub fn stop_reading(&mut self) {
+        self.crecv = None;
+    }
+
     pub fn new(s: Box<TlsConn>) -> Tls {
         Tls {
             s,
