@@ -16,13 +16,23 @@
 // Cuts fall anywhere after a response's first event (priming, or the re-primed id of a resumed
 // response), mid-event included. Seeds are printed; rerun one with SEED=<n> (DEBUG_CUTS=1
 // shows where each cut fell). Every wait is bounded. Exit 0 = all passed.
-// Usage: GATEWAY_BIN=target/debug/gateway node mcp-tests/exactly-once.mjs [test ...]
+//
+// --https: the same tests over TLS. The gateway serves HTTPS (--tls-cert-file/--tls-key-file,
+// a test CA and a certificate for 127.0.0.1 that mcp-tests/tls-certs.sh makes with openssl);
+// the SDK client connects to https://127.0.0.1:<port>/mcp and trusts the CA only through
+// NODE_EXTRA_CA_CERTS (read by Node at start, so it comes from the environment). The cutting
+// proxy stays a plain TCP proxy: it cuts the TLS stream, mid-record, and checks that every
+// connection it carries is TLS. A first test, `trust`, checks the setup itself: without
+// NODE_EXTRA_CA_CERTS a client refuses the certificate, and the port does not speak plaintext.
+// The last line is the verdict: `exactly-once (typescript, http|https): PASS|FAIL ...`.
+// Usage: GATEWAY_BIN=target/debug/gateway node mcp-tests/exactly-once.mjs [--https] [test ...]
+//        env $(bash mcp-tests/tls-certs.sh DIR) GATEWAY_BIN=... node mcp-tests/exactly-once.mjs --https
 
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import { CallToolResultSchema } from '@modelcontextprotocol/sdk/types.js';
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import net from 'node:net';
 import { tmpdir } from 'node:os';
@@ -35,6 +45,25 @@ const GATEWAY_BIN = process.env.GATEWAY_BIN ?? path.join(ROOT, 'target/debug/gat
 const FIXTURE = `node '${path.join(ROOT, 'mcp-fixture/server.mjs')}'`;
 const EVERYTHING = `node '${path.join(HERE, 'node_modules/@modelcontextprotocol/server-everything/dist/index.js')}' stdio`;
 const TEST_TIMEOUT_MS = 60_000;
+
+const ARGS = process.argv.slice(2);
+const HTTPS = ARGS.includes('--https');
+const SCHEME = HTTPS ? 'https' : 'http';
+// --https: the certificate and key the gateway serves (mcp-tests/tls-certs.sh).
+const TLS_ARGS = HTTPS ? ['--tls-cert-file', process.env.MCP_TLS_CERT_FILE, '--tls-key-file', process.env.MCP_TLS_KEY_FILE] : [];
+if (HTTPS) {
+  const missing = ['MCP_TLS_CERT_FILE', 'MCP_TLS_KEY_FILE', 'NODE_EXTRA_CA_CERTS'].filter((k) => !process.env[k]);
+  if (missing.length) {
+    console.error(`--https needs ${missing.join(', ')} in the environment: env $(bash mcp-tests/tls-certs.sh DIR) node mcp-tests/exactly-once.mjs --https`);
+    process.exit(2);
+  }
+  if (process.env.NODE_TLS_REJECT_UNAUTHORIZED === '0') {
+    console.error('--https: NODE_TLS_REJECT_UNAUTHORIZED=0 would let the client skip verification; unset it');
+    process.exit(2);
+  }
+}
+// Cuts the proxies made, summed over the run (the verdict line).
+const STATS = { cuts: 0, midRecord: 0, tlsConnections: 0 };
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
@@ -70,7 +99,7 @@ class Gateway {
     this.port = port ?? this.port ?? (await freePort());
     const args = ['--listen', `127.0.0.1:${this.port}`, '--admin-listen', '127.0.0.1:0', '--data-dir', this.dataDir, '--cores', '2',
       ...(this.upstreamCmd === null ? [] : ['--upstream-cmd', this.upstreamCmd]),
-      '--mcp-retry-ms', '50', ...this.extraArgs];
+      '--mcp-retry-ms', '50', ...TLS_ARGS, ...this.extraArgs];
     this.proc = spawn(GATEWAY_BIN, args, { stdio: ['ignore', 'pipe', 'pipe'] });
     this.proc.stderr.on('data', (d) => { this.stderr = (this.stderr + d).slice(-20000); });
     let out = '';
@@ -83,7 +112,12 @@ class Gateway {
       this.proc.on('exit', (code) => { clearTimeout(t); reject(new Error(`gateway exited (${code}): ${this.stderr}`)); });
     });
     this.proc.removeAllListeners('exit');
-    this.url = `http://127.0.0.1:${this.port}/mcp`;
+    if (HTTPS) {
+      // The gateway says on stderr, after its stdout lines, that the listener is TLS.
+      for (let i = 0; i < 200 && !this.stderr.includes(`gateway: TLS on 127.0.0.1:${this.port}`); i++) await sleep(10);
+      assert.ok(this.stderr.includes(`gateway: TLS on 127.0.0.1:${this.port}`), `no "gateway: TLS on" line; stderr: ${this.stderr}`);
+    }
+    this.url = `${SCHEME}://127.0.0.1:${this.port}/mcp`;
   }
   async stop() {
     if (!this.proc || this.proc.exitCode !== null) return;
@@ -98,14 +132,58 @@ class Gateway {
   }
 }
 
+// Incremental parser of a TLS record stream (5-byte header: type, version, length): counts the
+// records of each type and says whether the bytes fed so far end inside a record.
+class TlsRecords {
+  constructor(onRecord = () => {}) {
+    this.onRecord = onRecord; // (type, offset of the record) when its header is complete
+    this.head = [];
+    this.left = 0;
+    this.offset = 0;
+    this.type = undefined;
+  }
+  feed(chunk) {
+    for (let i = 0; i < chunk.length;) {
+      if (this.left > 0) {
+        const n = Math.min(this.left, chunk.length - i);
+        this.left -= n; i += n; this.offset += n;
+        continue;
+      }
+      this.head.push(chunk[i++]);
+      this.offset++;
+      if (this.head.length === 5) {
+        this.type = this.head[0];
+        this.left = (this.head[3] << 8) | this.head[4];
+        this.head = [];
+        this.onRecord(this.type, this.offset - 5);
+      }
+    }
+  }
+  // The stream so far ends inside a record (its header or its body), not between two.
+  get midRecord() { return this.head.length > 0 || this.left > 0; }
+}
+
+// With --https, the proxy only sees ciphertext. A cut point is counted from where the response
+// starts: the server bytes already sent when the client's first application-data record went
+// by, plus this much for the NewSessionTicket record rustls sends once the handshake is done,
+// before any answer (measured: one record of 363 + 5 bytes). So a cut still falls after the
+// response's first event, never in the handshake (a POST cut before its priming event cannot
+// be resumed by any client, and that would test nothing).
+const TLS_TICKET_BYTES = 400;
+
 // TCP proxy that cuts server→client streams at chosen byte offsets and can hold new
-// connections (to keep a client waiting while the gateway restarts).
+// connections (to keep a client waiting while the gateway restarts). With --https it forwards
+// TLS untouched (it checks that each connection starts with a TLS handshake record) and its
+// cuts fall in the TLS stream, mid-record as a rule.
 class CutProxy {
   constructor(targetPort, rand) {
     this.targetPort = targetPort;
     this.rand = rand;
     this.cutsLeft = 0;
     this.cuts = 0;
+    this.midRecordCuts = 0; // --https: cuts inside a TLS record
+    this.tlsConnections = 0;
+    this.notTls = 0; // --https: connections whose first byte was not a TLS handshake record
     // Cut points start after the first SSE event of a response: a client cut before it has
     // any event id cannot resume any protocol's stream (the SDK then waits for its timeout).
     this.minBytes = 250;
@@ -119,7 +197,7 @@ class CutProxy {
     this.server = net.createServer((client) => this.onClient(client));
     await new Promise((r) => this.server.listen(0, '127.0.0.1', r));
     this.port = this.server.address().port;
-    this.url = `http://127.0.0.1:${this.port}/mcp`;
+    this.url = `${SCHEME}://127.0.0.1:${this.port}/mcp`;
   }
   onClient(client) {
     this.sockets.add(client);
@@ -138,30 +216,61 @@ class CutProxy {
     upstream.on('close', () => { this.sockets.delete(upstream); client.destroy(); });
     upstream.on('error', () => client.destroy());
     client.on('close', () => upstream.destroy());
+    let cutAt;
+    let sent = 0;
+    // --https: where the response starts in the server's ciphertext (see TLS_TICKET_BYTES).
+    // TLS 1.3 encrypts the server's handshake, so its first encrypted record comes before the
+    // client's; then the client's first encrypted record is its Finished, the second its first
+    // request. (TLS 1.2: the client's first encrypted record is application data.)
+    let appStart;
+    let server23First = false;
+    let client23 = 0;
+    const fromClient = new TlsRecords((type) => {
+      if (type !== 23) return;
+      client23++;
+      if (appStart === undefined && client23 === (server23First ? 2 : 1)) appStart = sent;
+    });
+    const fromServer = new TlsRecords((type) => { if (type === 23 && client23 === 0) server23First = true; });
+    let firstByte;
     // Client → gateway bytes wait while holding (pooled keep-alive connections included), so
     // no request reaches the gateway until `release`.
     client.on('data', (chunk) => {
+      if (HTTPS) {
+        if (firstByte === undefined) {
+          firstByte = chunk[0];
+          if (firstByte === 0x16) { this.tlsConnections++; STATS.tlsConnections++; } else this.notTls++;
+        }
+        fromClient.feed(chunk);
+      }
       if (this.holding) this.pending.push([upstream, chunk]);
       else upstream.write(chunk);
     });
     client.resume();
     // Where this connection gets cut is drawn when cutting is enabled and it carries data
-    // (HTTP clients pool connections, so it may predate the enabling).
-    let cutAt;
-    let sent = 0;
+    // (HTTP clients pool connections, so it may predate the enabling); over TLS, once the
+    // response's ciphertext can be told from the handshake's.
+    const draw = (from) => from + this.minBytes + Math.floor(this.rand() * (this.maxBytes - this.minBytes));
     upstream.on('data', (chunk) => {
       if (cutAt === undefined && this.cutsLeft > 0) {
-        cutAt = sent + this.minBytes + Math.floor(this.rand() * (this.maxBytes - this.minBytes));
+        if (!HTTPS) cutAt = draw(sent);
+        else if (appStart !== undefined) cutAt = draw(Math.max(sent, appStart + TLS_TICKET_BYTES));
       }
       if (cutAt !== undefined && sent + chunk.length >= cutAt && this.cutsLeft > 0) {
         const keep = cutAt - sent;
         client.write(chunk.subarray(0, keep));
+        if (HTTPS) {
+          fromServer.feed(chunk.subarray(0, keep));
+          if (fromServer.midRecord) { this.midRecordCuts++; STATS.midRecord++; }
+        }
         if (process.env.DEBUG_CUTS) {
-          const shown = Buffer.concat([...(this.lastBytes ?? []), chunk.subarray(0, keep)]).toString().slice(-160);
-          console.error(`cut #${this.cuts + 1} at byte ${cutAt}: ...${JSON.stringify(shown)}`);
+          const shown = HTTPS
+            ? `TLS ${fromServer.midRecord ? `mid-record (type ${fromServer.type}, ${fromServer.left} bytes of it not sent)` : 'between records'}, response from byte ${appStart}`
+            : `...${JSON.stringify(Buffer.concat([...(this.lastBytes ?? []), chunk.subarray(0, keep)]).toString().slice(-160))}`;
+          console.error(`cut #${this.cuts + 1} at byte ${cutAt}: ${shown}`);
         }
         this.cutsLeft--;
         this.cuts++;
+        STATS.cuts++;
         // Destroy both sides: the client sees a broken stream (possibly mid-event), the
         // gateway sees the connection go away.
         client.destroy();
@@ -169,6 +278,7 @@ class CutProxy {
         sent = cutAt;
         return;
       }
+      if (HTTPS) fromServer.feed(chunk);
       sent += chunk.length;
       if (process.env.DEBUG_CUTS) this.lastBytes = [chunk];
       client.write(chunk);
@@ -179,6 +289,13 @@ class CutProxy {
     this.holding = false;
     for (const [up, chunk] of this.pending.splice(0)) if (!up.destroyed) up.write(chunk);
     for (const c of this.held.splice(0)) if (!c.destroyed) this.connect(c);
+  }
+  // --https: every connection was TLS, and says what the cuts were (for a test's info line).
+  tlsInfo() {
+    if (!HTTPS) return '';
+    assert.equal(this.notTls, 0, `${this.notTls} connection(s) through the proxy did not start with a TLS handshake record`);
+    assert.ok(this.tlsConnections >= 1, 'no TLS connection went through the proxy');
+    return ` (tls: ${this.tlsConnections} connections, ${this.midRecordCuts} of ${this.cuts} cuts mid-record)`;
   }
   async close() {
     for (const s of this.sockets) s.destroy();
@@ -262,7 +379,7 @@ async function testAuto(seed, gateway) {
     expectExactly(seen, count, `auto seed=${seed}`);
     assert.ok(proxy.cuts >= 1, `the proxy cut nothing (wanted ${wantCuts}): the test did not test resumption`);
     await client.close();
-    return `count=${count} cuts=${proxy.cuts}`;
+    return `count=${count} cuts=${proxy.cuts}${proxy.tlsInfo()}`;
   } finally {
     await proxy.close();
     await gw.stop();
@@ -368,7 +485,7 @@ async function testRestart(seed) {
     assert.equal(res.structuredContent?.sent, count, 'tool result after restart');
     expectExactly(seen, count, `restart seed=${seed} seenAtCut=${seenAtCut}`);
     await client.close().catch(() => {});
-    return `count=${count} seen at cut=${seenAtCut} (side channel read ${sideEvents} events before the restart)`;
+    return `count=${count} seen at cut=${seenAtCut} (side channel read ${sideEvents} events before the restart)${proxy.tlsInfo()}`;
   } finally {
     await proxy.close();
     await gw.stop();
@@ -420,7 +537,7 @@ async function testEverything(seed) {
     expectExactly(seen, steps, `everything seed=${seed}`);
     assert.ok(proxy.cuts >= 1, 'the proxy cut nothing');
     await client.close();
-    return `steps=${steps} cuts=${proxy.cuts}`;
+    return `steps=${steps} cuts=${proxy.cuts}${proxy.tlsInfo()}`;
   } finally {
     await proxy.close();
     await gw.stop();
@@ -428,25 +545,63 @@ async function testEverything(seed) {
   }
 }
 
-const TESTS = { auto: testAuto, token: testToken, restart: testRestart, everything: testEverything, http: testHttp };
-const ROUNDS = { auto: 3, token: 3, restart: 2, everything: 1, http: 2 };
+// --https only: the client trusts the gateway's certificate through NODE_EXTRA_CA_CERTS and
+// nothing else, and the gateway's port speaks TLS only.
+async function testTrust() {
+  const gw = new Gateway(FIXTURE);
+  await gw.start();
+  try {
+    const healthz = `https://127.0.0.1:${gw.port}/healthz`;
+    const res = await fetch(healthz);
+    assert.equal(res.status, 200, `GET ${healthz} with NODE_EXTRA_CA_CERTS`);
+    // A Node without NODE_EXTRA_CA_CERTS refuses the certificate (so the CA is what this
+    // process trusts, not a disabled check).
+    const env = { ...process.env };
+    delete env.NODE_EXTRA_CA_CERTS;
+    delete env.NODE_TLS_REJECT_UNAUTHORIZED;
+    const probe = `fetch(${JSON.stringify(healthz)}).then((r) => console.log('status', r.status), (e) => console.log('refused', e?.cause?.code ?? e?.message))`;
+    const child = spawnSync(process.execPath, ['-e', probe], { env, encoding: 'utf8', timeout: 20_000 });
+    const childSaid = `${child.stdout}${child.stderr}`.trim();
+    assert.match(childSaid, /^refused (UNABLE_TO_VERIFY_LEAF_SIGNATURE|SELF_SIGNED_CERT_IN_CHAIN|UNABLE_TO_GET_ISSUER_CERT_LOCALLY)/,
+      `without NODE_EXTRA_CA_CERTS the certificate must be refused; the probe said: ${childSaid}`);
+    // Plain HTTP to the TLS port gets no HTTP answer.
+    const plain = await fetch(`http://127.0.0.1:${gw.port}/healthz`, { signal: AbortSignal.timeout(10_000) }).then(
+      (r) => `HTTP ${r.status}`, (e) => `no answer (${e?.cause?.code ?? e?.name ?? e})`);
+    assert.match(plain, /^no answer/, 'plaintext HTTP to the TLS listener');
+    return `HTTPS healthz 200 with the test CA; without NODE_EXTRA_CA_CERTS: ${childSaid.split(' ')[1]}; plain HTTP: ${plain}`;
+  } finally {
+    await gw.stop();
+    gw.cleanup();
+  }
+}
 
-const names = process.argv.slice(2).length ? process.argv.slice(2) : Object.keys(TESTS);
+const TESTS = { auto: testAuto, token: testToken, restart: testRestart, everything: testEverything, http: testHttp };
+const ROUNDS = { auto: 3, token: 3, restart: 2, everything: 1, http: 2, trust: 1 };
+if (HTTPS) TESTS.trust = testTrust;
+
+const asked = ARGS.filter((a) => a !== '--https');
+const names = asked.length ? asked : [...(HTTPS ? ['trust'] : []), 'auto', 'token', 'restart', 'everything', 'http'];
 let failed = 0;
+let rounds = 0;
 for (const name of names) {
   const fn = TESTS[name];
   if (!fn) { console.error(`unknown test ${name}; known: ${Object.keys(TESTS)}`); process.exit(2); }
   for (let r = 0; r < (process.env.SEED ? 1 : ROUNDS[name]); r++) {
     const seed = process.env.SEED ? Number(process.env.SEED) : (Date.now() + r * 7919) >>> 0;
     const t0 = Date.now();
+    rounds++;
     try {
       const info = await Promise.race([fn(seed), sleep(2 * TEST_TIMEOUT_MS).then(() => { throw new Error('test timed out'); })]);
-      console.log(`ok   ${name} seed=${seed} ${info} (${Date.now() - t0} ms)`);
+      console.log(`ok   ${HTTPS ? 'https ' : ''}${name} seed=${seed} ${info} (${Date.now() - t0} ms)`);
     } catch (e) {
       failed++;
-      console.log(`FAIL ${name} seed=${seed}: ${e?.stack ?? e}`);
+      console.log(`FAIL ${HTTPS ? 'https ' : ''}${name} seed=${seed}: ${e?.stack ?? e}`);
     }
   }
 }
 console.log(failed ? `${failed} failed` : 'all passed');
+const cuts = HTTPS
+  ? `${STATS.cuts} cuts on the TLS stream (${STATS.midRecord} mid-record), ${STATS.tlsConnections} TLS connections through the cutting proxy`
+  : `${STATS.cuts} cuts`;
+console.log(`exactly-once (typescript, ${SCHEME}): ${failed ? 'FAIL' : 'PASS'} ${rounds - failed}/${rounds} rounds, ${cuts}`);
 process.exit(failed ? 1 : 0);

@@ -7,9 +7,13 @@
 #    server-session-lifecycle (and json-schema-2020-12); then the same again with mcp-fixture as
 #    a streamable-HTTP upstream without resumability (`server.mjs --http 0`, --upstream-url);
 # 2. the exactly-once tests with the official clients: mcp-tests/exactly-once.mjs (TypeScript
-#    SDK; also server-everything as upstream) and mcp-tests/exactly_once.py (PyPI `mcp`).
+#    SDK; also server-everything as upstream), then the same over HTTPS (`--https`: the gateway
+#    with --tls-cert-file/--tls-key-file from a test CA and a 127.0.0.1 certificate that
+#    mcp-tests/tls-certs.sh makes with openssl in this run's temp dir; the client trusts the CA
+#    through NODE_EXTRA_CA_CERTS; the cutting proxy cuts the TLS stream), and
+#    mcp-tests/exactly_once.py (PyPI `mcp`).
 # Loopback only; every step is bounded. Exit status: 0 when no conformance check FAILED and
-# both client test files pass; non-zero otherwise (or when setup fails). Conformance checks
+# the client tests pass; non-zero otherwise (or when setup fails). Conformance checks
 # with status WARNING are listed (they do not fail the run; see mcp-front/SPEC-NOTES.md).
 # Usage: scripts/conformance.sh [--release] [--no-clients]
 #        (env CONFORMANCE_OUT=dir keeps the JSON results)
@@ -166,6 +170,17 @@ FX_PID=
 if [[ $CLIENTS == 1 ]]; then
   echo "== exactly-once: TypeScript SDK client (mcp-tests/exactly-once.mjs)"
   GATEWAY_BIN=$GATEWAY timeout 900 node mcp-tests/exactly-once.mjs || STATUS=1
+  echo "== exactly-once over HTTPS: TypeScript SDK client (mcp-tests/exactly-once.mjs --https)"
+  # A test CA and a certificate for 127.0.0.1, made now in this run's temp dir (nothing
+  # committed); the client trusts the CA through NODE_EXTRA_CA_CERTS only.
+  TLS=$WORK/tls
+  if bash mcp-tests/tls-certs.sh "$TLS" >/dev/null; then
+    MCP_TLS_CERT_FILE=$TLS/server.pem MCP_TLS_KEY_FILE=$TLS/server.key NODE_EXTRA_CA_CERTS=$TLS/ca.pem \
+      GATEWAY_BIN=$GATEWAY timeout 600 node mcp-tests/exactly-once.mjs --https || STATUS=1
+  else
+    echo "conformance: mcp-tests/tls-certs.sh failed: no HTTPS exactly-once run" >&2
+    STATUS=1
+  fi
   echo "== exactly-once: Python mcp client (mcp-tests/exactly_once.py)"
   GATEWAY_BIN=$GATEWAY timeout 900 .tools/venv/bin/python mcp-tests/exactly_once.py || STATUS=1
 fi
