@@ -423,3 +423,41 @@ fn refuses_to_expose_an_open_gateway() {
     let _ = child.wait();
     let _ = std::io::stderr().flush();
 }
+
+/// Browser `EventSource` with credentials sends cookies, not headers: with
+/// `--jwt-cookie-name` the token may come from that cookie (others are ignored).
+#[test]
+fn token_from_the_named_cookie() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = secret_file(&dir);
+    let g = Gateway::start(&[
+        "--jwt-hs256-secret-file",
+        f.to_str().unwrap(),
+        "--jwt-cookie-name",
+        "gw_token",
+    ]);
+    let tok = grants(&["c"], &["c"], now() + 600);
+    let cookie = format!("theme=dark; gw_token={tok}");
+    let (st, _, _) = request(
+        g.addr,
+        "POST",
+        "/v1/streams/c/events",
+        &[("Cookie", &cookie)],
+        b"x",
+    );
+    assert_eq!(st, 201);
+    let mut s = Sse::open_with(
+        g.addr,
+        "/v1/streams/c?from=earliest",
+        None,
+        &[("Cookie", &cookie)],
+    );
+    assert_eq!(s.status, 200);
+    assert_eq!(s.next_event().unwrap().data, "x");
+    // Another cookie name, or the query string without --jwt-allow-query-token: no token.
+    let other = format!("token={tok}");
+    let s = Sse::open_with(g.addr, "/v1/streams/c", None, &[("Cookie", &other)]);
+    assert_eq!(s.status, 401);
+    let s = Sse::open(g.addr, &format!("/v1/streams/c?access_token={tok}"), None);
+    assert_eq!(s.status, 401);
+}
