@@ -6,13 +6,15 @@
 #
 # Usage: bash scripts/bench-auth.sh [ROUNDS=5]
 # Environment:
-#   OUT        results dir (default /tmp/bench-auth-<UTC date>): one JSON, .err and .rc per run,
-#              the gateways' logs, run.log and table.md
+#   OUT        results dir (default /tmp/bench-auth-<UTC date>): one JSON, .err, .rc and .wait
+#              per run, the gateways' logs, run.log and table.md. Keep it outside the git work
+#              tree while running (copy it in afterwards): a concurrent `git stash -u` or clean
+#              there removes files mid-run.
 #   SECS       publishing seconds per run (default 5; 1..60)
 #   SERVER_CORE / BENCH_CORE  cores for the gateway and the bench (default 0 / 1)
 #   NO_BUILD=1 skip `cargo build --release -p gateway -p bench` (use target/release as it is)
 #   BUILD_TRIES  build attempts, 60 s apart (default 5: others may be mid-edit)
-#   VARIANTS / WORKLOADS  subsets to run, space-separated (default "anon hs256 es256 none" /
+#   VARIANTS / WORKLOADS  which to run, space-separated (default "anon hs256 es256 none" /
 #              "seq1 seq64 pipe16 rate50k")
 #
 # Variants (each run: a fresh gateway, `taskset -c SERVER_CORE gateway --cores 1 --listen
@@ -22,6 +24,9 @@
 #   hs256  --jwt-hs256-secret-file F (64 random hex chars)            (bench: HS256 token)
 #   es256  --jwt-public-key-file P (P-256 public key PEM, openssl)     (bench: ES256 token)
 #   none   no auth flags at all (the old default; open on loopback)   (bench sends no token)
+#   anontok  anon's flags, but bench sends the HS256 token anyway (not run by default: the cost
+#          of carrying and parsing the header without verifying it; the gateway looks for no
+#          token when no key is configured)
 # Tokens (scripts/mint-jwt.py): {"sub":"bench","exp":now+3600,"gateway":{"publish":["*"],
 # "subscribe":["*"]}}, one per algorithm, reused on every request: after the first request each
 # core's token cache answers (the "cached" case).
@@ -48,7 +53,7 @@ cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 
 if [[ $# -gt 1 || ${1:-} == -h || ${1:-} == --help ]]; then
-  sed -n '2,40p' "$0" >&2
+  sed -n '2,50p' "$0" >&2
   exit 2
 fi
 ROUNDS=${1:-5}
@@ -113,7 +118,7 @@ python3 "$ROOT/scripts/mint-jwt.py" es256 "$KEYS/es256.key.pem" 3600 >"$KEYS/es2
 read -r -a VARIANTS <<<"${VARIANTS:-anon hs256 es256 none}"
 read -r -a WORKLOADS <<<"${WORKLOADS:-seq1 seq64 pipe16 rate50k}"
 for v in "${VARIANTS[@]}"; do
-  [[ $v =~ ^(anon|hs256|es256|none)$ ]] || { echo "unknown variant $v" >&2; exit 2; }
+  [[ $v =~ ^(anon|anontok|hs256|es256|none)$ ]] || { echo "unknown variant $v" >&2; exit 2; }
 done
 for w in "${WORKLOADS[@]}"; do
   [[ $w =~ ^(seq1|seq64|pipe16|rate50k)$ ]] || { echo "unknown workload $w" >&2; exit 2; }
@@ -122,7 +127,7 @@ REVERSED=()
 for ((i = ${#VARIANTS[@]} - 1; i >= 0; i--)); do REVERSED+=("${VARIANTS[i]}"); done
 gateway_flags() { # VARIANT -> the variant's auth flags, one per line
   case $1 in
-    anon) printf '%s\n' --anonymous-publish '*' --anonymous-subscribe '*' ;;
+    anon | anontok) printf '%s\n' --anonymous-publish '*' --anonymous-subscribe '*' ;;
     hs256) printf '%s\n' --jwt-hs256-secret-file "$KEYS/hs256.secret" ;;
     es256) printf '%s\n' --jwt-public-key-file "$KEYS/es256.pub.pem" ;;
     none) ;;
@@ -131,6 +136,7 @@ gateway_flags() { # VARIANT -> the variant's auth flags, one per line
 token_flags() { # VARIANT -> bench's token flag, if any
   case $1 in
     hs256 | es256) printf '%s\n' --bearer-token-file "$KEYS/$1.token" ;;
+    anontok) printf '%s\n' --bearer-token-file "$KEYS/hs256.token" ;;
   esac
 }
 
@@ -155,7 +161,7 @@ start_gateway() {
   GW_PID=$!
   ADDR=""
   for _ in $(seq 1 100); do # bounded: 100 x 0.1 s
-    ADDR=$(sed -n 's/^listening on \([0-9.]*:[0-9]*\).*/\1/p' "$log" | head -1)
+    ADDR=$(sed -n 's/^listening on \([0-9.]*:[0-9]*\).*/\1/p' "$log" 2>/dev/null | head -1 || true)
     [[ -n $ADDR ]] && break
     kill -0 "$GW_PID" 2>/dev/null || break
     sleep 0.1
@@ -176,10 +182,12 @@ check() {
   [[ -n $ADDR ]] || return 0
   local u="http://$ADDR/v1/streams/{stream}"
   case $variant in hs256 | es256) want_anon=401 ;; *) want_anon=201 ;; esac
+  local tokvar=$variant
+  [[ $variant == anontok ]] && tokvar=hs256
   local got_anon got_tok
   got_anon=$(curl -s -m 5 -o /dev/null -w '%{http_code}' -X POST --data x "http://$ADDR/v1/streams/check/events" || true)
-  if [[ $variant == hs256 || $variant == es256 ]]; then
-    tok=(-H "Authorization: Bearer $(cat "$KEYS/$variant.token")")
+  if [[ $tokvar == hs256 || $tokvar == es256 ]]; then
+    tok=(-H "Authorization: Bearer $(cat "$KEYS/$tokvar.token")")
   fi
   got_tok=$(curl -s -m 5 -o /dev/null -w '%{http_code}' "${tok[@]}" -X POST --data x "http://$ADDR/v1/streams/check/events" || true)
   local flags=() rc=0
@@ -319,17 +327,20 @@ print()
 print("Ratios of the CPU-per-publish medians (paired: median of per-round ratios). Target: "
       "hs256/anon and es256/anon ≤ 1.10.")
 print()
-print("| workload | hs256 / anon | es256 / anon | anon / none | paired hs256/anon | paired es256/anon | paired anon/none |")
-print("|---|---:|---:|---:|---:|---:|---:|")
+extra = "anontok" in variants
+print("| workload | hs256 / anon | es256 / anon | anon / none | paired hs256/anon | paired es256/anon | paired anon/none |"
+      + (" anontok / anon | paired anontok/anon |" if extra else ""))
+print("|---|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if extra else ""))
 for w, title in workloads.items():
     def paired(a, b):
         rs = [x / y for x, y in zip(cpu.get((w, a), []), cpu.get((w, b), []))
               if x is not None and y]
         return f"{statistics.median(rs):.3f}" if rs else "—"
-    m = {v: med(cpu.get((w, v), [])) for v in ("anon", "hs256", "es256", "none")}
+    m = {v: med(cpu.get((w, v), [])) for v in ("anon", "anontok", "hs256", "es256", "none")}
     print(f"| {title} | **{ratio(m['hs256'], m['anon'])}** | **{ratio(m['es256'], m['anon'])}** "
           f"| {ratio(m['anon'], m['none'])} | {paired('hs256', 'anon')} | {paired('es256', 'anon')} "
-          f"| {paired('anon', 'none')} |")
+          f"| {paired('anon', 'none')} |"
+          + (f" {ratio(m['anontok'], m['anon'])} | {paired('anontok', 'anon')} |" if extra else ""))
 PY
 echo
 echo "results: $OUT"
