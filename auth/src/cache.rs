@@ -3,6 +3,7 @@
 //! clock of its own (the caller's `now` decides what has expired).
 
 use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasher, Hasher, RandomState};
 use std::sync::Arc;
 
 use crate::token::Verified;
@@ -16,17 +17,51 @@ use crate::token::Verified;
 /// is followed by at least entries_max / 8 inserts before the next one: O(1) amortised per
 /// insert. `map` and `order` always hold the same keys.
 pub(crate) struct TokenCache {
-    map: HashMap<Arc<str>, Verified>,
+    map: HashMap<Arc<str>, Verified, TailHash>,
     /// Keys in insertion order, oldest first.
     order: VecDeque<Arc<str>>,
     entries_max: usize,
+}
+
+/// Hashes the last [`TAIL_BYTES`] bytes of a token and its length, keyed (SipHash with a random
+/// key, as std's maps): a JWT ends with its signature, which is what tells two tokens apart,
+/// so hashing all of a ~200-byte token on every request buys nothing. Equality still compares
+/// the whole text. Keys are only valid (signed) tokens; a lookup with a forged tail costs one
+/// bucket's comparisons, as any lookup.
+#[derive(Clone, Debug)]
+struct TailHash(RandomState);
+
+/// Bytes of a token's end that [`TailHash`] hashes.
+const TAIL_BYTES: usize = 32;
+
+impl BuildHasher for TailHash {
+    type Hasher = Tail<<RandomState as BuildHasher>::Hasher>;
+
+    fn build_hasher(&self) -> Self::Hasher {
+        Tail(self.0.build_hasher())
+    }
+}
+
+/// A hasher that takes only the tail of each byte string written to it.
+struct Tail<H>(H);
+
+impl<H: Hasher> Hasher for Tail<H> {
+    fn finish(&self) -> u64 {
+        self.0.finish()
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        let tail = &bytes[bytes.len().saturating_sub(TAIL_BYTES)..];
+        self.0.write_usize(bytes.len());
+        self.0.write(tail);
+    }
 }
 
 impl TokenCache {
     /// An empty cache of at most `entries_max` entries (0: nothing is ever cached).
     pub(crate) fn new(entries_max: usize) -> TokenCache {
         TokenCache {
-            map: HashMap::new(),
+            map: HashMap::with_hasher(TailHash(RandomState::new())),
             order: VecDeque::new(),
             entries_max,
         }

@@ -208,6 +208,7 @@ impl Auth {
             v.check_time(now_unix_secs)?;
             return Ok(f(v));
         }
+        source::check_shape(token).map_err(Denied::Invalid)?;
         self.verifications += 1;
         let v = token::verify(&self.verifier, token, now_unix_secs)?;
         let r = f(&v);

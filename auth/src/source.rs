@@ -38,9 +38,12 @@ pub(crate) fn presented_token<'a>(
     Ok(found)
 }
 
-/// Records `token` as the request's token: shape-checked, and equal to any found before.
+/// Records `token` as the request's token: equal to any found before. Its shape is checked
+/// before it is verified ([`check_shape`]), not here: a token found in the cache passed it.
 fn take<'a>(found: &mut Option<&'a str>, token: &'a str) -> Result<(), Invalid> {
-    check_shape(token)?;
+    if token.len() > TOKEN_BYTES_MAX {
+        return Err(Invalid::TooLarge);
+    }
     match found {
         Some(f) if *f != token => Err(Invalid::ConflictingTokens),
         _ => {
@@ -52,7 +55,7 @@ fn take<'a>(found: &mut Option<&'a str>, token: &'a str) -> Result<(), Invalid> 
 
 /// A token's size and alphabet: at most [`TOKEN_BYTES_MAX`] bytes, base64url and `.` only
 /// (what a compact JWS is made of), and not empty.
-fn check_shape(token: &str) -> Result<(), Invalid> {
+pub(crate) fn check_shape(token: &str) -> Result<(), Invalid> {
     if token.len() > TOKEN_BYTES_MAX {
         return Err(Invalid::TooLarge);
     }
@@ -151,10 +154,12 @@ mod tests {
 
     #[test]
     fn shapes() {
+        // Found as presented; the shape is checked before verification (not on a cache hit).
         let c = creds(None, None, "access_token=a%2Eb");
-        assert_eq!(presented_token(&c, None, true), Err(Invalid::BadCharacters));
-        let c = creds(None, None, "access_token=");
-        assert_eq!(presented_token(&c, None, true), Err(Invalid::Malformed));
+        assert_eq!(presented_token(&c, None, true), Ok(Some("a%2Eb")));
+        assert_eq!(check_shape("a%2Eb"), Err(Invalid::BadCharacters));
+        assert_eq!(check_shape(""), Err(Invalid::Malformed));
+        assert_eq!(check_shape("a.b_c-D"), Ok(()));
         let big = format!("Bearer {}", "a".repeat(TOKEN_BYTES_MAX + 1));
         let c = creds(Some(&big), None, "");
         assert_eq!(presented_token(&c, None, false), Err(Invalid::TooLarge));

@@ -1,11 +1,16 @@
 //! End-to-end tests of `--upstream-url`: the gateway in front of a streamable-HTTP MCP server
-//! that keeps no history (a tiny in-test server on std::net, loopback, every wait bounded). It
-//! checks that the upstream's JSON and SSE (chunked, multi-line `data`) answers reach the
-//! client, that the upstream's session id and protocol version go on later requests, that its
-//! GET stream is tried and its session DELETEd at the end, that a progress stream cut by the
-//! client resumes exactly once from the gateway's log (the upstream cannot resume), that an
-//! upstream which ends a stream without the response, answers 500, or forgets the session
-//! produces explicit JSON-RPC errors, and that `https://` is refused at start.
+//! that keeps no history (a tiny in-test server on std::net, loopback, every wait bounded;
+//! plain HTTP or TLS with a test CA made here by rcgen, none committed). It checks that the
+//! upstream's JSON and SSE (chunked, multi-line `data`) answers reach the client, that the
+//! upstream's session id and protocol version go on later requests, that its GET stream is
+//! tried and its session DELETEd at the end, that a progress stream cut by the client resumes
+//! exactly once from the gateway's log (the upstream cannot resume), that an upstream which
+//! ends a stream without the response, answers 500, or forgets the session produces explicit
+//! JSON-RPC errors; over `https://` the same round trip, a certificate that does not verify
+//! (unknown CA, wrong IP) as an explicit error with the gateway serving on; keep-alive
+//! (sequential calls on a handful of pooled connections, counted by the upstream) and a
+//! server that closes pooled connections (idle, or as a request arrives) without a message
+//! lost or duplicated.
 #![forbid(unsafe_code)]
 
 mod common;
@@ -16,7 +21,8 @@ use mcp_client::{ACCEPT, Ev, Exchange, send_initialized};
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -28,6 +34,8 @@ struct Seen {
     method: String,
     headers: Vec<(String, String)>,
     body: Value,
+    /// Which accepted connection carried it (0, 1, … in accept order).
+    conn: usize,
 }
 
 impl Seen {
@@ -39,14 +47,44 @@ impl Seen {
     }
 }
 
-/// A minimal streamable-HTTP MCP server without resumability. Tools (by `params.name`):
-/// `progress` (`arguments.count` progress notifications, then the result, as a chunked SSE
-/// stream), `cut` (one progress notification, then the stream ends without a response),
-/// `fail` (HTTP 500), `gone` (404: the session is unknown), `big` (a JSON result with a text
-/// of `arguments.bytes` bytes).
+/// How the in-test upstream behaves on the wire.
+#[derive(Clone, Default)]
+struct Wire {
+    /// TLS with this configuration (else plain HTTP).
+    tls: Option<Arc<rustls::ServerConfig>>,
+    /// Answer with `Connection: close` and close after each answer (no keep-alive).
+    close_each: bool,
+    /// Close a connection idle this long between requests (a server's idle timeout).
+    idle_close: Option<Duration>,
+    /// After this many answers on a connection, close it when the next request arrives,
+    /// without reading it (a server closing a kept-alive connection as a request comes in:
+    /// it never saw that request).
+    drop_after: Option<usize>,
+}
+
+/// (ALPN, SNI) of one TLS connection.
+type Negotiated = (Option<Vec<u8>>, Option<String>);
+
+/// What every connection thread of the upstream shares.
+#[derive(Default)]
+struct State {
+    seen: Mutex<Vec<Seen>>,
+    accepted: AtomicUsize,
+    /// Requests that arrived on a connection closed unread (`Wire::drop_after`).
+    dropped: AtomicUsize,
+    /// What each TLS connection negotiated.
+    tls: Mutex<Vec<Negotiated>>,
+}
+
+/// A minimal streamable-HTTP MCP server without resumability, HTTP/1.1 keep-alive unless
+/// told otherwise. Tools (by `params.name`): `progress` (`arguments.count` progress
+/// notifications, then the result, as a chunked SSE stream), `cut` (one progress
+/// notification, then the stream ends without a response), `fail` (HTTP 500), `gone` (404:
+/// the session is unknown), `big` (a JSON result with a text of `arguments.bytes` bytes); any
+/// other name: a JSON error response.
 struct Upstream {
     url: String,
-    seen: Arc<Mutex<Vec<Seen>>>,
+    state: Arc<State>,
     stop: Arc<AtomicBool>,
 }
 
@@ -58,29 +96,39 @@ impl Drop for Upstream {
 
 impl Upstream {
     fn start() -> Upstream {
+        Upstream::start_wire(Wire::default())
+    }
+
+    fn start_wire(wire: Wire) -> Upstream {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         l.set_nonblocking(true).unwrap();
-        let url = format!("http://{}/mcp", l.local_addr().unwrap());
-        let seen = Arc::new(Mutex::new(Vec::new()));
+        let scheme = if wire.tls.is_some() { "https" } else { "http" };
+        let url = format!("{scheme}://{}/mcp", l.local_addr().unwrap());
+        let state = Arc::new(State::default());
         let stop = Arc::new(AtomicBool::new(false));
-        let (seen2, stop2) = (seen.clone(), stop.clone());
+        let (st, stop2) = (state.clone(), stop.clone());
         std::thread::spawn(move || {
             let deadline = Instant::now() + Duration::from_secs(120);
             while !stop2.load(Ordering::SeqCst) && Instant::now() < deadline {
                 match l.accept() {
                     Ok((s, _)) => {
-                        let seen = seen2.clone();
-                        std::thread::spawn(move || serve(s, &seen));
+                        let n = st.accepted.fetch_add(1, Ordering::SeqCst);
+                        let (st, wire) = (st.clone(), wire.clone());
+                        std::thread::spawn(move || accept(s, n, &st, &wire));
                     }
                     Err(_) => std::thread::sleep(Duration::from_millis(5)),
                 }
             }
         });
-        Upstream { url, seen, stop }
+        Upstream { url, state, stop }
     }
 
     fn seen(&self) -> Vec<Seen> {
-        self.seen.lock().unwrap().clone()
+        self.state.seen.lock().unwrap().clone()
+    }
+
+    fn accepted(&self) -> usize {
+        self.state.accepted.load(Ordering::SeqCst)
     }
 
     /// Waits (bounded) until a request matching `f` was seen.
@@ -96,19 +144,65 @@ impl Upstream {
     }
 }
 
-fn serve(s: TcpStream, seen: &Mutex<Vec<Seen>>) {
+/// One accepted connection: TLS first if configured, then requests until it ends.
+fn accept(s: TcpStream, n: usize, st: &State, wire: &Wire) {
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    let mut r = BufReader::new(s.try_clone().unwrap());
+    let tcp = s.try_clone().unwrap();
+    let Some(cfg) = &wire.tls else {
+        return serve_conn(s, &tcp, n, st, wire);
+    };
+    let mut tls = rustls::StreamOwned::new(rustls::ServerConnection::new(cfg.clone()).unwrap(), s);
+    while tls.conn.is_handshaking() {
+        if tls.conn.complete_io(&mut tls.sock).is_err() {
+            return; // the client refused our certificate (or went away)
+        }
+    }
+    let alpn = tls.conn.alpn_protocol().map(<[u8]>::to_vec);
+    let sni = tls.conn.server_name().map(str::to_owned);
+    st.tls.lock().unwrap().push((alpn, sni));
+    serve_conn(tls, &tcp, n, st, wire);
+}
+
+/// Serves requests on one connection until the client closes it or `wire` says to close.
+fn serve_conn<S: Read + Write>(s: S, tcp: &TcpStream, n: usize, st: &State, wire: &Wire) {
+    let mut r = BufReader::new(s);
+    for served in 0.. {
+        if wire.drop_after.is_some_and(|k| served >= k) {
+            // Wait for the next request's first bytes, then close without reading them.
+            if tcp.peek(&mut [0u8; 1]).is_ok_and(|got| got > 0) {
+                st.dropped.fetch_add(1, Ordering::SeqCst);
+            }
+            return;
+        }
+        if served > 0
+            && let Some(idle) = wire.idle_close
+        {
+            tcp.set_read_timeout(Some(idle)).unwrap();
+            if r.fill_buf().map_or(true, |b| b.is_empty()) {
+                return; // idle too long (or closed by the client)
+            }
+            tcp.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        }
+        if !serve(&mut r, n, st, wire.close_each) {
+            return;
+        }
+    }
+}
+
+/// Reads one request and answers it; false when the connection must end.
+fn serve<S: Read + Write>(r: &mut BufReader<S>, conn: usize, st: &State, close_each: bool) -> bool {
     let mut line = String::new();
     if r.read_line(&mut line).unwrap_or(0) == 0 {
-        return;
+        return false;
     }
     let method = line.split(' ').next().unwrap_or("").to_owned();
     let mut headers = Vec::new();
     let mut len = 0usize;
     loop {
         line.clear();
-        r.read_line(&mut line).unwrap();
+        if r.read_line(&mut line).unwrap_or(0) == 0 {
+            return false;
+        }
         let l = line.trim_end();
         if l.is_empty() {
             break;
@@ -120,36 +214,43 @@ fn serve(s: TcpStream, seen: &Mutex<Vec<Seen>>) {
         headers.push((k.trim().to_owned(), v.trim().to_owned()));
     }
     let mut body = vec![0u8; len];
-    r.read_exact(&mut body).unwrap();
+    if r.read_exact(&mut body).is_err() {
+        return false;
+    }
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    seen.lock().unwrap().push(Seen {
-        method: method.clone(),
+    let seen = Seen {
+        method,
         headers,
-        body: body.clone(),
-    });
-    let mut w = s;
-    let plain = |w: &mut TcpStream, status: &str, extra: &str, body: &str| {
+        body,
+        conn,
+    };
+    let close = close_each || seen.header("connection") == Some("close");
+    st.seen.lock().unwrap().push(seen.clone());
+    let w = r.get_mut();
+    answer(w, &seen, close);
+    w.flush().is_ok() && !close
+}
+
+/// Writes the answer to one request.
+fn answer(w: &mut impl Write, seen: &Seen, close: bool) {
+    let conn_close = if close { "Connection: close\r\n" } else { "" };
+    let plain = |w: &mut dyn Write, status: &str, extra: &str, body: &str| {
         let _ = write!(
             w,
-            "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{extra}Connection: close\r\n\r\n{body}",
+            "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{extra}{conn_close}\r\n{body}",
             body.len()
         );
     };
-    match method.as_str() {
+    let body = &seen.body;
+    match seen.method.as_str() {
         "GET" => {
-            return plain(
-                &mut w,
-                "405 Method Not Allowed",
-                "Allow: POST, DELETE\r\n",
-                "",
-            );
+            return plain(w, "405 Method Not Allowed", "Allow: POST, DELETE\r\n", "");
         }
-        "DELETE" => return plain(&mut w, "200 OK", "", ""),
+        "DELETE" => return plain(w, "200 OK", "", ""),
         _ => {}
     }
-    let id = body.get("id").cloned();
-    let Some(id) = id else {
-        return plain(&mut w, "202 Accepted", "", ""); // notification or response
+    let Some(id) = body.get("id").cloned() else {
+        return plain(w, "202 Accepted", "", ""); // notification or response
     };
     match body["method"].as_str() {
         Some("initialize") => {
@@ -157,61 +258,72 @@ fn serve(s: TcpStream, seen: &Mutex<Vec<Seen>>) {
             let resp = json!({"jsonrpc":"2.0","id":id,"result":{"protocolVersion":v,
                 "capabilities":{"tools":{}},"serverInfo":{"name":"in-test","version":"1"}}});
             let extra = format!("Mcp-Session-Id: {UP_SESSION}\r\n");
-            plain(&mut w, "200 OK", &extra, &resp.to_string());
+            plain(w, "200 OK", &extra, &resp.to_string());
         }
-        Some("tools/call") => {
-            let token = body["params"]["_meta"]["progressToken"].clone();
-            let progress = |p: u64| {
-                json!({"jsonrpc":"2.0","method":"notifications/progress",
-                    "params":{"progressToken":token,"progress":p}})
-            };
-            let chunk = |w: &mut TcpStream, text: &str| {
-                let _ = write!(w, "{:x}\r\n{text}\r\n", text.len());
-            };
-            let sse_head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n";
-            match body["params"]["name"].as_str() {
-                Some("progress") => {
-                    let n = body["params"]["arguments"]["count"].as_u64().unwrap();
-                    let _ = w.write_all(sse_head.as_bytes());
-                    chunk(&mut w, ": a comment\nid: up-1\ndata:\n\n"); // the SDK's priming
-                    for p in 0..n {
-                        // Every 7th event split over two data lines (joined with \n, which
-                        // is JSON whitespace between two tokens).
-                        let text = progress(p).to_string();
-                        let ev = if p % 7 == 3 {
-                            let at = text.find(",\"params\"").unwrap();
-                            let (a, b) = text.split_at(at);
-                            format!("event: message\ndata: {a}\ndata: {b}\n\n")
-                        } else {
-                            format!("data: {text}\r\n\r\n")
-                        };
-                        chunk(&mut w, &ev);
-                    }
-                    let resp = json!({"jsonrpc":"2.0","id":id,"result":{"content":[{"type":"text","text":"done"}]}});
-                    chunk(&mut w, &format!("data: {resp}\n\n"));
-                    let _ = w.write_all(b"0\r\n\r\n");
-                }
-                Some("cut") => {
-                    let _ = w.write_all(sse_head.as_bytes());
-                    chunk(&mut w, &format!("data: {}\n\n", progress(0)));
-                    let _ = w.write_all(b"0\r\n\r\n");
-                }
-                Some("fail") => plain(&mut w, "500 Internal Server Error", "", "boom"),
-                Some("big") => {
-                    let n = body["params"]["arguments"]["bytes"].as_u64().unwrap() as usize;
-                    let resp = json!({"jsonrpc":"2.0","id":id,"result":{"content":[{"type":"text","text":"x".repeat(n)}]}});
-                    plain(&mut w, "200 OK", "", &resp.to_string());
-                }
-                Some("gone") => plain(&mut w, "404 Not Found", "", "{}"),
-                _ => {
-                    let resp = json!({"jsonrpc":"2.0","id":id,"error":{"code":-32602,"message":"unknown tool"}});
-                    plain(&mut w, "200 OK", "", &resp.to_string());
-                }
-            }
-        }
+        Some("tools/call") => answer_tool(w, body, &id, conn_close, plain),
         _ => {
             let resp = json!({"jsonrpc":"2.0","id":id,"result":{}});
-            plain(&mut w, "200 OK", "", &resp.to_string());
+            plain(w, "200 OK", "", &resp.to_string());
+        }
+    }
+}
+
+fn answer_tool(
+    w: &mut impl Write,
+    body: &Value,
+    id: &Value,
+    conn_close: &str,
+    plain: impl Fn(&mut dyn Write, &str, &str, &str),
+) {
+    let token = body["params"]["_meta"]["progressToken"].clone();
+    let progress = |p: u64| {
+        json!({"jsonrpc":"2.0","method":"notifications/progress",
+            "params":{"progressToken":token,"progress":p}})
+    };
+    let chunk = |w: &mut dyn Write, text: &str| {
+        let _ = write!(w, "{:x}\r\n{text}\r\n", text.len());
+    };
+    let sse_head = format!(
+        "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n{conn_close}\r\n"
+    );
+    match body["params"]["name"].as_str() {
+        Some("progress") => {
+            let n = body["params"]["arguments"]["count"].as_u64().unwrap();
+            let _ = w.write_all(sse_head.as_bytes());
+            chunk(w, ": a comment\nid: up-1\ndata:\n\n"); // the SDK's priming
+            for p in 0..n {
+                // Every 7th event split over two data lines (joined with \n, which
+                // is JSON whitespace between two tokens).
+                let text = progress(p).to_string();
+                let ev = if p % 7 == 3 {
+                    let at = text.find(",\"params\"").unwrap();
+                    let (a, b) = text.split_at(at);
+                    format!("event: message\ndata: {a}\ndata: {b}\n\n")
+                } else {
+                    format!("data: {text}\r\n\r\n")
+                };
+                chunk(w, &ev);
+            }
+            let resp = json!({"jsonrpc":"2.0","id":id,"result":{"content":[{"type":"text","text":"done"}]}});
+            chunk(w, &format!("data: {resp}\n\n"));
+            let _ = w.write_all(b"0\r\n\r\n");
+        }
+        Some("cut") => {
+            let _ = w.write_all(sse_head.as_bytes());
+            chunk(w, &format!("data: {}\n\n", progress(0)));
+            let _ = w.write_all(b"0\r\n\r\n");
+        }
+        Some("fail") => plain(w, "500 Internal Server Error", "", "boom"),
+        Some("big") => {
+            let n = body["params"]["arguments"]["bytes"].as_u64().unwrap() as usize;
+            let resp = json!({"jsonrpc":"2.0","id":id,"result":{"content":[{"type":"text","text":"x".repeat(n)}]}});
+            plain(w, "200 OK", "", &resp.to_string());
+        }
+        Some("gone") => plain(w, "404 Not Found", "", "{}"),
+        _ => {
+            let resp =
+                json!({"jsonrpc":"2.0","id":id,"error":{"code":-32602,"message":"unknown tool"}});
+            plain(w, "200 OK", "", &resp.to_string());
         }
     }
 }
@@ -317,6 +429,12 @@ fn messages(x: &mut Exchange) -> Vec<Value> {
 fn mcp_http_upstream_round_trip_and_resume_from_our_log() {
     let up = Upstream::start();
     let g = start(&up);
+    round_trip_and_resume(&up, &g);
+}
+
+/// The round trip of `mcp_http_upstream_round_trip_and_resume_from_our_log` on `g`, in front
+/// of `up` (plain or TLS).
+fn round_trip_and_resume(up: &Upstream, g: &Gateway) {
     let a = g.addr;
     let sid = initialize(a);
 
@@ -484,27 +602,50 @@ fn mcp_http_upstream_losing_its_session_ends_ours() {
     );
 }
 
-/// No TLS client: an https:// upstream is refused at start with a message saying so, and so
-/// is the combination with --upstream-cmd.
+/// Upstream flags that cannot work are refused at start, saying why: a CA file with a plain
+/// `http://` upstream (or none), a CA file without a certificate, --upstream-cmd with
+/// --upstream-url.
 #[test]
-fn mcp_https_upstream_is_refused_at_start() {
-    for args in [
-        vec!["--upstream-url", "https://127.0.0.1:9/mcp"],
-        vec![
-            "--upstream-url",
-            "http://127.0.0.1:9/mcp",
-            "--upstream-cmd",
-            "cat",
-        ],
+fn mcp_upstream_flags_that_cannot_work_are_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let junk = dir.path().join("junk.pem");
+    std::fs::write(&junk, "not a certificate\n").unwrap();
+    let junk = junk.to_str().unwrap();
+    for (args, want) in [
+        (
+            vec![
+                "--upstream-url",
+                "http://127.0.0.1:9/mcp",
+                "--upstream-ca-file",
+                junk,
+            ],
+            "needs an https:// --upstream-url",
+        ),
+        (
+            vec!["--upstream-ca-file", junk],
+            "needs an https:// --upstream-url",
+        ),
+        (
+            vec![
+                "--upstream-url",
+                "https://127.0.0.1:9/mcp",
+                "--upstream-ca-file",
+                junk,
+            ],
+            "no PEM certificate",
+        ),
+        (
+            vec![
+                "--upstream-url",
+                "http://127.0.0.1:9/mcp",
+                "--upstream-cmd",
+                "cat",
+            ],
+            "exclusive",
+        ),
     ] {
-        let dir = tempfile::tempdir().unwrap();
         let (status, err) = common::run_to_exit(dir.path(), &args, 20);
         assert!(!status.success(), "{args:?}");
-        let want = if args[1].starts_with("https") {
-            "no TLS"
-        } else {
-            "exclusive"
-        };
         assert!(err.contains(want), "{args:?}: {err}");
     }
 }
@@ -824,4 +965,319 @@ fn mcp_forward_authorization_needs_an_http_upstream() {
             "{args:?}: {err}"
         );
     }
+}
+
+// ------------------------------------------------------------ https:// and keep-alive
+
+/// A test certificate authority (made here by rcgen; nothing is committed) and its
+/// certificate as a PEM file, for `--upstream-ca-file`.
+struct TestCa {
+    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+    pem_file: PathBuf,
+}
+
+impl TestCa {
+    fn new(dir: &Path, name: &str) -> TestCa {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, format!("{name} test CA"));
+        params.key_usages = vec![
+            rcgen::KeyUsagePurpose::KeyCertSign,
+            rcgen::KeyUsagePurpose::DigitalSignature,
+        ];
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        let pem_file = dir.join(format!("{name}-ca.pem"));
+        std::fs::write(&pem_file, cert.pem()).unwrap();
+        TestCa {
+            issuer: rcgen::Issuer::new(params, key),
+            pem_file,
+        }
+    }
+
+    fn path(&self) -> &str {
+        self.pem_file.to_str().unwrap()
+    }
+
+    /// A server configuration (ALPN `http/1.1`) with a certificate for `san` — an IP literal
+    /// becomes an IP SAN — issued by this CA.
+    fn server(&self, san: &str) -> Arc<rustls::ServerConfig> {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let params = rcgen::CertificateParams::new(vec![san.to_owned()]).unwrap();
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        let key_der = rustls::pki_types::PrivatePkcs8KeyDer::from(key.serialize_der());
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(vec![cert.der().clone()], key_der.into())
+            .unwrap();
+        cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Arc::new(cfg)
+    }
+}
+
+/// An upstream behind TLS with a certificate for 127.0.0.1 from `ca`, plus `wire`.
+fn tls_upstream(ca: &TestCa, wire: Wire) -> Upstream {
+    Upstream::start_wire(Wire {
+        tls: Some(ca.server("127.0.0.1")),
+        ..wire
+    })
+}
+
+/// The value of an unlabelled `/metrics` line, if present.
+fn metric(admin: SocketAddr, name: &str) -> Option<u64> {
+    let (_, _, body) = common::request(admin, "GET", "/metrics", &[], b"");
+    String::from_utf8(body)
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// Waits (bounded; the snapshot is refreshed every 250 ms) until `f` holds for a metric.
+fn wait_metric(admin: SocketAddr, name: &str, f: impl Fn(u64) -> bool) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let v = metric(admin, name);
+        if let Some(v) = v.filter(|v| f(*v)) {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "{name} stayed at {v:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `n` sequential calls from id `first`, alternating a JSON answer (an unknown tool: the
+/// upstream's error response) and an SSE one (`progress` with 3 notifications); each gets
+/// exactly its messages, once, in order.
+fn sequential_calls(a: SocketAddr, sid: &str, first: u64, n: u64) {
+    for id in first..first + n {
+        if id % 2 == 0 {
+            let m = messages(&mut call(a, sid, id, json!({"params":{"name":"other"}})));
+            assert_eq!(m.len(), 1, "{m:?}");
+            assert_eq!(
+                (&m[0]["id"], &m[0]["error"]["message"]),
+                (&json!(id), &json!("unknown tool"))
+            );
+        } else {
+            let token = format!("p{id}");
+            let body = json!({"params":{"name":"progress","arguments":{"count":3},
+                "_meta":{"progressToken":token}}});
+            let m = messages(&mut call(a, sid, id, body));
+            assert_eq!(m.len(), 4, "{m:?}");
+            for (p, msg) in m[..3].iter().enumerate() {
+                assert_eq!(msg["params"]["progressToken"], json!(token));
+                assert_eq!(msg["params"]["progress"], json!(p));
+            }
+            assert_eq!(
+                (&m[3]["id"], &m[3]["result"]["content"][0]["text"]),
+                (&json!(id), &json!("done"))
+            );
+        }
+    }
+}
+
+/// Every `tools/call` with an id in `ids` reached the upstream exactly once.
+fn assert_each_call_seen_once(up: &Upstream, ids: std::ops::Range<u64>) {
+    let seen = up.seen();
+    for id in ids {
+        let n = seen
+            .iter()
+            .filter(|s| s.body["method"] == "tools/call" && s.body["id"] == id)
+            .count();
+        assert_eq!(n, 1, "tools/call {id} reached the upstream {n} times");
+    }
+}
+
+/// The round trip over `https://` with `--upstream-ca-file` (a test CA): initialize, a
+/// progress stream cut by the client and resumed exactly once, explicit errors; the upstream
+/// saw ALPN `http/1.1` and no SNI (the host is an IP literal, RFC 6066).
+#[test]
+fn mcp_https_upstream_round_trip_and_resume_from_our_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new(dir.path(), "good");
+    let up = tls_upstream(&ca, Wire::default());
+    assert!(up.url.starts_with("https://127.0.0.1:"), "{}", up.url);
+    let g = start_with(&up, &["--upstream-ca-file", ca.path()]);
+    round_trip_and_resume(&up, &g);
+    let tls = up.state.tls.lock().unwrap().clone();
+    assert!(!tls.is_empty());
+    for (alpn, sni) in tls {
+        assert_eq!(alpn.as_deref(), Some(&b"http/1.1"[..]));
+        assert_eq!(sni, None);
+    }
+}
+
+/// A certificate that does not verify — issued by a CA the gateway was not told to trust,
+/// or for another IP address — is an explicit JSON-RPC error naming the certificate for the
+/// client, nothing reaches the upstream (no plaintext fallback), and the gateway serves on.
+#[test]
+fn mcp_https_upstream_with_a_bad_certificate_is_an_explicit_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let (good, other) = (
+        TestCa::new(dir.path(), "good"),
+        TestCa::new(dir.path(), "other"),
+    );
+    let unknown_ca = tls_upstream(&good, Wire::default());
+    let wrong_ip = Upstream::start_wire(Wire {
+        tls: Some(good.server("127.0.0.2")),
+        ..Wire::default()
+    });
+    for (up, ca, want) in [
+        (&unknown_ca, &other, "UnknownIssuer"),
+        (&wrong_ip, &good, "not valid for name"),
+    ] {
+        let g = start_with(up, &["--upstream-ca-file", ca.path()]);
+        for attempt in 0..2 {
+            let init = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"e2e","version":"1"}}}"#;
+            let mut x = Exchange::send(g.addr, "POST", &[ACCEPT], init);
+            assert_eq!(x.status, 200);
+            let m = messages(&mut x);
+            assert_eq!(m.len(), 1, "{m:?}");
+            assert_eq!(m[0]["id"], 0);
+            assert_error_mentions(&m[0], "certificate");
+            assert_error_mentions(&m[0], want);
+            wait_metrics(
+                g.admin_addr,
+                &[("gateway_mcp_upstream_deaths_total", attempt + 1)],
+            );
+        }
+        let (status, _, _) = common::request(g.addr, "GET", "/healthz", &[], b"");
+        assert_eq!(status, 200, "the gateway serves on");
+        assert!(up.seen().is_empty(), "{:?}", up.seen());
+        assert!(up.accepted() >= 2);
+    }
+}
+
+/// Keep-alive, plain and TLS: 60 sequential calls (JSON and SSE answers) with
+/// `--upstream-pool-connections-max 3` reach the upstream over at most 3 POST connections
+/// (plus the GET stream's own); the gateway counts the reuses.
+#[test]
+fn mcp_http_upstream_reuses_pooled_connections() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new(dir.path(), "good");
+    for tls in [false, true] {
+        let up = match tls {
+            true => tls_upstream(&ca, Wire::default()),
+            false => Upstream::start(),
+        };
+        let mut extra = vec!["--upstream-pool-connections-max", "3"];
+        if tls {
+            extra.extend(["--upstream-ca-file", ca.path()]);
+        }
+        let g = start_with(&up, &extra);
+        let sid = initialize(g.addr);
+        let calls = 60;
+        sequential_calls(g.addr, &sid, 1, calls);
+        assert_each_call_seen_once(&up, 1..calls + 1);
+        let seen = up.seen();
+        let mut post_conns: Vec<usize> = seen
+            .iter()
+            .filter(|s| s.method == "POST")
+            .map(|s| s.conn)
+            .collect();
+        let posts = post_conns.len();
+        post_conns.sort_unstable();
+        post_conns.dedup();
+        eprintln!(
+            "tls={tls}: {posts} POSTs over {} connection(s); {} accepted in all",
+            post_conns.len(),
+            up.accepted()
+        );
+        assert_eq!(
+            posts as u64,
+            calls + 2,
+            "initialize, initialized, the calls"
+        );
+        assert!(post_conns.len() <= 3, "{post_conns:?}");
+        assert!(
+            up.accepted() <= 4,
+            "3 pooled + the GET stream: {}",
+            up.accepted()
+        );
+        let reused = wait_metric(
+            g.admin_addr,
+            "gateway_mcp_upstream_requests_reused_total",
+            |v| v + 3 >= posts as u64,
+        );
+        assert!(reused >= calls - 1, "{reused}");
+        assert_eq!(
+            metric(g.admin_addr, "gateway_mcp_upstream_requests_retried_total"),
+            Some(0)
+        );
+    }
+}
+
+/// A server that closes kept-alive connections loses and duplicates nothing. (1) It closes
+/// each connection when the third request arrives on it, without reading it (plain and TLS):
+/// the gateway sends that request again on a fresh connection — it reached the upstream
+/// exactly once, every call is answered once, and the retries equal the requests dropped.
+/// (2) It closes connections idle for 300 ms (TLS): the gateway's probe sees the close before
+/// reusing one, so nothing needs a retry.
+#[test]
+fn mcp_http_upstream_survives_the_server_closing_pooled_connections() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new(dir.path(), "good");
+    for tls in [false, true] {
+        let wire = Wire {
+            drop_after: Some(2),
+            ..Wire::default()
+        };
+        let up = match tls {
+            true => tls_upstream(&ca, wire),
+            false => Upstream::start_wire(wire),
+        };
+        let g = start_with(
+            &up,
+            &["--upstream-ca-file", ca.path()][if tls { 0.. } else { 2.. }],
+        );
+        let sid = initialize(g.addr);
+        let calls = 30;
+        sequential_calls(g.addr, &sid, 1, calls);
+        assert_each_call_seen_once(&up, 1..calls + 1);
+        let dropped = up.state.dropped.load(Ordering::SeqCst) as u64;
+        assert!(dropped >= 5, "the upstream dropped {dropped} request(s)");
+        let retried = wait_metric(
+            g.admin_addr,
+            "gateway_mcp_upstream_requests_retried_total",
+            |v| v >= dropped,
+        );
+        eprintln!(
+            "tls={tls}: {calls} calls, {dropped} dropped by the upstream, {retried} retried, {} connections",
+            up.accepted()
+        );
+        assert_eq!(retried, dropped);
+    }
+
+    let up = tls_upstream(
+        &ca,
+        Wire {
+            idle_close: Some(Duration::from_millis(300)),
+            ..Wire::default()
+        },
+    );
+    let g = start_with(&up, &["--upstream-ca-file", ca.path()]);
+    let sid = initialize(g.addr);
+    for id in 1..=4 {
+        std::thread::sleep(Duration::from_millis(700));
+        sequential_calls(g.addr, &sid, id, 1);
+    }
+    assert_each_call_seen_once(&up, 1..5);
+    assert!(
+        up.accepted() >= 5,
+        "idle connections were closed: {}",
+        up.accepted()
+    );
+    wait_metric(
+        g.admin_addr,
+        "gateway_mcp_upstream_requests_reused_total",
+        |_| true,
+    );
+    assert_eq!(
+        metric(g.admin_addr, "gateway_mcp_upstream_requests_retried_total"),
+        Some(0)
+    );
 }

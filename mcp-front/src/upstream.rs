@@ -16,13 +16,14 @@
 //! another `kill_grace_ms`, SIGKILL. Exited children are reaped by `poll`.
 //!
 //! With `--upstream-url` the same set holds HTTP clients instead of children
-//! ([`crate::http_upstream`]); the interface and the events are the same, so the core and the
-//! driver do not know which kind they talk to.
+//! ([`crate::http_upstream`]), all sharing one [`HttpEndpoint`] (the URL, the TLS client for
+//! `https://`, the keep-alive pool, closed by `stop_all`); the interface and the events are the
+//! same, so the core and the driver do not know which kind they talk to.
 #![forbid(unsafe_code)]
 
 use crate::core::UpstreamId;
 use crate::credential::Credential;
-use crate::http_upstream::{HttpTarget, HttpUpstream, Outbound};
+use crate::http_upstream::{HttpEndpoint, HttpUpstream, Outbound, PoolStats};
 pub use crate::upstream_event::{UpstreamEvent, UpstreamLimits};
 use crossbeam::channel::{self, Receiver, Sender, TrySendError};
 use std::collections::HashMap;
@@ -105,8 +106,9 @@ pub struct UpstreamSet {
     rx: Receiver<UpstreamEvent>,
     wake: Arc<dyn Fn() + Send + Sync>,
     procs: HashMap<UpstreamId, Proc>,
-    /// `--upstream-url`: HTTP clients instead of children.
-    target: Option<HttpTarget>,
+    /// `--upstream-url`: HTTP clients instead of children, all of them sharing this endpoint
+    /// (and so its keep-alive pool).
+    target: Option<Arc<HttpEndpoint>>,
     http: HashMap<UpstreamId, (HttpUpstream, Option<Instant>)>,
 }
 
@@ -142,7 +144,7 @@ impl UpstreamSet {
 
     /// A set of HTTP clients towards `target` (`--upstream-url`).
     pub fn new_http(
-        target: HttpTarget,
+        target: Arc<HttpEndpoint>,
         limits: UpstreamLimits,
         wake: Arc<dyn Fn() + Send + Sync>,
     ) -> UpstreamSet {
@@ -153,6 +155,11 @@ impl UpstreamSet {
 
     pub fn children(&self) -> usize {
         self.procs.len() + self.http.len()
+    }
+
+    /// The HTTP upstream's connection pool counters (`None` for stdio children).
+    pub fn http_stats(&self) -> Option<PoolStats> {
+        self.target.as_ref().map(|t| t.stats())
     }
 
     /// Starts the child for `id`. `session` is exported as `MCP_GATEWAY_SESSION`.
@@ -371,6 +378,9 @@ impl UpstreamSet {
             h.force();
         }
         self.http.clear();
+        if let Some(t) = &self.target {
+            t.close_idle();
+        }
         let deadline = Instant::now() + Duration::from_secs(2);
         while self.procs.values().any(term_pending) && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(5));

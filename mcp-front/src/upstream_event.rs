@@ -16,6 +16,10 @@ pub enum UpstreamEvent {
     LineTooLong(UpstreamId, usize),
     /// stdout reached EOF (the child exited or closed it): the MCP channel is gone.
     Closed(UpstreamId),
+    /// An HTTP upstream is gone, and why (it cannot be connected — refused, a TLS handshake
+    /// that failed, a certificate that does not verify —, or it forgot our session). The
+    /// reason names no address and no credential: the core quotes it to clients.
+    Failed(UpstreamId, String),
 }
 
 /// Limits (CLI flags with units).

@@ -126,6 +126,17 @@ impl Mcp {
         }
         let _ = writeln!(out, "# TYPE gateway_mcp_streams_broken gauge");
         let _ = writeln!(out, "gateway_mcp_streams_broken {}", self.broken.len());
+        if let Some(p) = self.ups.http_stats() {
+            for (name, kind, v) in [
+                ("connections_opened_total", "counter", p.connections_opened),
+                ("connections_idle", "gauge", p.connections_idle),
+                ("requests_reused_total", "counter", p.requests_reused),
+                ("requests_retried_total", "counter", p.requests_retried),
+            ] {
+                let _ = writeln!(out, "# TYPE gateway_mcp_upstream_{name} {kind}");
+                let _ = writeln!(out, "gateway_mcp_upstream_{name} {v}");
+            }
+        }
         out
     }
 }
@@ -174,9 +185,10 @@ impl Core {
         let limits = args.upstream_limits(self.shared.cfg.event_bytes_max);
         let ups = match (&args.upstream_cmd, &args.upstream_url) {
             (Some(cmd), _) => UpstreamSet::new(cmd.clone(), limits, wake),
-            (None, Some(url)) => UpstreamSet::new_http(
-                crate::mcp::http_upstream::parse_url(url)
-                    .expect("--upstream-url is checked by McpArgs::validate at start"),
+            (None, Some(_)) => UpstreamSet::new_http(
+                args.http_endpoint()
+                    .expect("--upstream-url is checked by McpArgs::validate at start")
+                    .expect("--upstream-url is given"),
                 limits,
                 wake,
             ),
@@ -341,6 +353,10 @@ impl Core {
                     m.ups.kill(id, now); // reap (SIGKILL after grace if it lingers)
                     m.core
                         .handle_upstream_exit(now_ms, id, "upstream closed its stdout");
+                }
+                UpstreamEvent::Failed(id, why) => {
+                    m.ups.kill(id, now);
+                    m.core.handle_upstream_exit(now_ms, id, &why);
                 }
             }
             self.mcp_apply();

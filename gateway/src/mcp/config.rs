@@ -5,7 +5,11 @@
 
 use super::core::McpConfig;
 use super::headers::OriginPolicy;
+use super::http_upstream::{HttpEndpoint, HttpOptions};
 use super::upstream::UpstreamLimits;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct McpArgs {
@@ -16,11 +20,28 @@ pub struct McpArgs {
     pub upstream_cmd: Option<String>,
 
     /// Serve MCP streamable HTTP at --mcp-path in front of this streamable-HTTP MCP server
-    /// (plain `http://host:port/path`, loopback; no TLS). One upstream HTTP session per MCP
-    /// session; every message goes through the gateway's log, so the upstream needs no
-    /// resumability of its own. Exclusive with --upstream-cmd.
+    /// (`http://host:port/path`, or `https://` — verified against the system roots or
+    /// --upstream-ca-file). One upstream HTTP session per MCP session; every message goes
+    /// through the gateway's log, so the upstream needs no resumability of its own. Exclusive
+    /// with --upstream-cmd.
     #[arg(long)]
     pub upstream_url: Option<String>,
+
+    /// PEM file of the certificate authorities an https:// --upstream-url server's
+    /// certificate must chain to (a bundle, or repeat the flag). When given, only these are
+    /// trusted; without it, the system's root store. Needs an https:// --upstream-url.
+    #[arg(long)]
+    pub upstream_ca_file: Vec<PathBuf>,
+
+    /// Idle keep-alive connections kept to the --upstream-url server for later requests
+    /// (shared by all sessions). A request never waits for one: with none idle it opens a new
+    /// connection. 0 = a new connection (`Connection: close`) for every request.
+    #[arg(long, default_value_t = 8)]
+    pub upstream_pool_connections_max: usize,
+
+    /// Seconds an idle pooled connection to the --upstream-url server is kept open.
+    #[arg(long, default_value_t = 30)]
+    pub upstream_pool_idle_secs: u64,
 
     /// Pass each client's `Authorization` header on to the --upstream-url server, on the
     /// upstream requests made on that client's behalf: a session's upstream requests carry the
@@ -117,6 +138,28 @@ impl McpArgs {
         }
     }
 
+    /// The --upstream-url server (URL, TLS client, keep-alive pool), if one is given; an
+    /// error names what cannot work (bad URL, unreadable CA file, no system roots, …).
+    pub fn http_endpoint(&self) -> Result<Option<Arc<HttpEndpoint>>, String> {
+        let Some(url) = &self.upstream_url else {
+            if let Some(f) = self.upstream_ca_file.first() {
+                return Err(format!(
+                    "--upstream-ca-file {} needs an https:// --upstream-url",
+                    f.display()
+                ));
+            }
+            return Ok(None);
+        };
+        let opts = HttpOptions {
+            ca_files: self.upstream_ca_file.clone(),
+            pool_connections_max: self.upstream_pool_connections_max,
+            pool_idle: Duration::from_secs(self.upstream_pool_idle_secs),
+        };
+        HttpEndpoint::new(url, &opts)
+            .map(Some)
+            .map_err(|e| format!("--upstream-url {url:?}: {e}"))
+    }
+
     /// Flag combinations that cannot work.
     pub fn validate(&self) -> Result<(), String> {
         if !self.mcp_path.starts_with('/') || self.mcp_path.contains(['?', '#', ' ']) {
@@ -147,6 +190,7 @@ impl McpArgs {
                 "--mcp-upstream-queue-lines-max",
             ),
             (self.mcp_session_idle_secs, "--mcp-session-idle-secs"),
+            (self.upstream_pool_idle_secs, "--upstream-pool-idle-secs"),
         ] {
             if v == 0 {
                 return Err(format!("{name} must be at least 1"));
@@ -169,14 +213,10 @@ impl McpArgs {
             }
             .into());
         }
-        if let Some(url) = &self.upstream_url {
-            if self.upstream_cmd.is_some() {
-                return Err("--upstream-cmd and --upstream-url are exclusive".into());
-            }
-            super::http_upstream::parse_url(url)
-                .map_err(|e| format!("--upstream-url {url:?}: {e}"))?;
+        if self.upstream_url.is_some() && self.upstream_cmd.is_some() {
+            return Err("--upstream-cmd and --upstream-url are exclusive".into());
         }
-        Ok(())
+        self.http_endpoint().map(drop)
     }
 }
 
@@ -214,6 +254,46 @@ mod tests {
         ] {
             let e = parse(args).validate().unwrap_err();
             assert!(e.contains("needs --upstream-url"), "{args:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn https_upstream_flags() {
+        let on = parse(&["--upstream-url", "https://127.0.0.1:9/mcp"]);
+        assert_eq!(on.upstream_pool_connections_max, 8);
+        assert_eq!(on.upstream_pool_idle_secs, 30);
+        for (args, want) in [
+            (
+                &[
+                    "--upstream-url",
+                    "http://127.0.0.1:9/mcp",
+                    "--upstream-ca-file",
+                    "/x.pem",
+                ][..],
+                "needs an https://",
+            ),
+            (&["--upstream-ca-file", "/x.pem"][..], "needs an https://"),
+            (
+                &[
+                    "--upstream-url",
+                    "https://127.0.0.1:9/",
+                    "--upstream-ca-file",
+                    "/x.pem",
+                ][..],
+                "/x.pem",
+            ),
+            (
+                &[
+                    "--upstream-url",
+                    "http://127.0.0.1:9/",
+                    "--upstream-pool-idle-secs",
+                    "0",
+                ][..],
+                "--upstream-pool-idle-secs must be at least 1",
+            ),
+        ] {
+            let e = parse(args).validate().unwrap_err();
+            assert!(e.contains(want), "{args:?}: {e}");
         }
     }
 }

@@ -1,13 +1,13 @@
 //! Reading one answer of the upstream (a JSON body or an SSE stream) and handing its JSON-RPC
 //! messages on; a request left unanswered gets an error response made here.
 
-use super::Shared;
-use super::wire::{header, is_sse, read_head};
+use super::pool::Conn;
+use super::shared::Shared;
+use super::wire::{Body, Head, header, is_sse};
 use crate::credential::Credential;
 use crate::upstream_event::UpstreamEvent;
 use serde_json::Value;
 use std::io::{BufRead, Read};
-use std::net::TcpStream;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -44,57 +44,91 @@ fn forward(sh: &Shared, msg: Vec<u8>, want: Option<&Value>, answered: &mut bool,
     sh.emit(UpstreamEvent::Line(sh.id, msg));
 }
 
-/// Reads one POST's answer and forwards its messages; a request left unanswered gets an
-/// error response made here. `auth`: the `Authorization` the POST carried, scrubbed from any
-/// upstream text quoted in a log line or an error.
+/// Bytes of a short answer we do not need (202, the rest of an error's text) read so that
+/// its keep-alive connection can be reused; a longer one ends that connection instead.
+pub(super) const DRAIN_BYTES_MAX: u64 = 64 * 1024;
+
+/// Reads the answer to one POST (`req`, already written on `c`; kept until the answer begins) and forwards its messages;
+/// a request left unanswered gets an error response made here. A JSON answer is read to its
+/// end and its connection put back into the pool before its message is handed on (so the
+/// next request finds it idle); an SSE answer keeps its connection until the stream ends.
+/// `auth`: the `Authorization` the POST carried, scrubbed from any upstream text quoted in a
+/// log line or an error.
 pub(super) fn read_answer(
     sh: &Arc<Shared>,
-    s: TcpStream,
+    c: Conn,
+    req: Vec<u8>,
     request_id: Option<&Value>,
     init: bool,
     auth: Option<&Credential>,
 ) {
-    let reg = sh.register(&s);
+    let mut reg = sh.register(c.tcp());
     let mut answered = false;
-    let failure = match read_head(s) {
+    let head = sh.answer(c, &req, &mut reg);
+    drop(req); // not sent again once its answer has begun
+    let failure = match head {
         Err(e) => Some(format!("upstream answer unreadable: {e}")),
-        Ok((status, headers, mut body)) => {
-            if init && let Some(sid) = header(&headers, "mcp-session-id") {
+        Ok((head, c)) => {
+            if init && let Some(sid) = header(&head.headers, "mcp-session-id") {
                 sh.session.lock().expect("session lock").0 = Some(sid.trim().to_owned());
             }
-            match status {
-                200 if is_sse(&headers) => {
-                    read_sse(sh, body, request_id.map(|id| (id, &mut answered, init)));
-                    None
-                }
-                200 => {
-                    let mut msg = Vec::new();
-                    let max = sh.line_bytes_max as u64 + 1;
-                    match body.by_ref().take(max).read_to_end(&mut msg) {
-                        Err(e) => Some(format!("upstream answer unreadable: {e}")),
-                        Ok(_) if msg.iter().all(u8::is_ascii_whitespace) => None,
-                        Ok(_) => {
-                            forward(sh, msg, request_id, &mut answered, init);
-                            None
-                        }
-                    }
-                }
-                202 => None,
-                404 if sh.session.lock().expect("session lock").0.is_some() => {
-                    sh.die("the upstream answered 404: its session is gone");
-                    None
-                }
-                _ => Some(refused(status, body, auth)),
+            let mut body = Body::new(c, &head);
+            let want = request_id.map(|id| (id, &mut answered, init));
+            let (failure, msg) = take_answer(sh, &head, &mut body, want, auth);
+            sh.release(body, &head, &mut reg);
+            if let Some(msg) = msg {
+                forward(sh, msg, request_id, &mut answered, init);
             }
+            failure
         }
     };
     sh.unregister(reg);
     settle(sh, request_id, answered, failure);
 }
 
+/// Reads one answer's body: SSE messages are forwarded as they come; a JSON message is
+/// returned (forwarded by the caller once the connection is released). Returns the failure
+/// an error answer means.
+fn take_answer(
+    sh: &Shared,
+    head: &Head,
+    body: &mut Body<Conn>,
+    want: Option<(&Value, &mut bool, bool)>,
+    auth: Option<&Credential>,
+) -> (Option<String>, Option<Vec<u8>>) {
+    match head.status {
+        200 if is_sse(&head.headers) => {
+            read_sse(sh, body, want);
+            (None, None)
+        }
+        200 => {
+            let mut msg = Vec::new();
+            let max = sh.line_bytes_max as u64 + 1;
+            match body.by_ref().take(max).read_to_end(&mut msg) {
+                Err(e) => (Some(format!("upstream answer unreadable: {e}")), None),
+                Ok(_) if msg.iter().all(u8::is_ascii_whitespace) => (None, None),
+                Ok(_) => (None, Some(msg)),
+            }
+        }
+        202 => {
+            body.drain(DRAIN_BYTES_MAX);
+            (None, None)
+        }
+        404 if sh.session.lock().expect("session lock").0.is_some() => {
+            sh.die("the upstream answered 404: its session is gone");
+            (None, None)
+        }
+        status => {
+            let why = refused(status, body, auth);
+            body.drain(DRAIN_BYTES_MAX);
+            (Some(why), None)
+        }
+    }
+}
+
 /// The failure an HTTP error answer means, quoting up to 512 bytes of the upstream's text
 /// with the request's `Authorization` scrubbed out (an upstream may echo what it was sent).
-fn refused(status: u16, body: Box<dyn BufRead + Send>, auth: Option<&Credential>) -> String {
+fn refused(status: u16, body: &mut impl BufRead, auth: Option<&Credential>) -> String {
     let mut text = Vec::new();
     let _ = body.take(512).read_to_end(&mut text);
     let text = String::from_utf8_lossy(&text);
@@ -135,7 +169,7 @@ fn settle(sh: &Shared, request_id: Option<&Value>, answered: bool, failure: Opti
 /// Reads SSE events until the stream ends; each non-empty `data` is one JSON-RPC message.
 pub(super) fn read_sse(
     sh: &Shared,
-    mut body: Box<dyn BufRead + Send>,
+    body: &mut impl BufRead,
     want: Option<(&Value, &mut bool, bool)>,
 ) {
     let (want_id, answered, init) = match want {
@@ -217,18 +251,18 @@ mod tests {
     #[test]
     fn refused_scrubs_the_forwarded_credential() {
         let auth = Credential::from_header(b"Bearer eyJ0eXAi.secret.sig").unwrap();
-        let body = || -> Box<dyn BufRead + Send> {
-            Box::new(std::io::Cursor::new(
+        let body = || {
+            std::io::Cursor::new(
                 b"token eyJ0eXAi.secret.sig expired (Authorization: Bearer eyJ0eXAi.secret.sig)"
                     .to_vec(),
-            ))
+            )
         };
-        let why = refused(401, body(), Some(&auth));
+        let why = refused(401, &mut body(), Some(&auth));
         assert!(!why.contains("secret"), "{why}");
         assert_eq!(
             why,
             "upstream answered HTTP 401: token <redacted> expired (Authorization: <redacted>)"
         );
-        assert!(refused(500, body(), None).contains("HTTP 500: token eyJ0eXAi"));
+        assert!(refused(500, &mut body(), None).contains("HTTP 500: token eyJ0eXAi"));
     }
 }

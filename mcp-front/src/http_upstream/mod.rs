@@ -1,21 +1,53 @@
-//! Upstream MCP servers reached over streamable HTTP (`--upstream-url http://host:port/path`):
-//! one client per upstream id (= per gateway MCP session, or the shared modern upstream). A
+//! Upstream MCP servers reached over streamable HTTP (`--upstream-url http(s)://host:port/path`):
+//! one client per upstream id (= per gateway MCP session, or the shared modern upstream), all
+//! of them sharing one [`HttpEndpoint`] (the URL, the TLS client, the keep-alive pool). A
 //! dispatcher thread takes the lines the core sends upstream, in order, and POSTs each as its
-//! body on a fresh loopback connection (`Connection: close`); the answer — 202, a JSON body or
-//! an SSE stream — is read by a thread per POST, and every JSON-RPC message in it is handed on
-//! as [`UpstreamEvent::Line`], exactly like a stdout line of a stdio child, so the core and the
-//! log see no difference. The upstream's `Mcp-Session-Id` (from the `initialize` answer, which
-//! the dispatcher reads itself before sending anything else) and its negotiated protocol
-//! version go on every later request; after `initialize` the upstream's GET stream is opened
-//! (405 is fine: the upstream has none). Stopping sends `DELETE` with the session id and shuts
-//! every open socket down.
+//! body; the answer — 202, a JSON body or an SSE stream — is read by a thread per POST, and
+//! every JSON-RPC message in it is handed on as [`UpstreamEvent::Line`], exactly like a stdout
+//! line of a stdio child, so the core and the log see no difference. The upstream's
+//! `Mcp-Session-Id` (from the `initialize` answer, which the dispatcher reads itself before
+//! sending anything else) and its negotiated protocol version go on every later request;
+//! after `initialize` the upstream's GET stream is opened (405 is fine: the upstream has none).
+//! Stopping sends `DELETE` with the session id and shuts every socket of the client down.
 //!
 //! Explicit errors, never a silent gap: a request the upstream refuses (4xx/5xx other than 404),
 //! whose answer cannot be read, or whose SSE stream ends without its response (an upstream
 //! without resumability cannot be resumed by us) gets a JSON-RPC error response made here for
-//! its id; 404 on a session request, or an upstream that cannot be connected, ends the upstream
-//! (the core then answers its in-flight requests with errors). Once a message is in our log it
-//! is resumable by our clients even though the upstream keeps no history.
+//! its id; 404 on a session request, or an upstream that cannot be connected (refused, TLS
+//! handshake failed — a certificate that does not verify, for one), ends the upstream with
+//! [`UpstreamEvent::Failed`] naming why (the core then answers its in-flight requests with
+//! errors quoting it). Once a message is in our log it is resumable by our clients even though
+//! the upstream keeps no history.
+//!
+//! # TLS (`https://`)
+//! rustls with the ring provider, TLS 1.2/1.3, ALPN `http/1.1`, over the same blocking sockets
+//! (`rustls::StreamOwned`). Trust: the system roots, or only the `--upstream-ca-file` PEM
+//! files when given. The certificate must match the URL's host (a DNS name via SNI, an IP
+//! literal against the certificate's IP addresses). The handshake completes before a byte of
+//! a request is written; a failed one is a failed connection, never a plaintext fallback.
+//!
+//! # Keep-alive and retries
+//! POSTs and the closing DELETE go over HTTP/1.1 keep-alive connections from the endpoint's
+//! pool (at most `--upstream-pool-connections-max` idle, each closed after
+//! `--upstream-pool-idle-secs` unused; 0 connections = `Connection: close` on every request).
+//! A request takes the most recently used idle connection that passes a non-blocking probe
+//! (nothing readable: no FIN, no alert, no stray byte), else opens one; it never waits for
+//! one. A connection goes back only after an answer read exactly to its end (`Content-Length`
+//! or chunked; a 202 or error body up to 64 KiB is read for that) from a server that did not
+//! say `Connection: close`; an SSE answer holds its connection until the stream ends, a body
+//! delimited by close is never reused. The GET stream always has a connection of its own.
+//!
+//! A request is sent again — once, on a freshly opened connection — only when it went out on
+//! a *reused* connection and either (a) writing it failed (the server did not get all of it,
+//! so it cannot have acted on it), or (b) the connection ended (EOF or an error) before one
+//! byte of the answer arrived: the usual sign of a server that closed the idle connection as
+//! the request was sent. MCP POSTs are not idempotent, and (b) is HTTP's retry caveat (RFC
+//! 9110 §9.2.2): a server that read the request, acted on it and then closed without a byte
+//! of an answer (a crash) would get it twice; the probe leaves (b) only to a close racing the
+//! request. Nothing else is retried: a failure on a fresh connection ends the upstream (as
+//! above), and a request of which any byte of the answer arrived gets an explicit error if
+//! the answer is cut. A retried request can reach the upstream after requests sent after it
+//! (each request has its own connection, so their order at the upstream was never strict).
 //!
 //! `Authorization` (`--mcp-forward-authorization`, off by default): the client's header value
 //! goes on the upstream requests made on its behalf, and never on another client's. A
@@ -28,42 +60,50 @@
 //! ([`Outbound::authorization`], the request's; a cancellation the cancelled request's) and
 //! nothing else does (its GET stream and DELETE go without). The value is written into the
 //! request head and nowhere else: never logged, never in an error made here (an upstream
-//! error body quoted in one has it scrubbed, [`Credential::scrub`]).
+//! error body quoted in one has it scrubbed, [`Credential::scrub`]). Pooled connections are
+//! shared by every client of the endpoint; a credential lives in a request, never in a
+//! connection.
 //!
-//! Not done: TLS (`https://` is refused at start), keep-alive connections, resuming the
-//! upstream's own streams with `Last-Event-ID`, and the 2026-07-28 `Mcp-Method`/`Mcp-Name`
-//! mirror headers towards the upstream (the body's `_meta` protocol version is sent as
-//! `MCP-Protocol-Version`).
+//! Not done: resuming the upstream's own streams with `Last-Event-ID`, TLS client
+//! certificates, and the 2026-07-28 `Mcp-Method`/`Mcp-Name` mirror headers towards the
+//! upstream (the body's `_meta` protocol version is sent as `MCP-Protocol-Version`).
 //!
 //! # Layout
-//! This file: the URL, the client and its dispatcher thread, the GET stream. `answer`: reading
-//! one answer (JSON or SSE) and forwarding its messages. `wire`: HTTP/1.1 response framing
-//! (head, chunked and length-delimited bodies).
+//! This file: the URL, the endpoint, the client and its dispatcher thread, the GET stream.
+//! `shared`: what a client's threads share; one request out and its answer's head in (the
+//! retry). `answer`: reading one answer (JSON or SSE) and forwarding its messages. `pool`:
+//! connections (TCP, TLS) and the keep-alive pool. `tls`: the TLS client configuration.
+//! `wire`: HTTP/1.1 response framing (head, chunked and length-delimited bodies).
 #![forbid(unsafe_code)]
 
 mod answer;
+mod pool;
+mod shared;
+mod tls;
 mod wire;
 
 use crate::core::UpstreamId;
 use crate::credential::Credential;
 use crate::upstream_event::UpstreamEvent;
-use answer::{read_answer, read_sse};
+use answer::{DRAIN_BYTES_MAX, read_answer, read_sse};
 use crossbeam::channel::{self, Receiver, Sender};
+use pool::Pool;
+pub use pool::PoolStats;
+use rustls::pki_types::ServerName;
 use serde_json::Value;
-use std::io::{Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
+use shared::Shared;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use wire::{is_sse, read_head};
+use wire::{Body, is_sse, read_head};
 
-/// Connect and write timeout towards the upstream (loopback: generous).
-const IO_TIMEOUT: Duration = Duration::from_secs(10);
-/// Read timeout for answers that must be short (DELETE, error bodies); SSE streams have none
-/// (they live as long as the request and are shut down when the upstream is stopped).
+/// Read timeout for answers that must be short (DELETE); POST answers and SSE streams have
+/// none (they live as long as the request and are shut down when the upstream is stopped).
 const SHORT_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Where the upstream is: a plain-HTTP URL, resolved once at start.
+/// Where the upstream is: an `http://` or `https://` URL, resolved once at start.
 #[derive(Debug, Clone)]
 pub struct HttpTarget {
     /// `host[:port]` as written, for the `Host` header.
@@ -71,41 +111,40 @@ pub struct HttpTarget {
     pub addr: SocketAddr,
     /// Path and query, starting with `/`.
     pub path: String,
+    /// `https://`: the name the upstream's certificate must carry (the URL's host).
+    pub server_name: Option<ServerName<'static>>,
 }
 
 /// Why `--upstream-url` was refused.
 #[derive(Debug, PartialEq)]
 pub enum UrlError {
-    Https,
     NotHttp,
     NoHost,
+    BadTlsName(String),
     Unresolvable(String),
 }
 
 impl std::fmt::Display for UrlError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            UrlError::Https => write!(
-                f,
-                "https:// upstreams are not supported (the gateway has no TLS client); use http:// on loopback"
-            ),
-            UrlError::NotHttp => write!(f, "the URL must start with http://"),
+            UrlError::NotHttp => write!(f, "the URL must start with http:// or https://"),
             UrlError::NoHost => write!(f, "the URL has no host"),
+            UrlError::BadTlsName(e) => write!(f, "{e}"),
             UrlError::Unresolvable(e) => write!(f, "the host cannot be resolved: {e}"),
         }
     }
 }
 
-/// Parses `http://host[:port][/path]` (port 80 by default, path `/` by default).
+/// Parses `http(s)://host[:port][/path]` (port 80 or 443 by default, path `/` by default).
 pub fn parse_url(url: &str) -> Result<HttpTarget, UrlError> {
     let lower = url.to_ascii_lowercase();
-    if lower.starts_with("https://") {
-        return Err(UrlError::Https);
-    }
-    if !lower.starts_with("http://") {
+    let (rest, https) = if lower.starts_with("https://") {
+        (&url["https://".len()..], true)
+    } else if lower.starts_with("http://") {
+        (&url["http://".len()..], false)
+    } else {
         return Err(UrlError::NotHttp);
-    }
-    let rest = &url["http://".len()..];
+    };
     let (authority, path) = match rest.find(['/', '?']) {
         Some(i) if rest.as_bytes()[i] == b'/' => (&rest[..i], rest[i..].to_owned()),
         Some(i) => (&rest[..i], format!("/{}", &rest[i..])),
@@ -114,10 +153,16 @@ pub fn parse_url(url: &str) -> Result<HttpTarget, UrlError> {
     if authority.is_empty() || authority.contains('@') {
         return Err(UrlError::NoHost);
     }
-    let with_port = if authority.ends_with(']') || !authority.contains(':') {
-        format!("{authority}:80")
+    let (host, with_port) = if authority.ends_with(']') || !authority.contains(':') {
+        let port = if https { 443 } else { 80 };
+        (authority, format!("{authority}:{port}"))
     } else {
-        authority.to_owned()
+        let colon = authority.rfind(':').expect("contains ':'");
+        (&authority[..colon], authority.to_owned())
+    };
+    let server_name = match https {
+        true => Some(tls::server_name(host).map_err(UrlError::BadTlsName)?),
+        false => None,
     };
     let addr = with_port
         .to_socket_addrs()
@@ -128,125 +173,68 @@ pub fn parse_url(url: &str) -> Result<HttpTarget, UrlError> {
         authority: authority.to_owned(),
         addr,
         path,
+        server_name,
     })
 }
 
-/// What the dispatcher and readers share.
-struct Shared {
-    id: UpstreamId,
-    target: HttpTarget,
-    line_bytes_max: usize,
-    tx: Sender<UpstreamEvent>,
-    wake: Arc<dyn Fn() + Send + Sync>,
-    /// Upstream session id and protocol version, once `initialize` has been answered.
-    session: Mutex<(Option<String>, Option<String>)>,
-    /// The client's `Authorization` for requests whose message carries none (the session's
-    /// latest; never set for the shared modern client). See the module doc.
-    authorization: Mutex<Option<Credential>>,
-    /// Open sockets (POST answers, GET stream), shut down when the upstream stops; the flag
-    /// says they were, so a socket registered later is shut down at once.
-    sockets: Mutex<(bool, Vec<(u64, TcpStream)>)>,
-    next_socket: AtomicU64,
-    /// Set once the upstream is known gone (reported `Closed` once).
-    dead: AtomicBool,
+/// How to reach an `--upstream-url` server besides its URL.
+#[derive(Debug, Clone)]
+pub struct HttpOptions {
+    /// `--upstream-ca-file`: the only roots an `https://` upstream is verified against
+    /// (empty: the system roots).
+    pub ca_files: Vec<PathBuf>,
+    /// `--upstream-pool-connections-max`: idle keep-alive connections kept (0: none).
+    pub pool_connections_max: usize,
+    /// `--upstream-pool-idle-secs`: how long an idle connection is kept.
+    pub pool_idle: Duration,
 }
 
-impl Shared {
-    fn emit(&self, ev: UpstreamEvent) {
-        if self.tx.send(ev).is_ok() {
-            (self.wake)();
-        }
+/// One upstream server: its URL, the TLS client for `https://`, and the keep-alive pool that
+/// every client of it shares. Built once at start; [`HttpEndpoint::new`] refuses what cannot
+/// work (a bad URL, a CA file without certificates, `--upstream-ca-file` with `http://`).
+pub struct HttpEndpoint {
+    target: HttpTarget,
+    pool: Arc<Pool>,
+}
+
+impl std::fmt::Debug for HttpEndpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpEndpoint")
+            .field("target", &self.target)
+            .field("pool", &self.pool.stats())
+            .finish()
+    }
+}
+
+impl HttpEndpoint {
+    pub fn new(url: &str, opts: &HttpOptions) -> Result<Arc<HttpEndpoint>, String> {
+        let target = parse_url(url).map_err(|e| e.to_string())?;
+        let tls = match &target.server_name {
+            Some(name) => Some((tls::client_config(&opts.ca_files)?, name.clone())),
+            None if !opts.ca_files.is_empty() => {
+                return Err("--upstream-ca-file needs an https:// --upstream-url".into());
+            }
+            None => None,
+        };
+        let pool = Pool::new(target.addr, tls, opts.pool_connections_max, opts.pool_idle);
+        Ok(Arc::new(HttpEndpoint {
+            target,
+            pool: Arc::new(pool),
+        }))
     }
 
-    fn die(&self, why: &str) {
-        if !self.dead.swap(true, Ordering::SeqCst) {
-            eprintln!("mcp upstream {}: {why}", self.id.0);
-            self.emit(UpstreamEvent::Closed(self.id));
-        }
+    pub fn target(&self) -> &HttpTarget {
+        &self.target
     }
 
-    fn register(&self, s: &TcpStream) -> Option<u64> {
-        let n = self.next_socket.fetch_add(1, Ordering::Relaxed);
-        let c = s.try_clone().ok()?;
-        let mut g = self.sockets.lock().expect("sockets lock");
-        if g.0 {
-            let _ = c.shutdown(Shutdown::Both);
-        } else {
-            g.1.push((n, c));
-        }
-        Some(n)
+    /// The pool's counters.
+    pub fn stats(&self) -> PoolStats {
+        self.pool.stats()
     }
 
-    fn unregister(&self, n: Option<u64>) {
-        if let Some(n) = n {
-            self.sockets
-                .lock()
-                .expect("sockets lock")
-                .1
-                .retain(|(k, _)| *k != n);
-        }
-    }
-
-    fn shutdown_all(&self) {
-        let mut g = self.sockets.lock().expect("sockets lock");
-        g.0 = true;
-        for (_, s) in g.1.drain(..) {
-            let _ = s.shutdown(Shutdown::Both);
-        }
-    }
-
-    /// The session credential (see the module doc).
-    fn session_authorization(&self) -> Option<Credential> {
-        self.authorization
-            .lock()
-            .expect("authorization lock")
-            .clone()
-    }
-
-    /// Sends one request (with `auth` as its `Authorization`, if any); the connection is
-    /// returned for reading the answer.
-    fn send(
-        &self,
-        method: &str,
-        body: &[u8],
-        extra: &[(&str, &str)],
-        auth: Option<&Credential>,
-    ) -> std::io::Result<TcpStream> {
-        let mut s = TcpStream::connect_timeout(&self.target.addr, IO_TIMEOUT)?;
-        s.set_write_timeout(Some(IO_TIMEOUT))?;
-        let mut head = format!(
-            "{method} {} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nAccept: application/json, text/event-stream\r\n",
-            self.target.path, self.target.authority
-        );
-        let (sid, ver) = self.session.lock().expect("session lock").clone();
-        if let Some(sid) = sid {
-            head.push_str(&format!("Mcp-Session-Id: {sid}\r\n"));
-        }
-        let ver = extra
-            .iter()
-            .find(|(k, _)| *k == "MCP-Protocol-Version")
-            .map(|(_, v)| (*v).to_owned())
-            .or(ver);
-        if let Some(v) = ver {
-            head.push_str(&format!("MCP-Protocol-Version: {v}\r\n"));
-        }
-        if let Some(a) = auth {
-            // `Credential` holds no CR, LF or other control byte: it cannot end the head.
-            head.push_str("Authorization: ");
-            head.push_str(a.expose());
-            head.push_str("\r\n");
-        }
-        if method == "POST" {
-            head.push_str(&format!(
-                "Content-Type: application/json\r\nContent-Length: {}\r\n",
-                body.len()
-            ));
-        }
-        head.push_str("\r\n");
-        s.write_all(head.as_bytes())?;
-        s.write_all(body)?;
-        s.flush()?;
-        Ok(s)
+    /// Closes the idle connections and keeps none from now on (gateway shutdown).
+    pub fn close_idle(&self) {
+        self.pool.close_all();
     }
 }
 
@@ -269,7 +257,7 @@ impl std::fmt::Debug for HttpUpstream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HttpUpstream")
             .field("id", &self.shared.id)
-            .field("authority", &self.shared.target.authority)
+            .field("authority", &self.shared.ep.target.authority)
             .field("finished", &self.finished.load(Ordering::SeqCst))
             .finish()
     }
@@ -279,7 +267,7 @@ impl HttpUpstream {
     /// Starts the dispatcher thread; nothing is sent until the core sends a line.
     pub fn start(
         id: UpstreamId,
-        target: HttpTarget,
+        ep: Arc<HttpEndpoint>,
         line_bytes_max: usize,
         queue_lines_max: usize,
         tx: Sender<UpstreamEvent>,
@@ -287,7 +275,7 @@ impl HttpUpstream {
     ) -> Result<HttpUpstream, String> {
         let shared = Arc::new(Shared {
             id,
-            target,
+            ep,
             line_bytes_max,
             tx,
             wake,
@@ -380,16 +368,30 @@ fn dispatch(sh: &Arc<Shared>, lines: &Receiver<Outbound>) {
         post(sh, msg);
     }
     // Stopped by the driver: end the upstream session, then every open stream.
-    let sid = sh.session.lock().expect("session lock").0.clone();
-    let auth = sh.session_authorization();
-    if sid.is_some()
-        && !sh.dead.load(Ordering::SeqCst)
-        && let Ok(mut s) = sh.send("DELETE", b"", &[], auth.as_ref())
-    {
-        let _ = s.set_read_timeout(Some(SHORT_READ_TIMEOUT));
-        let _ = s.read(&mut [0u8; 1024]);
-    }
+    end_session(sh);
     sh.shutdown_all();
+}
+
+/// `DELETE` of the upstream session (if one exists and the upstream is alive), its short
+/// answer read so that its connection can go back into the pool.
+fn end_session(sh: &Arc<Shared>) {
+    let sid = sh.session.lock().expect("session lock").0.clone();
+    if sid.is_none() || sh.dead.load(Ordering::SeqCst) {
+        return;
+    }
+    let auth = sh.session_authorization();
+    let keep = sh.ep.pool.keeps();
+    let req = sh.request("DELETE", b"", None, auth.as_ref(), keep);
+    let Ok(c) = sh.send(&req, keep, Some(SHORT_READ_TIMEOUT)) else {
+        return;
+    };
+    let mut reg = sh.register(c.tcp());
+    if let Ok((head, c)) = sh.answer(c, &req, &mut reg) {
+        let mut body = Body::new(c, &head);
+        body.drain(DRAIN_BYTES_MAX);
+        sh.release(body, &head, &mut reg);
+    }
+    sh.unregister(reg);
 }
 
 /// POSTs one message and starts reading its answer (`initialize`: reads it here, then opens
@@ -397,23 +399,16 @@ fn dispatch(sh: &Arc<Shared>, lines: &Receiver<Outbound>) {
 fn post(sh: &Arc<Shared>, msg: Outbound) {
     let body = msg.line.strip_suffix(b"\n").unwrap_or(&msg.line).to_vec();
     let out = describe(&body);
-    let extra: Vec<(&str, &str)> = out
-        .version
-        .as_deref()
-        .map(|v| ("MCP-Protocol-Version", v))
-        .into_iter()
-        .collect();
     let auth = msg.authorization.or_else(|| sh.session_authorization());
-    let s = match sh.send("POST", &body, &extra, auth.as_ref()) {
-        Ok(s) => s,
-        Err(e) => {
-            let (a, p) = (&sh.target.authority, &sh.target.path);
-            return sh.die(&format!("cannot send to {a}{p}: {e}"));
-        }
+    let keep = sh.ep.pool.keeps();
+    let req = sh.request("POST", &body, out.version.as_deref(), auth.as_ref(), keep);
+    let c = match sh.send(&req, keep, None) {
+        Ok(c) => c,
+        Err(e) => return sh.die(&e),
     };
     if out.initialize {
         // Read the answer here: the session id must be known before the next message.
-        read_answer(sh, s, out.request_id.as_ref(), true, auth.as_ref());
+        read_answer(sh, c, req, out.request_id.as_ref(), true, auth.as_ref());
         if sh.session.lock().expect("session lock").0.is_some() {
             let sh2 = sh.clone();
             let _ = std::thread::Builder::new()
@@ -424,26 +419,33 @@ fn post(sh: &Arc<Shared>, msg: Outbound) {
         let sh2 = sh.clone();
         let started = std::thread::Builder::new()
             .name(format!("mcp-up{}-post", sh.id.0))
-            .spawn(move || read_answer(&sh2, s, out.request_id.as_ref(), false, auth.as_ref()));
+            .spawn(move || {
+                read_answer(&sh2, c, req, out.request_id.as_ref(), false, auth.as_ref());
+            });
         if let Err(e) = started {
             sh.die(&format!("cannot start a reader thread: {e}"));
         }
     }
 }
 
-/// The GET stream: server messages unrelated to a request. 405 = the upstream has none.
+/// The GET stream: server messages unrelated to a request, on a connection of its own (never
+/// pooled: it lives as long as the session). 405 = the upstream has none.
 fn open_get(sh: &Arc<Shared>) {
     let auth = sh.session_authorization();
-    let Ok(s) = sh.send("GET", b"", &[], auth.as_ref()) else {
+    let req = sh.request("GET", b"", None, auth.as_ref(), false);
+    let Ok(mut c) = sh.send(&req, false, None) else {
         return;
     };
-    let reg = sh.register(&s);
-    match read_head(s) {
-        Ok((200, headers, body)) if is_sse(&headers) => {
-            read_sse(sh, body, None);
+    let reg = sh.register(c.tcp());
+    match read_head(&mut c) {
+        Ok(head) if head.status == 200 && is_sse(&head.headers) => {
+            read_sse(sh, &mut Body::new(c, &head), None);
         }
-        Ok((status, _, _)) if status != 405 => {
-            eprintln!("mcp upstream {}: GET stream answered {status}", sh.id.0);
+        Ok(head) if head.status != 405 => {
+            eprintln!(
+                "mcp upstream {}: GET stream answered {}",
+                sh.id.0, head.status
+            );
         }
         _ => {}
     }
@@ -455,18 +457,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn https_is_refused_clearly() {
-        assert_eq!(
-            parse_url("https://127.0.0.1/mcp").unwrap_err(),
-            UrlError::Https
-        );
-        assert!(
-            UrlError::Https.to_string().contains("no TLS"),
-            "{}",
-            UrlError::Https
-        );
+    fn url_schemes() {
         assert_eq!(parse_url("ftp://x/").unwrap_err(), UrlError::NotHttp);
         assert_eq!(parse_url("http:///mcp").unwrap_err(), UrlError::NoHost);
+        assert_eq!(parse_url("https:///mcp").unwrap_err(), UrlError::NoHost);
+        let t = parse_url("HTTPS://127.0.0.1/mcp").unwrap();
+        assert_eq!(t.addr.port(), 443);
+        assert!(matches!(t.server_name, Some(ServerName::IpAddress(_))));
+        let t = parse_url("https://localhost:8443/mcp").unwrap();
+        assert_eq!(
+            (t.authority.as_str(), t.addr.port()),
+            ("localhost:8443", 8443)
+        );
+        assert!(matches!(t.server_name, Some(ServerName::DnsName(_))));
+        let t = parse_url("https://[::1]:9/").unwrap();
+        assert!(matches!(t.server_name, Some(ServerName::IpAddress(_))));
+        assert!(
+            parse_url("http://127.0.0.1/")
+                .unwrap()
+                .server_name
+                .is_none()
+        );
     }
 
     #[test]
@@ -477,5 +488,18 @@ mod tests {
         assert_eq!(t.addr.port(), 9000);
         let t = parse_url("http://127.0.0.1").unwrap();
         assert_eq!((t.path.as_str(), t.addr.port()), ("/", 80));
+    }
+
+    #[test]
+    fn ca_files_need_https() {
+        let opts = HttpOptions {
+            ca_files: vec!["/nonexistent/ca.pem".into()],
+            pool_connections_max: 8,
+            pool_idle: Duration::from_secs(30),
+        };
+        let e = HttpEndpoint::new("http://127.0.0.1:9/mcp", &opts).unwrap_err();
+        assert!(e.contains("needs an https://"), "{e}");
+        let e = HttpEndpoint::new("https://127.0.0.1:9/mcp", &opts).unwrap_err();
+        assert!(e.contains("/nonexistent/ca.pem"), "{e}");
     }
 }
