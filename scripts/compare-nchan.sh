@@ -10,11 +10,16 @@
 # ratio table, the gap demo, the latency plot) go to --out.
 #
 # Usage: scripts/compare-nchan.sh [--secs N] [--repeat N] [--idle-connections N] [--out DIR]
-#        [--quick] [--skip-idle] [--plot] [--only NAME[,NAME...]]
+#        [--quick] [--skip-idle] [--plot] [--only NAME[,NAME...]] [--tls]
 # --repeat N runs every load scenario N times, alternating nchan and gateway, and the ratio
 # table quotes medians (the machine is shared and noisy). --only runs just the named scenarios
-# (latency-1x100, fanout-1x100, streams-1000x1, resume-storm, fanout-1x100-batch100, slow,
-# idle, mcp; the gap demo always runs).
+# (latency-1x100, fanout-1x100, fanout-1x100-depth1, streams-1000x1, resume-storm,
+# fanout-1x100-batch100, slow, idle, mcp; the gap demo always runs).
+# --tls: both servers serve the load scenarios over TLS (a P-256 self-signed certificate made
+# with openssl at start; nginx `listen ... ssl` with ssl_certificate on its own port, the
+# gateway --tls-cert-file/--tls-key-file) and the bench speaks https:// with --ca-file; the
+# gap demo, metrics and MCP stay in the clear; idle is skipped. The ratio table adds delivered
+# events per server CPU-second.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -34,6 +39,8 @@ GW_PORT=18080
 GW_ADMIN_PORT=18090
 GW_DEMO_PORT=18082
 GW_MCP_PORT=18083
+NCHAN_TLS_PORT=18084
+TLS=0
 
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -45,12 +52,17 @@ while [[ $# -gt 0 ]]; do
     --skip-idle) SKIP_IDLE=1; shift ;;
     --plot) PLOT=1; shift ;;
     --only) ONLY=",$2,"; shift 2 ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    --tls) TLS=1; shift ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
 done
 if [[ $QUICK == 1 ]]; then SECS=2; IDLE=2000; fi
-OUT=${OUT:-$ROOT/target/compare-nchan/$(date -u +%Y%m%dT%H%M%SZ)}
+if [[ $TLS == 1 && $SKIP_IDLE == 0 ]]; then
+  echo "note: --tls skips the idle scenario (it measures plaintext connection memory)" >&2
+  SKIP_IDLE=1
+fi
+OUT=${OUT:-$ROOT/target/compare-nchan/$(date -u +%Y%m%dT%H%M%SZ)$([[ $TLS == 1 ]] && echo -tls)}
 mkdir -p "$OUT"
 WORK=$(mktemp -d /tmp/compare-nchan.XXXXXX)
 PIDS=()
@@ -95,6 +107,36 @@ GATEWAY=$ROOT/target/release/gateway
 # cannot be raised; then every process gets the hard limit and the idle scenario is capped by it.
 ulimit -n 1048576 2>/dev/null || ulimit -n "$(ulimit -Hn)"
 echo "== RLIMIT_NOFILE for servers and bench: $(ulimit -n)"
+
+# 2b. --tls: a self-signed P-256 certificate for 127.0.0.1, for both servers; nginx gets a
+#     second server block on its own port with the load scenarios' locations over TLS.
+GW_TLS_ARGS=()
+TLS_SERVER=""
+if [[ $TLS == 1 ]]; then
+  mkdir -p "$WORK/tls"
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
+    -keyout "$WORK/tls/k.pem" -out "$WORK/tls/c.pem" -days 2 -subj /CN=localhost \
+    -addext subjectAltName=IP:127.0.0.1 2>/dev/null
+  cp "$WORK/tls/c.pem" "$OUT/cert.pem"
+  GW_TLS_ARGS=(--tls-cert-file "$WORK/tls/c.pem" --tls-key-file "$WORK/tls/k.pem")
+  TLS_SERVER="  server {
+    listen 127.0.0.1:$NCHAN_TLS_PORT ssl backlog=65535;
+    ssl_certificate $WORK/tls/c.pem;
+    ssl_certificate_key $WORK/tls/k.pem;
+    ssl_protocols TLSv1.2 TLSv1.3;
+    location = /pub {
+      nchan_publisher http;
+      nchan_channel_id \$arg_id;
+      nchan_message_buffer_length 2000000;
+      nchan_message_timeout 1h;
+    }
+    location = /sub {
+      nchan_subscriber eventsource;
+      nchan_channel_id \$arg_id;
+      nchan_subscriber_last_message_id \$http_last_event_id \$arg_last_event_id;
+    }
+  }"
+fi
 
 # 3. Private nginx config on loopback. One worker: the server gets one pinned core, as the
 #    gateway does (--cores 1).
@@ -143,6 +185,7 @@ http {
       nchan_subscriber_last_message_id \$http_last_event_id \$arg_last_event_id;
     }
   }
+$TLS_SERVER
 }
 EOF
 
@@ -172,11 +215,12 @@ taskset -c "$SERVER_CORE" nginx -c "$WORK/nginx/nginx.conf" -p "$WORK/nginx" &
 NGINX_PID=$!
 PIDS+=("$NGINX_PID")
 wait_port "$NCHAN_PORT"
+if [[ $TLS == 1 ]]; then wait_port "$NCHAN_TLS_PORT"; fi
 
 echo "== starting gateway on core $SERVER_CORE (127.0.0.1:$GW_PORT, --cores 1, --fsync never like nchan's memory store)"
 taskset -c "$SERVER_CORE" "$GATEWAY" --listen "127.0.0.1:$GW_PORT" --data-dir "$WORK/gw-data" \
   --admin-listen "127.0.0.1:$GW_ADMIN_PORT" --connections-per-ip-max 0 \
-  --cores 1 --fsync never --connections-max 200000 >"$WORK/gateway.log" 2>&1 &
+  --cores 1 --fsync never --connections-max 200000 "${GW_TLS_ARGS[@]}" >"$WORK/gateway.log" 2>&1 &
 GW_PID=$!
 PIDS+=("$GW_PID")
 wait_listening "$WORK/gateway.log"
@@ -197,6 +241,17 @@ GW_ARGS=(--publish-url "http://127.0.0.1:$GW_PORT/v1/streams/{stream}/events"
   --subscribe-url "http://127.0.0.1:$GW_PORT/v1/streams/{stream}"
   --publish-style gateway --id-style gateway --target-pid "$GW_PID" --label gateway
   --metrics-url "http://127.0.0.1:$GW_ADMIN_PORT/metrics")
+if [[ $TLS == 1 ]]; then
+  NCHAN_ARGS=(--publish-url "https://127.0.0.1:$NCHAN_TLS_PORT/pub?id={stream}"
+    --subscribe-url "https://127.0.0.1:$NCHAN_TLS_PORT/sub?id={stream}" --ca-file "$WORK/tls/c.pem"
+    --publish-style nchan --id-style nchan --target-pid "$NGINX_PID" --target-children --label nchan-tls)
+  GW_ARGS=(--publish-url "https://127.0.0.1:$GW_PORT/v1/streams/{stream}/events"
+    --publish-batch-url "https://127.0.0.1:$GW_PORT/v1/streams/{stream}/events:batch"
+    --subscribe-url "https://127.0.0.1:$GW_PORT/v1/streams/{stream}" --ca-file "$WORK/tls/c.pem"
+    --publish-style gateway --id-style gateway --target-pid "$GW_PID" --label gateway-tls
+    --metrics-url "http://127.0.0.1:$GW_ADMIN_PORT/metrics")
+  echo "== TLS: nchan on 127.0.0.1:$NCHAN_TLS_PORT (ssl), gateway on 127.0.0.1:$GW_PORT (rustls)"
+fi
 
 echo "== servers pinned to core $SERVER_CORE, bench pinned to core $BENCH_CORE (taskset)"
 echo "== results in $OUT"
@@ -244,6 +299,9 @@ run_both latency-1x100 fanout --streams 1 --subscribers-per-stream 100 --events-
   --publish-secs-max "$SECS" --rate-events-per-sec 1000
 run_both fanout-1x100 fanout --streams 1 --subscribers-per-stream 100 --events-per-stream "$EV" \
   --publish-secs-max "$SECS" --pipeline-depth 64
+# One publish in flight (unbatched): per-event cost without pipelining.
+run_both fanout-1x100-depth1 fanout --streams 1 --subscribers-per-stream 100 --events-per-stream "$EV" \
+  --publish-secs-max "$SECS" --pipeline-depth 1
 run_both streams-1000x1 fanout --streams 1000 --subscribers-per-stream 1 --events-per-stream "$EV" \
   --publishers 4 --publish-secs-max "$SECS" --pipeline-depth 64
 run_both resume-storm resume-storm --streams 10 --subscribers-per-stream 10 \
@@ -316,7 +374,7 @@ def load(name, sys_, idx=-1):
             pass
     return median_report(reps) if reps else None
 rounds = max((len(glob.glob(os.path.join(out, f"{sc}-nchan*.json")))
-              for sc in ["latency-1x100", "fanout-1x100", "streams-1000x1", "resume-storm", "slow"]),
+              for sc in ["latency-1x100", "fanout-1x100", "fanout-1x100-depth1", "streams-1000x1", "resume-storm", "slow"]),
              default=0)
 print(f"Medians over {rounds} round(s) per scenario and system.")
 print()
@@ -336,7 +394,7 @@ def row(sc, metric, n, g, fmt="{:.0f}"):
         r = f"{g / n:.2f}" if n else "n/a"
     f = lambda v: "n/a" if v is None else fmt.format(v)
     print(f"| {sc} | {metric} | {f(n)} | {f(g)} | {r} |")
-for sc in ["latency-1x100", "fanout-1x100", "fanout-1x100-batch100", "streams-1000x1", "resume-storm", "slow", "idle"]:
+for sc in ["latency-1x100", "fanout-1x100", "fanout-1x100-depth1", "fanout-1x100-batch100", "streams-1000x1", "resume-storm", "slow", "idle"]:
     n, g = load(sc, "nchan"), load(sc, "gateway")
     if n is None and g is None:
         continue
@@ -345,6 +403,8 @@ for sc in ["latency-1x100", "fanout-1x100", "fanout-1x100-batch100", "streams-10
         row(sc, "delivered events/s", n.get("delivered_per_sec"), g.get("delivered_per_sec"))
         row(sc, "published events/s", n.get("published_per_sec"), g.get("published_per_sec"))
         row(sc, "server CPU us / delivered event", cpu_us(n), cpu_us(g), "{:.2f}")
+        per_cpu_s = lambda r: (1e6 / cpu_us(r)) if cpu_us(r) else None
+        row(sc, "delivered events / server CPU-second", per_cpu_s(n), per_cpu_s(g))
         wait = lambda r: (r.get("server") or {}).get("runqueue_wait_secs")
         row(sc, "server threads' run-queue wait (s, summed)", wait(n), wait(g), "{:.2f}")
         row(sc, "latency p50 us", (n.get("latency") or {}).get("p50_us"), (g.get("latency") or {}).get("p50_us"))

@@ -8,7 +8,8 @@
 //!   parsing, [`report`] (table and JSON), [`scrape`] (Prometheus text sums),
 //!   [`resume_class`] (the server's `X-Resume-Class` answer, per-class resume latency),
 //!   [`tail`] (the last bytes of a connection, for protocol-error reports).
-//! - Thin drivers: [`load`] (one mio/epoll loop for publishers and subscribers), [`probe`]
+//! - Thin drivers: [`load`] (one mio/epoll loop for publishers and subscribers, in the clear or
+//!   over TLS through [`tls::Conn`]), [`probe`]
 //!   (a blocking too-old-ID probe) and [`mcp`] (MCP sessions with cut-and-resume tool calls).
 //!
 //! Invariant: bench talks to the server only over the wire (and reads its `/proc` figures);
@@ -30,3 +31,4 @@ pub mod scrape;
 pub mod sse;
 pub mod tail;
 pub mod target;
+pub mod tls;

@@ -9,6 +9,7 @@
 use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
@@ -23,6 +24,7 @@ use crate::resume_class::{ByClass, ResumeClass};
 use crate::sse::{Event, SseParser};
 use crate::tail::ByteTail;
 use crate::target::{Bearer, IdStyle, PublishStyle, UrlTemplate, gateway_seq};
+use crate::tls::{self, Conn};
 
 /// Bytes of SSE framing per event beyond the payload, used to size slow readers' byte rate.
 const WIRE_OVERHEAD_BYTES: usize = 64;
@@ -88,6 +90,8 @@ pub struct LoadConfig {
     pub seed: u64,
     /// `Authorization: Bearer <token>` on every publish and subscribe request (default: none).
     pub bearer: Bearer,
+    /// Client TLS configuration for `https://` URLs (`--ca-file`); `None` = plaintext only.
+    pub tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 /// Server figures over the measured window.
@@ -218,6 +222,19 @@ pub fn connect_with_rcvbuf(
     Ok(TcpStream::from_std(std::net::TcpStream::from(fd)))
 }
 
+/// Wraps a connected (or connecting) socket for `url`: TLS when the URL is `https://`.
+fn wrap(cfg: &LoadConfig, url: &UrlTemplate, sock: TcpStream) -> std::io::Result<Conn> {
+    if !url.tls {
+        return Ok(Conn::plain(sock));
+    }
+    let tls_cfg = cfg
+        .tls
+        .as_ref()
+        .ok_or_else(|| std::io::Error::other("https:// URL without a TLS configuration"))?;
+    let name = tls::server_name(&url.host).map_err(std::io::Error::other)?;
+    Conn::tls(sock, tls_cfg, name)
+}
+
 /// Raise `RLIMIT_NOFILE` to at least `wanted` (soft and hard; raising the hard limit needs
 /// CAP_SYS_RESOURCE). Returns the soft limit in effect afterwards.
 pub fn raise_nofile(wanted: u64) -> u64 {
@@ -265,7 +282,7 @@ enum SubPhase {
 struct Sub {
     stream: u32,
     slow: bool,
-    sock: Option<TcpStream>,
+    sock: Option<Conn>,
     phase: SubPhase,
     phase_since: Instant,
     req: Vec<u8>,
@@ -289,6 +306,9 @@ struct Sub {
     /// A cut is due and the subscriber does not read until then (`cut_pause_ms`).
     paused_until: Option<Instant>,
     slow_budget_bytes: f64,
+    /// The last readiness event said the peer closed (EPOLLRDHUP): a short read does not mean
+    /// "drained" then, the EOF is still to be read (edge-triggered: no further event comes).
+    peer_closed: bool,
     reconnects: u32,
     failed: bool,
     up_once: bool,
@@ -303,7 +323,7 @@ enum RespState {
 
 #[derive(Debug)]
 struct Pub {
-    sock: TcpStream,
+    sock: Conn,
     connected: bool,
     streams: Vec<u32>,
     rr: usize,
@@ -456,6 +476,14 @@ pub fn run(cfg: &LoadConfig) -> Result<LoadResult, LoadError> {
                 .into(),
         ));
     }
+    let any_tls = cfg.publish.tls
+        || cfg.subscribe.tls
+        || (cfg.batch_events > 1 && cfg.publish_batch.as_ref().is_some_and(|u| u.tls));
+    if any_tls && cfg.tls.is_none() {
+        return Err(LoadError::Config(
+            "https:// URLs need a CA to trust: --ca-file PATH".into(),
+        ));
+    }
     if cfg.idle_hold_secs.is_none() && (cfg.publishers == 0 || cfg.pipeline_depth == 0) {
         return Err(LoadError::Config(
             "--publishers and --pipeline-depth must be at least 1".into(),
@@ -511,6 +539,7 @@ pub fn run(cfg: &LoadConfig) -> Result<LoadResult, LoadError> {
             paused_until: None,
             class: ResumeClass::None,
             slow_budget_bytes: 0.0,
+            peer_closed: false,
             reconnects: 0,
             failed: false,
             up_once: false,
@@ -692,9 +721,15 @@ pub fn run(cfg: &LoadConfig) -> Result<LoadResult, LoadError> {
 
     // Phase 2: publishers.
     let mut pubs = Vec::with_capacity(cfg.publishers);
+    // Per-stream request heads, built once: "POST <path> HTTP/1.1\r\nHost: ..\r\nContent-Length: ".
+    let (url, content_type): (&UrlTemplate, &[u8]) = match (&cfg.publish_batch, cfg.batch_events) {
+        (Some(b), 2..) => (b, b"application/x-ndjson"),
+        _ => (&cfg.publish, b"application/octet-stream"),
+    };
     for p in 0..cfg.publishers {
-        let mut sock = connect_from(None, cfg.publish.addr)
-            .map_err(|e| LoadError::Publisher(format!("connect {}: {e}", cfg.publish.addr)))?;
+        let mut sock = connect_from(None, url.addr)
+            .and_then(|s| wrap(cfg, url, s))
+            .map_err(|e| LoadError::Publisher(format!("connect {}: {e}", url.addr)))?;
         poll.registry().register(
             &mut sock,
             Token(nsubs + p),
@@ -719,11 +754,6 @@ pub fn run(cfg: &LoadConfig) -> Result<LoadResult, LoadError> {
             trace: trace_dir().map(|_| (ByteTail::new(TRACE_BYTES), ByteTail::new(TRACE_BYTES))),
         });
     }
-    // Per-stream request heads, built once: "POST <path> HTTP/1.1\r\nHost: ..\r\nContent-Length: ".
-    let (url, content_type): (&UrlTemplate, &[u8]) = match (&cfg.publish_batch, cfg.batch_events) {
-        (Some(b), 2..) => (b, b"application/x-ndjson"),
-        _ => (&cfg.publish, b"application/octet-stream"),
-    };
     let heads: Vec<Vec<u8>> = names
         .iter()
         .map(|n| build_publish_head(url, n, content_type, &cfg.bearer))
@@ -1047,7 +1077,9 @@ fn start_connects(
             Ipv4Addr::new(127, 0, 0, octet.min(254) as u8)
         });
         s.reconnect_at = s.resume_started.map(|_| Instant::now());
-        match connect_with_rcvbuf(src, cfg.subscribe.addr, cfg.subscriber_rcvbuf_bytes) {
+        match connect_with_rcvbuf(src, cfg.subscribe.addr, cfg.subscriber_rcvbuf_bytes)
+            .and_then(|sock| wrap(cfg, &cfg.subscribe, sock))
+        {
             Ok(mut sock) => {
                 if let Err(e) = poll.registry().register(
                     &mut sock,
@@ -1066,6 +1098,7 @@ fn start_connects(
                 );
                 s.resuming = !s.sse.last_id().is_empty();
                 s.req_off = 0;
+                s.peer_closed = false;
                 s.sock = Some(sock);
                 s.phase = SubPhase::Connecting;
                 s.phase_since = now;
@@ -1183,6 +1216,16 @@ fn handle_sub_event(
             return; // spurious wake-up; still connecting
         }
         s.phase = SubPhase::Requesting;
+    } else if ev.is_writable()
+        && let Some(sock) = s.sock.as_mut()
+        && sock.tls_pending()
+    {
+        // TLS records a full socket refused earlier (the request, handshake messages).
+        if let Err(e) = sock.flush_tls() {
+            ctx.error(format!("subscriber TLS write: {e}"));
+            close_sub(cfg, s, poll, connecting, ctx, phase == Phase::Load);
+            return;
+        }
     }
     if s.phase == SubPhase::Requesting {
         let Some(sock) = s.sock.as_mut() else { return };
@@ -1199,6 +1242,9 @@ fn handle_sub_event(
         }
         s.phase = SubPhase::Headers;
         s.hdr.clear();
+    }
+    if ev.is_read_closed() {
+        s.peer_closed = true;
     }
     if matches!(s.phase, SubPhase::Headers | SubPhase::Streaming)
         && (ev.is_readable() || ev.is_read_closed())
@@ -1279,7 +1325,7 @@ fn sub_read(
         if s.phase == SubPhase::Headers {
             match take_headers(s, body, cfg.header_bytes_max) {
                 HeaderOutcome::Partial => {
-                    if n < want {
+                    if n < want && !closing(s) {
                         return;
                     }
                     continue;
@@ -1349,10 +1395,17 @@ fn sub_read(
             return;
         }
         // A boundary cut needs the socket read to EAGAIN: a short read does not prove it.
-        if n < want && !(cuts_at_eagain(cfg) && s.cut_after_bytes.is_some()) {
+        // Nor does it when the peer has closed (the EOF, or over TLS the session's end, is
+        // still to be read): read on to the Ok(0).
+        if n < want && !(cuts_at_eagain(cfg) && s.cut_after_bytes.is_some()) && !closing(s) {
             return;
         }
     }
+}
+
+/// The peer closed: a short read is followed by the end of stream, which must still be read.
+fn closing(s: &Sub) -> bool {
+    s.peer_closed || s.sock.as_ref().is_some_and(Conn::read_closed)
 }
 
 fn cuts_at_eagain(cfg: &LoadConfig) -> bool {
@@ -1579,6 +1632,7 @@ fn fill_publisher(
 }
 
 fn flush_publisher(p: &mut Pub) -> std::io::Result<()> {
+    p.sock.flush_tls()?; // TLS records left over from the last write (nothing in the clear)
     while p.woff < p.wbuf.len() {
         match p.sock.write(&p.wbuf[p.woff..]) {
             Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),

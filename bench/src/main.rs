@@ -295,6 +295,11 @@ struct Common {
     /// Authorization header is sent.
     #[arg(long, value_name = "PATH")]
     bearer_token_file: Option<PathBuf>,
+    /// PEM file of the certificate(s) to trust for `https://` publish/subscribe URLs (a
+    /// self-signed server certificate, or the CA that issued it). The load scenarios speak TLS
+    /// (rustls, ring) when a URL is `https://`; gap-probe, durable and mcp do not.
+    #[arg(long, value_name = "PATH")]
+    ca_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -351,12 +356,23 @@ fn scrape_metrics(c: &Common) -> Result<Option<BTreeMap<String, f64>>, String> {
         return Ok(None);
     };
     let url = UrlTemplate::parse(url).map_err(|e| format!("--metrics-url: {e}"))?;
+    plain_only(&url, "--metrics-url")?;
     let text = scrape::fetch(&url, Duration::from_secs(5))?;
     Ok(Some(scrape::sum_by_label(
         &text,
         &c.metrics_family,
         &c.metrics_label,
     )))
+}
+
+/// The blocking helpers (metrics scrape, gap-probe, durable, mcp) speak plain HTTP only.
+fn plain_only(url: &UrlTemplate, flag: &str) -> Result<(), String> {
+    if url.tls {
+        return Err(format!(
+            "{flag}: https:// is spoken by the load scenarios only (fanout, resume-storm, slow, idle)"
+        ));
+    }
+    Ok(())
 }
 
 fn unique_prefix() -> String {
@@ -408,6 +424,11 @@ fn base_config(c: &Common) -> Result<LoadConfig, String> {
         target_pids: target_pids(c),
         seed: c.seed,
         bearer: Bearer::from_file(c.bearer_token_file.as_deref())?,
+        tls: c
+            .ca_file
+            .as_deref()
+            .map(bench::tls::client_config)
+            .transpose()?,
     })
 }
 
@@ -559,7 +580,9 @@ fn run(cmd: &Cmd) -> Result<(Outcome, bool), String> {
             seed,
         } => {
             let cfg = mcp::McpConfig {
-                url: UrlTemplate::parse(mcp_url).map_err(|e| format!("--mcp-url: {e}"))?,
+                url: UrlTemplate::parse(mcp_url)
+                    .map_err(|e| format!("--mcp-url: {e}"))
+                    .and_then(|u| plain_only(&u, "--mcp-url").map(|()| u))?,
                 sessions: *sessions,
                 calls_per_session: *calls_per_session,
                 progress_count: *progress_count,
@@ -588,7 +611,8 @@ fn run(cmd: &Cmd) -> Result<(Outcome, bool), String> {
         } => {
             let cfg = durable::DurableConfig {
                 publish: UrlTemplate::parse(publish_url)
-                    .map_err(|e| format!("--publish-url: {e}"))?,
+                    .map_err(|e| format!("--publish-url: {e}"))
+                    .and_then(|u| plain_only(&u, "--publish-url").map(|()| u))?,
                 stream_prefix: stream_prefix.clone(),
                 publishers: publishers.clone(),
                 payload_bytes: *payload_bytes,
@@ -627,6 +651,8 @@ fn run(cmd: &Cmd) -> Result<(Outcome, bool), String> {
             settle_secs,
         } => {
             let base = base_config(common)?;
+            plain_only(&base.publish, "--publish-url")?;
+            plain_only(&base.subscribe, "--subscribe-url")?;
             let cfg = ProbeConfig {
                 publish: base.publish,
                 subscribe: base.subscribe,

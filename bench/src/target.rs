@@ -1,8 +1,9 @@
 //! What the bench talks to: URL templates with a `{stream}` placeholder, the publish style and
 //! the event-ID style, so one scenario runs unchanged against the gateway or nginx + nchan.
 //!
-//! Only plain `http://` URLs with an IPv4 literal or `localhost` host are accepted: the bench
-//! runs on loopback and does no DNS or TLS.
+//! Only `http://` and `https://` URLs with an IPv4 literal or `localhost` host are accepted: the
+//! bench runs on loopback and does no DNS. `https://` is spoken by the load scenarios (fanout,
+//! resume-storm, slow, idle; see `tls`), trusting `--ca-file`.
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 
@@ -27,7 +28,7 @@ pub enum IdStyle {
 /// Why a URL template is unusable.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum UrlError {
-    /// Not `http://`.
+    /// Neither `http://` nor `https://`.
     NotHttp,
     /// The host is not an IPv4 literal or `localhost`.
     BadHost(String),
@@ -40,7 +41,7 @@ pub enum UrlError {
 impl std::fmt::Display for UrlError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            UrlError::NotHttp => write!(f, "URL must start with http://"),
+            UrlError::NotHttp => write!(f, "URL must start with http:// or https://"),
             UrlError::BadHost(h) => write!(f, "host {h:?} is not an IPv4 literal or localhost"),
             UrlError::BadPort(p) => write!(f, "port {p:?} is not in 1..=65535"),
             UrlError::BadPlaceholder(p) => write!(f, "unknown placeholder {p:?} (only {{stream}})"),
@@ -55,15 +56,23 @@ pub struct UrlTemplate {
     pub addr: SocketAddr,
     /// The `Host` header value.
     pub host_header: String,
+    /// `https://`: TLS over the connection.
+    pub tls: bool,
+    /// The host as written (the TLS server name).
+    pub host: String,
     /// Path and query, split at each `{stream}`.
     parts: Vec<String>,
 }
 
 impl UrlTemplate {
-    /// Parse `http://host[:port]/path?query` with `{stream}` placeholders anywhere in the path
-    /// or query.
+    /// Parse `http[s]://host[:port]/path?query` with `{stream}` placeholders anywhere in the
+    /// path or query.
     pub fn parse(s: &str) -> Result<Self, UrlError> {
-        let rest = s.strip_prefix("http://").ok_or(UrlError::NotHttp)?;
+        let (tls, rest) = match (s.strip_prefix("http://"), s.strip_prefix("https://")) {
+            (Some(r), _) => (false, r),
+            (None, Some(r)) => (true, r),
+            (None, None) => return Err(UrlError::NotHttp),
+        };
         let (authority, path) = match rest.find('/') {
             Some(i) => (&rest[..i], &rest[i..]),
             None => (rest, "/"),
@@ -76,7 +85,7 @@ impl UrlTemplate {
                     .filter(|&p| p > 0)
                     .ok_or_else(|| UrlError::BadPort(p.to_string()))?,
             ),
-            None => (authority, 80),
+            None => (authority, if tls { 443 } else { 80 }),
         };
         let ip: Ipv4Addr = if host == "localhost" {
             Ipv4Addr::LOCALHOST
@@ -105,6 +114,8 @@ impl UrlTemplate {
         Ok(Self {
             addr: SocketAddr::V4(SocketAddrV4::new(ip, port)),
             host_header: authority.to_string(),
+            tls,
+            host: host.to_string(),
             parts,
         })
     }
@@ -253,6 +264,18 @@ mod tests {
         n.render_path("a", &mut out);
         assert_eq!(out, b"/sub?id=a&x=a");
         assert!(n.has_query());
+        assert!(!t.tls);
+        let s = UrlTemplate::parse("https://127.0.0.1:8443/v1/streams/{stream}").unwrap();
+        assert!(s.tls);
+        assert_eq!(s.host, "127.0.0.1");
+        assert_eq!(s.host_header, "127.0.0.1:8443");
+        assert_eq!(
+            UrlTemplate::parse("https://localhost/")
+                .unwrap()
+                .addr
+                .port(),
+            443
+        );
         let bare = UrlTemplate::parse("http://127.0.0.1").unwrap();
         assert_eq!(bare.addr.port(), 80);
         let mut out = Vec::new();
@@ -262,7 +285,7 @@ mod tests {
 
     #[test]
     fn bad_templates_are_named() {
-        assert_eq!(UrlTemplate::parse("https://x/"), Err(UrlError::NotHttp));
+        assert_eq!(UrlTemplate::parse("ftp://x/"), Err(UrlError::NotHttp));
         assert_eq!(
             UrlTemplate::parse("http://example.com/"),
             Err(UrlError::BadHost("example.com".into()))

@@ -28,6 +28,9 @@ enum Fault {
     GoneOnResume,
     /// Answer every resume with `event: truncated`, then continue this many events later.
     TruncateOnResume(usize),
+    /// Close the subscriber's connection right after each event whose sequence is a multiple
+    /// of this (the subscriber resumes with Last-Event-ID).
+    CloseEvery(usize),
 }
 
 struct Shared {
@@ -205,6 +208,11 @@ fn serve(conn: TcpStream, sh: &Shared) -> std::io::Result<()> {
                     ev.extend_from_slice(b"\n\n");
                     send(&mut w, &ev)?;
                 }
+                if let Fault::CloseEvery(k) = sh.fault
+                    && (i + 1) % k == 0
+                {
+                    return Ok(()); // dropping both halves closes the connection
+                }
             }
         }
     }
@@ -245,6 +253,7 @@ fn config(addr: SocketAddr, subscribers: usize, events: u64) -> LoadConfig {
         target_pids: vec![std::process::id()],
         seed: 7,
         bearer: Bearer::none(),
+        tls: None,
     }
 }
 
@@ -482,4 +491,257 @@ fn unsolicited_response_is_an_error_not_a_panic() {
         r.expect_err("a second answer to one request must fail the run")
     );
     assert!(err.contains("unsolicited HTTP 200"), "{err}");
+}
+
+// ---- https:// ----------------------------------------------------------------------------
+// The same server behind a TLS-terminating proxy (rustls server, ring): the load driver's
+// sans-IO TLS client over its non-blocking sockets must deliver everything, gap-free, in plain
+// fan-out, with pipelined publishes, in a resume storm (cuts mid-record), and must fail cleanly
+// (no hang) against a certificate it does not trust.
+
+/// Self-signed P-256 test certificate for `IP:127.0.0.1` and `DNS:localhost` (valid 100 years;
+/// `openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 36500
+/// -subj /CN=localhost -addext subjectAltName=IP:127.0.0.1,DNS:localhost`).
+const TEST_CERT: &str = "-----BEGIN CERTIFICATE-----\nMIIBmjCCAUGgAwIBAgIUcGOmPkv5bfo5frxzZXmSFVQWIJ8wCgYIKoZIzj0EAwIw\nFDESMBAGA1UEAwwJbG9jYWxob3N0MCAXDTI2MTIwMzA3NTk1MloYDzIxMjYxMTA5\nMDc1OTUyWjAUMRIwEAYDVQQDDAlsb2NhbGhvc3QwWTATBgcqhkjOPQIBBggqhkjO\nPQMBBwNCAARDorsPXbsbY7zCnyBIeeT+7qLux524e1PRCV0yL6AqjdHsKSWR98Fs\nWvlco3pBWjrAmw5t9WIDO126i9k1Yea2o28wbTAdBgNVHQ4EFgQUr5tQgqx8SAJR\n/ro+0wey2yI4jHswHwYDVR0jBBgwFoAUr5tQgqx8SAJR/ro+0wey2yI4jHswDwYD\nVR0TAQH/BAUwAwEB/zAaBgNVHREEEzARhwR/AAABgglsb2NhbGhvc3QwCgYIKoZI\nzj0EAwIDRwAwRAIgNkbUIjiZ5tT8p7BHIbGnIQh+XHD9EZqxNW/rhJ3sob0CIB4q\nZtuNAU4EecXBGNzu9N8kkAfPXsthfNHaeqaCVvjC\n-----END CERTIFICATE-----\n";
+const TEST_KEY: &str = "-----BEGIN PRIVATE KEY-----\nMIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQgvYF5gY2GfHVBILod\nhLrCThuNCLr/4h583fqKnDaotS6hRANCAARDorsPXbsbY7zCnyBIeeT+7qLux524\ne1PRCV0yL6AqjdHsKSWR98FsWvlco3pBWjrAmw5t9WIDO126i9k1Yea2\n-----END PRIVATE KEY-----\n";
+/// Another self-signed certificate (not the one the proxy serves).
+const OTHER_CERT: &str = "-----BEGIN CERTIFICATE-----\nMIIBiDCCAS6gAwIBAgIUK6EqXxK343FS6iD9qWXEKPAqZ6swCgYIKoZIzj0EAwIw\nEDEOMAwGA1UEAwwFb3RoZXIwIBcNMjYxMjAzMDc1OTUyWhgPMjEyNjExMDkwNzU5\nNTJaMBAxDjAMBgNVBAMMBW90aGVyMFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAE\nw3BP8tzcK5lY2icUJIwz7FnMe+6poDUfsok85TK4aADqGvzeHH4HfqYpe7TZgviM\nmndF5ONXyRmUeIRo4npV9KNkMGIwHQYDVR0OBBYEFF2tZDUiKoWlITvIiaAWml7E\n/rCjMB8GA1UdIwQYMBaAFF2tZDUiKoWlITvIiaAWml7E/rCjMA8GA1UdEwEB/wQF\nMAMBAf8wDwYDVR0RBAgwBocEfwAAATAKBggqhkjOPQQDAgNIADBFAiBpNykkUaeM\n88GusB6T/kWDQ/8qpyh0qNMcX7B3fHPXIwIhAIePBD/Po96uMy46ijbjR2XIWk3k\nPkYysy490ASo65Wg\n-----END CERTIFICATE-----\n";
+
+struct TlsProxy {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+}
+
+impl Drop for TlsProxy {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = TcpStream::connect(self.addr);
+    }
+}
+
+fn start_tls_proxy(backend: SocketAddr) -> TlsProxy {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let certs = vec![CertificateDer::from_pem_slice(TEST_CERT.as_bytes()).unwrap()];
+    let key = PrivateKeyDer::from_pem_slice(TEST_KEY.as_bytes()).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let cfg = Arc::new(
+        rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(certs, key)
+            .unwrap(),
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let st = stop.clone();
+    thread::spawn(move || {
+        for c in listener.incoming() {
+            if st.load(Ordering::SeqCst) {
+                break;
+            }
+            let Ok(c) = c else { continue };
+            let cfg = cfg.clone();
+            thread::spawn(move || {
+                let _ = proxy_one(c, backend, cfg);
+            });
+        }
+    });
+    TlsProxy { addr, stop }
+}
+
+/// One proxied connection: this thread moves client → backend, a second backend → client;
+/// the rustls session is shared under a mutex. Small TLS writes (one per backend read) so the
+/// client sees many records, split across its reads.
+fn proxy_one(
+    client: TcpStream,
+    backend: SocketAddr,
+    cfg: Arc<rustls::ServerConfig>,
+) -> std::io::Result<()> {
+    let tls = Arc::new(Mutex::new(
+        rustls::ServerConnection::new(cfg).map_err(std::io::Error::other)?,
+    ));
+    let back = TcpStream::connect(backend)?;
+    back.set_nodelay(true)?;
+    client.set_nodelay(true)?;
+    let (mut back_r, mut back_w) = (back.try_clone()?, back);
+    let (mut cli_r, cli_w) = (client.try_clone()?, client);
+    let cli_w = Arc::new(Mutex::new(cli_w));
+    let (tls2, cli_w2) = (tls.clone(), cli_w.clone());
+    thread::spawn(move || {
+        let mut buf = vec![0u8; 4096];
+        loop {
+            let n = match back_r.read(&mut buf) {
+                Ok(0) | Err(_) => 0,
+                Ok(n) => n,
+            };
+            let mut t = tls2.lock().unwrap();
+            let mut w = cli_w2.lock().unwrap();
+            if n == 0 {
+                t.send_close_notify();
+            } else if t.writer().write_all(&buf[..n]).is_err() {
+                return;
+            }
+            while t.wants_write() {
+                if t.write_tls(&mut *w).is_err() {
+                    return;
+                }
+            }
+            if n == 0 {
+                let _ = w.shutdown(std::net::Shutdown::Write);
+                return;
+            }
+        }
+    });
+    let mut buf = vec![0u8; 16384];
+    loop {
+        let n = cli_r.read(&mut buf)?;
+        let mut plain = Vec::new();
+        {
+            let mut t = tls.lock().unwrap();
+            if n == 0 {
+                let _ = back_w.shutdown(std::net::Shutdown::Both);
+                return Ok(());
+            }
+            let mut rd = &buf[..n];
+            while !rd.is_empty() {
+                t.read_tls(&mut rd)?;
+                if t.process_new_packets().is_err() {
+                    let mut w = cli_w.lock().unwrap();
+                    let _ = t.write_tls(&mut *w);
+                    let _ = back_w.shutdown(std::net::Shutdown::Both);
+                    return Ok(());
+                }
+            }
+            let _ = t.reader().read_to_end(&mut plain);
+            let mut w = cli_w.lock().unwrap();
+            while t.wants_write() {
+                t.write_tls(&mut *w)?;
+            }
+        }
+        if !plain.is_empty() {
+            back_w.write_all(&plain)?;
+        }
+    }
+}
+
+fn tls_config(
+    addr: SocketAddr,
+    host: &str,
+    subscribers: usize,
+    events: u64,
+    ca: &str,
+) -> LoadConfig {
+    let mut cfg = config(addr, subscribers, events);
+    let port = addr.port();
+    cfg.publish = UrlTemplate::parse(&format!("https://{host}:{port}/pub?id={{stream}}")).unwrap();
+    cfg.subscribe =
+        UrlTemplate::parse(&format!("https://{host}:{port}/sub?id={{stream}}")).unwrap();
+    let dir = std::env::temp_dir().join(format!("bench-tls-test-{}-{port}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let ca_path = dir.join("ca.pem");
+    std::fs::write(&ca_path, ca).unwrap();
+    cfg.tls = Some(bench::tls::client_config(&ca_path).unwrap());
+    let _ = std::fs::remove_dir_all(&dir);
+    cfg
+}
+
+#[test]
+fn https_fanout_is_gap_free() {
+    for chunked in [false, true] {
+        for host in ["127.0.0.1", "localhost"] {
+            let srv = start_server(Fault::None, chunked);
+            let proxy = start_tls_proxy(srv.addr);
+            let r = load::run(&tls_config(proxy.addr, host, 3, 500, TEST_CERT)).unwrap();
+            assert_eq!(
+                r.fast.events,
+                2 * 3 * 500,
+                "chunked={chunked} {host}: {:?}",
+                r.errors
+            );
+            assert_eq!(r.fast.violations(), 0, "{:?} {:?}", r.fast, r.errors);
+            assert_eq!(r.published, 1000);
+        }
+    }
+}
+
+#[test]
+fn https_catches_an_injected_gap() {
+    let srv = start_server(Fault::Skip(50), false);
+    let proxy = start_tls_proxy(srv.addr);
+    let r = load::run(&tls_config(proxy.addr, "127.0.0.1", 3, 100, TEST_CERT)).unwrap();
+    assert_eq!(r.fast.gaps, 6, "{:?} {:?}", r.fast, r.errors);
+    assert_eq!(r.fast.events, 6 * 99);
+}
+
+#[test]
+fn https_cut_and_resume_stays_gap_free() {
+    let srv = start_server(Fault::None, false);
+    let proxy = start_tls_proxy(srv.addr);
+    let mut cfg = tls_config(proxy.addr, "127.0.0.1", 3, 2000, TEST_CERT);
+    storm(&mut cfg);
+    let r = load::run(&cfg).unwrap();
+    assert_eq!(r.fast.violations(), 0, "{:?} {:?}", r.fast, r.errors);
+    assert!(r.cuts > 0, "no resume was exercised");
+}
+
+#[test]
+fn https_with_an_untrusted_certificate_fails_cleanly() {
+    let srv = start_server(Fault::None, false);
+    let proxy = start_tls_proxy(srv.addr);
+    let mut cfg = tls_config(proxy.addr, "127.0.0.1", 1, 10, OTHER_CERT);
+    cfg.connect_secs_max = 5.0;
+    let t0 = std::time::Instant::now();
+    let err = load::run(&cfg).unwrap_err().to_string();
+    assert!(err.contains("TLS") || err.contains("certificate"), "{err}");
+    assert!(
+        t0.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        t0.elapsed()
+    );
+}
+
+#[test]
+fn https_without_a_ca_is_a_configuration_error() {
+    let mut cfg = config("127.0.0.1:9".parse().unwrap(), 1, 1);
+    cfg.subscribe = UrlTemplate::parse("https://127.0.0.1:9/sub?id={stream}").unwrap();
+    let err = load::run(&cfg).unwrap_err().to_string();
+    assert!(err.contains("--ca-file"), "{err}");
+}
+
+#[test]
+fn server_closes_after_events_are_resumed_gap_free() {
+    // The close often arrives with the last events in one read (over TLS: the records, the
+    // close_notify and the FIN): the subscriber must still see the end and resume.
+    for tls in [false, true] {
+        let srv = start_server(Fault::CloseEvery(97), false);
+        let proxy = start_tls_proxy(srv.addr);
+        let mut cfg = if tls {
+            tls_config(proxy.addr, "127.0.0.1", 3, 1000, TEST_CERT)
+        } else {
+            config(srv.addr, 3, 1000)
+        };
+        cfg.drain_secs_max = 10.0;
+        let t0 = std::time::Instant::now();
+        let r = load::run(&cfg).unwrap();
+        assert_eq!(
+            r.fast.violations(),
+            0,
+            "tls={tls}: {:?} {:?}",
+            r.fast,
+            r.errors
+        );
+        assert!(
+            r.server_closes >= 6 * 10,
+            "tls={tls}: closes {}",
+            r.server_closes
+        );
+        assert!(
+            t0.elapsed() < Duration::from_secs(8),
+            "tls={tls}: took {:?}",
+            t0.elapsed()
+        );
+    }
 }
