@@ -8,6 +8,27 @@ use std::time::{Duration, Instant};
 
 use common::{Gateway, connect, publish, request};
 
+/// Opens `n` connections that each send `bytes`, and waits (bounded) until the gateway holds
+/// them all.
+fn hold_connections(g: &Gateway, bytes: &[u8], n: u64) -> Vec<std::net::TcpStream> {
+    let conns: Vec<_> = (0..n)
+        .map(|_| {
+            let mut s = connect(g.addr);
+            s.write_all(bytes).unwrap();
+            s
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while g.metric("gateway_connections", "") < n {
+        assert!(
+            Instant::now() < deadline,
+            "the gateway never held {n} connections"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    conns
+}
+
 /// 1,000 connections each declare a 4 MiB body and send one byte of it: the request buffers
 /// grow only with the bytes that arrive, so RSS grows by far less than 1,000 × 4 MiB.
 #[test]
@@ -20,22 +41,7 @@ fn half_sent_bodies_do_not_exhaust_memory() {
         "POST /v1/streams/victim/events:batch HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\n\r\n{{",
         4 << 20
     );
-    let conns: Vec<_> = (0..1000)
-        .map(|_| {
-            let mut s = connect(g.addr);
-            s.write_all(head.as_bytes()).unwrap();
-            s
-        })
-        .collect();
-    // Bounded wait until the gateway holds every connection.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while g.metric("gateway_connections", "") < 1000 {
-        assert!(
-            Instant::now() < deadline,
-            "the gateway never held 1,000 connections"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let conns = hold_connections(&g, head.as_bytes(), 1000);
     std::thread::sleep(Duration::from_millis(300)); // every head parsed, every buffer sized
     let grown_kib = g.rss_kib().saturating_sub(before);
     assert!(
@@ -276,21 +282,7 @@ fn header_flood_and_slow_loris_are_bounded_and_timed_out() {
     while head.len() < 8191 - 140 {
         head.push_str(&format!("X-Filler: {}\r\n", "a".repeat(120)));
     }
-    let mut conns: Vec<_> = (0..1000)
-        .map(|_| {
-            let mut s = connect(g.addr);
-            s.write_all(head.as_bytes()).unwrap();
-            s
-        })
-        .collect();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while g.metric("gateway_connections", "") < 1000 {
-        assert!(
-            Instant::now() < deadline,
-            "the gateway never held 1,000 connections"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let mut conns = hold_connections(&g, head.as_bytes(), 1000);
     let grown_kib = g.rss_kib().saturating_sub(before);
     eprintln!("RSS grew {grown_kib} KiB for 1,000 unfinished 8 KiB heads");
     assert!(grown_kib <= 32 * 1024, "RSS grew {grown_kib} KiB");

@@ -94,27 +94,13 @@ impl Core {
         }
         let total = self.shared.connections.fetch_add(1, Relaxed) + 1;
         if total > self.shared.cfg.connections_max {
-            self.shared.connections.fetch_sub(1, Relaxed);
-            let body = http::error_response(
-                503,
-                "too_many_connections",
-                "the gateway is at --connections-max; retry later",
-                true,
-            );
-            sys::send_now(fd.as_fd(), &body);
-            return;
+            let msg = "the gateway is at --connections-max; retry later";
+            return self.refuse_accepted(&fd, "too_many_connections", msg);
         }
         let Ok(peer) = self.admit_peer(&fd) else {
-            self.shared.connections.fetch_sub(1, Relaxed);
             self.m().per_ip_refusals_total.fetch_add(1, Relaxed);
-            let body = http::error_response(
-                503,
-                "too_many_connections_from_address",
-                "this address is at --connections-per-ip-max; retry later",
-                true,
-            );
-            sys::send_now(fd.as_fd(), &body);
-            return;
+            let msg = "this address is at --connections-per-ip-max; retry later";
+            return self.refuse_accepted(&fd, "too_many_connections_from_address", msg);
         };
         let _ = sys::set_nodelay(fd.as_fd());
         let tls = match &self.shared.certs {
@@ -131,6 +117,12 @@ impl Core {
         };
         let slot = self.insert_conn(fd, Vec::new(), peer, tls);
         self.drive_http(slot);
+    }
+
+    /// A 503 to a connection refused at accept (it was counted; the fd closes when dropped).
+    fn refuse_accepted(&self, fd: &OwnedFd, code: &str, msg: &str) {
+        self.shared.connections.fetch_sub(1, Relaxed);
+        sys::send_now(fd.as_fd(), &http::error_response(503, code, msg, true));
     }
 
     /// Takes a slot for a connection that received `bytes` so far.

@@ -160,6 +160,18 @@ enum Parsed {
     Again,
 }
 
+impl Parsed {
+    /// After an answer queued in place of a request: wait if the connection closes after it,
+    /// else parse the next request.
+    fn after(close: bool) -> Parsed {
+        if close {
+            Parsed::Step(Step::Wait)
+        } else {
+            Parsed::Again
+        }
+    }
+}
+
 impl HttpConn {
     /// A connection that already received `bytes` (empty for a fresh accept; a handoff's bytes).
     pub fn new(bytes: Vec<u8>, now: Instant) -> HttpConn {
@@ -309,11 +321,7 @@ impl HttpConn {
             Admission::Preflight { answer } => {
                 self.consume(head.head_len);
                 self.answer(answer, None, head.close);
-                Err(if head.close {
-                    Parsed::Step(Step::Wait)
-                } else {
-                    Parsed::Again
-                })
+                Err(Parsed::after(head.close))
             }
             Admission::Refuse {
                 status,
@@ -336,11 +344,7 @@ impl HttpConn {
             self.consume(head.head_len);
         }
         self.error(status, code, msg, close);
-        if close {
-            Parsed::Step(Step::Wait)
-        } else {
-            Parsed::Again
-        }
+        Parsed::after(close)
     }
 
     /// A head on the MCP path: it always takes the connection over (its answer may be a stream).
