@@ -79,6 +79,10 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
     if let Err(e) = log_store::retire_in_background() {
         eprintln!("gateway: warning: no segment-retirement thread ({e}); reactors retire");
     }
+    // Next-segment preparation and retention checkpoints off the reactors (before open_logs).
+    if let Err(e) = log_store::prepare_in_background() {
+        eprintln!("gateway: warning: no log-prepare thread ({e}); reactors create segments");
+    }
     let (logs_per_core, epochs, shard_count) = open_logs(&cfg, cores)?;
     let streams_open = api_streams(&logs_per_core);
     raise_fd_limit(&cfg, shard_count);

@@ -31,6 +31,11 @@
 //! A [`Log`] has exactly one writer (the owning thread). It is `Send`, not `Sync`.
 //! Readers get [`LogSlice`]s that keep their segment mapped (and its file on disk) for as long
 //! as they live, even across retention.
+//!
+//! By default every storage call happens on the writer's thread. [`prepare_in_background`]
+//! (next segment files, retention checkpoints) and [`retire_in_background`] (unmapping and
+//! unlinking retired segments) move what blocks once per segment to two background threads,
+//! for event loops that must not block (see `DESIGN.md`, "Segment roll").
 
 pub mod event_id;
 mod format;
@@ -41,10 +46,11 @@ pub mod options;
 pub mod resume;
 
 pub use event_id::{EVENT_ID_BYTES_MAX, Epoch, EventId, EventIdError, Seq, StreamId};
+pub use log::prepare_in_background;
 pub use log::retire::retire_in_background;
 pub use log::{
     AppendError, Appended, Bounds, Log, LogSlice, OpenError, ReadBatch, ReadError, RemoveError,
-    Removed, RetentionError, RetentionReport, SyncError, SyncJob, SyncReport,
+    Removed, RetentionError, RetentionReport, RollCounts, SyncError, SyncJob, SyncReport,
 };
 pub use options::{FsyncPolicy, FsyncPolicyError, LogOptions, LogOptionsError};
 pub use resume::{

@@ -28,8 +28,10 @@ pub use crate::format::{CheckpointError, EntryError, HeaderError, STREAM_NAME_BY
 use crate::frame;
 use crate::mmap::{self, SharedMap, WriteToken};
 use crate::options::{FsyncPolicy, LogOptions, LogOptionsError};
+use segfile::{SegFile, Stamp};
 use streams::{Lookup, StreamState, Streams};
 pub use streams::{RemoveError, Removed};
+use sync::{Held, Syncing};
 
 const CHECKPOINT_FILE: &str = "checkpoint";
 const CHECKPOINT_TMP_FILE: &str = "checkpoint.tmp";
@@ -84,16 +86,6 @@ impl SyncJob {
     pub fn fds(&self) -> impl Iterator<Item = BorrowedFd<'_>> + '_ {
         self.segs.iter().map(|s| s.file().as_fd())
     }
-}
-
-/// The group commit in flight: from which segment it flushes, and each stream's tail when it
-/// began (what it makes visible).
-#[derive(Debug)]
-struct Syncing {
-    from_segment: u64,
-    marks: Vec<(StreamId, Seq)>,
-    /// Removals written before it began (durable when it completes).
-    removals: Vec<StreamId>,
 }
 
 /// What one retention pass deleted.
@@ -516,12 +508,61 @@ struct Active {
     /// ahead of the writer (`POPULATE_AHEAD_BYTES` at a time).
     populated_high: usize,
     populated_low: usize,
+    /// Where the segment's header stands (DESIGN.md "Segment roll").
+    header: HeaderState,
+    /// Once fewer bytes than this are free, the next segment's preparation is requested
+    /// (half the segment; 0 once requested).
+    prepare_below: usize,
+}
+
+impl Active {
+    /// The write state of a new, empty segment of `bytes` whose header CRC is `chain`;
+    /// `populated`: its first chunk at both ends is faulted in writable already.
+    fn fresh(
+        tok: WriteToken,
+        bytes: u64,
+        chain: u32,
+        header: HeaderState,
+        populated: bool,
+    ) -> Active {
+        let len = bytes as usize;
+        let ahead = if populated { POPULATE_AHEAD_BYTES } else { 0 };
+        Active {
+            tok,
+            data_end: HEADER_BYTES,
+            entry_low: len,
+            entries: 0,
+            sealed: false,
+            version: SEGMENT_VERSION,
+            chain,
+            populated_high: (HEADER_BYTES + ahead).min(len),
+            populated_low: len.saturating_sub(ahead).max(HEADER_BYTES),
+            header,
+            prepare_below: len / 2,
+        }
+    }
+}
+
+/// The active segment's header. A segment's header may reach the disk only after the previous
+/// segment's seal did (else a crash could leave a valid next segment behind a previous one
+/// without its seal or records: DESIGN.md C6/C7). Inline rolls flush the sealed segment first;
+/// background-mode rolls defer the header instead, so no roll waits for the disk.
+#[derive(Debug)]
+enum HeaderState {
+    /// On disk (flushed), or the policy is `never`.
+    Durable,
+    /// Not written (zero in the file): the previous segment's seal is not known durable yet.
+    /// Written when a sync that began after the roll completes. Records go in meanwhile but are
+    /// not frozen (the header is still private) and not made visible.
+    Waiting([u8; HEADER_BYTES]),
+    /// Written into the mapping; durable once a sync that began after that completes.
+    Written,
 }
 
 /// How far ahead of the writer pages are faulted in, per side. Small enough that one populate
 /// (~64 pages) stalls the writer for well under a millisecond; a whole 64 MiB segment at once
 /// took 14-24 ms on the test VM.
-const POPULATE_AHEAD_BYTES: usize = 256 * 1024;
+pub(crate) const POPULATE_AHEAD_BYTES: usize = 256 * 1024;
 
 /// Location of one record: segment number (low 32 bits), offset, framed length.
 #[derive(Debug, Clone, Copy)]
@@ -543,109 +584,6 @@ fn now_unix_ms(t: SystemTime) -> u64 {
 
 fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
-}
-
-/// Turns the spare file into segment `number`'s file: zeroes its header and its last entry slot
-/// (flushed first when `durable`), then renames it. The rest keeps the old bytes: stale data is
-/// never read without a valid entry, the writer keeps the slot below its lowest entry zero (the
-/// scan's end marker), and a stale entry could not validate (the CRC chain starts from the new
-/// header). Crash right after the rename: the last segment is blank, or (under `fsync=never`,
-/// zeroing not on disk) still carries the old header with a smaller number; recovery deletes
-/// either (DESIGN.md, recovery step 3). `None` when the spare has another size.
-fn adopt_spare(dir: &Path, number: u64, bytes: u64, durable: bool) -> io::Result<Option<File>> {
-    let spare_path = dir.join(SPARE_FILE);
-    let file = File::options().read(true).write(true).open(&spare_path)?;
-    if file.metadata()?.len() != bytes {
-        drop(file);
-        fs::remove_file(&spare_path)?;
-        return Ok(None);
-    }
-    {
-        let len = bytes as usize;
-        let (map, mut tok) = SharedMap::map(&file, len)?;
-        map.private_mut(&mut tok, 0, HEADER_BYTES).fill(0);
-        map.private_mut(&mut tok, len - ENTRY_BYTES, ENTRY_BYTES)
-            .fill(0);
-        if durable {
-            map.flush_range(0, HEADER_BYTES)?;
-            map.flush_range(len - ENTRY_BYTES, ENTRY_BYTES)?;
-        }
-    }
-    fs::rename(&spare_path, segment_path(dir, number))?;
-    Ok(Some(file))
-}
-
-/// Creates (or adopts the spare as), maps and stamps segment `number`.
-fn create_segment(
-    dir: &Path,
-    epoch: Epoch,
-    number: u64,
-    bytes: u64,
-    durable: bool,
-    spare: bool,
-    lock: &Arc<File>,
-) -> Result<(SegMeta, Active), AppendError> {
-    let path = segment_path(dir, number);
-    let recycled = if spare {
-        adopt_spare(dir, number, bytes, durable).map_err(AppendError::Io)?
-    } else {
-        None
-    };
-    let file = match recycled {
-        Some(f) => f,
-        None => {
-            let file = File::options()
-                .read(true)
-                .write(true)
-                .create_new(true)
-                .open(&path)
-                .map_err(AppendError::Io)?;
-            if let Err(e) = mmap::fallocate(&file, bytes) {
-                let _ = fs::remove_file(&path);
-                return Err(if e.raw_os_error() == Some(libc::ENOSPC) {
-                    AppendError::DiskFull
-                } else {
-                    AppendError::Io(e)
-                });
-            }
-            file
-        }
-    };
-    let (map, mut tok) = SharedMap::map(&file, bytes as usize).map_err(AppendError::Io)?;
-    let header = Header {
-        version: SEGMENT_VERSION,
-        epoch,
-        number,
-        segment_bytes: bytes,
-        created_unix_ms: now_unix_ms(SystemTime::now()),
-    };
-    let header_bytes = header.encode();
-    map.private_mut(&mut tok, 0, HEADER_BYTES)
-        .copy_from_slice(&header_bytes);
-    map.freeze(&mut tok, HEADER_BYTES);
-    if durable {
-        map.flush().map_err(AppendError::Io)?;
-        sync_dir(dir).map_err(AppendError::Io)?;
-    }
-    let seg = Arc::new(Segment::new(number, path, map, file, Arc::clone(lock)));
-    let meta = SegMeta {
-        seg,
-        bytes,
-        newest_ts_ms: 0,
-        streams: Vec::new(),
-    };
-    let active = Active {
-        tok,
-        data_end: HEADER_BYTES,
-        entry_low: bytes as usize,
-        entries: 0,
-        sealed: false,
-        version: SEGMENT_VERSION,
-        chain: Header::crc(&header_bytes),
-        populated_high: HEADER_BYTES,
-        populated_low: bytes as usize,
-    };
-    Ok((meta, active))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -672,10 +610,32 @@ pub struct Log {
     poisoned: bool,
     /// The group commit in flight (`begin_sync` … `finish_sync`).
     syncing: Option<Syncing>,
-    /// A retired segment's file (`SPARE_FILE`) waits to be reused by the next roll.
+    /// A retired segment's file (`SPARE_FILE`) waits to be reused by the next roll (inline
+    /// mode; with `bg` the background thread owns the spare).
     spare: bool,
+    /// Segment preparation and retention checkpoints off this thread (`None`: inline).
+    bg: Option<background::Background>,
+    /// Sync outcomes waiting for the active segment's header to be durable.
+    held: Held,
+    rolls: RollCounts,
+    /// Dropped as by a crash (test hook `simulate_crash`).
+    abandon: bool,
     recovery: RecoveryReport,
     lock: Arc<File>,
+}
+
+/// How the log's rolls went (see [`Log::inline_segment_creations`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RollCounts {
+    /// Rolls that adopted a segment prepared in the background, with no syscall.
+    pub prepared: u64,
+    /// Rolls that created the segment file on the caller's thread (every roll without
+    /// background preparation; with it, those whose prepared segment was not ready) or waited
+    /// for its preparation to finish.
+    pub inline: u64,
+    /// Rolls that first flushed synchronously because the previous roll's header was not
+    /// durable yet (a segment filled within about two group commits).
+    pub flushed: u64,
 }
 
 impl fmt::Debug for Log {
@@ -694,9 +654,13 @@ impl fmt::Debug for Log {
 impl Log {
     /// Opens the log in `dir`: creates it (new random epoch) when the directory holds no log,
     /// else recovers it (see DESIGN.md "Recovery").
+    ///
+    /// When [`prepare_in_background`] ran earlier in the process, the log prepares its next
+    /// segment and writes its retention checkpoints on that thread (DESIGN.md "Segment roll",
+    /// "Retention and pinning"); otherwise on the caller's thread.
     pub fn open(dir: &Path, opts: LogOptions) -> Result<Log, OpenError> {
         opts.validate().map_err(OpenError::Options)?;
-        crate::log::recover::open(dir, opts)
+        crate::log::recover::open(dir, opts, background::Executor::started())
     }
 
     pub fn epoch(&self) -> Epoch {
@@ -837,176 +801,10 @@ impl Log {
         Ok(Appended { id, durable })
     }
 
-    /// Whether a group commit should start now: records are unsynced, no sync is in flight,
-    /// the log is not poisoned, and the policy says so (`group`, `always`: at once;
-    /// `interval:<ms>`: once the oldest unsynced record is that old; `never`: never).
-    pub fn sync_due(&self, now: Instant) -> bool {
-        if self.syncing.is_some() || self.poisoned {
-            return false;
-        }
-        self.next_sync_deadline().is_some_and(|d| now >= d)
-    }
-
     /// The number of the segment appends go to (its pages are hot: a reader of an older one
     /// may be reading cold pages).
     pub fn active_segment(&self) -> u64 {
         self.segs.back().expect("active segment").seg.number
-    }
-
-    /// Whether a group commit begun by [`Log::begin_sync`] has not been finished yet.
-    pub fn sync_in_flight(&self) -> bool {
-        self.syncing.is_some()
-    }
-
-    /// Starts a group commit of every record appended so far, for the caller to carry out
-    /// asynchronously: `fdatasync` each of the job's files, then [`Log::finish_sync`]. Records
-    /// appended meanwhile are left for the next one. `None` when nothing is unsynced, a sync is
-    /// already in flight, or the log is poisoned.
-    ///
-    /// Why a sync of the file covers writes made through the mapping: the mapping is
-    /// `MAP_SHARED`, so its pages are the file's page-cache pages; `fdatasync(2)` writes back
-    /// the file's dirty pages however they were dirtied (on Linux `msync(MS_ASYNC)` is a no-op
-    /// because "the kernel properly tracks dirty pages", msync(2)) and waits for the device.
-    pub fn begin_sync(&mut self) -> Option<SyncJob> {
-        if self.syncing.is_some() || self.poisoned {
-            return None;
-        }
-        let from = self.unflushed_from?;
-        let segs = self
-            .segs
-            .iter()
-            .filter(|m| m.seg.number >= from)
-            .map(|m| Arc::clone(&m.seg))
-            .collect();
-        let marks = self.take_dirty_marks();
-        let removals = std::mem::take(&mut self.unsynced_removals);
-        self.unflushed_from = None;
-        self.unsynced_since = None;
-        self.syncing = Some(Syncing {
-            from_segment: from,
-            marks,
-            removals,
-        });
-        Some(SyncJob { segs })
-    }
-
-    /// Ends the group commit in flight with the outcome of its `fdatasync`s: on success the
-    /// streams it covered become visible up to where they were when it began, and the
-    /// removals written before it began are durable (`SyncReport::removed`). A failure
-    /// poisons the log for good (never retried: after a failed fsync the kernel may have
-    /// dropped the dirty pages, so a later success would claim durability for lost data).
-    pub fn finish_sync(
-        &mut self,
-        job: SyncJob,
-        outcome: io::Result<()>,
-    ) -> Result<SyncReport, SyncError> {
-        drop(job);
-        let s = self
-            .syncing
-            .take()
-            .expect("finish_sync without a sync in flight");
-        if let Err(e) = outcome {
-            self.poisoned = true;
-            return Err(SyncError::Io(e));
-        }
-        if self.poisoned {
-            return Err(SyncError::Poisoned);
-        }
-        let mut report = self.make_visible(&s.marks);
-        self.removals_durable(s.removals, &mut report);
-        Ok(report)
-    }
-
-    /// The dirty streams and their tails, now clean (appends re-dirty them). Streams removed
-    /// meanwhile are dropped: their appends are durable with their removal.
-    fn take_dirty_marks(&mut self) -> Vec<(StreamId, Seq)> {
-        let streams = &mut self.streams;
-        self.dirty
-            .drain(..)
-            .filter_map(|id| {
-                let st = streams.get_mut(id)?;
-                st.dirty = false;
-                Some((id, st.tail))
-            })
-            .collect()
-    }
-
-    /// Raises each live stream's visible tail to its mark; reports those that moved.
-    fn make_visible(&mut self, marks: &[(StreamId, Seq)]) -> SyncReport {
-        let mut report = SyncReport {
-            advanced: Vec::with_capacity(marks.len()),
-            removed: Vec::new(),
-        };
-        for &(id, mark) in marks {
-            let Some(st) = self.streams.get_mut(id) else {
-                continue; // removed while the sync ran
-            };
-            if mark > st.visible {
-                st.visible = mark;
-                report.advanced.push((id, mark));
-            }
-        }
-        report
-    }
-
-    /// Marks `removals` durable and reports them.
-    fn removals_durable(&mut self, removals: Vec<StreamId>, report: &mut SyncReport) {
-        for &id in &removals {
-            self.streams.mark_removal_durable(id);
-        }
-        report.removed = removals;
-    }
-
-    /// Group commit: performs the fsync the policy requires now (`Always`: if anything is
-    /// unsynced; `Interval`: if the oldest unsynced write is `interval_ms` old; `Never`:
-    /// nothing) and reports the streams whose visible tail advanced.
-    pub fn poll_sync(&mut self, now: Instant) -> Result<SyncReport, SyncError> {
-        match self.next_sync_deadline() {
-            Some(deadline) if now >= deadline => self.sync_now(),
-            _ => Ok(SyncReport::default()),
-        }
-    }
-
-    /// Flushes everything written so far (any policy) and makes it visible.
-    /// With a group commit in flight, this flushes what it covers too and makes its streams
-    /// visible (its own `finish_sync` then changes nothing more).
-    pub fn sync_now(&mut self) -> Result<SyncReport, SyncError> {
-        if self.poisoned {
-            return Err(SyncError::Poisoned);
-        }
-        let in_flight = self.syncing.as_ref().map(|s| s.from_segment);
-        if let Some(from) = [self.unflushed_from, in_flight].into_iter().flatten().min() {
-            for m in self.segs.iter().filter(|m| m.seg.number >= from) {
-                if let Err(e) = m.seg.map().flush() {
-                    self.poisoned = true;
-                    return Err(SyncError::Io(e));
-                }
-            }
-            self.unflushed_from = None;
-        }
-        self.unsynced_since = None;
-        let mut marks = self.take_dirty_marks();
-        let mut removals = std::mem::take(&mut self.unsynced_removals);
-        if let Some(s) = &mut self.syncing {
-            marks.extend_from_slice(&s.marks);
-            // Reported here, not again by the in-flight sync's `finish_sync`.
-            removals.append(&mut s.removals);
-        }
-        let mut report = self.make_visible(&marks);
-        self.removals_durable(removals, &mut report);
-        Ok(report)
-    }
-
-    /// When `poll_sync` next has work (for reactor timers); `None` when it has none.
-    pub fn next_sync_deadline(&self) -> Option<Instant> {
-        let since = self.unsynced_since?;
-        match self.opts.fsync {
-            FsyncPolicy::Never => None,
-            FsyncPolicy::Always | FsyncPolicy::Group => Some(since),
-            FsyncPolicy::Interval { interval_ms } => {
-                Some(since + Duration::from_millis(interval_ms))
-            }
-        }
     }
 
     /// Up to `bytes_max` bytes (at least one whole record) of `stream`'s records from `from`
@@ -1071,107 +869,6 @@ impl Log {
         Ok(self.slice(st.index[(seq - st.floor) as usize], seq, seq))
     }
 
-    /// Deletes whole sealed segments, oldest first, while the log exceeds `retain_bytes` or the
-    /// oldest sealed segment's newest record is older than `retain_secs`; advances floors.
-    /// Writes the checkpoint (after making every append durable) before deleting anything.
-    pub fn enforce_retention(
-        &mut self,
-        now: SystemTime,
-    ) -> Result<RetentionReport, RetentionError> {
-        let now_ms = now_unix_ms(now);
-        let mut total: u64 = self.segs.iter().map(|m| m.bytes).sum();
-        let mut k = 0;
-        while k + 1 < self.segs.len() {
-            let m = &self.segs[k];
-            let by_bytes = self.opts.retain_bytes.is_some_and(|r| total > r);
-            let by_age = self
-                .opts
-                .retain_secs
-                .is_some_and(|s| m.newest_ts_ms.saturating_add(s.saturating_mul(1000)) < now_ms);
-            if !(by_bytes || by_age) {
-                break;
-            }
-            total -= m.bytes;
-            k += 1;
-        }
-        if k == 0 {
-            return Ok(RetentionReport::default());
-        }
-        // Tails in the checkpoint must be durable, or a crash could leave a checkpointed tail
-        // above what the disk holds.
-        if self.opts.fsync != FsyncPolicy::Never {
-            self.sync_now().map_err(RetentionError::Sync)?;
-        }
-        let first_number = self.segs[0].seg.number;
-        let first_live = self.segs[k].seg.number;
-        let doomed = |loc: &Loc| (loc.seg.wrapping_sub(first_number as u32) as u64) < k as u64;
-        let mut moves: Vec<(StreamId, u64)> = Vec::new();
-        let mut seen = vec![false; self.streams.ids()];
-        for m in self.segs.range(..k) {
-            for &id in &m.streams {
-                if std::mem::replace(&mut seen[id.0 as usize], true) {
-                    continue;
-                }
-                let Some(st) = self.streams.get(id) else {
-                    continue; // removed: nothing of it is indexed
-                };
-                let n = st.index.iter().take_while(|l| doomed(l)).count() as u64;
-                if n > 0 {
-                    moves.push((id, n));
-                }
-            }
-        }
-        // Removed streams go in as tombstones, so they stay removed (and their ids used) after
-        // the segments holding their name and removal records are gone.
-        let mut ckpt = Checkpoint {
-            epoch: self.epoch,
-            first_live_segment: first_live,
-            streams: self
-                .streams
-                .iter_ids()
-                .map(|s| {
-                    s.map(|s| CheckpointStream {
-                        name: s.name.to_string(),
-                        floor: s.floor,
-                        tail: s.tail,
-                    })
-                })
-                .collect(),
-        };
-        for &(id, n) in &moves {
-            ckpt.streams[id.0 as usize]
-                .as_mut()
-                .expect("a live stream")
-                .floor += n;
-        }
-        self.write_checkpoint(&ckpt)?;
-        let mut report = RetentionReport::default();
-        for &(id, n) in &moves {
-            let st = &mut self.streams[id];
-            st.index.drain(..n as usize);
-            st.floor += n;
-            assert!(st.floor <= st.visible + 1, "floor passed the visible tail");
-            report.floors_advanced.push((id, st.floor));
-        }
-        for _ in 0..k {
-            let m = self.segs.pop_front().expect("k < len");
-            // No reader pins it (only the log holds the Arc, and new slices need `&self`): keep
-            // the file as the spare for the next roll instead of unlinking it.
-            let reusable = !self.spare
-                && Arc::strong_count(&m.seg) == 1
-                && m.bytes == self.opts.segment_bytes
-                && fs::rename(&m.seg.path, self.dir.join(SPARE_FILE)).is_ok();
-            if reusable {
-                self.spare = true;
-            } else {
-                m.seg.unlink_on_drop.store(true, Ordering::Release);
-            }
-            report.segments_deleted += 1;
-            report.bytes_deleted += m.bytes;
-        }
-        Ok(report)
-    }
-
     // ----- internals -----
 
     fn live_for_read(&self, stream: StreamId) -> Result<&StreamState, ReadError> {
@@ -1215,55 +912,30 @@ impl Log {
         }
     }
 
-    /// Makes room for a record of `payload` bytes in the active segment, rolling if needed.
-    fn ensure_room(&mut self, payload: usize) -> Result<(), AppendError> {
-        let a = &self.active;
-        // One entry for the record plus one always reserved for the seal.
-        if !a.sealed && a.data_end + payload + 2 * ENTRY_BYTES <= a.entry_low {
-            return Ok(());
+    /// Faults pages in ahead of both growing ends of the active segment (the data reaching
+    /// `data_end`, the entries reaching down to `entry_off`), a chunk at a time, so no single
+    /// append pays for a whole segment's page faults (see POPULATE_AHEAD_BYTES). In background
+    /// mode the `log-prepare` thread does it while the writer still has half a chunk to go.
+    fn populate_ahead(&mut self, data_end: usize, entry_off: usize) {
+        let seg = &self.segs.back().expect("active segment").seg;
+        let a = &mut self.active;
+        let populate = |off: usize, len: usize| match &self.bg {
+            Some(bg) => bg.populate(seg, off, len),
+            None => seg.map().populate(off, len),
+        };
+        while a.populated_high < data_end + POPULATE_AHEAD_BYTES / 2
+            && a.populated_high < a.populated_low
+        {
+            populate(a.populated_high, POPULATE_AHEAD_BYTES);
+            a.populated_high += POPULATE_AHEAD_BYTES;
         }
-        self.roll()?;
-        let a = &self.active;
-        assert!(
-            a.data_end + payload + 2 * ENTRY_BYTES <= a.entry_low,
-            "record larger than segment"
-        );
-        Ok(())
-    }
-
-    fn roll(&mut self) -> Result<(), AppendError> {
-        // Found by fuzzing (`log_forged`): a last segment numbered u64::MAX (a forged name or
-        // checkpoint) overflowed `number + 1` here.
-        let number = self
-            .segs
-            .back()
-            .expect("active")
-            .seg
-            .number
-            .checked_add(1)
-            .ok_or(AppendError::SegmentNumbersExhausted)?;
-        let durable = self.opts.fsync != FsyncPolicy::Never;
-        if !self.active.sealed {
-            let entries = self.active.entries;
-            self.write_record(Kind::Seal, StreamId(u32::MAX), entries, 0, 0, |_| {});
-            self.active.sealed = true;
-            // Not flushed here: `unflushed_from` points at this segment or an older one, so
-            // the next sync (which alone makes its records visible) covers it.
+        while a.populated_low > entry_off.saturating_sub(POPULATE_AHEAD_BYTES / 2)
+            && a.populated_low > a.populated_high
+        {
+            let from = a.populated_low.saturating_sub(POPULATE_AHEAD_BYTES);
+            populate(from, a.populated_low - from);
+            a.populated_low = from;
         }
-        let (meta, active) = create_segment(
-            &self.dir,
-            self.epoch,
-            number,
-            self.opts.segment_bytes,
-            durable,
-            std::mem::take(&mut self.spare),
-            &self.lock,
-        )?;
-        self.segs.push_back(meta);
-        self.active = active;
-        // Under `Never` the old segment may still hold unflushed records: `unflushed_from`
-        // keeps pointing at it, so an explicit `sync_now` flushes it too.
-        Ok(())
     }
 
     /// Writes payload + entry into the active segment (room already ensured) and freezes the
@@ -1277,27 +949,13 @@ impl Log {
         len: usize,
         fill: impl FnOnce(&mut [u8]),
     ) -> Loc {
+        let off = self.active.data_end;
+        let entry_off = self.active.entry_low - ENTRY_BYTES;
+        assert!(off + len <= entry_off, "record overlaps the entry area");
+        self.populate_ahead(off + len, entry_off);
         let meta = self.segs.back_mut().expect("active segment");
         let map = meta.seg.map();
         let a = &mut self.active;
-        let off = a.data_end;
-        let entry_off = a.entry_low - ENTRY_BYTES;
-        assert!(off + len <= entry_off, "record overlaps the entry area");
-        // Fault pages in ahead of both growing ends, a small chunk at a time, so no single
-        // append pays for a whole segment's page faults (see POPULATE_AHEAD_BYTES).
-        while a.populated_high < off + len + POPULATE_AHEAD_BYTES / 2
-            && a.populated_high < a.populated_low
-        {
-            map.populate(a.populated_high, POPULATE_AHEAD_BYTES);
-            a.populated_high += POPULATE_AHEAD_BYTES;
-        }
-        while a.populated_low > entry_off.saturating_sub(POPULATE_AHEAD_BYTES / 2)
-            && a.populated_low > a.populated_high
-        {
-            let from = a.populated_low.saturating_sub(POPULATE_AHEAD_BYTES);
-            map.populate(from, a.populated_low - from);
-            a.populated_low = from;
-        }
         fill(map.private_mut(&mut a.tok, off, len));
         let entry = Entry {
             len: len as u32,
@@ -1325,7 +983,10 @@ impl Log {
                 slot.fill(0);
             }
         }
-        map.freeze(&mut a.tok, a.data_end);
+        if !matches!(a.header, HeaderState::Waiting(_)) {
+            // (A deferred header keeps the segment private until it is written.)
+            map.freeze(&mut a.tok, a.data_end);
+        }
         if timestamp_ms > meta.newest_ts_ms {
             meta.newest_ts_ms = timestamp_ms;
         }
@@ -1341,23 +1002,6 @@ impl Log {
             off: off as u32,
             len: len as u32,
         }
-    }
-
-    fn write_checkpoint(&self, ckpt: &Checkpoint) -> Result<(), RetentionError> {
-        let tmp = self.dir.join(CHECKPOINT_TMP_FILE);
-        let dst = self.dir.join(CHECKPOINT_FILE);
-        let err = |path: &Path| {
-            let path = path.to_owned();
-            move |source| RetentionError::Io { path, source }
-        };
-        {
-            let mut f = File::create(&tmp).map_err(err(&tmp))?;
-            io::Write::write_all(&mut f, &ckpt.encode()).map_err(err(&tmp))?;
-            f.sync_all().map_err(err(&tmp))?;
-        }
-        fs::rename(&tmp, &dst).map_err(err(&dst))?;
-        sync_dir(&self.dir).map_err(err(&self.dir))?;
-        Ok(())
     }
 }
 
@@ -1436,6 +1080,13 @@ impl ReadBatch {
     }
 }
 
+mod background;
 mod recover;
+mod retention;
 pub(crate) mod retire;
+mod roll;
+mod segfile;
 mod streams;
+mod sync;
+
+pub use background::prepare_in_background;

@@ -134,6 +134,20 @@ impl SharedMap {
         }
     }
 
+    /// Faults the pages covering `[off, off + len)` in, read-only (`MADV_POPULATE_READ`;
+    /// nothing on kernels without it), clamped to the mapping. For a fresh preallocated file
+    /// this is where the kernel allocates and zeroes the page-cache pages, without dirtying
+    /// them; a later [`SharedMap::populate`] or write only makes them writable.
+    pub(crate) fn populate_read(&self, off: usize, len: usize) {
+        let off = off.min(self.len);
+        let len = len.min(self.len - off);
+        if len > 0 {
+            self.raw
+                .advise_range(memmap2::Advice::PopulateRead, off, len)
+                .ok();
+        }
+    }
+
     /// Writes dirty pages of the mapping to the file and waits (`msync(MS_SYNC)`).
     pub(crate) fn flush(&self) -> io::Result<()> {
         self.raw.flush()

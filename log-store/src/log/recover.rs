@@ -4,84 +4,24 @@
 //! and rebuild stream names, indexes, floors and tails. No appends happen here.
 #![forbid(unsafe_code)]
 
-use std::os::unix::fs::FileExt;
-
+use super::background::{Background, Executor};
+use super::segfile::{self, Stamp, live_segments};
 use super::streams::Lookup;
 use super::*;
 use crate::options::{SEGMENT_BYTES_MAX, SEGMENT_BYTES_MIN};
 
-pub(super) fn open(dir: &Path, opts: LogOptions) -> Result<Log, OpenError> {
-    fs::create_dir_all(dir).map_err(io_err(dir))?;
-    let lock_path = dir.join(LOCK_FILE);
-    let lock = File::options()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&lock_path)
-        .map_err(io_err(&lock_path))?;
-    match lock.try_lock() {
-        Ok(()) => {}
-        Err(fs::TryLockError::WouldBlock) => {
-            return Err(OpenError::Locked {
-                path: dir.to_owned(),
-            });
-        }
-        Err(fs::TryLockError::Error(e)) => return Err(io_err(&lock_path)(e)),
-    }
-    let lock = Arc::new(lock);
+pub(super) fn open(dir: &Path, opts: LogOptions, exec: Option<Executor>) -> Result<Log, OpenError> {
+    let lock = lock_dir(dir)?;
     let mut report = RecoveryReport::default();
-
-    for transient in [CHECKPOINT_TMP_FILE, SPARE_FILE] {
-        let p = dir.join(transient);
-        match fs::remove_file(&p) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(io_err(&p)(e)),
-            _ => {}
-        }
-    }
     let ckpt_path = dir.join(CHECKPOINT_FILE);
-    let ckpt = match fs::read(&ckpt_path) {
-        Ok(b) => Some(
-            Checkpoint::decode(&b).map_err(|reason| OpenError::Checkpoint {
-                path: ckpt_path.clone(),
-                reason,
-            })?,
-        ),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-        Err(e) => return Err(io_err(&ckpt_path)(e)),
-    };
-
-    let mut numbers = list_segments(dir)?;
+    let ckpt = load_checkpoint(dir, &ckpt_path)?;
     let first_live = ckpt.as_ref().map_or(0, |c| c.first_live_segment);
-    let mut live = Vec::with_capacity(numbers.len());
-    for n in numbers.drain(..) {
-        if n < first_live {
-            // Retention checkpointed its deletion but the file outlived it (a reader still held
-            // it, or the process stopped first).
-            let p = segment_path(dir, n);
-            fs::remove_file(&p).map_err(io_err(&p))?;
-            report.stale_segments_deleted += 1;
-        } else {
-            live.push(n);
-        }
-    }
-    let mut numbers = live;
-    // A crash while creating the last segment leaves it blank (no header, no entry), or, when
-    // it was a recycled spare under `fsync=never`, with the previous generation's header (a
-    // smaller segment number): nothing in it can be valid. Remove it.
-    if let Some(&last) = numbers.last()
-        && segment_is_blank_or_stale(&segment_path(dir, last), last)?
-    {
-        let p = segment_path(dir, last);
-        fs::remove_file(&p).map_err(io_err(&p))?;
-        sync_dir(dir).map_err(io_err(dir))?;
-        numbers.pop();
-    }
+    let numbers = live_segments(dir, first_live, &mut report)?;
     if numbers.is_empty() {
         if ckpt.is_some() {
             return Err(OpenError::MissingSegment { number: first_live });
         }
-        return create_new(dir, opts, lock, report);
+        return create_new(dir, opts, lock, report, exec);
     }
     if numbers[0] != first_live {
         return Err(OpenError::MissingSegment { number: first_live });
@@ -92,37 +32,7 @@ pub(super) fn open(dir: &Path, opts: LogOptions) -> Result<Log, OpenError> {
         }
     }
 
-    let mut scan = Scan {
-        epoch: ckpt.as_ref().map(|c| c.epoch),
-        streams: Streams::default(),
-        report,
-        lock: Arc::clone(&lock),
-        ckpt_tails: Vec::new(),
-        ckpt_removed_unseen: Vec::new(),
-    };
-    if let Some(c) = &ckpt {
-        for (i, s) in c.streams.iter().enumerate() {
-            let id = StreamId(i as u32);
-            let Some(s) = s else {
-                scan.streams.push_removed();
-                scan.ckpt_tails.push(0);
-                scan.ckpt_removed_unseen.push(true);
-                continue;
-            };
-            if scan.streams.id_of(&s.name).is_some() {
-                return Err(OpenError::Checkpoint {
-                    path: ckpt_path,
-                    reason: CheckpointError::Malformed("two live streams with one name"),
-                });
-            }
-            // During the scan `tail` is "last indexed": the first retained record must be `floor`.
-            let name: Box<str> = s.name.as_str().into();
-            let st = StreamState::new(c.epoch, id, name, s.floor, s.floor - 1);
-            scan.streams.push_live(st);
-            scan.ckpt_tails.push(s.tail);
-            scan.ckpt_removed_unseen.push(false);
-        }
-    }
+    let mut scan = Scan::new(ckpt.as_ref(), &ckpt_path, Arc::clone(&lock), report)?;
 
     let mut segs = VecDeque::with_capacity(numbers.len());
     let mut active = None;
@@ -143,30 +53,7 @@ pub(super) fn open(dir: &Path, opts: LogOptions) -> Result<Log, OpenError> {
     } = scan;
     let epoch = epoch.expect("at least one segment was scanned");
 
-    for (i, &ckpt_tail) in ckpt_tails.iter().enumerate() {
-        let Some(st) = streams.get_mut(StreamId(i as u32)) else {
-            continue; // removed
-        };
-        if st.tail < ckpt_tail {
-            // The checkpoint saw records the disk lost (power loss under `Never`). Sequences up
-            // to `ckpt_tail` may have been seen by readers: never reuse them, and serve nothing
-            // of the stream's present records as if it were contiguous with them.
-            st.index.clear();
-            st.floor = ckpt_tail + 1;
-            st.tail = ckpt_tail;
-            if !report
-                .streams_behind_checkpoint
-                .contains(&StreamId(i as u32))
-            {
-                report.streams_behind_checkpoint.push(StreamId(i as u32));
-            }
-        }
-    }
-    for st in streams.iter_live_mut() {
-        st.visible = st.tail;
-        debug_assert_eq!(st.index.len() as u64, st.tail + 1 - st.floor);
-    }
-    streams.shrink_slots();
+    settle_tails(&mut streams, &ckpt_tails, &mut report);
 
     let (active, sealed_last) = active.expect("last segment scanned");
     let mut log = Log {
@@ -183,6 +70,10 @@ pub(super) fn open(dir: &Path, opts: LogOptions) -> Result<Log, OpenError> {
         poisoned: false,
         syncing: None,
         spare: false,
+        bg: exec.map(Background::new),
+        held: Held::default(),
+        rolls: RollCounts::default(),
+        abandon: false,
         recovery: RecoveryReport::default(),
         lock,
     };
@@ -210,6 +101,77 @@ pub(super) fn open(dir: &Path, opts: LogOptions) -> Result<Log, OpenError> {
     Ok(log)
 }
 
+/// Creates `dir` if needed and takes its lock (`flock` on `LOCK`).
+fn lock_dir(dir: &Path) -> Result<Arc<File>, OpenError> {
+    fs::create_dir_all(dir).map_err(io_err(dir))?;
+    let lock_path = dir.join(LOCK_FILE);
+    let lock = File::options()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&lock_path)
+        .map_err(io_err(&lock_path))?;
+    match lock.try_lock() {
+        Ok(()) => Ok(Arc::new(lock)),
+        Err(fs::TryLockError::WouldBlock) => Err(OpenError::Locked {
+            path: dir.to_owned(),
+        }),
+        Err(fs::TryLockError::Error(e)) => Err(io_err(&lock_path)(e)),
+    }
+}
+
+/// Deletes the transient files (a checkpoint being written, the spare) and loads the
+/// checkpoint, if any.
+fn load_checkpoint(dir: &Path, ckpt_path: &Path) -> Result<Option<Checkpoint>, OpenError> {
+    for transient in [CHECKPOINT_TMP_FILE, SPARE_FILE] {
+        let p = dir.join(transient);
+        match fs::remove_file(&p) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(io_err(&p)(e)),
+            _ => {}
+        }
+    }
+    match fs::read(ckpt_path) {
+        Ok(b) => Checkpoint::decode(&b)
+            .map(Some)
+            .map_err(|reason| OpenError::Checkpoint {
+                path: ckpt_path.to_owned(),
+                reason,
+            }),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(io_err(ckpt_path)(e)),
+    }
+}
+
+/// After the scan: a checkpointed stream whose recovered tail is below its checkpointed one
+/// continues past it (recovery step 6); then every recovered record is visible.
+fn settle_tails(streams: &mut Streams, ckpt_tails: &[Seq], report: &mut RecoveryReport) {
+    for (i, &ckpt_tail) in ckpt_tails.iter().enumerate() {
+        let Some(st) = streams.get_mut(StreamId(i as u32)) else {
+            continue; // removed
+        };
+        if st.tail < ckpt_tail {
+            // The checkpoint saw records the disk lost (power loss under `Never`). Sequences up
+            // to `ckpt_tail` may have been seen by readers: never reuse them, and serve nothing
+            // of the stream's present records as if it were contiguous with them.
+            st.index.clear();
+            st.floor = ckpt_tail + 1;
+            st.tail = ckpt_tail;
+            if !report
+                .streams_behind_checkpoint
+                .contains(&StreamId(i as u32))
+            {
+                report.streams_behind_checkpoint.push(StreamId(i as u32));
+            }
+        }
+    }
+    for st in streams.iter_live_mut() {
+        st.visible = st.tail;
+        debug_assert_eq!(st.index.len() as u64, st.tail + 1 - st.floor);
+    }
+    streams.shrink_slots();
+}
+
 fn append_to_open(dir: &Path, e: AppendError) -> OpenError {
     let source = match e {
         AppendError::Io(e) => e,
@@ -227,11 +189,14 @@ fn create_new(
     opts: LogOptions,
     lock: Arc<File>,
     mut report: RecoveryReport,
+    exec: Option<Executor>,
 ) -> Result<Log, OpenError> {
     let mut raw = [0u8; 8];
     getrandom::fill(&mut raw).map_err(OpenError::Random)?;
     let epoch = Epoch(u64::from_le_bytes(raw).max(1));
-    let (meta, active) = create_segment(dir, epoch, 0, opts.segment_bytes, true, false, &lock)
+    let bytes = opts.segment_bytes;
+    let (meta, active) = segfile::create_file(dir, 0, bytes, false, true, false)
+        .and_then(|f| segfile::install(f, epoch, bytes, Stamp::Now { flush: true }, &lock))
         .map_err(|e| append_to_open(dir, e))?;
     report.created = true;
     Ok(Log {
@@ -248,57 +213,13 @@ fn create_new(
         poisoned: false,
         syncing: None,
         spare: false,
+        bg: exec.map(Background::new),
+        held: Held::default(),
+        rolls: RollCounts::default(),
+        abandon: false,
         recovery: report,
         lock,
     })
-}
-
-/// Segment numbers present in `dir`, ascending. Other files are ignored.
-fn list_segments(dir: &Path) -> Result<Vec<u64>, OpenError> {
-    let mut numbers = Vec::new();
-    for entry in fs::read_dir(dir).map_err(io_err(dir))? {
-        let entry = entry.map_err(io_err(dir))?;
-        let name = entry.file_name();
-        let Some(name) = name.to_str() else { continue };
-        let Some(stem) = name.strip_suffix(SEGMENT_SUFFIX) else {
-            continue;
-        };
-        if stem.len() == 20
-            && stem.bytes().all(|b| b.is_ascii_digit())
-            && let Ok(n) = stem.parse::<u64>()
-        {
-            numbers.push(n);
-        }
-    }
-    numbers.sort_unstable();
-    Ok(numbers)
-}
-
-/// True when the file has no header and no first entry (all zero, or shorter than both), or
-/// a valid header of an older segment number (a recycled file whose new header was lost).
-fn segment_is_blank_or_stale(path: &Path, number: u64) -> Result<bool, OpenError> {
-    let f = File::open(path).map_err(io_err(path))?;
-    let len = f.metadata().map_err(io_err(path))?.len();
-    let mut head = [0u8; HEADER_BYTES];
-    let n = f.read_at(&mut head, 0).map_err(io_err(path))?;
-    if n == HEADER_BYTES
-        && let Ok(h) = Header::decode(&head)
-        && h.number < number
-    {
-        return Ok(true);
-    }
-    if head[..n].iter().any(|&b| b != 0) {
-        return Ok(false);
-    }
-    if len >= (HEADER_BYTES + ENTRY_BYTES) as u64 {
-        let mut slot = [0u8; ENTRY_BYTES];
-        f.read_exact_at(&mut slot, len - ENTRY_BYTES as u64)
-            .map_err(io_err(path))?;
-        if slot.iter().any(|&b| b != 0) {
-            return Ok(false);
-        }
-    }
-    Ok(true)
 }
 
 struct Scan {
@@ -314,6 +235,49 @@ struct Scan {
 }
 
 impl Scan {
+    /// A scan starting from the checkpoint's streams (live ones at their floor, removed ones
+    /// as tombstones), or from nothing.
+    fn new(
+        ckpt: Option<&Checkpoint>,
+        ckpt_path: &Path,
+        lock: Arc<File>,
+        report: RecoveryReport,
+    ) -> Result<Scan, OpenError> {
+        let mut scan = Scan {
+            epoch: ckpt.map(|c| c.epoch),
+            streams: Streams::default(),
+            report,
+            lock,
+            ckpt_tails: Vec::new(),
+            ckpt_removed_unseen: Vec::new(),
+        };
+        if let Some(c) = ckpt {
+            for (i, s) in c.streams.iter().enumerate() {
+                let id = StreamId(i as u32);
+                let Some(s) = s else {
+                    scan.streams.push_removed();
+                    scan.ckpt_tails.push(0);
+                    scan.ckpt_removed_unseen.push(true);
+                    continue;
+                };
+                if scan.streams.id_of(&s.name).is_some() {
+                    return Err(OpenError::Checkpoint {
+                        path: ckpt_path.to_owned(),
+                        reason: CheckpointError::Malformed("two live streams with one name"),
+                    });
+                }
+                // During the scan `tail` is "last indexed": the first retained record must be
+                // `floor`.
+                let name: Box<str> = s.name.as_str().into();
+                let st = StreamState::new(c.epoch, id, name, s.floor, s.floor - 1);
+                scan.streams.push_live(st);
+                scan.ckpt_tails.push(s.tail);
+                scan.ckpt_removed_unseen.push(false);
+            }
+        }
+        Ok(scan)
+    }
+
     /// Scans one segment; returns its metadata and its write state (+ whether it is sealed).
     fn segment(
         &mut self,
@@ -498,6 +462,8 @@ impl Scan {
             chain,
             populated_high: data_end,
             populated_low: entry_low,
+            header: HeaderState::Durable,
+            prepare_below: len / 2,
         };
         Ok((meta, (active, sealed)))
     }
