@@ -20,6 +20,7 @@ fn options(fsync: FsyncPolicy) -> LogOptions {
         retain_secs: None,
         fsync,
         record_bytes_max: 1024 * 1024,
+        epoch_on_create: None,
     }
 }
 

@@ -28,6 +28,7 @@ pub use crate::format::{CheckpointError, EntryError, HeaderError, STREAM_NAME_BY
 use crate::frame;
 use crate::mmap::{self, SharedMap, WriteToken};
 use crate::options::{FsyncPolicy, LogOptions, LogOptionsError};
+pub use roll::RollCounts;
 use segfile::{SegFile, Stamp};
 use streams::{Lookup, StreamState, Streams};
 pub use streams::{RemoveError, Removed};
@@ -624,20 +625,6 @@ pub struct Log {
     lock: Arc<File>,
 }
 
-/// How the log's rolls went (see [`Log::inline_segment_creations`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct RollCounts {
-    /// Rolls that adopted a segment prepared in the background, with no syscall.
-    pub prepared: u64,
-    /// Rolls that created the segment file on the caller's thread (every roll without
-    /// background preparation; with it, those whose prepared segment was not ready) or waited
-    /// for its preparation to finish.
-    pub inline: u64,
-    /// Rolls that first flushed synchronously because the previous roll's header was not
-    /// durable yet (a segment filled within about two group commits).
-    pub flushed: u64,
-}
-
 impl fmt::Debug for Log {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Log")
@@ -725,6 +712,11 @@ impl Log {
         self.streams
             .push_live(StreamState::new(self.epoch, id, name.into(), 1, 0));
         Ok(id)
+    }
+
+    /// Whether `name` may name a stream (what [`Log::create_stream`] checks first).
+    pub fn check_stream_name(name: &str) -> Result<(), AppendError> {
+        validate_stream_name(name)
     }
 
     /// Frames the event as SSE once and appends it to `stream`.

@@ -117,6 +117,10 @@ pub struct LogOptions {
     pub fsync: FsyncPolicy,
     /// Largest framed SSE record accepted by `append`. Default 1 MiB.
     pub record_bytes_max: u32,
+    /// The epoch of a log this open creates (`None`: random). A log that already exists keeps
+    /// its own; the caller compares [`crate::Log::epoch`]. Cluster mode derives every node's
+    /// epoch from the replicated stream, so all nodes' IDs agree.
+    pub epoch_on_create: Option<crate::Epoch>,
 }
 
 impl Default for LogOptions {
@@ -127,6 +131,7 @@ impl Default for LogOptions {
             retain_secs: None,
             fsync: FsyncPolicy::Never,
             record_bytes_max: RECORD_BYTES_MAX_DEFAULT,
+            epoch_on_create: None,
         }
     }
 }
@@ -150,11 +155,14 @@ pub enum LogOptionsError {
         retain_bytes: u64,
         segment_bytes: u64,
     },
+    /// Epoch 0 is not an epoch (IDs could not tell it from an unset one).
+    EpochZero,
 }
 
 impl fmt::Display for LogOptionsError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            LogOptionsError::EpochZero => write!(f, "epoch_on_create must not be 0"),
             LogOptionsError::SegmentBytesOutOfRange { segment_bytes } => write!(
                 f,
                 "segment_bytes {segment_bytes} outside [{SEGMENT_BYTES_MIN}, {SEGMENT_BYTES_MAX}]"
@@ -210,6 +218,9 @@ impl LogOptions {
                 retain_bytes,
                 segment_bytes,
             });
+        }
+        if self.epoch_on_create == Some(crate::Epoch(0)) {
+            return Err(LogOptionsError::EpochZero);
         }
         Ok(())
     }

@@ -27,6 +27,7 @@ fn options() -> LogOptions {
         retain_secs: None,
         fsync: FsyncPolicy::Always,
         record_bytes_max: 8 * 1024,
+        epoch_on_create: None,
     }
 }
 

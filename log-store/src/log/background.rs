@@ -10,13 +10,16 @@
 //! The thread owns the log's spare file in this mode: only its jobs rename a retired segment to
 //! `spare` or adopt it, in queue order, so a checkpoint job's spare serves the next
 //! preparation. A roll whose prepared segment is not ready creates it inline (counted by
-//! [`Log::inline_segment_creations`]). Nothing here is needed for correctness after a crash:
+//! [`Log::inline_segment_creations`]); so does one whose preparation failed (an I/O error, a
+//! full disk, a panic: counted by [`Log::prepare_failures`]). A panicking job does not end the
+//! thread. Nothing here is needed for correctness after a crash:
 //! an unadopted prepared file has a zero header (deleted at open) and a checkpoint not yet
 //! written leaves every segment in place (DESIGN.md, C16-C18).
 #![forbid(unsafe_code)]
 
 use std::collections::VecDeque;
-use std::sync::atomic::AtomicBool;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 
@@ -39,7 +42,10 @@ pub fn prepare_in_background() -> io::Result<()> {
         .name("log-prepare".into())
         .spawn(move || {
             for job in rx {
-                job.run();
+                // A panicking job must not end the thread, or every later job of every log
+                // would run nowhere; a preparation's slot is settled by its own guard
+                // (`PrepareGuard`). The panic hook has reported the panic already.
+                let _ = catch_unwind(AssertUnwindSafe(|| job.run()));
             }
         })?;
     // A racing second caller's thread ends at once: its sender is dropped with it.
@@ -175,6 +181,32 @@ pub(crate) struct PrepareJob {
     durable: bool,
     spare: Arc<AtomicBool>,
     lock: Arc<File>,
+    /// The log's count of failed preparations ([`Log::prepare_failures`]).
+    failures: Arc<AtomicU64>,
+    /// Panic once started (test hook [`Log::panic_next_preparation`]).
+    panic: bool,
+}
+
+/// Settles a preparation that unwinds (a panic in the job): its slot, still `Running`,
+/// becomes `Done(Err(..))` and its waiters are woken, so the roll waiting in
+/// [`Background::take_prepared`] creates the segment inline instead of waiting forever; the
+/// failure is counted. A preparation that returns settles its slot itself first.
+struct PrepareGuard<'a> {
+    slot: &'a PrepSlot,
+    failures: &'a AtomicU64,
+}
+
+impl Drop for PrepareGuard<'_> {
+    fn drop(&mut self) {
+        let mut st = lock(&self.slot.state);
+        if matches!(*st, PrepState::Running) {
+            let e = io::Error::other("segment preparation panicked");
+            *st = PrepState::Done(Err(AppendError::Io(e)));
+            self.failures.fetch_add(1, Ordering::Relaxed);
+            drop(st);
+            self.slot.done.notify_all();
+        }
+    }
 }
 
 /// Pages faulted in by a preparation, at most (a larger segment gets its first and last
@@ -190,6 +222,11 @@ impl PrepareJob {
             }
             *st = PrepState::Running;
         }
+        let _guard = PrepareGuard {
+            slot: &self.slot,
+            failures: &self.failures,
+        };
+        assert!(!self.panic, "segment preparation panicked (test hook)");
         let spare = self.spare.swap(false, Ordering::AcqRel);
         let r = segfile::create_file(
             &self.dir,
@@ -199,30 +236,40 @@ impl PrepareJob {
             self.durable,
             true,
         )
-        .map(|mut f| {
-            let len = self.bytes as usize;
-            if len <= PRETOUCH_BYTES_MAX {
-                f.map.populate_read(0, len);
-            } else {
-                let top = PRETOUCH_BYTES_MAX / 8;
-                f.map.populate_read(0, PRETOUCH_BYTES_MAX - top);
-                f.map.populate_read(len - top, top);
-            }
-            // The writer's first chunk at both ends, writable (as its first append would).
-            f.map.populate(HEADER_BYTES, POPULATE_AHEAD_BYTES);
-            f.map.populate(
-                len.saturating_sub(POPULATE_AHEAD_BYTES),
-                POPULATE_AHEAD_BYTES,
-            );
-            f.populated = true;
-            Prepared {
+        .map(|f| {
+            // Owned by a `Prepared` first: a panic below unlinks the file (its `Drop`).
+            let mut p = Prepared {
                 file: Some(f),
                 lock: Arc::clone(&self.lock),
-            }
+            };
+            pretouch(p.file.as_mut().expect("just made"), self.bytes as usize);
+            p
         });
+        if r.is_err() {
+            // The roll creates the segment inline instead (the error is its to report again).
+            self.failures.fetch_add(1, Ordering::Relaxed);
+        }
         *lock(&self.slot.state) = PrepState::Done(r);
         self.slot.done.notify_all();
     }
+}
+
+/// Faults a prepared segment's pages in (`len` bytes; see [`PRETOUCH_BYTES_MAX`]), and the
+/// writer's first chunk at both ends writable, as its first append would.
+fn pretouch(f: &mut SegFile, len: usize) {
+    if len <= PRETOUCH_BYTES_MAX {
+        f.map.populate_read(0, len);
+    } else {
+        let top = PRETOUCH_BYTES_MAX / 8;
+        f.map.populate_read(0, PRETOUCH_BYTES_MAX - top);
+        f.map.populate_read(len - top, top);
+    }
+    f.map.populate(HEADER_BYTES, POPULATE_AHEAD_BYTES);
+    f.map.populate(
+        len.saturating_sub(POPULATE_AHEAD_BYTES),
+        POPULATE_AHEAD_BYTES,
+    );
+    f.populated = true;
 }
 
 /// What the roll found of the preparation of its segment.
@@ -334,9 +381,33 @@ impl Log {
         self.rolls.inline
     }
 
-    /// How the log's rolls went: prepared, inline, flushed first.
+    /// How the log's rolls went: prepared, inline, flushed first; failed preparations.
     pub fn roll_counts(&self) -> RollCounts {
-        self.rolls
+        RollCounts {
+            prepare_failures: self.prepare_failures(),
+            ..self.rolls
+        }
+    }
+
+    /// Background preparations of the next segment that failed (an I/O error such as a failed
+    /// `fdatasync` of the file or `fsync` of the directory, a full disk, a panic): the roll
+    /// then created the segment on the caller's thread, as when the preparation is not ready,
+    /// and reports any error itself. For a counter: a rising one means the disk is failing
+    /// under the background thread. Always 0 without background preparation.
+    pub fn prepare_failures(&self) -> u64 {
+        self.bg
+            .as_ref()
+            .map_or(0, |bg| bg.prepare_failures.load(Ordering::Relaxed))
+    }
+
+    /// Test hook: the next preparation requested panics once started on the background thread
+    /// (or in [`Log::run_background_jobs`]), to check that the roll does not wait for it forever
+    /// and that the thread survives.
+    #[doc(hidden)]
+    pub fn panic_next_preparation(&mut self) {
+        if let Some(bg) = &mut self.bg {
+            bg.panic_next = true;
+        }
     }
 }
 
@@ -352,6 +423,10 @@ pub(crate) struct Background {
     done_rx: Receiver<CheckpointDone>,
     checkpoints_in_flight: usize,
     failed: Option<(RetentionError, Vec<Retiring>)>,
+    /// Failed preparations, counted by their jobs ([`Log::prepare_failures`]).
+    prepare_failures: Arc<AtomicU64>,
+    /// The next preparation panics (test hook [`Log::panic_next_preparation`]).
+    panic_next: bool,
 }
 
 impl Background {
@@ -365,6 +440,8 @@ impl Background {
             done_rx,
             checkpoints_in_flight: 0,
             failed: None,
+            prepare_failures: Arc::default(),
+            panic_next: false,
         }
     }
 
@@ -394,6 +471,8 @@ impl Background {
             durable,
             spare: Arc::clone(&self.spare),
             lock: Arc::clone(lock),
+            failures: Arc::clone(&self.prepare_failures),
+            panic: std::mem::take(&mut self.panic_next),
         }));
     }
 

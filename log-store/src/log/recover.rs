@@ -191,9 +191,14 @@ fn create_new(
     mut report: RecoveryReport,
     exec: Option<Executor>,
 ) -> Result<Log, OpenError> {
-    let mut raw = [0u8; 8];
-    getrandom::fill(&mut raw).map_err(OpenError::Random)?;
-    let epoch = Epoch(u64::from_le_bytes(raw).max(1));
+    let epoch = match opts.epoch_on_create {
+        Some(e) => e,
+        None => {
+            let mut raw = [0u8; 8];
+            getrandom::fill(&mut raw).map_err(OpenError::Random)?;
+            Epoch(u64::from_le_bytes(raw).max(1))
+        }
+    };
     let bytes = opts.segment_bytes;
     let (meta, active) = segfile::create_file(dir, 0, bytes, false, true, false)
         .and_then(|f| segfile::install(f, epoch, bytes, Stamp::Now { flush: true }, &lock))

@@ -12,8 +12,9 @@ impl Log {
     /// oldest sealed segment's newest record is older than `retain_secs`; advances floors.
     /// Writes the checkpoint before deleting anything.
     ///
-    /// Inline (no background thread): makes every append durable first (`sync_now`), writes
-    /// the checkpoint, then deletes. In background mode it never blocks: it retires only
+    /// Inline (no background thread): makes every append durable first (as `sync_now`; the
+    /// streams this makes visible are reported by the next `finish_sync`, `sync_now` or
+    /// `poll_sync`), writes the checkpoint, then deletes. In background mode it never blocks: it retires only
     /// segments whose records are all durable and visible already (a segment still covered by
     /// a pending group commit waits for a later pass), moves the floors at once, and queues
     /// "write the checkpoint, then delete these segments" for the background thread; the
@@ -31,9 +32,10 @@ impl Log {
             return Ok(RetentionReport::default());
         }
         // Tails in the checkpoint must be durable, or a crash could leave a checkpointed tail
-        // above what the disk holds.
+        // above what the disk holds. What this makes visible goes into the caller's next sync
+        // report.
         if self.opts.fsync != FsyncPolicy::Never {
-            self.sync_now().map_err(RetentionError::Sync)?;
+            self.sync_unreported().map_err(RetentionError::Sync)?;
         }
         let moves = self.floor_moves(k);
         write_checkpoint(&self.dir, &self.checkpoint(k, &moves))?;

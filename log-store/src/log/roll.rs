@@ -4,6 +4,23 @@
 
 use super::*;
 
+/// How the log's rolls went (see [`Log::inline_segment_creations`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RollCounts {
+    /// Rolls that adopted a segment prepared in the background, with no syscall.
+    pub prepared: u64,
+    /// Rolls that created the segment file on the caller's thread (every roll without
+    /// background preparation; with it, those whose prepared segment was not ready) or waited
+    /// for its preparation to finish.
+    pub inline: u64,
+    /// Rolls that first flushed synchronously because the previous roll's header was not
+    /// durable yet (a segment filled within about two group commits).
+    pub flushed: u64,
+    /// Background preparations that failed or panicked ([`Log::prepare_failures`]); the roll
+    /// then created the segment on the caller's thread (counted in `inline` too).
+    pub prepare_failures: u64,
+}
+
 impl Log {
     /// Makes room for a record of `payload` bytes in the active segment, rolling if needed.
     pub(super) fn ensure_room(&mut self, payload: usize) -> Result<(), AppendError> {
@@ -52,8 +69,9 @@ impl Log {
         let durable = self.opts.fsync != FsyncPolicy::Never;
         if !matches!(self.active.header, HeaderState::Durable) {
             // The segment filled before its own header was durable: the next header may only
-            // follow it, so make everything durable now (blocks; rare).
-            self.sync_now().map_err(|e| match e {
+            // follow it, so make everything durable now (blocks; rare). What this makes
+            // visible goes into the caller's next sync report.
+            self.sync_unreported().map_err(|e| match e {
                 SyncError::Io(e) => AppendError::Io(e),
                 SyncError::Poisoned => AppendError::Poisoned,
             })?;

@@ -25,11 +25,17 @@ pub(super) enum HeaderStage {
 }
 
 /// Marks and removals of completed syncs, held back until the active segment's header is
-/// durable (they may cover records in it).
+/// durable (they may cover records in it); and what a sync the log ran on its own made
+/// visible, held back until the caller's next report.
 #[derive(Debug, Default)]
 pub(super) struct Held {
     pub(super) marks: Vec<(StreamId, Seq)>,
     pub(super) removals: Vec<StreamId>,
+    /// The report of the syncs the log ran on its own ([`Log::sync_unreported`]: a roll's
+    /// forced sync, inline retention's), merged into the next report the caller gets
+    /// (`finish_sync`, `sync_now`, `poll_sync`). Its caller wakes subscribers from reports,
+    /// and no later sync names these streams again (their visible tail moved already).
+    pub(super) unreported: SyncReport,
 }
 
 impl Drop for Log {
@@ -112,9 +118,11 @@ impl Log {
 
     /// Ends the group commit in flight with the outcome of its `fdatasync`s: on success the
     /// streams it covered become visible up to where they were when it began, and the
-    /// removals written before it began are durable (`SyncReport::removed`). A failure
-    /// poisons the log for good (never retried: after a failed fsync the kernel may have
-    /// dropped the dirty pages, so a later success would claim durability for lost data).
+    /// removals written before it began are durable (`SyncReport::removed`); the report also
+    /// names what a sync the log ran on its own made visible or durable since the caller's
+    /// last report (a roll's forced sync, inline retention). A failure poisons the log for
+    /// good (never retried: after a failed fsync the kernel may have dropped the dirty pages,
+    /// so a later success would claim durability for lost data).
     pub fn finish_sync(
         &mut self,
         job: SyncJob,
@@ -141,7 +149,7 @@ impl Log {
         };
         let mut report = self.make_visible(&marks);
         self.removals_durable(removals, &mut report);
-        Ok(report)
+        Ok(self.with_unreported(report))
     }
 
     /// Moves the active segment's header on after a successful sync that began with the header
@@ -254,17 +262,20 @@ impl Log {
 
     /// Group commit: performs the fsync the policy requires now (`Always`: if anything is
     /// unsynced; `Interval`: if the oldest unsynced write is `interval_ms` old; `Never`:
-    /// nothing) and reports the streams whose visible tail advanced.
+    /// nothing) and reports the streams whose visible tail advanced — also those a sync the
+    /// log ran on its own made visible since the last report (inline retention's), even when
+    /// nothing is due.
     pub fn poll_sync(&mut self, now: Instant) -> Result<SyncReport, SyncError> {
         match self.next_sync_deadline() {
             Some(deadline) if now >= deadline => self.sync_now(),
-            _ => Ok(SyncReport::default()),
+            _ => Ok(self.with_unreported(SyncReport::default())),
         }
     }
 
     /// Flushes everything written so far (any policy) and makes it visible.
     /// With a group commit in flight, this flushes what it covers too and makes its streams
-    /// visible (its own `finish_sync` then changes nothing more).
+    /// visible (its own `finish_sync` then changes nothing more). Like `finish_sync`, it also
+    /// reports what the log's own syncs made visible since the caller's last report.
     pub fn sync_now(&mut self) -> Result<SyncReport, SyncError> {
         if self.poisoned {
             return Err(SyncError::Poisoned);
@@ -287,7 +298,40 @@ impl Log {
         let (marks, removals) = self.release_held(marks, removals);
         let mut report = self.make_visible(&marks);
         self.removals_durable(removals, &mut report);
-        Ok(report)
+        Ok(self.with_unreported(report))
+    }
+
+    /// [`Log::sync_now`] for the log's own needs (a roll whose segment filled before its
+    /// header was durable, inline retention): what it makes visible and durable is not lost
+    /// but kept for the caller's next report ([`Held::unreported`]).
+    pub(super) fn sync_unreported(&mut self) -> Result<(), SyncError> {
+        // `sync_now` merged the earlier unreported ones in.
+        self.held.unreported = self.sync_now()?;
+        Ok(())
+    }
+
+    /// `report` with the unreported syncs' outcome merged in ([`Held::unreported`]): one
+    /// `advanced` entry per stream, the highest, none for a stream removed since (as for any
+    /// report); the removals of both.
+    fn with_unreported(&mut self, mut report: SyncReport) -> SyncReport {
+        let kept = std::mem::take(&mut self.held.unreported);
+        if kept.advanced.is_empty() && kept.removed.is_empty() {
+            return report;
+        }
+        let streams = &self.streams;
+        let live = kept
+            .advanced
+            .into_iter()
+            .filter(|&(id, _)| streams.get(id).is_some());
+        report.advanced.extend(live);
+        report
+            .advanced
+            .sort_unstable_by_key(|&(id, seq)| (id.0, std::cmp::Reverse(seq)));
+        report.advanced.dedup_by_key(|(id, _)| *id);
+        let mut removed = kept.removed;
+        removed.append(&mut report.removed);
+        report.removed = removed;
+        report
     }
 
     /// Flushes (`msync`) every segment numbered `from` or more; a deferred header of the
