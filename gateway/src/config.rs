@@ -156,6 +156,9 @@ pub struct Config {
     #[command(flatten)]
     pub auth: AuthArgs,
 
+    #[command(flatten)]
+    pub cluster: crate::clustering::ClusterArgs,
+
     /// PEM certificate chain for TLS on --listen (with --tls-key-file). SIGHUP reloads both
     /// files: new handshakes use the new pair, established connections are kept.
     #[arg(long, value_name = "PATH", requires = "tls_key_file")]
@@ -289,6 +292,8 @@ pub enum ConfigError {
     BadOrigin(String),
     /// `--request-buffer-bytes-max` below the largest body one request may have.
     RequestBufferBelowBody(u64),
+    /// A cluster-mode flag is invalid or combined with what cluster mode lacks.
+    Cluster(String),
 }
 
 impl std::fmt::Display for ConfigError {
@@ -305,7 +310,7 @@ impl std::fmt::Display for ConfigError {
                 write!(f, "--send-bytes-max must be at least --event-bytes-max")
             }
             ConfigError::TooLarge(flag, max) => write!(f, "{flag} must be at most {max}"),
-            ConfigError::Mcp(m) => write!(f, "{m}"),
+            ConfigError::Mcp(m) | ConfigError::Cluster(m) => write!(f, "{m}"),
             ConfigError::ExposedWithoutAuth(a) => write!(
                 f,
                 "--listen {a} is not loopback and no authentication is configured: give \
@@ -331,6 +336,9 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         parse_fsync(&self.fsync)?;
         self.mcp.validate().map_err(ConfigError::Mcp)?;
+        self.cluster
+            .validate(self.mcp.enabled())
+            .map_err(ConfigError::Cluster)?;
         for (v, name) in [
             (self.connections_max as u64, "--connections-max"),
             (self.header_bytes_max as u64, "--header-bytes-max"),

@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use clap::Parser;
 
 mod admin;
+mod clustering;
 mod config;
 mod core;
 mod mcp;
@@ -83,7 +84,10 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
     if let Err(e) = log_store::prepare_in_background() {
         eprintln!("gateway: warning: no log-prepare thread ({e}); reactors create segments");
     }
-    let (logs_per_core, epochs, shard_count) = open_logs(&cfg, cores)?;
+    let shard_count = shard_count(&cfg)?;
+    let (txs, rxs, eventfds) = handoff_channels(cores)?;
+    let (logs_per_core, epochs, clustered, follow_from) =
+        logs_and_cluster(&cfg, cores, shard_count, &eventfds)?;
     let streams_open = api_streams(&logs_per_core);
     raise_fd_limit(&cfg, shard_count);
     let signals = sys::block_shutdown_signals();
@@ -96,8 +100,12 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
         (Some(c), Some(k)) => Some(tls::Certs::load(c, k)?),
         _ => None,
     };
-    let (txs, rxs, eventfds) = handoff_channels(cores)?;
+    let (cluster, mut inboxes) = match clustered {
+        Some(c) => (Some(c.cluster), c.inboxes.into_iter().map(Some).collect()),
+        None => (None, (0..cores).map(|_| None).collect::<Vec<_>>()),
+    };
     let shared = Arc::new(core::Shared {
+        cluster: cluster.clone(),
         cfg: cfg.clone(),
         cores,
         shards: shard_count,
@@ -128,9 +136,15 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
             listener: listeners.next(),
             rx,
             logs,
+            inbox: inboxes[id].take(),
         })
         .collect();
     let threads = start_cores(setups, &shared)?;
+    if let Some(c) = &cluster {
+        for (shard, from) in follow_from {
+            c.follow(shard, from);
+        }
+    }
     admin::spawn(admin_listener, shared.clone()).map_err(|e| format!("admin thread: {e}"))?;
     if shared.certs.is_some() {
         for m in &shared.metrics {
@@ -224,19 +238,60 @@ fn wait_for_stop(signals: &libc::sigset_t, shared: &core::Shared) -> i32 {
     }
 }
 
-/// Logs of each core (shard `s` belongs to core `s % cores`), every shard's epoch, and
-/// the shard count (stored on creation, reused on every restart).
-type OpenLogs = (Vec<Vec<(u32, log_store::Log)>>, Vec<log_store::Epoch>, u32);
+/// The logs, in cluster mode after the cluster's streams were found: the logs per core, the
+/// epochs, the cluster, and where each shard's follower starts.
+type Storage = (
+    Vec<Vec<(u32, log_store::Log)>>,
+    Vec<log_store::Epoch>,
+    Option<clustering::Clustered>,
+    Vec<(u32, u64)>,
+);
 
-/// Opens (recovering) every shard's log.
-fn open_logs(cfg: &config::Config, cores: usize) -> Result<OpenLogs, String> {
+fn logs_and_cluster(
+    cfg: &config::Config,
+    cores: usize,
+    shard_count: u32,
+    eventfds: &[OwnedFd],
+) -> Result<Storage, String> {
+    let clustered = match cfg.cluster.enabled() {
+        true => Some(clustering::start(
+            &cfg.cluster,
+            shard_count,
+            cores,
+            eventfds,
+        )?),
+        false => None,
+    };
+    let js = clustered.as_ref().map(|c| &c.streams[..]);
+    let (logs_per_core, epochs) = open_logs(cfg, cores, shard_count, js)?;
+    let follow_from = logs_per_core
+        .iter()
+        .flatten()
+        .map(|(s, log)| (*s, clustering::applied(log) + 1))
+        .collect();
+    Ok((logs_per_core, epochs, clustered, follow_from))
+}
+
+/// Logs of each core (shard `s` belongs to core `s % cores`) and every shard's epoch.
+type OpenLogs = (Vec<Vec<(u32, log_store::Log)>>, Vec<log_store::Epoch>);
+
+/// The shard count (stored on creation, reused on every restart).
+fn shard_count(cfg: &config::Config) -> Result<u32, String> {
     let on_create = if cfg.shards_on_create == 0 {
         SHARDS_DEFAULT
     } else {
         cfg.shards_on_create
     };
-    let shard_count =
-        shards::load_or_create(&cfg.data_dir, on_create).map_err(|e| e.to_string())?;
+    shards::load_or_create(&cfg.data_dir, on_create).map_err(|e| e.to_string())
+}
+
+/// Opens (recovering) every shard's log; in cluster mode under the shard's cluster epoch.
+fn open_logs(
+    cfg: &config::Config,
+    cores: usize,
+    shard_count: u32,
+    js: Option<&[cluster::ShardStream]>,
+) -> Result<OpenLogs, String> {
     let opts = log_store::LogOptions {
         segment_bytes: cfg.segment_bytes,
         retain_bytes: (cfg.retain_bytes > 0).then_some(cfg.retain_bytes),
@@ -252,18 +307,22 @@ fn open_logs(cfg: &config::Config, cores: usize) -> Result<OpenLogs, String> {
                 .min(cfg.segment_bytes / 2),
         )
         .unwrap_or(u32::MAX),
+        epoch_on_create: None,
     };
     let mut logs_per_core: Vec<Vec<(u32, log_store::Log)>> =
         (0..cores).map(|_| Vec::new()).collect();
     let mut epochs = Vec::with_capacity(shard_count as usize);
     for s in 0..shard_count {
         let dir = shards::shard_dir(&cfg.data_dir, s);
-        let log = log_store::Log::open(&dir, opts.clone())
-            .map_err(|e| format!("opening shard {s} at {}: {e}", dir.display()))?;
+        let log = match js {
+            Some(js) => clustering::open_log(&dir, opts.clone(), &js[s as usize])?,
+            None => log_store::Log::open(&dir, opts.clone())
+                .map_err(|e| format!("opening shard {s} at {}: {e}", dir.display()))?,
+        };
         epochs.push(log.epoch());
         logs_per_core[shards::core_of_shard(s, cores)].push((s, log));
     }
-    Ok((logs_per_core, epochs, shard_count))
+    Ok((logs_per_core, epochs))
 }
 
 /// Every connection is an fd; leave room for logs, listeners and eventfds.

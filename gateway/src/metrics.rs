@@ -40,6 +40,15 @@ pub struct CoreMetrics {
     pub handoffs_in_total: AtomicU64,
     pub requests_total: AtomicU64,
     pub events_appended_total: AtomicU64,
+    /// Cluster mode: events sent to JetStream, messages applied to the local logs, publishes
+    /// answered 503 unconfirmed, applies paused by a full disk, subscribes that waited for
+    /// this node to catch up and those that gave up.
+    pub cluster_publishes_total: AtomicU64,
+    pub cluster_applied_total: AtomicU64,
+    pub cluster_unconfirmed_total: AtomicU64,
+    pub cluster_apply_stalls_total: AtomicU64,
+    pub cluster_catchup_waits_total: AtomicU64,
+    pub cluster_catchup_timeouts_total: AtomicU64,
     pub events_sent_total: AtomicU64,
     pub events_confirmed_total: AtomicU64,
     pub bytes_sent_total: AtomicU64,
@@ -110,7 +119,7 @@ impl CoreMetrics {
 type Field = fn(&CoreMetrics) -> &AtomicU64;
 
 /// Every per-core scalar: name, Prometheus type, the counter.
-const SCALARS: [(&str, &str, Field); 37] = [
+const SCALARS: [(&str, &str, Field); 43] = [
     ("gateway_connections", "gauge", |m| &m.connections),
     ("gateway_subscribers", "gauge", |m| &m.subscribers),
     ("gateway_accepted_total", "counter", |m| &m.accepted_total),
@@ -123,6 +132,24 @@ const SCALARS: [(&str, &str, Field); 37] = [
     ("gateway_requests_total", "counter", |m| &m.requests_total),
     ("gateway_events_appended_total", "counter", |m| {
         &m.events_appended_total
+    }),
+    ("gateway_cluster_publishes_total", "counter", |m| {
+        &m.cluster_publishes_total
+    }),
+    ("gateway_cluster_applied_total", "counter", |m| {
+        &m.cluster_applied_total
+    }),
+    ("gateway_cluster_unconfirmed_total", "counter", |m| {
+        &m.cluster_unconfirmed_total
+    }),
+    ("gateway_cluster_apply_stalls_total", "counter", |m| {
+        &m.cluster_apply_stalls_total
+    }),
+    ("gateway_cluster_catchup_waits_total", "counter", |m| {
+        &m.cluster_catchup_waits_total
+    }),
+    ("gateway_cluster_catchup_timeouts_total", "counter", |m| {
+        &m.cluster_catchup_timeouts_total
     }),
     ("gateway_events_sent_total", "counter", |m| {
         &m.events_sent_total

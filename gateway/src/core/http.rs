@@ -281,6 +281,9 @@ impl Core {
     // ---- publish ----
 
     fn publish(&mut self, slot: u32, stream: &str, events: Vec<Event>, close: bool, batch: bool) {
+        if self.cluster.is_some() {
+            return self.cluster_publish(slot, stream, events, close, batch);
+        }
         if let Err((status, code, msg)) = publish::check_events(&events) {
             return self.error(slot, status, code, &msg, close);
         }
@@ -307,7 +310,7 @@ impl Core {
 
     // ---- subscribe ----
 
-    fn subscribe(
+    pub(super) fn subscribe(
         &mut self,
         slot: u32,
         stream: &str,
@@ -315,6 +318,11 @@ impl Core {
         headers: &str,
         expires: Option<u64>,
     ) {
+        // In cluster mode streams are created only where JetStream's messages are applied:
+        // a subscribe waits (bounded) for what it names.
+        if self.cluster_hold(slot, stream, q, headers, expires) {
+            return;
+        }
         // Subscribing creates the stream: subscribers commonly connect before the first publish.
         let Some(key) = self.open_stream(slot, stream, true) else {
             return self.flush(slot);

@@ -51,6 +51,11 @@ impl Core {
     /// incarnation's refusal of a foreign ID, never a gap), its parked windows dropped, a
     /// durable *stream removed* record written; the answer (200) waits until it is durable.
     pub(super) fn delete_stream(&mut self, slot: u32, stream: &str, close: bool) {
+        if self.cluster.is_some() {
+            let msg = "streams cannot be deleted in cluster mode (every node would have to \
+                       remove it at the same point of the replicated log)";
+            return self.error(slot, 501, "not_in_cluster_mode", msg, close);
+        }
         let Some(key) = self.hub.stream_key(stream) else {
             return self.error(slot, 404, "unknown_stream", "no stream of that name", close);
         };

@@ -9,6 +9,7 @@
 
 mod bounds;
 mod close;
+mod cluster;
 mod dispatch;
 mod http;
 mod lifecycle;
@@ -74,6 +75,8 @@ pub struct Shared {
     /// Bytes of request buffers beyond each connection's head buffer
     /// (`--request-buffer-bytes-max`).
     pub body_budget: Arc<BodyBudget>,
+    /// Cluster mode (`--nats-url`): publishes go to JetStream.
+    pub cluster: Option<::cluster::Cluster>,
 }
 
 /// A connection moving to the core that owns its stream: the fd and the bytes read so far.
@@ -95,6 +98,8 @@ pub struct CoreSetup {
     pub listener: Option<OwnedFd>,
     pub rx: Receiver<Handoff>,
     pub logs: Vec<(u32, Log)>,
+    /// Cluster mode: the messages of this core's shards, in JetStream order.
+    pub inbox: Option<::cluster::Inbox>,
 }
 
 /// What a connection is doing.
@@ -163,6 +168,8 @@ struct Core {
     deferred_gives: u64,
     /// Retrying deferred receives (a re-deferral is not counted again).
     retrying: bool,
+    /// Cluster mode (`--nats-url`).
+    cluster: Option<Box<cluster::ClusterCore>>,
 }
 
 fn limits(cfg: &Config) -> Limits {
@@ -220,7 +227,16 @@ pub fn run_core(setup: CoreSetup, shared: Arc<Shared>, ready: impl FnOnce(Result
         shared.origins.clone(),
         auth::Auth::new(shared.verifier.clone()),
     );
+    let clustered = match (setup.inbox, &shared.cluster) {
+        (Some(inbox), Some(handle)) => Some(Box::new(cluster::ClusterCore::new(
+            inbox,
+            handle.clone(),
+            &setup.logs,
+        ))),
+        _ => None,
+    };
     let mut core = Core {
+        cluster: clustered,
         id: setup.id,
         lim: limits(&shared.cfg),
         hub: Hub::new(setup.logs, shared.shards),
@@ -281,6 +297,7 @@ impl Core {
                 }
             }
             self.mcp_turn();
+            self.cluster_turn();
             self.end_turn();
             if self.now >= self.next_tick {
                 self.tick();
@@ -309,6 +326,9 @@ impl Core {
         .flatten()
         .min()
         .expect("the tick is always set");
+        if self.cluster.as_ref().is_some_and(|c| c.busy()) {
+            return Duration::from_micros(50); // more of the inbox waits: come back at once
+        }
         until
             .saturating_duration_since(Instant::now())
             .max(Duration::from_micros(50))

@@ -49,6 +49,7 @@ impl Core {
             self.pump(slot);
         }
         self.retry_deferred_recvs();
+        self.cluster_tick();
         let m = &self.shared.metrics[self.id];
         m.auth_refusals_total
             .store(self.gate.auth_refusals, Relaxed);
@@ -61,7 +62,10 @@ impl Core {
         if now >= self.next_retention {
             self.next_retention = now + Duration::from_secs(1);
             self.hub.enforce_retention(SystemTime::now(), self.id);
-            self.expire_idle_streams();
+            if self.cluster.is_none() {
+                // A removal would be one node's alone (cluster mode removes no stream).
+                self.expire_idle_streams();
+            }
             let cfg = &self.shared.cfg;
             let lines = if cfg.metrics_per_stream {
                 self.hub.stream_lines(cfg.metrics_per_stream_max)

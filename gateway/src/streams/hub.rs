@@ -106,6 +106,9 @@ impl Hub {
         let Some(log) = self.logs.get(&w.shard) else {
             return false;
         };
+        if w.stream == u32::MAX {
+            return false; // a cluster publish not yet applied (core/cluster.rs)
+        }
         let id = StreamId(w.stream);
         match log.bounds(id) {
             Some(b) => b.visible_tail >= w.seq,

@@ -84,6 +84,23 @@ pub fn check_framed(
     Ok(())
 }
 
+/// [`check_framed`] for a stream that may not exist yet (cluster mode: it is created where the
+/// event is applied), with the longest ID any event of it can have.
+pub fn check_framed_worst(log: &Log, events: &[Event]) -> Result<(), (u16, &'static str, String)> {
+    let record_max = log.options().record_bytes_max as usize;
+    for (i, (ev, data)) in events.iter().enumerate() {
+        let framed = sse::framed_event_bytes(log_store::EVENT_ID_BYTES_MAX, ev.as_deref(), data);
+        if framed > record_max {
+            let msg = format!(
+                "event {i}: framed record of up to {framed} bytes exceeds the record limit \
+                 {record_max} (each line of data costs a `data: ` prefix)"
+            );
+            return Err((413, "event_too_large", msg));
+        }
+    }
+    Ok(())
+}
+
 /// Appends the (checked) events in order. The answer waits for durability unless every
 /// append was durable at once; a refused append answers with the IDs appended before it.
 pub fn append(

@@ -55,6 +55,17 @@ impl HttpConn {
         }
     }
 
+    /// Replaces the queued answer held by `old` (a placeholder) with `bytes`, now held by
+    /// `wait` (`None`: ready to send).
+    pub fn replace_wait(&mut self, old: Wait, bytes: Vec<u8>, wait: Option<Wait>) {
+        if let Some(o) = self.outbox.iter_mut().find(|o| o.wait == Some(old)) {
+            let bytes = access::with_headers(bytes, &o.headers);
+            self.outbox_bytes = self.outbox_bytes - o.bytes.len() + bytes.len();
+            o.bytes = bytes;
+            o.wait = wait;
+        }
+    }
+
     /// The bytes to send next — the rest of a partial send, or the ready prefix of the
     /// outbox — unless a send is in flight. Hand the buffer back with [`HttpConn::on_sent`].
     pub fn poll_transmit(&mut self) -> Option<(Vec<u8>, usize)> {

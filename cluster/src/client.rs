@@ -1,0 +1,338 @@
+//! The `nats` thread: one async-nats connection on a single-threaded tokio runtime. It creates
+//! or checks the shards' JetStream streams at start, publishes (each event one message with
+//! its `Nats-Msg-Id`, retried with the same ID until the publish timeout, so JetStream
+//! de-duplicates a retry of a stored message), and runs one ordered consumer per followed
+//! shard, handing each message to the shard's core in order.
+#![forbid(unsafe_code)]
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer, stream};
+use futures::StreamExt as _;
+use tokio::sync::mpsc;
+
+use crate::names::{self, HDR_EVENT, HDR_STREAM, META_SHARDS};
+use crate::{Applied, Config, Inbound, Publish, ShardStream, Wake};
+
+/// What the cores ask of the thread.
+#[derive(Debug)]
+pub(crate) enum Command {
+    Publish(Publish),
+    Follow { shard: u32, from: u64 },
+}
+
+/// The thread's side of one core's inbox.
+pub(crate) struct Out {
+    pub(crate) tx: mpsc::Sender<Inbound>,
+    pub(crate) armed: Arc<AtomicBool>,
+    pub(crate) wake: Wake,
+}
+
+impl Out {
+    async fn send(&self, m: Inbound) {
+        // The core only goes away at process exit.
+        let _ = self.tx.send(m).await;
+        if !self.armed.swap(true, Ordering::SeqCst) {
+            (self.wake)();
+        }
+    }
+}
+
+struct Thread {
+    cfg: Config,
+    js: jetstream::Context,
+    route: Vec<usize>,
+    outs: Arc<Vec<Out>>,
+    nonce: Arc<str>,
+    streams: HashMap<u32, stream::Stream>,
+}
+
+/// Starts the thread; returns once every shard's stream exists (or the start failed).
+pub(crate) fn spawn(
+    cfg: Config,
+    route: Vec<usize>,
+    outs: Vec<Out>,
+    cmd_rx: mpsc::UnboundedReceiver<Command>,
+    nonce: Arc<str>,
+) -> Result<Vec<ShardStream>, String> {
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("nats".into())
+        .spawn(move || {
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => return drop(ready_tx.send(Err(format!("tokio runtime: {e}")))),
+            };
+            rt.block_on(async move {
+                let t = match Thread::start(cfg, route, outs, nonce).await {
+                    Ok((t, shards)) => {
+                        let _ = ready_tx.send(Ok(shards));
+                        t
+                    }
+                    Err(e) => return drop(ready_tx.send(Err(e))),
+                };
+                t.serve(cmd_rx).await;
+            });
+        })
+        .map_err(|e| format!("spawning the nats thread: {e}"))?;
+    ready_rx
+        .recv()
+        .map_err(|_| "the nats thread ended during start".to_string())?
+}
+
+impl Thread {
+    async fn start(
+        cfg: Config,
+        route: Vec<usize>,
+        outs: Vec<Out>,
+        nonce: Arc<str>,
+    ) -> Result<(Thread, Vec<ShardStream>), String> {
+        let opts = async_nats::ConnectOptions::new()
+            .name("gateway")
+            .retry_on_initial_connect();
+        let connect = async_nats::connect_with_options(cfg.urls.clone(), opts);
+        let client = tokio::time::timeout(cfg.connect_timeout, connect)
+            .await
+            .map_err(|_| {
+                format!(
+                    "no NATS server of {:?} answered within {:?}",
+                    cfg.urls, cfg.connect_timeout
+                )
+            })?
+            .map_err(|e| format!("connecting to NATS {:?}: {e}", cfg.urls))?;
+        let js = jetstream::new(client);
+        let mut t = Thread {
+            cfg,
+            js,
+            route,
+            outs: Arc::new(outs),
+            nonce,
+            streams: HashMap::new(),
+        };
+        let deadline = tokio::time::Instant::now() + t.cfg.connect_timeout;
+        let mut shards = Vec::new();
+        for shard in 0..t.cfg.shards {
+            shards.push(t.open_shard(shard, deadline).await?);
+        }
+        Ok((t, shards))
+    }
+
+    /// Creates shard `shard`'s stream, or checks the existing one was made for this shard
+    /// count; retried until `deadline` (a JetStream cluster elects its meta leader first).
+    async fn open_shard(
+        &mut self,
+        shard: u32,
+        deadline: tokio::time::Instant,
+    ) -> Result<ShardStream, String> {
+        let config = stream::Config {
+            name: names::stream_name(shard),
+            subjects: vec![names::subject(shard)],
+            storage: stream::StorageType::File,
+            num_replicas: self.cfg.replicas,
+            duplicate_window: Duration::from_secs(120),
+            deny_delete: true,
+            deny_purge: true,
+            metadata: HashMap::from([(META_SHARDS.to_string(), self.cfg.shards.to_string())]),
+            ..Default::default()
+        };
+        let mut s = loop {
+            match self.js.get_or_create_stream(config.clone()).await {
+                Ok(s) => break s,
+                Err(e) if tokio::time::Instant::now() < deadline => {
+                    let _ = e;
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                Err(e) => return Err(format!("JetStream stream {}: {e}", config.name)),
+            }
+        };
+        let info = s
+            .info()
+            .await
+            .map_err(|e| format!("JetStream stream {}: {e}", config.name))?;
+        let theirs = info.config.metadata.get(META_SHARDS).cloned();
+        if theirs.as_deref() != Some(self.cfg.shards.to_string().as_str()) {
+            return Err(format!(
+                "JetStream stream {} was made for {} shards, this node has {} (shards.json): \
+                 every node of a cluster must use the same shard count",
+                config.name,
+                theirs.as_deref().unwrap_or("an unknown number of"),
+                self.cfg.shards
+            ));
+        }
+        let out = ShardStream {
+            shard,
+            epoch: names::epoch(info.created.unix_timestamp_nanos(), shard),
+            first_seq: info.state.first_sequence,
+            last_seq: info.state.last_sequence,
+        };
+        self.streams.insert(shard, s);
+        Ok(out)
+    }
+
+    async fn serve(self, mut cmd_rx: mpsc::UnboundedReceiver<Command>) {
+        while let Some(cmd) = cmd_rx.recv().await {
+            match cmd {
+                Command::Publish(p) => self.publish(p).await,
+                Command::Follow { shard, from } => self.follow(shard, from),
+            }
+        }
+    }
+
+    /// Sends the message now (so messages leave in the order the cores asked), then awaits
+    /// its acknowledgement in a task.
+    async fn publish(&self, p: Publish) {
+        let out = self.route[p.shard as usize];
+        let msg = Msg {
+            subject: names::subject(p.shard),
+            id: names::msg_id(&self.nonce, p.ticket),
+            stream: p.stream,
+            event: p.event,
+            data: p.data.into(),
+        };
+        let first = send(&self.js, &msg).await;
+        let (js, outs, timeout) = (self.js.clone(), self.outs.clone(), self.cfg.publish_timeout);
+        let (shard, ticket) = (p.shard, p.ticket);
+        tokio::spawn(async move {
+            if let Err(reason) = confirm(&js, &msg, first, timeout).await {
+                let m = Inbound::Unconfirmed {
+                    shard,
+                    ticket,
+                    reason,
+                };
+                outs[out].send(m).await;
+            }
+        });
+    }
+
+    /// One ordered consumer from `from`; re-created from the next sequence if it ends.
+    fn follow(&self, shard: u32, from: u64) {
+        let Some(s) = self.streams.get(&shard).cloned() else {
+            return;
+        };
+        let (outs, out, nonce) = (
+            self.outs.clone(),
+            self.route[shard as usize],
+            self.nonce.clone(),
+        );
+        tokio::spawn(async move {
+            let mut next = from;
+            loop {
+                match follow_from(&s, shard, next, &outs[out], &nonce).await {
+                    Ok(n) => next = n,
+                    Err((n, e)) => {
+                        next = n;
+                        eprintln!("cluster: following shard {shard} from {next}: {e}; retrying");
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        });
+    }
+}
+
+/// One event as a JetStream message.
+struct Msg {
+    subject: String,
+    id: String,
+    stream: String,
+    event: Option<String>,
+    data: bytes::Bytes,
+}
+
+type AckFuture = jetstream::context::PublishAckFuture;
+
+async fn send(js: &jetstream::Context, m: &Msg) -> Result<AckFuture, String> {
+    let mut p = jetstream::context::Publish::build()
+        .message_id(&m.id)
+        .header(HDR_STREAM, m.stream.as_str())
+        .payload(m.data.clone());
+    if let Some(ev) = &m.event {
+        p = p.header(HDR_EVENT, ev.as_str());
+    }
+    js.send_publish(m.subject.clone(), p)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// Awaits the acknowledgement; on a failure sends again (same `Nats-Msg-Id`) until `timeout`.
+async fn confirm(
+    js: &jetstream::Context,
+    m: &Msg,
+    first: Result<AckFuture, String>,
+    timeout: Duration,
+) -> Result<(), String> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut attempt = first;
+    loop {
+        let err = match attempt {
+            Ok(ack) => match tokio::time::timeout_at(deadline, ack).await {
+                Ok(Ok(_)) => return Ok(()),
+                Ok(Err(e)) => e.to_string(),
+                Err(_) => return Err(format!("no acknowledgement within {timeout:?}")),
+            },
+            Err(e) => e,
+        };
+        if tokio::time::Instant::now() + Duration::from_millis(100) >= deadline {
+            return Err(err);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        attempt = send(js, m).await;
+    }
+}
+
+/// Delivers `shard`'s messages from `from` to its core until the consumer ends; returns the
+/// next sequence to ask for.
+async fn follow_from(
+    s: &stream::Stream,
+    shard: u32,
+    from: u64,
+    out: &Out,
+    nonce: &str,
+) -> Result<u64, (u64, String)> {
+    let cfg = consumer::pull::OrderedConfig {
+        deliver_policy: consumer::DeliverPolicy::ByStartSequence {
+            start_sequence: from,
+        },
+        filter_subject: names::subject(shard),
+        ..Default::default()
+    };
+    let c = s
+        .create_consumer(cfg)
+        .await
+        .map_err(|e| (from, e.to_string()))?;
+    let mut msgs = c.messages().await.map_err(|e| (from, e.to_string()))?;
+    let mut next = from;
+    while let Some(m) = msgs.next().await {
+        let m = m.map_err(|e| (next, e.to_string()))?;
+        let seq = m.info().map_err(|e| (next, e.to_string()))?.stream_sequence;
+        let header = |k: &str| {
+            m.headers
+                .as_ref()
+                .and_then(|h| h.get(k))
+                .map(|v| v.as_str().to_owned())
+        };
+        let applied = Applied {
+            shard,
+            seq,
+            stream: header(HDR_STREAM),
+            event: header(HDR_EVENT),
+            data: m.payload.to_vec(),
+            ticket: names::own_ticket(
+                nonce,
+                m.headers
+                    .as_ref()
+                    .and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID))
+                    .map(|v| v.as_str()),
+            ),
+        };
+        out.send(Inbound::Message(applied)).await;
+        next = seq + 1;
+    }
+    Ok(next)
+}

@@ -1,0 +1,147 @@
+//! The cluster's names and the pure decisions over them: JetStream stream and subject per
+//! shard, the epoch a shard's JetStream stream stands for, message IDs (`Nats-Msg-Id`) that
+//! say which publishes are this process's, and the check every applied message passes.
+#![forbid(unsafe_code)]
+
+/// Header carrying the gateway stream a message belongs to.
+pub const HDR_STREAM: &str = "Gw-Stream";
+/// Header carrying the SSE event type (absent: no `event:` line).
+pub const HDR_EVENT: &str = "Gw-Event";
+/// Metadata key on every shard's JetStream stream: the cluster's shard count.
+pub const META_SHARDS: &str = "gw_shards";
+
+/// The JetStream stream holding shard `shard`.
+pub fn stream_name(shard: u32) -> String {
+    format!("GW_{shard}")
+}
+
+/// The one subject of shard `shard`'s JetStream stream.
+pub fn subject(shard: u32) -> String {
+    format!("gw.{shard}")
+}
+
+/// The epoch of a shard: a function of its JetStream stream's identity (the stream's creation
+/// time, which a deleted and recreated stream does not share) and the shard, never 0. Every
+/// node derives the same one; a recreated JetStream stream gives a new one, so IDs from the old
+/// incarnation are refused as another epoch's instead of being read against new content.
+pub fn epoch(created_unix_nanos: i128, shard: u32) -> u64 {
+    // splitmix64 over the two inputs: a fixed, portable mixing.
+    let mut x = (created_unix_nanos as u128 as u64) ^ ((created_unix_nanos >> 64) as u64);
+    x ^= u64::from(shard).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^= x >> 31;
+    x.max(1)
+}
+
+/// `Nats-Msg-Id` of this process's publish `ticket`: `<nonce>-<ticket>`, the nonce random per
+/// process start, so a retry of the same publish is de-duplicated by JetStream and no two
+/// publishes (of this or another node, now or after a restart) share an ID.
+pub fn msg_id(nonce: &str, ticket: u64) -> String {
+    format!("{nonce}-{ticket}")
+}
+
+/// The ticket of a message this process published (its `Nats-Msg-Id` carries our nonce).
+pub fn own_ticket(nonce: &str, msg_id: Option<&str>) -> Option<u64> {
+    let rest = msg_id?.strip_prefix(nonce)?.strip_prefix('-')?;
+    if rest.is_empty() || (rest.len() > 1 && rest.starts_with('0')) {
+        return None;
+    }
+    rest.parse().ok()
+}
+
+/// Why an applied message cannot be taken: the chain is broken. Every node must apply every
+/// message of a shard in JetStream order, once; anything else would number events differently
+/// on different nodes (a silent gap or duplicate for a client that resumes elsewhere), so the
+/// node stops instead.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChainBreak {
+    /// The message is not the next one (JetStream moved a consumer past messages it no longer
+    /// holds, or a message was skipped).
+    NotNext { expected: u64, got: u64 },
+    /// The message lacks the stream header or it is not a valid stream name.
+    Foreign { seq: u64 },
+}
+
+impl std::fmt::Display for ChainBreak {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ChainBreak::NotNext { expected, got } if got > expected => write!(
+                f,
+                "JetStream delivered sequence {got} where {expected} was next: sequences \
+                 {expected}..{} are gone (retention or a purge) and this node cannot number \
+                 what follows; rebuild it from a node that has them",
+                got - 1
+            ),
+            ChainBreak::NotNext { expected, got } => write!(
+                f,
+                "JetStream delivered sequence {got} again after {}: already applied",
+                expected - 1
+            ),
+            ChainBreak::Foreign { seq } => write!(
+                f,
+                "message {seq} was not published by a gateway (no {HDR_STREAM} header)"
+            ),
+        }
+    }
+}
+
+/// The check every applied message passes: it is the next one of its shard.
+pub fn check_next(applied: u64, seq: u64) -> Result<(), ChainBreak> {
+    if seq == applied + 1 {
+        Ok(())
+    } else {
+        Err(ChainBreak::NotNext {
+            expected: applied + 1,
+            got: seq,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_tickets_are_recognised_and_nothing_else() {
+        let n = "0123456789abcdef";
+        assert_eq!(own_ticket(n, Some(&msg_id(n, 0))), Some(0));
+        assert_eq!(own_ticket(n, Some(&msg_id(n, u64::MAX))), Some(u64::MAX));
+        assert_eq!(own_ticket(n, Some("fedcba9876543210-5")), None);
+        assert_eq!(own_ticket(n, Some("0123456789abcdef-")), None);
+        assert_eq!(own_ticket(n, Some("0123456789abcdef-05")), None);
+        assert_eq!(own_ticket(n, Some("0123456789abcdef5")), None);
+        assert_eq!(own_ticket(n, Some("0123456789abcdef-5x")), None);
+        assert_eq!(own_ticket(n, None), None);
+    }
+
+    #[test]
+    fn epochs_differ_by_incarnation_and_shard_and_are_never_zero() {
+        let t = 1_780_000_000_123_456_789i128;
+        assert_eq!(epoch(t, 3), epoch(t, 3));
+        assert_ne!(epoch(t, 3), epoch(t + 1, 3));
+        assert_ne!(epoch(t, 3), epoch(t, 4));
+        assert_ne!(epoch(0, 0), 0);
+    }
+
+    #[test]
+    fn only_the_next_sequence_applies() {
+        assert!(check_next(0, 1).is_ok());
+        assert!(check_next(41, 42).is_ok());
+        let skip = check_next(41, 50).unwrap_err();
+        assert_eq!(
+            skip,
+            ChainBreak::NotNext {
+                expected: 42,
+                got: 50
+            }
+        );
+        assert!(skip.to_string().contains("42..49 are gone"));
+        assert!(
+            check_next(41, 41)
+                .unwrap_err()
+                .to_string()
+                .contains("again")
+        );
+    }
+}

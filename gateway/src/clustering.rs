@@ -1,0 +1,171 @@
+//! Cluster mode's flags and start-up (`--nats-url`): connect and find every shard's JetStream
+//! stream (through the `cluster` crate's `nats` thread), open each shard's local log under the
+//! shard's cluster epoch (a local log of another incarnation is rebuilt from JetStream), and
+//! say where each shard's follower starts. The per-core side is `core/cluster.rs`.
+#![forbid(unsafe_code)]
+
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cluster::{Cluster, Inbox, ShardStream};
+
+use crate::{shards, sys};
+
+/// Cluster mode's flags.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ClusterArgs {
+    /// A NATS server of the JetStream cluster (repeatable; any one will do to connect). Turns
+    /// cluster mode on: every publish goes through JetStream, every node follows every shard.
+    #[arg(long = "nats-url", value_name = "URL")]
+    pub nats_urls: Vec<String>,
+
+    /// Replicas of each shard's JetStream stream when this node creates it.
+    #[arg(long, default_value_t = 3)]
+    pub nats_replicas: usize,
+
+    /// Seconds to wait at start for NATS and every shard's stream.
+    #[arg(long, default_value_t = 30)]
+    pub nats_connect_timeout_secs: u64,
+
+    /// Milliseconds a publish may take, retries included, before its answer is 503
+    /// `publish_unconfirmed`.
+    #[arg(long, default_value_t = 10_000)]
+    pub nats_publish_timeout_ms: u64,
+
+    /// Messages buffered per core between the NATS client and the core (followers pause
+    /// beyond it; nothing is dropped).
+    #[arg(long, default_value_t = 65_536)]
+    pub nats_inbox_messages_max: usize,
+
+    /// A resume at an ID this node has not applied yet (another node published it) waits this
+    /// long for the node to catch up, then gets 503 with `Retry-After`.
+    #[arg(long, default_value_t = 2_000)]
+    pub cluster_catchup_wait_ms: u64,
+}
+
+impl ClusterArgs {
+    pub fn enabled(&self) -> bool {
+        !self.nats_urls.is_empty()
+    }
+
+    /// What cluster mode cannot be combined with (yet), and zero limits.
+    pub fn validate(&self, mcp: bool) -> Result<(), String> {
+        if !self.enabled() {
+            return Ok(());
+        }
+        if mcp {
+            return Err(
+                "the MCP front (--upstream-cmd / --upstream-url) does not run in \
+                        cluster mode (--nats-url) yet"
+                    .into(),
+            );
+        }
+        if self.nats_replicas == 0 || self.nats_replicas > 5 {
+            return Err("--nats-replicas must be 1 to 5".into());
+        }
+        if self.nats_inbox_messages_max == 0 || self.nats_publish_timeout_ms == 0 {
+            return Err(
+                "--nats-inbox-messages-max and --nats-publish-timeout-ms must be > 0".into(),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Cluster mode as the cores see it.
+#[derive(Debug)]
+pub struct Clustered {
+    pub cluster: Cluster,
+    pub inboxes: Vec<Inbox>,
+    pub streams: Vec<ShardStream>,
+}
+
+/// Connects and finds (or creates) every shard's JetStream stream; each core's inbox wakes it
+/// through a duplicate of its eventfd.
+pub fn start(
+    args: &ClusterArgs,
+    shard_count: u32,
+    cores: usize,
+    eventfds: &[OwnedFd],
+) -> Result<Clustered, String> {
+    let route = (0..shard_count)
+        .map(|s| shards::core_of_shard(s, cores))
+        .collect();
+    let mut wakes: Vec<cluster::Wake> = Vec::with_capacity(cores);
+    for fd in eventfds {
+        let fd = fd.try_clone().map_err(|e| format!("eventfd: {e}"))?;
+        wakes.push(Arc::new(move || {
+            sys::eventfd_wake(std::os::fd::AsFd::as_fd(&fd))
+        }));
+    }
+    let cfg = cluster::Config {
+        urls: args.nats_urls.clone(),
+        replicas: args.nats_replicas,
+        shards: shard_count,
+        connect_timeout: Duration::from_secs(args.nats_connect_timeout_secs),
+        publish_timeout: Duration::from_millis(args.nats_publish_timeout_ms),
+        inbox_messages_max: args.nats_inbox_messages_max,
+    };
+    let (cluster, inboxes, streams) = cluster::Cluster::start(cfg, route, wakes)?;
+    Ok(Clustered {
+        cluster,
+        inboxes,
+        streams,
+    })
+}
+
+/// Messages of a shard already in its local log: every JetStream message is one event, so
+/// the count is the sum of the streams' tails (no stream is ever removed in cluster mode).
+pub fn applied(log: &log_store::Log) -> u64 {
+    log.streams().map(|(_, _, b)| b.tail).sum()
+}
+
+/// Opens shard `shard`'s local log under the cluster's epoch: a log of another incarnation of
+/// the JetStream stream (it was deleted and recreated) is removed and rebuilt. Refuses a log
+/// that holds more than JetStream (acknowledged messages lost there) or that JetStream can no
+/// longer continue (the messages after it are gone).
+pub fn open_log(
+    dir: &std::path::Path,
+    mut opts: log_store::LogOptions,
+    js: &ShardStream,
+) -> Result<log_store::Log, String> {
+    let epoch = log_store::Epoch(js.epoch);
+    opts.epoch_on_create = Some(epoch);
+    let open = |o: log_store::LogOptions| {
+        log_store::Log::open(dir, o).map_err(|e| format!("opening {}: {e}", dir.display()))
+    };
+    let mut log = open(opts.clone())?;
+    if log.epoch() != epoch {
+        eprintln!(
+            "gateway: shard {}: the local log belongs to an earlier JetStream stream {}; \
+             rebuilding it from JetStream",
+            js.shard,
+            cluster::names::stream_name(js.shard)
+        );
+        drop(log);
+        std::fs::remove_dir_all(dir).map_err(|e| format!("removing {}: {e}", dir.display()))?;
+        log = open(opts)?;
+    }
+    let have = applied(&log);
+    if have > js.last_seq {
+        return Err(format!(
+            "shard {}: the local log holds {have} messages but JetStream's stream {} ends at \
+             {}: JetStream lost acknowledged messages; refusing to serve a different history",
+            js.shard,
+            cluster::names::stream_name(js.shard),
+            js.last_seq
+        ));
+    }
+    if js.last_seq > have && js.first_seq > have + 1 {
+        return Err(format!(
+            "shard {}: the local log ends at message {have} but JetStream's stream {} now \
+             starts at {}: the messages between are gone and this node cannot number what \
+             follows",
+            js.shard,
+            cluster::names::stream_name(js.shard),
+            js.first_seq
+        ));
+    }
+    Ok(log)
+}

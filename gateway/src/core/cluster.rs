@@ -1,0 +1,453 @@
+//! Cluster mode on a core (`--nats-url`): publishes go to JetStream (one message per event)
+//! and are answered once the node's own follower has applied them and they are durable in the
+//! local log; every message of this core's shards is applied in JetStream order (checked: the
+//! n-th message of a shard must be applied n-th, else the node stops loudly); a subscribe or
+//! resume that names what this node has not applied yet waits up to
+//! `--cluster-catchup-wait-ms`, then gets 404 (no such stream) or 503 with `Retry-After`.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
+
+use cluster::{Applied, Inbound, names};
+use log_store::{AppendError, EventId};
+
+use super::{Core, State};
+use crate::proto::conn::Wait;
+use crate::proto::http;
+use crate::proto::route::SubscribeQuery;
+use crate::streams::hub::SubRef;
+use crate::streams::publish::{self, Event};
+
+/// Messages taken from the inbox per turn (the rest wait for the next turn).
+const DRAIN_PER_TURN: usize = 4096;
+
+/// One ticket of a publish.
+#[derive(Debug, Clone, Copy)]
+enum Ticket {
+    Pending,
+    Applied(EventId),
+    Unconfirmed,
+}
+
+/// A publish request waiting for its events to come back from JetStream.
+#[derive(Debug)]
+struct Pending {
+    conn: SubRef,
+    shard: u32,
+    first: u64,
+    tickets: Vec<Ticket>,
+    outstanding: usize,
+    batch: bool,
+    close: bool,
+    reason: Option<String>,
+}
+
+/// A subscribe waiting for this node to apply what it names.
+#[derive(Debug)]
+struct CatchUp {
+    conn: SubRef,
+    stream: String,
+    q: SubscribeQuery,
+    headers: String,
+    expires: Option<u64>,
+    deadline: Instant,
+}
+
+/// A core's cluster state.
+#[derive(Debug)]
+pub(super) struct ClusterCore {
+    inbox: cluster::Inbox,
+    handle: cluster::Cluster,
+    /// Messages applied, per shard of this core.
+    applied: HashMap<u32, u64>,
+    next_ticket: u64,
+    /// Publish requests by first ticket, and each ticket's request.
+    pending: HashMap<u64, Pending>,
+    request_of: HashMap<u64, u64>,
+    catchup: Vec<CatchUp>,
+    /// A message the local log could not take yet (disk full): retried at the tick; nothing
+    /// more is taken from the inbox meanwhile (the followers pause behind it).
+    stalled: VecDeque<Applied>,
+}
+
+impl ClusterCore {
+    pub(super) fn new(
+        inbox: cluster::Inbox,
+        handle: cluster::Cluster,
+        logs: &[(u32, log_store::Log)],
+    ) -> ClusterCore {
+        let applied = logs
+            .iter()
+            .map(|(s, log)| (*s, crate::clustering::applied(log)))
+            .collect();
+        ClusterCore {
+            inbox,
+            handle,
+            applied,
+            next_ticket: 0,
+            pending: HashMap::new(),
+            request_of: HashMap::new(),
+            catchup: Vec::new(),
+            stalled: VecDeque::new(),
+        }
+    }
+
+    /// Whether the loop should come back at once (the inbox had more than one turn's worth).
+    pub(super) fn busy(&self) -> bool {
+        self.stalled.is_empty() && self.inbox.more()
+    }
+}
+
+/// The wait a cluster publish's answer holds until its events are applied: stream `u32::MAX`
+/// (never a stream id: the log refuses to create it) and the request's first ticket.
+fn ticket_wait(shard: u32, first: u64) -> Wait {
+    Wait {
+        shard,
+        stream: u32::MAX,
+        seq: first,
+    }
+}
+
+impl Core {
+    /// Publishes `events` through JetStream; the answer waits for them to be applied here.
+    pub(super) fn cluster_publish(
+        &mut self,
+        slot: u32,
+        stream: &str,
+        events: Vec<Event>,
+        close: bool,
+        batch: bool,
+    ) {
+        if let Err((status, code, msg)) = publish::check_events(&events) {
+            return self.error(slot, status, code, &msg, close);
+        }
+        let shard = self.hub.shard_of(stream);
+        if let Err((status, code, msg)) = self.check_cluster_publish(stream, shard, &events) {
+            return self.error(slot, status, code, &msg, close);
+        }
+        let conn = (slot, self.io.generation(slot));
+        let cc = self.cluster.as_mut().expect("cluster mode");
+        let first = cc.next_ticket;
+        cc.next_ticket += events.len() as u64;
+        let n = events.len();
+        for (i, (event, data)) in events.into_iter().enumerate() {
+            let ticket = first + i as u64;
+            cc.request_of.insert(ticket, first);
+            cc.handle.publish(cluster::Publish {
+                shard,
+                ticket,
+                stream: stream.to_owned(),
+                event,
+                data,
+            });
+        }
+        let p = Pending {
+            conn,
+            shard,
+            first,
+            tickets: vec![Ticket::Pending; n],
+            outstanding: n,
+            batch,
+            close,
+            reason: None,
+        };
+        cc.pending.insert(first, p);
+        self.m()
+            .cluster_publishes_total
+            .fetch_add(n as u64, Relaxed);
+        if !self.waiting.contains(&conn) {
+            self.waiting.push(conn);
+        }
+        if let State::Http(h) = &mut self.conn(slot).state {
+            h.answer(Vec::new(), Some(ticket_wait(shard, first)), close);
+        }
+    }
+
+    /// What a publish is checked for before anything is sent: a valid name, room for a new
+    /// stream (`--streams-max`), every event within the record limit.
+    fn check_cluster_publish(
+        &self,
+        stream: &str,
+        shard: u32,
+        events: &[Event],
+    ) -> Result<(), (u16, &'static str, String)> {
+        let log = self.hub.log(shard);
+        if log.stream_id(stream).is_none() {
+            let max = self.shared.cfg.streams_max;
+            if self.shared.streams.load(Relaxed) >= max {
+                let msg = format!("the gateway holds --streams-max {max} streams; no new stream");
+                return Err((507, "streams_exhausted", msg));
+            }
+            if let Err(e) = log_store::Log::check_stream_name(stream) {
+                let (status, code) = publish::append_status(&e);
+                return Err((status, code, e.to_string()));
+            }
+        }
+        publish::check_framed_worst(log, events)
+    }
+
+    /// Applies what the followers delivered (bounded per turn); answers publishes whose
+    /// events all came back; serves the catch-up waiters that can be served now.
+    pub(super) fn cluster_turn(&mut self) {
+        let Some(cc) = self.cluster.as_mut() else {
+            return;
+        };
+        if !cc.stalled.is_empty() {
+            return;
+        }
+        let mut got = Vec::new();
+        cc.inbox.drain(DRAIN_PER_TURN, |m| got.push(m));
+        let n = got.len();
+        for m in got {
+            match m {
+                Inbound::Message(a) => self.apply_or_stall(a),
+                Inbound::Unconfirmed { ticket, reason, .. } => {
+                    self.resolve(ticket, Ticket::Unconfirmed, Some(reason))
+                }
+            }
+        }
+        if n > 0 {
+            self.serve_catchups(false);
+        }
+    }
+
+    /// Retries a stalled message (the tick), then the catch-up deadlines.
+    pub(super) fn cluster_tick(&mut self) {
+        let Some(cc) = self.cluster.as_mut() else {
+            return;
+        };
+        let stalled = std::mem::take(&mut cc.stalled);
+        for a in stalled {
+            self.apply_or_stall(a);
+        }
+        self.serve_catchups(true);
+    }
+
+    fn apply_or_stall(&mut self, a: Applied) {
+        let cc = self.cluster.as_mut().expect("cluster mode");
+        if !cc.stalled.is_empty() {
+            cc.stalled.push_back(a);
+            return;
+        }
+        match self.apply(&a) {
+            Ok(()) => {}
+            Err(AppendError::DiskFull) => {
+                self.m().cluster_apply_stalls_total.fetch_add(1, Relaxed);
+                self.cluster.as_mut().expect("cluster").stalled.push_back(a);
+            }
+            Err(e) => panic!(
+                "cluster: shard {} message {} cannot be applied to the local log ({e}); every \
+                 node must apply every message: stopping",
+                a.shard, a.seq
+            ),
+        }
+    }
+
+    /// Applies one message: the next of its shard, one event of its stream.
+    fn apply(&mut self, a: &Applied) -> Result<(), AppendError> {
+        let cc = self.cluster.as_mut().expect("cluster mode");
+        let applied = *cc.applied.get(&a.shard).expect("a shard of this core");
+        if let Err(b) = names::check_next(applied, a.seq) {
+            panic!("cluster: shard {}: chain broken: {b}", a.shard);
+        }
+        let Some(name) = a.stream.as_deref() else {
+            let b = cluster::ChainBreak::Foreign { seq: a.seq };
+            panic!("cluster: shard {}: {b}", a.shard);
+        };
+        assert_eq!(
+            self.hub.shard_of(name),
+            a.shard,
+            "cluster: message {} of shard {} names a stream of another shard",
+            a.seq,
+            a.shard
+        );
+        let key = match self.hub.stream_key(name) {
+            Some(k) => k,
+            None => {
+                let k = self.hub.open_stream(name)?;
+                self.shared.streams.fetch_add(1, Relaxed);
+                k
+            }
+        };
+        let ap = self
+            .hub
+            .log_mut(key.0)
+            .append(key.1, a.event.as_deref(), &a.data)?;
+        *self
+            .cluster
+            .as_mut()
+            .expect("cluster")
+            .applied
+            .get_mut(&a.shard)
+            .expect("shard") += 1;
+        self.hub.record_appends(key, 1);
+        self.m().events_appended_total.fetch_add(1, Relaxed);
+        self.m().cluster_applied_total.fetch_add(1, Relaxed);
+        if let Some(t) = a.ticket {
+            self.resolve(t, Ticket::Applied(ap.id), None);
+        }
+        Ok(())
+    }
+
+    /// One ticket's outcome; the request is answered once none is pending.
+    fn resolve(&mut self, ticket: u64, outcome: Ticket, reason: Option<String>) {
+        let cc = self.cluster.as_mut().expect("cluster mode");
+        let Some(&first) = cc.request_of.get(&ticket) else {
+            return; // answered already (an unconfirmed publish that was stored after all)
+        };
+        let p = cc.pending.get_mut(&first).expect("a ticket's request");
+        let i = (ticket - first) as usize;
+        if !matches!(p.tickets[i], Ticket::Pending) {
+            return;
+        }
+        p.tickets[i] = outcome;
+        p.outstanding -= 1;
+        if reason.is_some() {
+            p.reason = reason;
+        }
+        if p.outstanding > 0 {
+            return;
+        }
+        let p = cc.pending.remove(&first).expect("present");
+        for t in first..first + p.tickets.len() as u64 {
+            cc.request_of.remove(&t);
+        }
+        self.answer_publish(p);
+    }
+
+    /// Replaces the held answer with the IDs (waiting for local durability) or, if any event
+    /// went unconfirmed, a 503 naming the ones that were stored.
+    fn answer_publish(&mut self, p: Pending) {
+        let ids: Vec<EventId> = p
+            .tickets
+            .iter()
+            .filter_map(|t| match t {
+                Ticket::Applied(id) => Some(*id),
+                _ => None,
+            })
+            .collect();
+        let (bytes, wait) = if ids.len() == p.tickets.len() {
+            let last = ids.last().expect("a publish has an event");
+            let wait = Wait {
+                shard: p.shard,
+                stream: last.stream.0,
+                seq: last.seq,
+            };
+            (http::created_response(&ids, p.batch, p.close), Some(wait))
+        } else {
+            self.m().cluster_unconfirmed_total.fetch_add(1, Relaxed);
+            let appended: Vec<String> = ids.iter().map(EventId::to_string).collect();
+            let body = serde_json::json!({
+                "error": "publish_unconfirmed",
+                "message": format!(
+                    "JetStream did not confirm every event ({}); the ones not listed in \
+                     appended_ids may or may not have been stored",
+                    p.reason.as_deref().unwrap_or("no reason given")
+                ),
+                "appended_ids": appended,
+            });
+            (http::json_response(503, &body, p.close), None)
+        };
+        let Some(c) = self.conn_at(p.conn).filter(|c| !c.closing) else {
+            return;
+        };
+        if let State::Http(h) = &mut c.state {
+            h.replace_wait(ticket_wait(p.shard, p.first), bytes, wait);
+        }
+    }
+}
+
+impl Core {
+    /// In cluster mode: whether this subscribe must wait for the node to catch up (then it
+    /// is held, and answered later).
+    pub(super) fn cluster_hold(
+        &mut self,
+        slot: u32,
+        stream: &str,
+        q: &SubscribeQuery,
+        headers: &str,
+        expires: Option<u64>,
+    ) -> bool {
+        if self.cluster.is_none() || self.caught_up(stream, q) {
+            return false;
+        }
+        let wait = Duration::from_millis(self.shared.cfg.cluster.cluster_catchup_wait_ms);
+        let c = CatchUp {
+            conn: (slot, self.io.generation(slot)),
+            stream: stream.to_owned(),
+            q: q.clone(),
+            headers: headers.to_owned(),
+            expires,
+            deadline: self.now + wait,
+        };
+        self.m().cluster_catchup_waits_total.fetch_add(1, Relaxed);
+        self.cluster.as_mut().expect("cluster").catchup.push(c);
+        true
+    }
+
+    /// Whether this node has applied what the subscribe names: the stream, and the event of
+    /// its `Last-Event-ID` when that ID is of this stream's epoch and id.
+    fn caught_up(&self, stream: &str, q: &SubscribeQuery) -> bool {
+        let Some((shard, sid)) = self.hub.stream_key(stream) else {
+            return false;
+        };
+        let Some(Ok(id)) = q.last_event_id.as_deref().map(str::parse::<EventId>) else {
+            return true;
+        };
+        let log = self.hub.log(shard);
+        let bounds = log.bounds(sid).expect("live");
+        id.epoch != log.epoch() || id.stream != sid || id.seq <= bounds.visible_tail
+    }
+
+    /// Serves the waiters that caught up; on `deadlines`, refuses the ones past theirs.
+    fn serve_catchups(&mut self, deadlines: bool) {
+        let Some(cc) = self.cluster.as_mut() else {
+            return;
+        };
+        if cc.catchup.is_empty() {
+            return;
+        }
+        let waiters = std::mem::take(&mut cc.catchup);
+        let mut keep = Vec::new();
+        for w in waiters {
+            if self.conn_at(w.conn).is_none_or(|c| c.closing) {
+                continue;
+            }
+            let slot = w.conn.0;
+            if self.caught_up(&w.stream, &w.q) {
+                self.subscribe(slot, &w.stream, &w.q, &w.headers, w.expires);
+            } else if deadlines && self.now >= w.deadline {
+                self.m()
+                    .cluster_catchup_timeouts_total
+                    .fetch_add(1, Relaxed);
+                self.refuse_catchup(slot, &w);
+            } else {
+                keep.push(w);
+            }
+        }
+        self.cluster.as_mut().expect("cluster").catchup.extend(keep);
+    }
+
+    fn refuse_catchup(&mut self, slot: u32, w: &CatchUp) {
+        let known = self.hub.stream_key(&w.stream).is_some();
+        let b = if !known && w.q.last_event_id.is_none() {
+            http::error_response(
+                404,
+                "unknown_stream",
+                "nothing has been published to this stream yet (cluster mode: a stream exists \
+                 once its first event is stored)",
+                true,
+            )
+        } else {
+            let body = serde_json::json!({
+                "error": "catching_up",
+                "message": "this node has not yet applied the event named by Last-Event-ID; \
+                            retry (here or on another node)",
+            });
+            let b = http::json_response(503, &body, true);
+            crate::proto::access::with_headers(b, "Retry-After: 1\r\n")
+        };
+        self.respond(slot, b, true);
+    }
+}
