@@ -426,6 +426,9 @@ fn publish_all(
     acked
 }
 
+/// What each subscriber saw, the acknowledged publishes and the last sequence.
+type Outcome = (Vec<Vec<(String, String)>>, HashMap<String, String>, u64);
+
 /// Runs `subs` cutting subscribers and one publisher of `n` events; `during(acked)` is called
 /// as publishes are acknowledged (to kill things). Returns what each subscriber saw, the
 /// acknowledged publishes and the last sequence.
@@ -435,7 +438,7 @@ fn run(
     n: u64,
     subs: usize,
     mut during: impl FnMut(u64),
-) -> (Vec<Vec<(String, String)>>, HashMap<String, String>, u64) {
+) -> Outcome {
     let deadline = Instant::now() + Duration::from_secs(150);
     let until = Arc::new(AtomicU64::new(0));
     let done = Arc::new(AtomicBool::new(false));
