@@ -48,9 +48,11 @@ pub struct Config {
     /// "group" (a group commit starts as soon as records are unsynced and none is in flight;
     /// what arrives meanwhile waits for the next), "interval:<ms>" (at most one per interval),
     /// "always" (as group) or "never" (visible at once; survives a process crash, not a power
-    /// loss). log-store/DESIGN.md, "Durability and visibility".
-    #[arg(long, default_value = "group")]
-    pub fsync: String,
+    /// loss). log-store/DESIGN.md, "Durability and visibility". Default: "group"; in cluster
+    /// mode "never" (the durable copy is JetStream's quorum; a node that loses its local tail
+    /// in a crash re-applies it from JetStream under the same IDs).
+    #[arg(long)]
+    pub fsync: Option<String>,
 
     /// TCP_NOTSENT_LOWAT on subscriber sockets: unsent bytes the kernel may hold per subscriber;
     /// the rest of a slow subscriber's backlog stays in the log.
@@ -334,7 +336,9 @@ impl std::fmt::Display for ConfigError {
 impl Config {
     /// Checks flag values that clap's types cannot express.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        parse_fsync(&self.fsync)?;
+        if let Some(f) = &self.fsync {
+            parse_fsync(f)?;
+        }
         self.mcp.validate().map_err(ConfigError::Mcp)?;
         self.cluster
             .validate(self.mcp.enabled())
@@ -398,7 +402,11 @@ impl Config {
 
     /// The fsync policy as the log store takes it.
     pub fn fsync_policy(&self) -> log_store::FsyncPolicy {
-        parse_fsync(&self.fsync).expect("validated at start")
+        match &self.fsync {
+            Some(f) => parse_fsync(f).expect("validated at start"),
+            None if self.cluster.enabled() => log_store::FsyncPolicy::Never,
+            None => log_store::FsyncPolicy::Group,
+        }
     }
 }
 

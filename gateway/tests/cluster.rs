@@ -432,13 +432,7 @@ type Outcome = (Vec<Vec<(String, String)>>, HashMap<String, String>, u64);
 /// Runs `subs` cutting subscribers and one publisher of `n` events; `during(acked)` is called
 /// as publishes are acknowledged (to kill things). Returns what each subscriber saw, the
 /// acknowledged publishes and the last sequence.
-fn run(
-    lb: SocketAddr,
-    stream: &str,
-    n: u64,
-    subs: usize,
-    mut during: impl FnMut(u64),
-) -> Outcome {
+fn run(lb: SocketAddr, stream: &str, n: u64, subs: usize, mut during: impl FnMut(u64)) -> Outcome {
     let deadline = Instant::now() + Duration::from_secs(150);
     let until = Arc::new(AtomicU64::new(0));
     let done = Arc::new(AtomicBool::new(false));
@@ -477,6 +471,31 @@ fn resumes(g: &Gateway) -> u64 {
 #[test]
 fn cut_subscribers_resume_on_other_nodes_exactly_once() {
     let Some(s) = setup() else { return };
+    // A subscriber that comes before the stream's first event, on another node than the
+    // publisher's, is served from event 1 once it is applied there.
+    let (g0, g2) = (
+        s.gateways[0].as_ref().unwrap(),
+        s.gateways[2].as_ref().unwrap(),
+    );
+    let mut early = TcpStream::connect(g2.addr).unwrap();
+    early
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    write!(
+        early,
+        "GET /v1/streams/cl-early HTTP/1.1\r\nHost: t\r\n\r\n"
+    )
+    .unwrap();
+    let mut early = BufReader::new(early);
+    let mut status = String::new();
+    early.read_line(&mut status).unwrap();
+    assert!(status.contains(" 200 "), "{status}");
+    let id = post(g0.addr, "cl-early", "first").expect("publish");
+    assert_eq!(seq(&id), 1);
+    let mut seen = Vec::new();
+    read_events(&mut early, &mut seen, 1);
+    assert_eq!(seen, vec![(id, "first".to_string())]);
+
     let (got, acked, last) = run(s.lb.addr, "cl-cuts", 300, 3, |_| {});
     assert_eq!(
         last, 300,

@@ -1,9 +1,10 @@
 //! Cluster mode on a core (`--nats-url`): publishes go to JetStream (one message per event)
 //! and are answered once the node's own follower has applied them and they are durable in the
 //! local log; every message of this core's shards is applied in JetStream order (checked: the
-//! n-th message of a shard must be applied n-th, else the node stops loudly); a subscribe or
-//! resume that names what this node has not applied yet waits up to
-//! `--cluster-catchup-wait-ms`, then gets 404 (no such stream) or 503 with `Retry-After`.
+//! n-th message of a shard must be applied n-th, else the node stops loudly); a subscribe to a
+//! stream not created yet is served from its event 1 once it is; a resume that names what this
+//! node has not applied yet waits up to `--cluster-catchup-wait-ms`, then gets 503 with
+//! `Retry-After`.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
@@ -16,8 +17,11 @@ use super::{Core, State};
 use crate::proto::conn::Wait;
 use crate::proto::http;
 use crate::proto::route::SubscribeQuery;
+use crate::proto::sse;
+use crate::streams::StreamKey;
 use crate::streams::hub::SubRef;
 use crate::streams::publish::{self, Event};
+use crate::streams::sub::PENDING_STREAM;
 
 /// Messages taken from the inbox per turn (the rest wait for the next turn).
 const DRAIN_PER_TURN: usize = 4096;
@@ -66,6 +70,8 @@ pub(super) struct ClusterCore {
     pending: HashMap<u64, Pending>,
     request_of: HashMap<u64, u64>,
     catchup: Vec<CatchUp>,
+    /// Subscribers of streams not created yet, by name (`PENDING_STREAM`).
+    unborn: HashMap<String, Vec<SubRef>>,
     /// A message the local log could not take yet (disk full): retried at the tick; nothing
     /// more is taken from the inbox meanwhile (the followers pause behind it).
     stalled: VecDeque<Applied>,
@@ -89,6 +95,7 @@ impl ClusterCore {
             pending: HashMap::new(),
             request_of: HashMap::new(),
             catchup: Vec::new(),
+            unborn: HashMap::new(),
             stalled: VecDeque::new(),
         }
     }
@@ -267,6 +274,7 @@ impl Core {
             None => {
                 let k = self.hub.open_stream(name)?;
                 self.shared.streams.fetch_add(1, Relaxed);
+                self.adopt_unborn(name, k);
                 k
             }
         };
@@ -372,6 +380,12 @@ impl Core {
         if self.cluster.is_none() || self.caught_up(stream, q) {
             return false;
         }
+        if q.last_event_id.is_none() && self.hub.stream_key(stream).is_none() {
+            // Nothing published yet: subscribe now, from its first event, as in single-node
+            // mode (subscribers commonly come first).
+            self.subscribe_unborn(slot, stream, headers, expires);
+            return true;
+        }
         let wait = Duration::from_millis(self.shared.cfg.cluster.cluster_catchup_wait_ms);
         let c = CatchUp {
             conn: (slot, self.io.generation(slot)),
@@ -384,6 +398,42 @@ impl Core {
         self.m().cluster_catchup_waits_total.fetch_add(1, Relaxed);
         self.cluster.as_mut().expect("cluster").catchup.push(c);
         true
+    }
+
+    /// A subscriber of a stream that does not exist yet: its preamble now, its events from 1
+    /// once the stream is created here ([`Core::adopt_unborn`]).
+    fn subscribe_unborn(&mut self, slot: u32, stream: &str, headers: &str, expires: Option<u64>) {
+        let key = (self.hub.shard_of(stream), PENDING_STREAM);
+        let preamble = sse::subscribe_head(self.shared.cfg.retry_ms);
+        let preamble = crate::proto::access::with_headers(preamble, headers);
+        let r = (slot, self.io.generation(slot));
+        let cc = self.cluster.as_mut().expect("cluster mode");
+        let list = cc.unborn.entry(stream.to_owned()).or_default();
+        list.retain(|&(s, g)| (s, g) != r);
+        list.push(r);
+        self.become_subscriber(slot, key, 1, preamble, None, |s| s.expire_at(expires));
+    }
+
+    /// The stream `name` was just created as `key`: its waiting subscribers move to it.
+    fn adopt_unborn(&mut self, name: &str, key: StreamKey) {
+        let Some(subs) = self.cluster.as_mut().and_then(|c| c.unborn.remove(name)) else {
+            return;
+        };
+        let pending = (key.0, PENDING_STREAM);
+        for r in subs {
+            let Some(c) = self.conn_at(r).filter(|c| !c.closing) else {
+                continue;
+            };
+            let State::Sub(sub) = &mut c.state else {
+                continue;
+            };
+            if sub.key != pending {
+                continue;
+            }
+            sub.key = key;
+            self.hub.unsubscribe(pending, r.0);
+            self.hub.subscribe(key, r);
+        }
     }
 
     /// Whether this node has applied what the subscribe names: the stream, and the event of
@@ -421,7 +471,7 @@ impl Core {
                 self.m()
                     .cluster_catchup_timeouts_total
                     .fetch_add(1, Relaxed);
-                self.refuse_catchup(slot, &w);
+                self.refuse_catchup(slot);
             } else {
                 keep.push(w);
             }
@@ -429,25 +479,14 @@ impl Core {
         self.cluster.as_mut().expect("cluster").catchup.extend(keep);
     }
 
-    fn refuse_catchup(&mut self, slot: u32, w: &CatchUp) {
-        let known = self.hub.stream_key(&w.stream).is_some();
-        let b = if !known && w.q.last_event_id.is_none() {
-            http::error_response(
-                404,
-                "unknown_stream",
-                "nothing has been published to this stream yet (cluster mode: a stream exists \
-                 once its first event is stored)",
-                true,
-            )
-        } else {
-            let body = serde_json::json!({
-                "error": "catching_up",
-                "message": "this node has not yet applied the event named by Last-Event-ID; \
-                            retry (here or on another node)",
-            });
-            let b = http::json_response(503, &body, true);
-            crate::proto::access::with_headers(b, "Retry-After: 1\r\n")
-        };
+    fn refuse_catchup(&mut self, slot: u32) {
+        let body = serde_json::json!({
+            "error": "catching_up",
+            "message": "this node has not yet applied the event named by Last-Event-ID; \
+                        retry (here or on another node)",
+        });
+        let b = http::json_response(503, &body, true);
+        let b = crate::proto::access::with_headers(b, "Retry-After: 1\r\n");
         self.respond(slot, b, true);
     }
 }

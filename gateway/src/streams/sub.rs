@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use log_store::{Log, ReadError, Seq};
+use log_store::{Log, ReadError, Seq, StreamId};
 
 use super::StreamKey;
 use super::window::{ParkedEvent, Run, Window, acked_from_outq, acked_from_tskey};
@@ -125,6 +125,12 @@ pub struct ColdRun {
     pub off: usize,
     pub len: usize,
 }
+
+/// The stream id of a subscriber whose stream does not exist yet (cluster mode: a stream is
+/// created where its first event is applied). It sends its preamble and keep-alives, reads
+/// nothing, and is moved to the real id when the stream is created (its cursor is 1). Never a
+/// real id: the log refuses to create id `u32::MAX`.
+pub const PENDING_STREAM: StreamId = StreamId(u32::MAX);
 
 impl Sub {
     /// A subscriber whose window starts with `preamble`, then the `aligned` parked events (an
@@ -252,7 +258,7 @@ impl Sub {
     /// Refills the window from the log (up to the visible tail and `--send-bytes-max` of
     /// unsent bytes), or ends the stream in-band when it lags too far or fell below the floor.
     pub fn refill(&mut self, log: &Log, lim: &SubLimits) -> Option<Ended> {
-        if self.finishing {
+        if self.finishing || self.key.1 == PENDING_STREAM {
             return None;
         }
         let b = log.bounds(self.key.1).expect("subscribed stream exists");
