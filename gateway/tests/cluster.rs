@@ -513,6 +513,7 @@ fn cut_subscribers_resume_on_other_nodes_exactly_once() {
 #[test]
 fn kills_of_a_gateway_and_the_jetstream_leader_lose_nothing() {
     let Some(mut s) = setup() else { return };
+    let t0 = Instant::now();
     let stream = "cl-kill";
     let js_stream = format!("GW_{}", shard_of(stream, 4));
     let (mut killed_gw, mut killed_js) = (false, None);
@@ -547,36 +548,48 @@ fn kills_of_a_gateway_and_the_jetstream_leader_lose_nothing() {
         .filter(|(i, _)| Some(*i) != killed_js)
         .map(|(_, u)| u)
         .collect();
-    let g = start_gateway(&fresh, &live);
     let mid = &got[0][(last / 2) as usize - 1].0;
+    let g = start_gateway(&fresh, &live);
+    let suffix = resume_on(g.addr, stream, mid, last - last / 2);
+    assert_eq!(
+        &suffix[..],
+        &got[0][(last / 2) as usize..],
+        "the fresh node's suffix"
+    );
+    // The killed gateway, restarted on its own data directory, continues from what it had.
+    let again = start_gateway(&s.dir.path().join("g1"), &live);
+    let first = &got[0][9].0;
+    let suffix = resume_on(again.addr, stream, first, last - 10);
+    assert_eq!(&suffix[..], &got[0][10..], "the restarted node's suffix");
+}
+
+/// Resumes `stream` on one node after `id` and reads `n` events (retrying while the node
+/// catches up: 503, or fewer events within the read timeout).
+fn resume_on(addr: SocketAddr, stream: &str, id: &str, n: u64) -> Vec<(String, String)> {
     let deadline = Instant::now() + Duration::from_secs(30);
-    let mut suffix = Vec::new();
-    while suffix.len() < (last - last / 2) as usize {
+    let mut got = Vec::new();
+    while got.len() < n as usize {
         assert!(
             Instant::now() < deadline,
-            "the fresh node served {}",
-            suffix.len()
+            "{addr} served {} of {n}",
+            got.len()
         );
-        suffix.clear();
-        let mut s = TcpStream::connect(g.addr).unwrap();
+        got.clear();
+        let mut s = TcpStream::connect(addr).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
         write!(
             s,
-            "GET /v1/streams/{stream} HTTP/1.1\r\nHost: t\r\nLast-Event-ID: {mid}\r\n\r\n"
+            "GET /v1/streams/{stream} HTTP/1.1\r\nHost: t\r\nLast-Event-ID: {id}\r\n\r\n"
         )
         .unwrap();
         let mut r = BufReader::new(s);
         let mut status = String::new();
         r.read_line(&mut status).unwrap();
         if status.contains(" 200 ") {
-            read_events(&mut r, &mut suffix, last - last / 2);
+            read_events(&mut r, &mut got, n);
         } else {
             std::thread::sleep(Duration::from_millis(200));
         }
     }
-    assert_eq!(
-        &suffix[..],
-        &got[0][(last / 2) as usize..],
-        "the fresh node's suffix"
-    );
+    got
 }
