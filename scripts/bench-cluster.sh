@@ -3,10 +3,11 @@
 # one run, beside a single-node gateway (durable default, no NATS) through the same HAProxy:
 #   - publish latency: `bench durable` (1 sequential publisher, then 64; one POST in flight each)
 #     -> p50/p99 and acknowledged events/s (cluster: JetStream R3 quorum ack + local apply);
-#   - fan-out: `bench fanout` 1 stream x 100 subscribers, 300 B, --pipeline-depth 16, SECS s ->
-#     delivered events/s and the gateways' CPU (utime+stime of every gateway from /proc over the
-#     bench run) per delivered event; with N nodes each node delivers about 1/N of the events
-#     and applies all of them;
+#   - fan-out: `bench fanout` 1 stream x 100 subscribers, 300 B, RATE (1,000) events/s with
+#     --pipeline-depth 16, SECS s, the subscribers on node 1 and the publisher on node N (not
+#     through HAProxy, which would relay every delivered byte on the same core): node 1's CPU
+#     per delivered event (bench --target-pid), the cost of a node that also applies every
+#     event from JetStream;
 #   - catch-up: a fresh gateway on an empty data directory; events applied per second until it
 #     holds everything JetStream holds (gateway_cluster_applied_total vs /jsz).
 # Usage: bash scripts/bench-cluster.sh
@@ -21,6 +22,7 @@ BENCH_BIN=$(realpath "${BENCH_BIN:-$ROOT/target/release/bench}")
 NATS_SERVER=${NATS_SERVER:-$(command -v nats-server || true)}
 HAPROXY=${HAPROXY:-$(command -v haproxy || true)}
 SECS=${SECS:-5}
+RATE=${RATE:-1000}
 OUT=${OUT:-/tmp/bench-cluster-$(date -u +%Y%m%dT%H%M%SZ)}
 [[ -x $GATEWAY_BIN && -x $BENCH_BIN ]] || { echo "build first: cargo build --release -p gateway -p bench" >&2; exit 2; }
 [[ -n $NATS_SERVER && -n $HAPROXY ]] || { echo "run scripts/setup-cluster.sh first" >&2; exit 2; }
@@ -37,7 +39,6 @@ trap 'exit 130' INT TERM
 log() { echo "$*" | tee -a "$OUT/run.log"; }
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-ticks() { local t=0 p; for p in "$@"; do t=$((t + $(awk '{print $14+$15}' "/proc/$p/stat"))); done; echo $t; }
 
 log "bench-cluster $(date -u +%FT%TZ): git $(git rev-parse --short HEAD), $SECS s per fan-out run, load $(cut -d' ' -f1-3 /proc/loadavg)"
 log "pinning: nats-server x3, gateways, haproxy on core 0; bench on core 1"
@@ -60,6 +61,44 @@ CONF
   taskset -c 0 "$NATS_SERVER" -c "$WORK/n$i.conf" >"$OUT/nats$i.log" 2>&1 &
   PIDS+=($!)
 done
+
+# JetStream's own floor in the same run: R3 publish latency with one sequential publisher and
+# acknowledged messages/s with 64, from a Python client (nats-py) pinned beside the bench.
+python3 -c 'import nats' 2>/dev/null \
+  || python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore nats-py >&2
+taskset -c 1 python3 - "${NATS_URLS[0]}" "$SECS" >"$OUT/jetstream-floor.json" <<'PY' || log "   JetStream floor probe failed"
+import asyncio, json, sys, time
+import nats
+async def main(url, secs):
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            await js.add_stream(name="FLOOR", subjects=["floor"], num_replicas=3)
+            break
+        except Exception:
+            if time.monotonic() > deadline: raise
+            await asyncio.sleep(0.5)
+    async def one(lat, until):
+        while time.monotonic() < until:
+            t = time.perf_counter()
+            await js.publish("floor", b"x" * 300)
+            lat.append((time.perf_counter() - t) * 1000)
+    out = {}
+    for n in (1, 64):
+        lat = []
+        until = time.monotonic() + secs
+        await asyncio.gather(*(one(lat, until) for _ in range(n)))
+        lat.sort()
+        out[str(n)] = {"p50_ms": lat[len(lat) // 2], "p99_ms": lat[len(lat) * 99 // 100],
+                       "per_sec": len(lat) / secs}
+    await js.delete_stream("FLOOR")
+    await nc.close()
+    print(json.dumps(out))
+asyncio.run(main(sys.argv[1], int(sys.argv[2])))
+PY
+log "JetStream floor (nats-py, R3, sync_interval always): $(cat "$OUT/jetstream-floor.json")"
 
 # start_gateway NAME EXTRA...: prints "pid addr admin"
 start_gateway() {
@@ -107,9 +146,11 @@ wait_caught_up() { # admin...
   log "   (nodes did not catch up to $want within 60 s)"
 }
 
-# run_set LABEL PIDS ADMINS: the durable and fan-out benches through $LB
+# run_set LABEL SUB_PID SUB_ADDR PUB_ADDR: the durable benches through $LB; the fan-out with
+# its subscribers on one node (SUB_ADDR, whose CPU is measured) and its publisher on another
+# (PUB_ADDR; the same node when there is one), at a fixed rate so every setup does the same work
 run_set() {
-  local label=$1 pids=$2 u="http://$LB/v1/streams/{stream}"
+  local label=$1 sub_pid=$2 sub_addr=$3 pub_addr=$4 u="http://$LB/v1/streams/{stream}"
   local np
   for np in 1 64; do
     log "-- $label: durable, $np sequential publisher(s), one POST in flight each"
@@ -117,21 +158,19 @@ run_set() {
       --publishers "$np" --secs-per-run "$SECS" --stream-prefix "d$np-$label-" --json \
       >"$OUT/$label-durable$np.json" 2>"$OUT/$label-durable$np.err" || log "   durable exit $?"
   done
-  local t0 t1; t0=$(ticks $pids)
-  log "-- $label: fanout 1x100, 300 B, pipeline 16"
+  log "-- $label: fanout 1x100, 300 B, $RATE ev/s, pipeline 16, subscribers on $sub_addr, publisher on $pub_addr"
   taskset -c 1 "$BENCH_BIN" fanout --streams 1 --subscribers-per-stream 100 --pipeline-depth 16 \
-    --payload-bytes 300 --events-per-stream $((SECS * 1000000)) --publish-secs-max "$SECS" \
-    --publish-url "$u/events" --subscribe-url "$u" --publish-style gateway --id-style gateway \
-    --stream-prefix "f-$label-" --label "$label" --target-pid "${pids// /,}" --json \
-    >"$OUT/$label-fanout.json" 2>"$OUT/$label-fanout.err" || log "   fanout exit $?"
-  t1=$(ticks $pids)
-  echo "$((t1 - t0))" >"$OUT/$label-fanout.ticks"
+    --payload-bytes 300 --rate-events-per-sec "$RATE" --events-per-stream $((SECS * RATE)) \
+    --publish-secs-max "$SECS" --publish-url "http://$pub_addr/v1/streams/{stream}/events" \
+    --subscribe-url "http://$sub_addr/v1/streams/{stream}" --publish-style gateway \
+    --id-style gateway --stream-prefix "f-$label-" --label "$label" --target-pid "$sub_pid" \
+    --json >"$OUT/$label-fanout.json" 2>"$OUT/$label-fanout.err" || log "   fanout exit $?"
 }
 
 # Single node, durable default, no NATS, through the same HAProxy.
 read -r pid addr admin < <(start_gateway single)
 PIDS+=("$pid"); start_haproxy "$addr"
-run_set single "$pid"
+run_set single "$pid" "$addr" "$addr"
 kill -TERM "$pid" "$HA_PID"; wait "$pid" "$HA_PID" 2>/dev/null || true
 
 for n in 1 2 3; do
@@ -143,30 +182,47 @@ for n in 1 2 3; do
   done
   wait_caught_up "${admins[@]}"
   start_haproxy "${addrs[@]}"
-  run_set "cluster$n" "${pids[*]}"
+  run_set "cluster$n" "${pids[0]}" "${addrs[0]}" "${addrs[$((n - 1))]}"
   kill -TERM "${pids[@]}" "$HA_PID"; wait "${pids[@]}" "$HA_PID" 2>/dev/null || true
 done
 
-# Catch-up of a fresh node.
+# Catch-up of a fresh node: first more history (batches of 100 events for 3 x SECS s), then
+# a gateway on an empty data directory; the rate is taken from its first applied message to
+# its last (polled every 50 ms), start-up excluded.
+# shellcheck disable=SC2046
+read -r pid addr admin < <(start_gateway preload $(nats_args))
+PIDS+=("$pid")
+log "-- preload: batches of 100 events for $((SECS * 3)) s"
+taskset -c 1 "$BENCH_BIN" fanout --streams 4 --subscribers-per-stream 1 --batch-events 100 \
+  --pipeline-depth 4 --payload-bytes 300 --events-per-stream 100000000 \
+  --publish-secs-max $((SECS * 3)) --publish-url "http://$addr/v1/streams/{stream}/events" \
+  --publish-batch-url "http://$addr/v1/streams/{stream}/events:batch" \
+  --subscribe-url "http://$addr/v1/streams/{stream}" --publish-style gateway --id-style gateway \
+  --stream-prefix "pre-" --json >"$OUT/preload.json" 2>"$OUT/preload.err" || log "   preload exit $?"
+kill -TERM "$pid"; wait "$pid" 2>/dev/null || true
 want=$(js_messages)
-t0=$(date +%s.%N)
 # shellcheck disable=SC2046
 read -r pid addr admin < <(start_gateway fresh $(nats_args))
 PIDS+=("$pid")
-for _ in $(seq 1 1200); do [[ $(applied "$admin") -ge $want ]] && break; sleep 0.05; done
-t1=$(date +%s.%N); got=$(applied "$admin")
+t0=""
+for _ in $(seq 1 2400); do # bounded: 120 s
+  got=$(applied "$admin")
+  [[ -z $t0 && $got -gt 0 ]] && t0=$(date +%s.%N) && first=$got
+  [[ $got -ge $want ]] && break
+  sleep 0.05
+done
+t1=$(date +%s.%N); got=$(applied "$admin"); got=$((got - ${first:-0})); t0=${t0:-$t1}
 echo "$want $got $t0 $t1" >"$OUT/catchup.txt"
 kill -TERM "$pid"; wait "$pid" 2>/dev/null || true
 
 python3 - "$OUT" "$SECS" <<'PY' | tee "$OUT/table.md"
 import json, sys, os
 out, secs = sys.argv[1], int(sys.argv[2])
-hz = os.sysconf("SC_CLK_TCK")
 def rep(path):
     try:
         with open(path) as f: return json.load(f)
     except Exception: return None
-print("| setup | publish p50 / p99 ms (1 publisher) | acked ev/s (1) | p50 / p99 ms (64) | acked ev/s (64) | fan-out delivered ev/s | gateways' CPU µs / delivered event (all nodes) | violations |")
+print("| setup | publish p50 / p99 ms (1 publisher) | acked ev/s (1) | p50 / p99 ms (64) | acked ev/s (64) | fan-out delivered ev/s | subscribers' node CPU µs / delivered event | violations |")
 print("|---|---|---|---|---|---|---|---|")
 for label in ["single", "cluster1", "cluster2", "cluster3"]:
     f = rep(f"{out}/{label}-fanout.json")
@@ -179,21 +235,23 @@ for label in ["single", "cluster1", "cluster2", "cluster3"]:
         cells.append(f"{r.get('events_per_sec', 0):,.0f}" if r else "—")
     fr = (f or {}).get("reports", [{}])[-1] if f else {}
     dps, win = fr.get("delivered_per_sec"), fr.get("window_secs")
-    try: ticks = int(open(f"{out}/{label}-fanout.ticks").read())
-    except Exception: ticks = None
     cpu = "—"
     server = fr.get("server") or {}
     if server.get("cpu_us_per_delivered_event") is not None:
         cpu = f"{server['cpu_us_per_delivered_event']:.2f}"
-    elif dps and win and ticks is not None:
-        # the ticks span the whole bench process (setup and drain included): an upper bound
-        cpu = f"{ticks / hz * 1e6 / (dps * win):.2f}"
     print(f"| {label} | " + " | ".join(cells) + f" | {dps or 0:,.0f} | {cpu} | {fr.get('violations', '—')} |")
+try:
+    fl = json.load(open(f"{out}/jetstream-floor.json"))
+    print(f"| JetStream alone (nats-py) | {fl['1']['p50_ms']:.2f} / {fl['1']['p99_ms']:.2f} | "
+          f"{fl['1']['per_sec']:,.0f} | {fl['64']['p50_ms']:.2f} / {fl['64']['p99_ms']:.2f} | "
+          f"{fl['64']['per_sec']:,.0f} | — | — | — |")
+except Exception as e:
+    print(f"JetStream floor: no figure ({e})")
 try:
     want, got, t0, t1 = open(f"{out}/catchup.txt").read().split()
     dt = float(t1) - float(t0)
-    print(f"\nCatch-up: a fresh node applied {int(got):,} of {int(want):,} messages in {dt:.2f} s "
-          f"(start-up included): {int(got)/dt:,.0f} events/s")
+    print(f"\nCatch-up: a fresh node applied {int(got):,} messages (of {int(want):,} JetStream "
+          f"holds) in {dt:.2f} s after its first: {int(got)/max(dt, 1e-9):,.0f} events/s")
 except Exception as e:
     print(f"catch-up: no figure ({e})")
 PY

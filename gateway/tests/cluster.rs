@@ -513,7 +513,6 @@ fn cut_subscribers_resume_on_other_nodes_exactly_once() {
 #[test]
 fn kills_of_a_gateway_and_the_jetstream_leader_lose_nothing() {
     let Some(mut s) = setup() else { return };
-    let t0 = Instant::now();
     let stream = "cl-kill";
     let js_stream = format!("GW_{}", shard_of(stream, 4));
     let (mut killed_gw, mut killed_js) = (false, None);
