@@ -592,3 +592,63 @@ fn resume_on(addr: SocketAddr, stream: &str, id: &str, n: u64) -> Vec<(String, S
     }
     got
 }
+
+/// One request on a new connection: status, head, body.
+fn exchange(addr: SocketAddr, req: &str) -> (u16, String, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    s.write_all(req.as_bytes()).unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    (status, head.to_owned(), body.to_owned())
+}
+
+#[test]
+fn explicit_answers_for_what_a_cluster_cannot_do_now() {
+    let Some(mut s) = setup() else { return };
+    let g = s.gateways[0].as_ref().unwrap();
+    let id = post(g.addr, "cl-edge", "one").expect("publish");
+    // DELETE would be one node's alone: refused.
+    let (status, _, body) = exchange(
+        g.addr,
+        "DELETE /v1/streams/cl-edge HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(status, 501, "{body}");
+    assert!(body.contains("not_in_cluster_mode"), "{body}");
+    // An ID of this stream's epoch that no node has applied: 503 with Retry-After after the
+    // catch-up wait, never a 200 that skips.
+    let ahead = format!("{}-{}", id.rsplit_once('-').unwrap().0, seq(&id) + 1000);
+    let req =
+        format!("GET /v1/streams/cl-edge HTTP/1.1\r\nHost: t\r\nLast-Event-ID: {ahead}\r\n\r\n");
+    let (status, head, body) = exchange(g.addr, &req);
+    assert_eq!(status, 503, "{body}");
+    assert!(head.contains("Retry-After: 1"), "{head}");
+    assert!(body.contains("catching_up"), "{body}");
+    // Without a JetStream quorum a publish is answered 503 publish_unconfirmed once its
+    // timeout passes, not left hanging and not claimed.
+    let dir = s.dir.path().join("short");
+    let mut args = gateway_args(&s.nats.urls());
+    args.extend(["--nats-publish-timeout-ms".into(), "1500".into()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let short = Gateway::start_in(&dir, &args);
+    s.nats.nodes[1] = None;
+    s.nats.nodes[2] = None;
+    let started = Instant::now();
+    let req = "POST /v1/streams/cl-edge/events HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\n\
+               Connection: close\r\n\r\ntwo";
+    let (status, _, body) = exchange(short.addr, req);
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("publish_unconfirmed"), "{body}");
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "answered within its timeout"
+    );
+    assert!(short.metric("gateway_cluster_unconfirmed_total", "") >= 1);
+}

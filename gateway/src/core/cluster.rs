@@ -363,6 +363,8 @@ impl Core {
         if let State::Http(h) = &mut c.state {
             h.replace_wait(ticket_wait(p.shard, p.first), bytes, wait);
         }
+        // A ready answer (the 503) goes now; one that waits is released by `complete_waits`.
+        self.flush(p.conn.0);
     }
 }
 
