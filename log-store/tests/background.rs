@@ -7,44 +7,22 @@
 //! at the point under test. The last test runs the real `log-prepare` thread.
 #![forbid(unsafe_code)]
 
-use std::fs::{self, File};
-use std::io;
+mod common;
+
+use std::fs;
 use std::path::Path;
 use std::time::SystemTime;
 
-use log_store::{FsyncPolicy, Log, LogOptions, StreamId, SyncJob};
-
-const SEG: u64 = 64 * 1024;
-
-fn opts(fsync: FsyncPolicy) -> LogOptions {
-    LogOptions {
-        segment_bytes: SEG,
-        record_bytes_max: 8 * 1024,
-        fsync,
-        ..LogOptions::default()
-    }
-}
-
-fn group() -> LogOptions {
-    opts(FsyncPolicy::Group)
-}
-
-fn seg_path(dir: &Path, n: u64) -> std::path::PathBuf {
-    dir.join(format!("{n:020}.seg"))
-}
+use common::{
+    SEG, append_until_prepare_queued, append_until_segment, commit_all, fresh_manual, group,
+    group_retaining, on_small_tmpfs, open_manual, opts, record, run, seg_path, thread_names,
+};
+use log_store::{FsyncPolicy, Log, LogOptions, StreamId};
 
 fn header_is_zero(dir: &Path, n: u64) -> bool {
     fs::read(seg_path(dir, n)).unwrap()[..64]
         .iter()
         .all(|&b| b == 0)
-}
-
-/// `fdatasync`s every file of the job, as the gateway does through io_uring.
-fn run(job: &SyncJob) -> io::Result<()> {
-    for fd in job.fds() {
-        File::from(fd.try_clone_to_owned()?).sync_data()?;
-    }
-    Ok(())
 }
 
 /// One complete group commit; the streams it made visible.
@@ -78,34 +56,18 @@ fn snapshot(src: &Path) -> tempfile::TempDir {
     dst
 }
 
-const REC: usize = 900;
-
-fn record(i: usize) -> String {
-    format!("{i:05} {}", "r".repeat(REC))
-}
-
-/// Appends until the active segment is past half full and its successor's preparation is
-/// requested.
-fn append_until_prepare_queued(log: &mut Log, s: StreamId, next: &mut usize) {
-    while !log.next_segment_requested() {
-        log.append(s, None, record(*next).as_bytes()).unwrap();
-        *next += 1;
-    }
-}
-
-/// Appends until the log rolls to segment `to`.
-fn append_until_segment(log: &mut Log, s: StreamId, next: &mut usize, to: u64) {
-    while log.active_segment() < to {
-        log.append(s, None, record(*next).as_bytes()).unwrap();
-        *next += 1;
-    }
+/// Drops `log` and opens `dir` again with `o`: the same contents. Returns the reopened log.
+fn reopen_same(log: Log, dir: &Path, o: LogOptions) -> Log {
+    let want = contents(&log);
+    drop(log);
+    let log = Log::open(dir, o).unwrap();
+    assert_eq!(contents(&log), want);
+    log
 }
 
 #[test]
 fn the_roll_adopts_the_prepared_segment_and_its_records_wait_for_its_header() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut log = Log::open_with_manual_background(dir.path(), group()).unwrap();
-    let s = log.create_stream("s").unwrap();
+    let (dir, mut log, s) = fresh_manual(group());
     let mut next = 0;
     append_until_prepare_queued(&mut log, s, &mut next);
     assert!(!seg_path(dir.path(), 1).exists(), "nothing prepared yet");
@@ -144,17 +106,12 @@ fn the_roll_adopts_the_prepared_segment_and_its_records_wait_for_its_header() {
     // The one after makes the header durable, and everything visible.
     assert_eq!(group_commit(&mut log), vec![(s, tail)]);
     assert_eq!(log.bounds(s).unwrap().visible_tail, tail);
-    let want = contents(&log);
-    drop(log);
-    let log = Log::open(dir.path(), group()).unwrap();
-    assert_eq!(contents(&log), want);
+    reopen_same(log, dir.path(), group());
 }
 
 #[test]
 fn removals_and_sync_now_follow_the_deferred_header() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut log = Log::open_with_manual_background(dir.path(), group()).unwrap();
-    let s = log.create_stream("s").unwrap();
+    let (dir, mut log, s) = fresh_manual(group());
     let gone = log.create_stream("gone").unwrap();
     log.append(gone, None, b"x").unwrap();
     let mut next = 0;
@@ -178,9 +135,7 @@ fn removals_and_sync_now_follow_the_deferred_header() {
 
 #[test]
 fn an_unadopted_prepared_segment_left_by_a_crash_is_deleted_at_open() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut log = Log::open_with_manual_background(dir.path(), group()).unwrap();
-    let s = log.create_stream("s").unwrap();
+    let (dir, mut log, s) = fresh_manual(group());
     let mut next = 0;
     append_until_prepare_queued(&mut log, s, &mut next);
     log.run_background_jobs();
@@ -199,12 +154,7 @@ fn an_unadopted_prepared_segment_left_by_a_crash_is_deleted_at_open() {
     // The number is free again: the next roll creates segment 1 normally.
     append_until_segment(&mut log2, s, &mut next, 1);
     log2.sync_now().unwrap();
-    let want2 = contents(&log2);
-    drop(log2);
-    assert_eq!(
-        contents(&Log::open(crashed.path(), group()).unwrap()),
-        want2
-    );
+    reopen_same(log2, crashed.path(), group());
     // A clean drop of the original unlinks its prepared file.
     drop(log);
     assert!(!seg_path(dir.path(), 1).exists());
@@ -213,12 +163,8 @@ fn an_unadopted_prepared_segment_left_by_a_crash_is_deleted_at_open() {
 #[test]
 fn an_unadopted_recycled_spare_left_by_a_crash_is_deleted_at_open() {
     let dir = tempfile::tempdir().unwrap();
-    let o = || LogOptions {
-        retain_bytes: Some(2 * SEG),
-        ..group()
-    };
-    let mut log = Log::open_with_manual_background(dir.path(), o()).unwrap();
-    let s = log.create_stream("s").unwrap();
+    let o = || group_retaining(2);
+    let (mut log, s) = open_manual(dir.path(), o());
     let mut next = 0;
     append_until_segment(&mut log, s, &mut next, 3);
     log.sync_now().unwrap();
@@ -243,16 +189,12 @@ fn an_unadopted_recycled_spare_left_by_a_crash_is_deleted_at_open() {
     append_until_segment(&mut log, s, &mut next, 5);
     assert_eq!(log.roll_counts().prepared, prepared + 1);
     log.sync_now().unwrap();
-    let want = contents(&log);
-    drop(log);
-    assert_eq!(contents(&Log::open(dir.path(), o()).unwrap()), want);
+    reopen_same(log, dir.path(), o());
 }
 
 #[test]
 fn a_roll_before_the_preparation_ran_creates_the_segment_inline() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut log = Log::open_with_manual_background(dir.path(), group()).unwrap();
-    let s = log.create_stream("s").unwrap();
+    let (dir, mut log, s) = fresh_manual(group());
     let mut next = 0;
     append_until_prepare_queued(&mut log, s, &mut next);
     append_until_segment(&mut log, s, &mut next, 1);
@@ -266,16 +208,12 @@ fn a_roll_before_the_preparation_ran_creates_the_segment_inline() {
     assert!(log.run_background_jobs() >= 1);
     assert!(!seg_path(dir.path(), 2).exists());
     log.sync_now().unwrap();
-    let want = contents(&log);
-    drop(log);
-    assert_eq!(contents(&Log::open(dir.path(), group()).unwrap()), want);
+    reopen_same(log, dir.path(), group());
 }
 
 #[test]
 fn a_crash_before_the_deferred_header_drops_only_records_never_shown() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut log = Log::open_with_manual_background(dir.path(), group()).unwrap();
-    let s = log.create_stream("s").unwrap();
+    let (dir, mut log, s) = fresh_manual(group());
     let mut next = 0;
     append_until_prepare_queued(&mut log, s, &mut next);
     log.run_background_jobs();
@@ -325,22 +263,24 @@ fn a_crash_before_the_deferred_header_drops_only_records_never_shown() {
     assert_eq!(log3.active_segment(), 0, "segment 0 is active again");
     drop(log3);
     // A clean drop writes the header (after flushing segment 0): nothing is lost.
-    let want_all = {
-        log.sync_now().unwrap();
-        contents(&log)
-    };
-    drop(log);
-    assert_eq!(contents(&Log::open(dir.path(), group()).unwrap()), want_all);
+    log.sync_now().unwrap();
+    reopen_same(log, dir.path(), group());
+}
+
+/// A manual-background log rolled to segment 1 (its header deferred), then "last" appended;
+/// the log, its stream and the number of filler records.
+fn rolled_to_segment_1_then_last(dir: &Path) -> (Log, StreamId, usize) {
+    let (mut log, s) = open_manual(dir, group());
+    let mut next = 0;
+    append_until_segment(&mut log, s, &mut next, 1);
+    log.append(s, None, b"last").unwrap();
+    (log, s, next)
 }
 
 #[test]
 fn a_clean_drop_keeps_records_behind_a_deferred_header() {
     let dir = tempfile::tempdir().unwrap();
-    let mut log = Log::open_with_manual_background(dir.path(), group()).unwrap();
-    let s = log.create_stream("s").unwrap();
-    let mut next = 0;
-    append_until_segment(&mut log, s, &mut next, 1);
-    log.append(s, None, b"last").unwrap();
+    let (log, s, _) = rolled_to_segment_1_then_last(dir.path());
     assert!(header_is_zero(dir.path(), 1));
     let tail = log.bounds(s).unwrap().tail;
     drop(log);
@@ -348,11 +288,7 @@ fn a_clean_drop_keeps_records_behind_a_deferred_header() {
     assert_eq!(log.bounds(s).unwrap().tail, tail);
     // simulate_crash leaves it unwritten: segment 1's records go (never visible).
     let dir = tempfile::tempdir().unwrap();
-    let mut log = Log::open_with_manual_background(dir.path(), group()).unwrap();
-    let s = log.create_stream("s").unwrap();
-    let mut next = 0;
-    append_until_segment(&mut log, s, &mut next, 1);
-    log.append(s, None, b"last").unwrap();
+    let (log, s, next) = rolled_to_segment_1_then_last(dir.path());
     log.simulate_crash();
     let log = Log::open(dir.path(), group()).unwrap();
     assert_eq!(
@@ -364,9 +300,7 @@ fn a_clean_drop_keeps_records_behind_a_deferred_header() {
 
 #[test]
 fn a_segment_filling_before_its_header_is_durable_flushes_first() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut log = Log::open_with_manual_background(dir.path(), group()).unwrap();
-    let s = log.create_stream("s").unwrap();
+    let (dir, mut log, s) = fresh_manual(group());
     let mut next = 0;
     append_until_segment(&mut log, s, &mut next, 1);
     append_until_segment(&mut log, s, &mut next, 2);
@@ -394,12 +328,8 @@ fn durable_segments(log: &mut Log, s: StreamId, n: u64) -> usize {
 #[test]
 fn retention_deletes_only_after_its_background_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
-    let o = || LogOptions {
-        retain_bytes: Some(2 * SEG),
-        ..group()
-    };
-    let mut log = Log::open_with_manual_background(dir.path(), o()).unwrap();
-    let s = log.create_stream("s").unwrap();
+    let o = || group_retaining(2);
+    let (mut log, s) = open_manual(dir.path(), o());
     durable_segments(&mut log, s, 4);
     let full = contents(&log);
     let report = log.enforce_retention(SystemTime::now()).unwrap();
@@ -446,12 +376,8 @@ fn retention_deletes_only_after_its_background_checkpoint() {
 #[test]
 fn retention_waits_for_segments_a_group_commit_has_not_covered() {
     let dir = tempfile::tempdir().unwrap();
-    let o = || LogOptions {
-        retain_bytes: Some(SEG),
-        ..group()
-    };
-    let mut log = Log::open_with_manual_background(dir.path(), o()).unwrap();
-    let s = log.create_stream("s").unwrap();
+    let o = || group_retaining(1);
+    let (mut log, s) = open_manual(dir.path(), o());
     let mut next = durable_segments(&mut log, s, 3);
     // Segment 3 then fills and rolls with nothing synced: its last records and its seal are
     // not durable, segment 4's header waits.
@@ -464,32 +390,21 @@ fn retention_waits_for_segments_a_group_commit_has_not_covered() {
     let b = log.bounds(s).unwrap();
     assert!(b.floor <= b.visible_tail + 1 && b.visible_tail < b.tail);
     // Group commits: seal 3 durable, then header 4, then everything visible.
-    while log.begin_sync().map(|j| {
-        let o = run(&j);
-        log.finish_sync(j, o).unwrap();
-    }) == Some(())
-    {}
+    commit_all(&mut log);
     let b = log.bounds(s).unwrap();
     assert_eq!(b.visible_tail, b.tail);
     let r = log.enforce_retention(SystemTime::now()).unwrap();
     assert_eq!(r.segments_deleted, 1, "segment 3 now");
     log.run_background_jobs();
-    let want = contents(&log);
-    drop(log);
-    let log = Log::open(dir.path(), o()).unwrap();
-    assert_eq!(contents(&log), want);
+    let log = reopen_same(log, dir.path(), o());
     assert_eq!(log.bounds(s).unwrap().floor, b.tail);
 }
 
 #[test]
 fn a_failed_background_checkpoint_deletes_nothing_and_is_retried() {
     let dir = tempfile::tempdir().unwrap();
-    let o = || LogOptions {
-        retain_bytes: Some(2 * SEG),
-        ..group()
-    };
-    let mut log = Log::open_with_manual_background(dir.path(), o()).unwrap();
-    let s = log.create_stream("s").unwrap();
+    let o = || group_retaining(2);
+    let (mut log, s) = open_manual(dir.path(), o());
     durable_segments(&mut log, s, 4);
     // A directory where the tmp file goes: File::create fails.
     fs::create_dir(dir.path().join("checkpoint.tmp")).unwrap();
@@ -509,12 +424,9 @@ fn a_failed_background_checkpoint_deletes_nothing_and_is_retried() {
         assert!(!seg_path(dir.path(), n).exists());
     }
     assert!(log.enforce_retention(SystemTime::now()).is_ok());
-    let want = contents(&log);
     let floor = log.bounds(s).unwrap().floor;
-    drop(log);
-    let log = Log::open(dir.path(), o()).unwrap();
+    let log = reopen_same(log, dir.path(), o());
     assert_eq!(log.bounds(s).unwrap().floor, floor);
-    assert_eq!(contents(&log), want);
 }
 
 #[test]
@@ -524,8 +436,7 @@ fn never_policy_in_background_mode() {
         retain_bytes: Some(2 * SEG),
         ..opts(FsyncPolicy::Never)
     };
-    let mut log = Log::open_with_manual_background(dir.path(), o()).unwrap();
-    let s = log.create_stream("s").unwrap();
+    let (mut log, s) = open_manual(dir.path(), o());
     let mut next = 0;
     for seg in 1..6 {
         append_until_prepare_queued(&mut log, s, &mut next);
@@ -538,19 +449,14 @@ fn never_policy_in_background_mode() {
     assert_eq!(log.roll_counts().prepared, 5);
     let b = log.bounds(s).unwrap();
     assert!(b.floor > 1 && b.visible_tail == b.tail);
-    let want = contents(&log);
-    drop(log);
-    assert_eq!(contents(&Log::open(dir.path(), o()).unwrap()), want);
+    reopen_same(log, dir.path(), o());
 }
 
 #[test]
 fn the_log_prepare_thread_prepares_and_checkpoints() {
     log_store::prepare_in_background().unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let o = || LogOptions {
-        retain_bytes: Some(3 * SEG),
-        ..group()
-    };
+    let o = || group_retaining(3);
     let mut log = Log::open(dir.path(), o()).unwrap();
     let s = log.create_stream("s").unwrap();
     let mut next = 0;
@@ -560,11 +466,7 @@ fn the_log_prepare_thread_prepares_and_checkpoints() {
             log.append(s, None, record(next).as_bytes()).unwrap();
             next += 1;
             if next % 7 == 0 {
-                while log.begin_sync().map(|j| {
-                    let o = run(&j);
-                    log.finish_sync(j, o).unwrap();
-                }) == Some(())
-                {}
+                commit_all(&mut log);
             }
         }
         log.wait_background();
@@ -574,65 +476,27 @@ fn the_log_prepare_thread_prepares_and_checkpoints() {
     }
     log.wait_background();
     assert!(log.roll_counts().prepared >= 6, "{:?}", log.roll_counts());
-    let names: Vec<String> = fs::read_dir("/proc/self/task")
-        .unwrap()
-        .filter_map(|t| fs::read_to_string(t.unwrap().path().join("comm")).ok())
-        .map(|c| c.trim().to_owned())
-        .collect();
+    let names = thread_names();
     assert!(names.iter().any(|n| n == "log-prepare"), "{names:?}");
     assert!(log.bounds(s).unwrap().floor > 1);
-    let want = contents(&log);
-    drop(log);
-    assert_eq!(contents(&Log::open(dir.path(), o()).unwrap()), want);
-}
-
-/// Whether the effective user is root (from /proc/self/status).
-fn is_root() -> bool {
-    let status = fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))
-        .and_then(|v| v.split_whitespace().nth(1))
-        == Some("0")
+    reopen_same(log, dir.path(), o());
 }
 
 /// Needs root (mounts a 300 KiB tmpfs: room for 4 segments of 64 KiB, not 5), like
 /// `basic.rs::full_disk_is_a_clean_disk_full_error`; `GATEWAY_TESTS_WITHOUT_ROOT=1` skips it.
 #[test]
 fn a_full_disk_in_background_mode_recovers_through_the_spare() {
-    if !is_root() {
-        assert!(
-            std::env::var_os("GATEWAY_TESTS_WITHOUT_ROOT").is_some(),
-            "mounts a tmpfs: needs root (set GATEWAY_TESTS_WITHOUT_ROOT=1 to skip)"
-        );
-        eprintln!("SKIPPED a_full_disk_in_background_mode_recovers_through_the_spare: not root");
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let mounted = std::process::Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=300k", "tmpfs"])
-        .arg(dir.path())
-        .status()
-        .expect("run mount");
-    assert!(mounted.success(), "mount failed (needs root)");
-    let result = std::panic::catch_unwind(|| full_disk(dir.path()));
-    let _ = std::process::Command::new("umount")
-        .arg(dir.path())
-        .status();
-    if let Err(e) = result {
-        std::panic::resume_unwind(e);
-    }
+    on_small_tmpfs(
+        "a_full_disk_in_background_mode_recovers_through_the_spare",
+        full_disk,
+    );
 }
 
 fn full_disk(dir: &Path) {
     // Retention deletes one segment of the four that fit: it becomes the spare, and no room is
     // left for a fresh file.
-    let o = || LogOptions {
-        retain_bytes: Some(3 * SEG),
-        ..group()
-    };
-    let mut log = Log::open_with_manual_background(dir, o()).unwrap();
-    let s = log.create_stream("s").unwrap();
+    let o = || group_retaining(3);
+    let (mut log, s) = open_manual(dir, o());
     let mut full = None;
     for i in 0..10_000 {
         if log.next_segment_requested() {
@@ -679,7 +543,5 @@ fn full_disk(dir: &Path) {
     let r = log.append(s, None, b"after retention").unwrap();
     assert_eq!(r.id.seq, b.tail + 1);
     log.sync_now().unwrap();
-    let want = contents(&log);
-    drop(log);
-    assert_eq!(contents(&Log::open(dir, o()).unwrap()), want);
+    reopen_same(log, dir, o());
 }

@@ -5,54 +5,12 @@
 //! thread, so `Log::open` is inline.
 #![forbid(unsafe_code)]
 
-use std::fs::File;
-use std::io;
+mod common;
+
 use std::time::{Instant, SystemTime};
 
-use log_store::{FsyncPolicy, Log, LogOptions, StreamId, SyncJob, SyncReport};
-
-const SEG: u64 = 64 * 1024;
-
-fn group() -> LogOptions {
-    LogOptions {
-        segment_bytes: SEG,
-        record_bytes_max: 8 * 1024,
-        fsync: FsyncPolicy::Group,
-        ..LogOptions::default()
-    }
-}
-
-/// `fdatasync`s every file of the job, as the gateway does through io_uring.
-fn run(job: &SyncJob) -> io::Result<()> {
-    for fd in job.fds() {
-        File::from(fd.try_clone_to_owned()?).sync_data()?;
-    }
-    Ok(())
-}
-
-/// Group commits until nothing is left to sync; everything they reported.
-fn commit_all(log: &mut Log) -> SyncReport {
-    let mut all = SyncReport::default();
-    while let Some(job) = log.begin_sync() {
-        let outcome = run(&job);
-        let r = log.finish_sync(job, outcome).unwrap();
-        all.advanced.extend(r.advanced);
-        all.removed.extend(r.removed);
-    }
-    all
-}
-
-fn record(i: usize) -> String {
-    format!("{i:05} {}", "r".repeat(900))
-}
-
-/// Appends to `s` until the log rolls to segment `to`.
-fn append_until_segment(log: &mut Log, s: StreamId, next: &mut usize, to: u64) {
-    while log.active_segment() < to {
-        log.append(s, None, record(*next).as_bytes()).unwrap();
-        *next += 1;
-    }
-}
+use common::{append_until_segment, commit_all, group, group_retaining};
+use log_store::{Log, StreamId, SyncReport};
 
 /// Background mode (jobs never run): `b` appended and `c` removed, neither synced, then `a`
 /// fills segment 1 before its deferred header is durable. The roll syncs inside the append:
@@ -110,11 +68,7 @@ fn a_rolls_forced_sync_is_reported_by_the_next_sync_now() {
 #[test]
 fn inline_retentions_sync_is_reported_by_the_next_poll_sync() {
     let dir = tempfile::tempdir().unwrap();
-    let opts = LogOptions {
-        retain_bytes: Some(2 * SEG),
-        ..group()
-    };
-    let mut log = Log::open(dir.path(), opts).unwrap();
+    let mut log = Log::open(dir.path(), group_retaining(2)).unwrap();
     let [a, b] = ["a", "b"].map(|n| log.create_stream(n).unwrap());
     let mut next = 0;
     append_until_segment(&mut log, a, &mut next, 4);

@@ -1,11 +1,13 @@
 //! The asynchronous group commit (`begin_sync` … `finish_sync`): what a sync covers, what it
 //! leaves for the next one, fail-stop on an fsync error, and `sync_now` with a sync in flight.
 
-use std::fs::File;
+mod common;
+
 use std::io;
 use std::time::Instant;
 
-use log_store::{AppendError, FsyncPolicy, Log, LogOptions, SyncError, SyncJob};
+use common::run;
+use log_store::{AppendError, FsyncPolicy, Log, LogOptions, SyncError};
 
 fn opts(segment_bytes: u64) -> LogOptions {
     LogOptions {
@@ -14,14 +16,6 @@ fn opts(segment_bytes: u64) -> LogOptions {
         fsync: FsyncPolicy::Group,
         ..LogOptions::default()
     }
-}
-
-/// `fdatasync`s every file of the job, as the gateway does through io_uring.
-fn run(job: &SyncJob) -> io::Result<()> {
-    for fd in job.fds() {
-        File::from(fd.try_clone_to_owned()?).sync_data()?;
-    }
-    Ok(())
 }
 
 #[test]

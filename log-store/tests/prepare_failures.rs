@@ -4,47 +4,22 @@
 //! forever fails the test instead of hanging it.
 #![forbid(unsafe_code)]
 
+mod common;
+
 use std::fs;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::path::{Path, PathBuf};
 use std::sync::mpsc::{RecvTimeoutError, channel};
 use std::time::Duration;
 
-use log_store::{FsyncPolicy, Log, LogOptions, StreamId};
+use common::{
+    append_until_prepare_queued, append_until_segment, fresh_manual, group, seg_path, thread_names,
+};
+use log_store::Log;
 
-const SEG: u64 = 64 * 1024;
-
-fn group() -> LogOptions {
-    LogOptions {
-        segment_bytes: SEG,
-        record_bytes_max: 8 * 1024,
-        fsync: FsyncPolicy::Group,
-        ..LogOptions::default()
-    }
-}
-
-fn seg_path(dir: &Path, n: u64) -> PathBuf {
-    dir.join(format!("{n:020}.seg"))
-}
-
-fn record(i: usize) -> String {
-    format!("{i:05} {}", "r".repeat(900))
-}
-
-/// Appends until the next segment's preparation is requested.
-fn append_until_prepare_queued(log: &mut Log, s: StreamId, next: &mut usize) {
-    while !log.next_segment_requested() {
-        log.append(s, None, record(*next).as_bytes()).unwrap();
-        *next += 1;
-    }
-}
-
-/// Appends until the log rolls to segment `to`.
-fn append_until_segment(log: &mut Log, s: StreamId, next: &mut usize, to: u64) {
-    while log.active_segment() < to {
-        log.append(s, None, record(*next).as_bytes()).unwrap();
-        *next += 1;
-    }
+/// Asserts the roll counts `(prepared, inline, prepare_failures)`.
+fn assert_rolls(log: &Log, want: (u64, u64, u64)) {
+    let c = log.roll_counts();
+    assert_eq!((c.prepared, c.inline, c.prepare_failures), want, "{c:?}");
 }
 
 /// Runs `test` on its own thread; fails if it does not finish within 30 s (a hang).
@@ -64,9 +39,7 @@ fn within_deadline(test: impl FnOnce() + Send + 'static) {
 #[test]
 fn a_panicking_preparation_leaves_no_roll_waiting_forever() {
     within_deadline(|| {
-        let dir = tempfile::tempdir().unwrap();
-        let mut log = Log::open_with_manual_background(dir.path(), group()).unwrap();
-        let s = log.create_stream("s").unwrap();
+        let (_dir, mut log, s) = fresh_manual(group());
         let mut next = 0;
         log.panic_next_preparation();
         append_until_prepare_queued(&mut log, s, &mut next);
@@ -74,12 +47,7 @@ fn a_panicking_preparation_leaves_no_roll_waiting_forever() {
         assert!(ran.is_err(), "the job panicked");
         log.wait_background();
         append_until_segment(&mut log, s, &mut next, 1);
-        let c = log.roll_counts();
-        assert_eq!(
-            (c.prepared, c.inline, c.prepare_failures),
-            (0, 1, 1),
-            "{c:?}"
-        );
+        assert_rolls(&log, (0, 1, 1));
         assert_eq!(log.prepare_failures(), 1);
     });
 }
@@ -87,9 +55,7 @@ fn a_panicking_preparation_leaves_no_roll_waiting_forever() {
 #[test]
 fn a_failed_preparation_is_counted_and_the_roll_creates_the_segment_inline() {
     within_deadline(|| {
-        let dir = tempfile::tempdir().unwrap();
-        let mut log = Log::open_with_manual_background(dir.path(), group()).unwrap();
-        let s = log.create_stream("s").unwrap();
+        let (dir, mut log, s) = fresh_manual(group());
         let mut next = 0;
         append_until_prepare_queued(&mut log, s, &mut next);
         // Something in the file's way: the preparation fails (EEXIST), as a failed
@@ -99,31 +65,13 @@ fn a_failed_preparation_is_counted_and_the_roll_creates_the_segment_inline() {
         fs::remove_dir(seg_path(dir.path(), 1)).unwrap();
         assert_eq!(log.prepare_failures(), 1);
         append_until_segment(&mut log, s, &mut next, 1);
-        let c = log.roll_counts();
-        assert_eq!(
-            (c.prepared, c.inline, c.prepare_failures),
-            (0, 1, 1),
-            "{c:?}"
-        );
+        assert_rolls(&log, (0, 1, 1));
         // The next preparation succeeds: nothing more counted.
         append_until_prepare_queued(&mut log, s, &mut next);
         log.run_background_jobs();
         append_until_segment(&mut log, s, &mut next, 2);
-        let c = log.roll_counts();
-        assert_eq!(
-            (c.prepared, c.inline, c.prepare_failures),
-            (1, 1, 1),
-            "{c:?}"
-        );
+        assert_rolls(&log, (1, 1, 1));
     });
-}
-
-/// Whether a thread named `log-prepare` runs in this process.
-fn log_prepare_thread_runs() -> bool {
-    fs::read_dir("/proc/self/task")
-        .unwrap()
-        .filter_map(|t| fs::read_to_string(t.unwrap().path().join("comm")).ok())
-        .any(|c| c.trim() == "log-prepare")
 }
 
 #[test]
@@ -146,6 +94,6 @@ fn the_log_prepare_thread_survives_a_panicking_job() {
         let c = log.roll_counts();
         assert_eq!((c.prepared, c.prepare_failures), (1, 1), "{c:?}");
         std::thread::sleep(Duration::from_millis(50));
-        assert!(log_prepare_thread_runs());
+        assert!(thread_names().iter().any(|n| n == "log-prepare"));
     });
 }
