@@ -22,6 +22,7 @@ use crate::{Applied, Config, Inbound, Publish, ShardStream, Wake};
 pub(crate) enum Command {
     Publish(Publish),
     Follow { shard: u32, from: u64 },
+    Snapshot { shard: u32, bytes: Vec<u8> },
 }
 
 /// The thread's side of one core's inbox.
@@ -48,6 +49,7 @@ struct Thread {
     outs: Arc<Vec<Out>>,
     nonce: Arc<str>,
     streams: HashMap<u32, stream::Stream>,
+    snapshots: jetstream::kv::Store,
 }
 
 /// Starts the thread; returns once every shard's stream exists (or the start failed).
@@ -107,6 +109,8 @@ impl Thread {
             })?
             .map_err(|e| format!("connecting to NATS {:?}: {e}", cfg.urls))?;
         let js = jetstream::new(client);
+        let deadline = tokio::time::Instant::now() + cfg.connect_timeout;
+        let snapshots = snapshot_bucket(&js, cfg.replicas, deadline).await?;
         let mut t = Thread {
             cfg,
             js,
@@ -114,8 +118,8 @@ impl Thread {
             outs: Arc::new(outs),
             nonce,
             streams: HashMap::new(),
+            snapshots,
         };
-        let deadline = tokio::time::Instant::now() + t.cfg.connect_timeout;
         let mut shards = Vec::new();
         for shard in 0..t.cfg.shards {
             shards.push(t.open_shard(shard, deadline).await?);
@@ -138,6 +142,16 @@ impl Thread {
             duplicate_window: Duration::from_secs(120),
             deny_delete: true,
             deny_purge: true,
+            max_messages: if self.cfg.stream_messages_max > 0 {
+                self.cfg.stream_messages_max
+            } else {
+                -1
+            },
+            max_bytes: if self.cfg.stream_bytes_max > 0 {
+                self.cfg.stream_bytes_max
+            } else {
+                -1
+            },
             metadata: HashMap::from([(META_SHARDS.to_string(), self.cfg.shards.to_string())]),
             ..Default::default()
         };
@@ -165,11 +179,16 @@ impl Thread {
                 self.cfg.shards
             ));
         }
+        let snapshot = match self.snapshots.get(names::snapshot_key(shard)).await {
+            Ok(v) => v.and_then(|b| crate::Snapshot::decode(&b)),
+            Err(e) => return Err(format!("reading shard {shard}'s snapshot: {e}")),
+        };
         let out = ShardStream {
             shard,
             epoch: names::epoch(info.created.unix_timestamp_nanos(), shard),
             first_seq: info.state.first_sequence,
             last_seq: info.state.last_sequence,
+            snapshot,
         };
         self.streams.insert(shard, s);
         Ok(out)
@@ -180,6 +199,14 @@ impl Thread {
             match cmd {
                 Command::Publish(p) => self.publish(p).await,
                 Command::Follow { shard, from } => self.follow(shard, from),
+                Command::Snapshot { shard, bytes } => {
+                    let kv = self.snapshots.clone();
+                    tokio::spawn(async move {
+                        if let Err(e) = kv.put(names::snapshot_key(shard), bytes.into()).await {
+                            eprintln!("cluster: storing shard {shard}'s snapshot: {e}");
+                        }
+                    });
+                }
             }
         }
     }
@@ -233,6 +260,36 @@ impl Thread {
                 tokio::time::sleep(Duration::from_millis(250)).await;
             }
         });
+    }
+}
+
+/// The snapshot bucket, created if missing (one value per key, replicated like the shards).
+async fn snapshot_bucket(
+    js: &jetstream::Context,
+    replicas: usize,
+    deadline: tokio::time::Instant,
+) -> Result<jetstream::kv::Store, String> {
+    loop {
+        let r = match js.get_key_value(names::SNAPSHOT_BUCKET).await {
+            Ok(kv) => Ok(kv),
+            Err(_) => js
+                .create_key_value(jetstream::kv::Config {
+                    bucket: names::SNAPSHOT_BUCKET.into(),
+                    history: 1,
+                    storage: stream::StorageType::File,
+                    num_replicas: replicas,
+                    ..Default::default()
+                })
+                .await
+                .map_err(|e| e.to_string()),
+        };
+        match r {
+            Ok(kv) => return Ok(kv),
+            Err(_) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            Err(e) => return Err(format!("KV bucket {}: {e}", names::SNAPSHOT_BUCKET)),
+        }
     }
 }
 

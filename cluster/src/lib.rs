@@ -39,10 +39,55 @@ pub struct Config {
     /// Messages buffered per core between the client and the core (`--nats-inbox-messages-max`);
     /// a core that falls behind slows its shards' followers, nothing is dropped.
     pub inbox_messages_max: usize,
+    /// Limits of the shard streams this node creates (0: none): JetStream then drops a shard's
+    /// head, and a node rebuilding starts from a snapshot (`--nats-stream-messages-max`,
+    /// `--nats-stream-bytes-max`).
+    pub stream_messages_max: i64,
+    pub stream_bytes_max: i64,
+}
+
+/// A shard's state at one point of its JetStream stream, from which a node on an empty data
+/// directory starts when JetStream no longer holds the shard's head: every stream in id order
+/// with its tail at message `seq` (one event per message, so the tails sum to `seq`). Stored
+/// in the KV bucket [`names::SNAPSHOT_BUCKET`], key `shard-<k>`, as JSON; any node's snapshot
+/// at a given `seq` is the same (the state is a function of JetStream's order).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot {
+    pub epoch: u64,
+    pub seq: u64,
+    pub streams: Vec<(String, u64)>,
+}
+
+impl Snapshot {
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::json!({ "epoch": self.epoch, "seq": self.seq, "streams": self.streams })
+            .to_string()
+            .into_bytes()
+    }
+
+    /// The snapshot in `bytes`, if it is one whose tails sum to its `seq`.
+    pub fn decode(bytes: &[u8]) -> Option<Snapshot> {
+        let v: serde_json::Value = serde_json::from_slice(bytes).ok()?;
+        let streams = v["streams"]
+            .as_array()?
+            .iter()
+            .map(|s| Some((s[0].as_str()?.to_owned(), s[1].as_u64()?)))
+            .collect::<Option<Vec<_>>>()?;
+        let snap = Snapshot {
+            epoch: v["epoch"].as_u64()?,
+            seq: v["seq"].as_u64()?,
+            streams,
+        };
+        let sum = snap
+            .streams
+            .iter()
+            .try_fold(0u64, |a, (_, t)| a.checked_add(*t))?;
+        (sum == snap.seq).then_some(snap)
+    }
 }
 
 /// One shard's JetStream stream as found at start.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ShardStream {
     pub shard: u32,
     /// The epoch every node uses for this shard ([`names::epoch`]).
@@ -50,6 +95,8 @@ pub struct ShardStream {
     /// First and last sequence JetStream holds (`first > last` when empty).
     pub first_seq: u64,
     pub last_seq: u64,
+    /// The latest snapshot stored for this shard, if any (of any epoch: check it).
+    pub snapshot: Option<Snapshot>,
 }
 
 /// A message for a core.
@@ -184,6 +231,15 @@ impl Cluster {
         let _ = self.cmd.send(client::Command::Publish(p));
     }
 
+    /// Stores `snap` as shard `shard`'s latest snapshot (replacing the one before; a failure
+    /// is printed and the next snapshot tries again).
+    pub fn snapshot(&self, shard: u32, snap: &Snapshot) {
+        let _ = self.cmd.send(client::Command::Snapshot {
+            shard,
+            bytes: snap.encode(),
+        });
+    }
+
     /// Starts following `shard` from JetStream sequence `from` (the first not yet applied).
     pub fn follow(&self, shard: u32, from: u64) {
         let _ = self.cmd.send(client::Command::Follow { shard, from });
@@ -192,5 +248,24 @@ impl Cluster {
     /// This process's `Nats-Msg-Id` prefix (random per start).
     pub fn nonce(&self) -> &str {
         &self.nonce
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Snapshot;
+
+    #[test]
+    fn a_snapshot_round_trips_and_one_whose_tails_do_not_sum_to_its_seq_is_refused() {
+        let s = Snapshot {
+            epoch: 7,
+            seq: 5,
+            streams: vec![("a".into(), 2), ("b/c".into(), 3), ("empty".into(), 0)],
+        };
+        assert_eq!(Snapshot::decode(&s.encode()), Some(s.clone()));
+        let bad = Snapshot { seq: 6, ..s };
+        assert_eq!(Snapshot::decode(&bad.encode()), None);
+        assert_eq!(Snapshot::decode(b"{\"epoch\":1}"), None);
+        assert_eq!(Snapshot::decode(b"not json"), None);
     }
 }

@@ -7,6 +7,14 @@
 pub const HDR_STREAM: &str = "Gw-Stream";
 /// Header carrying the SSE event type (absent: no `event:` line).
 pub const HDR_EVENT: &str = "Gw-Event";
+/// The KV bucket holding each shard's latest snapshot (key `shard-<k>`).
+pub const SNAPSHOT_BUCKET: &str = "GW_SNAPSHOTS";
+
+/// The snapshot key of a shard.
+pub fn snapshot_key(shard: u32) -> String {
+    format!("shard-{shard}")
+}
+
 /// Metadata key on every shard's JetStream stream: the cluster's shard count.
 pub const META_SHARDS: &str = "gw_shards";
 

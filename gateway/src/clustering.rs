@@ -42,6 +42,21 @@ pub struct ClusterArgs {
     /// long for the node to catch up, then gets 503 with `Retry-After`.
     #[arg(long, default_value_t = 2_000)]
     pub cluster_catchup_wait_ms: u64,
+
+    /// Messages a shard's JetStream stream keeps when this node creates it (0: no limit).
+    /// JetStream then drops the shard's head; a node rebuilding starts from a snapshot.
+    #[arg(long, default_value_t = 0)]
+    pub nats_stream_messages_max: u64,
+
+    /// Bytes a shard's JetStream stream keeps when this node creates it (0: no limit).
+    #[arg(long, default_value_t = 0)]
+    pub nats_stream_bytes_max: u64,
+
+    /// Seconds between snapshots of each shard this node applies (stored in JetStream KV
+    /// `GW_SNAPSHOTS`, what a node on an empty data directory starts from when JetStream no
+    /// longer holds a shard's head). 0: none from this node.
+    #[arg(long, default_value_t = 10)]
+    pub cluster_snapshot_interval_secs: u64,
 }
 
 impl ClusterArgs {
@@ -106,6 +121,8 @@ pub fn start(
         connect_timeout: Duration::from_secs(args.nats_connect_timeout_secs),
         publish_timeout: Duration::from_millis(args.nats_publish_timeout_ms),
         inbox_messages_max: args.nats_inbox_messages_max,
+        stream_messages_max: i64::try_from(args.nats_stream_messages_max).unwrap_or(i64::MAX),
+        stream_bytes_max: i64::try_from(args.nats_stream_bytes_max).unwrap_or(i64::MAX),
     };
     let (cluster, inboxes, streams) = cluster::Cluster::start(cfg, route, wakes)?;
     Ok(Clustered {
@@ -145,9 +162,44 @@ pub fn open_log(
         );
         drop(log);
         std::fs::remove_dir_all(dir).map_err(|e| format!("removing {}: {e}", dir.display()))?;
-        log = open(opts)?;
+        log = open(opts.clone())?;
     }
-    let have = applied(&log);
+    let mut have = applied(&log);
+    if js.last_seq > have && js.first_seq > have + 1 {
+        // JetStream dropped what follows this log: start over from the latest snapshot.
+        let snap = js
+            .snapshot
+            .as_ref()
+            .filter(|s| s.epoch == js.epoch && s.seq + 1 >= js.first_seq && s.seq >= have);
+        let Some(snap) = snap else {
+            return Err(format!(
+                "shard {}: the local log ends at message {have} but JetStream's stream {} now \
+                 starts at {} and no snapshot reaches it: this node cannot number what follows \
+                 (keep the nodes' --cluster-snapshot-interval-secs well below the time \
+                 JetStream's limits take to drop a shard's head)",
+                js.shard,
+                cluster::names::stream_name(js.shard),
+                js.first_seq
+            ));
+        };
+        if have > 0 || log.stream_count() > 0 {
+            drop(log);
+            std::fs::remove_dir_all(dir).map_err(|e| format!("removing {}: {e}", dir.display()))?;
+            log = open(opts.clone())?;
+        }
+        eprintln!(
+            "gateway: shard {}: starting from the snapshot at message {} ({} streams)",
+            js.shard,
+            snap.seq,
+            snap.streams.len()
+        );
+        for (name, tail) in &snap.streams {
+            log.create_stream_after(name, *tail)
+                .map_err(|e| format!("shard {}: snapshot stream: {e}", js.shard))?;
+        }
+        have = applied(&log);
+        assert_eq!(have, snap.seq, "a decoded snapshot's tails sum to its seq");
+    }
     if have > js.last_seq {
         return Err(format!(
             "shard {}: the local log holds {have} messages but JetStream's stream {} ends at \
@@ -155,16 +207,6 @@ pub fn open_log(
             js.shard,
             cluster::names::stream_name(js.shard),
             js.last_seq
-        ));
-    }
-    if js.last_seq > have && js.first_seq > have + 1 {
-        return Err(format!(
-            "shard {}: the local log ends at message {have} but JetStream's stream {} now \
-             starts at {}: the messages between are gone and this node cannot number what \
-             follows",
-            js.shard,
-            cluster::names::stream_name(js.shard),
-            js.first_seq
         ));
     }
     Ok(log)

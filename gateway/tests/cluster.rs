@@ -652,3 +652,66 @@ fn explicit_answers_for_what_a_cluster_cannot_do_now() {
     );
     assert!(short.metric("gateway_cluster_unconfirmed_total", "") >= 1);
 }
+
+/// A name of shard `shard` (of 4) with `prefix`.
+fn name_in_shard(prefix: &str, shard: u64) -> String {
+    (0..)
+        .map(|i| format!("{prefix}{i}"))
+        .find(|n| shard_of(n, 4) == shard)
+        .unwrap()
+}
+
+#[test]
+fn a_node_starts_from_a_snapshot_when_jetstream_dropped_the_shards_head() {
+    let Some((nats_bin, _)) = tools() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let nats = Nats::start(&nats_bin, dir.path());
+    let mut args = gateway_args(&nats.urls());
+    args.extend(
+        [
+            "--nats-stream-messages-max",
+            "100",
+            "--cluster-snapshot-interval-secs",
+            "1",
+        ]
+        .map(String::from),
+    );
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let g0 = Gateway::start_in(&dir.path().join("g0"), &args);
+    let a = "snap-a".to_string();
+    let b = name_in_shard("snap-b", shard_of(&a, 4));
+    for i in 1..=5 {
+        post(g0.addr, &b, &format!("b{i}")).unwrap();
+    }
+    let mut ids = Vec::new();
+    for i in 1..=300 {
+        ids.push(post(g0.addr, &a, &format!("a{i}")).unwrap());
+    }
+    // JetStream keeps the last 100 of the shard's 305 messages; let a snapshot be taken after.
+    std::thread::sleep(Duration::from_millis(2500));
+    let fresh = Gateway::start_in(&dir.path().join("fresh"), &args);
+    // Below what the snapshot starts after: an explicit 410 on this node, never a skip.
+    let req = format!(
+        "GET /v1/streams/{a} HTTP/1.1\r\nHost: t\r\nLast-Event-ID: {}\r\nConnection: close\r\n\r\n",
+        ids[249]
+    );
+    let (status, _, body) = exchange(fresh.addr, &req);
+    assert_eq!(status, 410, "{body}");
+    // What follows the snapshot: the same IDs as the node that published them.
+    let mut more = Vec::new();
+    for i in 301..=320 {
+        more.push((
+            post(g0.addr, &a, &format!("a{i}")).unwrap(),
+            format!("a{i}"),
+        ));
+    }
+    assert_eq!(seq(&more[0].0), 301);
+    let got = resume_on(fresh.addr, &a, &ids[299], 20);
+    assert_eq!(
+        got, more,
+        "the rebuilt node serves the suffix under the same IDs"
+    );
+    // A stream whose every message JetStream dropped continues at its next sequence.
+    let b6 = post(fresh.addr, &b, "b6").unwrap();
+    assert_eq!(seq(&b6), 6, "{b6}");
+}

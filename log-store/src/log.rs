@@ -692,8 +692,22 @@ impl Log {
     /// Creates the stream `name` (idempotent: an existing name returns its id). A name whose
     /// stream was removed gets a new id.
     pub fn create_stream(&mut self, name: &str) -> Result<StreamId, AppendError> {
+        self.create_stream_after(name, 0)
+    }
+
+    /// [`Log::create_stream`] for a stream whose first event here is `tail + 1`: it starts
+    /// with floor `tail + 1` (a replica bootstrapped from a snapshot of another log, whose
+    /// earlier events it does not hold: a resume below is `Truncated`, never served). The
+    /// *stream name* record carries `tail`, so recovery restores it. An existing name returns
+    /// its id whatever its tail.
+    pub fn create_stream_after(&mut self, name: &str, tail: Seq) -> Result<StreamId, AppendError> {
         if let Some(id) = self.streams.id_of(name) {
             return Ok(id);
+        }
+        if tail >= u64::MAX - 1 {
+            return Err(AppendError::SequenceExhausted(StreamId(
+                self.streams.ids() as u32
+            )));
         }
         if self.poisoned {
             return Err(AppendError::Poisoned);
@@ -706,11 +720,16 @@ impl Log {
         let id = StreamId(id);
         self.ensure_room(name.len())?;
         let ts = mmap::coarse_unix_ms();
-        self.write_record(Kind::StreamName, id, 0, ts, name.len(), |buf| {
+        self.write_record(Kind::StreamName, id, tail, ts, name.len(), |buf| {
             buf.copy_from_slice(name.as_bytes())
         });
-        self.streams
-            .push_live(StreamState::new(self.epoch, id, name.into(), 1, 0));
+        self.streams.push_live(StreamState::new(
+            self.epoch,
+            id,
+            name.into(),
+            tail + 1,
+            tail,
+        ));
         Ok(id)
     }
 

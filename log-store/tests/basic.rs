@@ -2,6 +2,8 @@
 //! visibility under each fsync policy, retention with pinned slices, input validation.
 #![forbid(unsafe_code)]
 
+mod common;
+
 use std::time::{Duration, Instant, SystemTime};
 
 use log_store::{AppendError, Bounds, EventId, FsyncPolicy, Log, LogOptions, ReadError, StreamId};
@@ -521,41 +523,16 @@ fn retention_by_age_deletes_only_sealed_segments_older_than_retain_secs() {
     assert_eq!(report.floors_advanced, vec![(a, b.floor)]);
 }
 
-/// Whether the effective user is root (from /proc/self/status).
-fn is_root() -> bool {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))
-        .and_then(|v| v.split_whitespace().nth(1))
-        == Some("0")
-}
-
 /// Needs root (mounts a 300 KiB tmpfs: room for 4 segments of 64 KiB, not 5). Not root, it
 /// fails unless `GATEWAY_TESTS_WITHOUT_ROOT=1` says to skip it. CI runs as root.
 #[test]
 fn full_disk_is_a_clean_disk_full_error() {
-    if !is_root() {
-        assert!(
-            std::env::var_os("GATEWAY_TESTS_WITHOUT_ROOT").is_some(),
-            "mounts a tmpfs: needs root (set GATEWAY_TESTS_WITHOUT_ROOT=1 to skip)"
-        );
-        eprintln!("SKIPPED full_disk_is_a_clean_disk_full_error: not root");
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let mounted = std::process::Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=300k", "tmpfs"])
-        .arg(dir.path())
-        .status()
-        .expect("run mount");
-    assert!(mounted.success(), "mount failed (needs root)");
-    let result = std::panic::catch_unwind(|| {
+    common::on_small_tmpfs("full_disk_is_a_clean_disk_full_error", |dir| {
         let o = || LogOptions {
             retain_bytes: Some(65536),
             ..opts(65536)
         };
-        let mut log = Log::open(dir.path(), o()).unwrap();
+        let mut log = Log::open(dir, o()).unwrap();
         let a = log.create_stream("a").unwrap();
         let payload = "f".repeat(900);
         let mut full = None;
@@ -582,7 +559,7 @@ fn full_disk_is_a_clean_disk_full_error() {
         );
         drop(log);
         // Reopening a full log works (read-only until space is freed) ...
-        let mut log = Log::open(dir.path(), o()).unwrap();
+        let mut log = Log::open(dir, o()).unwrap();
         assert_eq!(log.bounds(a).unwrap(), b);
         assert!(matches!(
             log.append(a, None, b"x"),
@@ -598,10 +575,33 @@ fn full_disk_is_a_clean_disk_full_error() {
         let r = log.append(a, None, b"after retention").unwrap();
         assert_eq!(r.id.seq, b.tail + 1);
     });
-    let _ = std::process::Command::new("umount")
-        .arg(dir.path())
-        .status();
-    if let Err(e) = result {
-        std::panic::resume_unwind(e);
-    }
+}
+
+#[test]
+fn a_stream_created_after_a_tail_starts_there_and_keeps_it_across_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = LogOptions {
+        fsync: FsyncPolicy::Never,
+        segment_bytes: 1 << 20,
+        record_bytes_max: 64 << 10,
+        ..LogOptions::default()
+    };
+    let mut log = Log::open(dir.path(), opts.clone()).unwrap();
+    let s = log.create_stream_after("snap", 41).unwrap();
+    let b = log.bounds(s).unwrap();
+    assert_eq!((b.floor, b.tail, b.visible_tail), (42, 41, 41));
+    assert_eq!(log.append(s, None, b"x").unwrap().id.seq, 42);
+    let plain = log.create_stream("plain").unwrap();
+    assert_eq!(log.bounds(plain).unwrap().floor, 1);
+    // Below the floor is gone, never served.
+    assert!(matches!(
+        log.read(s, 41, 1 << 16),
+        Err(log_store::ReadError::Truncated { .. })
+    ));
+    drop(log);
+    let log = Log::open(dir.path(), opts).unwrap();
+    let b = log.bounds(s).unwrap();
+    assert_eq!((b.floor, b.tail), (42, 42));
+    assert_eq!(log.bounds(plain).unwrap().floor, 1);
+    assert_eq!(log.stream_id("snap"), Some(s));
 }

@@ -72,6 +72,9 @@ pub(super) struct ClusterCore {
     catchup: Vec<CatchUp>,
     /// Subscribers of streams not created yet, by name (`PENDING_STREAM`).
     unborn: HashMap<String, Vec<SubRef>>,
+    /// When the next snapshots are due, and the message count of each shard's last one.
+    next_snapshot: Option<Instant>,
+    snapshotted: HashMap<u32, u64>,
     /// A message the local log could not take yet (disk full): retried at the tick; nothing
     /// more is taken from the inbox meanwhile (the followers pause behind it).
     stalled: VecDeque<Applied>,
@@ -96,6 +99,8 @@ impl ClusterCore {
             request_of: HashMap::new(),
             catchup: Vec::new(),
             unborn: HashMap::new(),
+            next_snapshot: Some(Instant::now()),
+            snapshotted: HashMap::new(),
             stalled: VecDeque::new(),
         }
     }
@@ -229,6 +234,39 @@ impl Core {
             self.apply_or_stall(a);
         }
         self.serve_catchups(true);
+        self.take_snapshots();
+    }
+
+    /// Every `--cluster-snapshot-interval-secs`: each shard of this core that applied
+    /// something since its last snapshot stores a new one (its streams in id order with their
+    /// tails: O(streams)).
+    fn take_snapshots(&mut self) {
+        let secs = self.shared.cfg.cluster.cluster_snapshot_interval_secs;
+        let now = self.now;
+        let cc = self.cluster.as_mut().expect("cluster mode");
+        if secs == 0 || cc.next_snapshot.is_some_and(|t| now < t) {
+            return;
+        }
+        cc.next_snapshot = Some(now + Duration::from_secs(secs));
+        for (&shard, &applied) in &cc.applied {
+            if cc.snapshotted.get(&shard) == Some(&applied) {
+                continue;
+            }
+            let log = self.hub.log(shard);
+            let streams: Vec<(String, u64)> = log
+                .streams()
+                .map(|(_, name, b)| (name.to_owned(), b.tail))
+                .collect();
+            // Cluster mode removes no stream: ids are dense, in the order recreated from this.
+            assert_eq!(streams.len(), log.stream_count(), "no stream removed");
+            let snap = cluster::Snapshot {
+                epoch: log.epoch().0,
+                seq: applied,
+                streams,
+            };
+            cc.handle.snapshot(shard, &snap);
+            cc.snapshotted.insert(shard, applied);
+        }
     }
 
     fn apply_or_stall(&mut self, a: Applied) {

@@ -388,7 +388,7 @@ impl Scan {
                         .filter(|n| validate_stream_name(n).is_ok())
                         .ok_or(corrupt(CorruptReason::StreamNameInvalid))?;
                     if e.kind == Kind::StreamName {
-                        self.stream_name(e.stream, name)
+                        self.stream_name(e.stream, name, e.seq)
                     } else {
                         self.stream_removed(e.stream, name)
                     }
@@ -529,7 +529,7 @@ impl Scan {
 
     /// A stream name record: creates the next id, or repeats the name of a stream the
     /// checkpoint already knows.
-    fn stream_name(&mut self, id: StreamId, name: &str) -> Result<(), CorruptReason> {
+    fn stream_name(&mut self, id: StreamId, name: &str, tail: Seq) -> Result<(), CorruptReason> {
         match self.streams.lookup(id) {
             Lookup::Live(_) if &*self.streams[id].name != name => {
                 Err(CorruptReason::StreamNameMismatch(id))
@@ -541,8 +541,12 @@ impl Scan {
                     return Err(CorruptReason::DuplicateStreamName(id));
                 }
                 let epoch = self.epoch.expect("header read before entries");
+                if tail >= u64::MAX - 1 {
+                    return Err(CorruptReason::SequenceOverflow { stream: id });
+                }
+                // `tail`: what `create_stream_after` started it after (0 for most streams).
                 self.streams
-                    .push_live(StreamState::new(epoch, id, name.into(), 1, 0));
+                    .push_live(StreamState::new(epoch, id, name.into(), tail + 1, tail));
                 Ok(())
             }
             Lookup::Unknown => Err(CorruptReason::StreamIdGap {
