@@ -22,7 +22,7 @@ use crate::{Applied, Config, Inbound, Publish, ShardStream, Wake};
 pub(crate) enum Command {
     Publish(Publish),
     Follow { shard: u32, from: u64 },
-    Snapshot { shard: u32, bytes: Vec<u8> },
+    Snapshot { shard: u32, snap: crate::Snapshot },
 }
 
 /// The thread's side of one core's inbox.
@@ -199,10 +199,10 @@ impl Thread {
             match cmd {
                 Command::Publish(p) => self.publish(p).await,
                 Command::Follow { shard, from } => self.follow(shard, from),
-                Command::Snapshot { shard, bytes } => {
+                Command::Snapshot { shard, snap } => {
                     let kv = self.snapshots.clone();
                     tokio::spawn(async move {
-                        if let Err(e) = kv.put(names::snapshot_key(shard), bytes.into()).await {
+                        if let Err(e) = store_snapshot(&kv, shard, &snap).await {
                             eprintln!("cluster: storing shard {shard}'s snapshot: {e}");
                         }
                     });
@@ -291,6 +291,37 @@ async fn snapshot_bucket(
             Err(e) => return Err(format!("KV bucket {}: {e}", names::SNAPSHOT_BUCKET)),
         }
     }
+}
+
+/// Stores `snap` unless the bucket holds a snapshot as new of the same epoch: compare-and-set
+/// on the key's revision, so a node that lags never replaces a newer snapshot with its older
+/// one (a fresh node could then not start).
+async fn store_snapshot(
+    kv: &jetstream::kv::Store,
+    shard: u32,
+    snap: &crate::Snapshot,
+) -> Result<(), String> {
+    let key = names::snapshot_key(shard);
+    let bytes: bytes::Bytes = snap.encode().into();
+    for _ in 0..5 {
+        let entry = kv.entry(key.clone()).await.map_err(|e| e.to_string())?;
+        let current = entry.as_ref().filter(|e| !e.value.is_empty());
+        if let Some(theirs) = current.and_then(|e| crate::Snapshot::decode(&e.value))
+            && theirs.epoch == snap.epoch
+            && theirs.seq >= snap.seq
+        {
+            return Ok(());
+        }
+        let stored = match entry {
+            Some(e) => kv.update(&key, bytes.clone(), e.revision).await.is_ok(),
+            None => kv.create(&key, bytes.clone()).await.is_ok(),
+        };
+        if stored {
+            return Ok(());
+        }
+        // Another node wrote in between: look again.
+    }
+    Err("five concurrent writers in a row".into())
 }
 
 /// One event as a JetStream message.

@@ -231,12 +231,12 @@ impl Cluster {
         let _ = self.cmd.send(client::Command::Publish(p));
     }
 
-    /// Stores `snap` as shard `shard`'s latest snapshot (replacing the one before; a failure
-    /// is printed and the next snapshot tries again).
+    /// Stores `snap` as shard `shard`'s latest snapshot unless a newer one of the same epoch
+    /// is stored (a failure is printed; the next snapshot tries again).
     pub fn snapshot(&self, shard: u32, snap: &Snapshot) {
         let _ = self.cmd.send(client::Command::Snapshot {
             shard,
-            bytes: snap.encode(),
+            snap: snap.clone(),
         });
     }
 

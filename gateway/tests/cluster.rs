@@ -714,4 +714,15 @@ fn a_node_starts_from_a_snapshot_when_jetstream_dropped_the_shards_head() {
     // A stream whose every message JetStream dropped continues at its next sequence.
     let b6 = post(fresh.addr, &b, "b6").unwrap();
     assert_eq!(seq(&b6), 6, "{b6}");
+    // The rebuilt node's own snapshots never replace a newer one: a second fresh node, after
+    // a few more snapshot intervals, still finds one that reaches JetStream's head.
+    std::thread::sleep(Duration::from_millis(2500));
+    let second = Gateway::start_in(&dir.path().join("fresh2"), &args);
+    let last = post(g0.addr, &a, "a321").unwrap();
+    let got = resume_on(second.addr, &a, &more[19].0, 1);
+    assert_eq!(
+        got,
+        vec![(last, "a321".to_string())],
+        "a second rebuilt node"
+    );
 }

@@ -249,7 +249,7 @@ impl Core {
         }
         cc.next_snapshot = Some(now + Duration::from_secs(secs));
         for (&shard, &applied) in &cc.applied {
-            if cc.snapshotted.get(&shard) == Some(&applied) {
+            if applied == 0 || cc.snapshotted.get(&shard) == Some(&applied) {
                 continue;
             }
             let log = self.hub.log(shard);
