@@ -99,15 +99,17 @@ impl Thread {
             .name("gateway")
             .retry_on_initial_connect();
         let connect = async_nats::connect_with_options(cfg.urls.clone(), opts);
+        // URLs may carry credentials (user:password@): only their redacted form is printed.
+        let shown: Vec<String> = cfg.urls.iter().map(|u| names::redact_url(u)).collect();
         let client = tokio::time::timeout(cfg.connect_timeout, connect)
             .await
             .map_err(|_| {
                 format!(
-                    "no NATS server of {:?} answered within {:?}",
-                    cfg.urls, cfg.connect_timeout
+                    "no NATS server of {shown:?} answered within {:?}",
+                    cfg.connect_timeout
                 )
             })?
-            .map_err(|e| format!("connecting to NATS {:?}: {e}", cfg.urls))?;
+            .map_err(|e| format!("connecting to NATS {shown:?}: {e}"))?;
         let js = jetstream::new(client);
         let deadline = tokio::time::Instant::now() + cfg.connect_timeout;
         let snapshots = snapshot_bucket(&js, cfg.replicas, deadline).await?;

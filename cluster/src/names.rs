@@ -18,6 +18,19 @@ pub fn snapshot_key(shard: u32) -> String {
 /// Metadata key on every shard's JetStream stream: the cluster's shard count.
 pub const META_SHARDS: &str = "gw_shards";
 
+/// A NATS URL as it may be printed: credentials (`user:password@`, `token@`) replaced.
+pub fn redact_url(url: &str) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
+    let host_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(host_end);
+    let host = match authority.rfind('@') {
+        Some(at) => format!("<redacted>@{}", &authority[at + 1..]),
+        None => authority.to_owned(),
+    };
+    let sep = if scheme.is_empty() { "" } else { "://" };
+    format!("{scheme}{sep}{host}{tail}")
+}
+
 /// The JetStream stream holding shard `shard`.
 pub fn stream_name(shard: u32) -> String {
     format!("GW_{shard}")
@@ -109,6 +122,21 @@ pub fn check_next(applied: u64, seq: u64) -> Result<(), ChainBreak> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn printed_urls_carry_no_credentials() {
+        assert_eq!(
+            redact_url("nats://gw:s3cret@10.0.0.1:4222"),
+            "nats://<redacted>@10.0.0.1:4222"
+        );
+        assert_eq!(
+            redact_url("tls://tok@h:4222/x"),
+            "tls://<redacted>@h:4222/x"
+        );
+        assert_eq!(redact_url("nats://h:4222"), "nats://h:4222");
+        assert_eq!(redact_url("u:p@h"), "<redacted>@h");
+        assert!(!redact_url("nats://a:b@c@h:1").contains('b'));
+    }
 
     #[test]
     fn own_tickets_are_recognised_and_nothing_else() {

@@ -12,8 +12,8 @@ use cluster::{Cluster, Inbox, ShardStream};
 
 use crate::{shards, sys};
 
-/// Cluster mode's flags.
-#[derive(clap::Args, Debug, Clone)]
+/// Cluster mode's flags (`Debug` prints the NATS URLs without their credentials).
+#[derive(clap::Args, Clone)]
 pub struct ClusterArgs {
     /// A NATS server of the JetStream cluster (repeatable; any one will do to connect). Turns
     /// cluster mode on: every publish goes through JetStream, every node follows every shard.
@@ -57,6 +57,20 @@ pub struct ClusterArgs {
     /// longer holds a shard's head). 0: none from this node.
     #[arg(long, default_value_t = 10)]
     pub cluster_snapshot_interval_secs: u64,
+}
+
+impl std::fmt::Debug for ClusterArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let urls: Vec<String> = self
+            .nats_urls
+            .iter()
+            .map(|u| cluster::names::redact_url(u))
+            .collect();
+        f.debug_struct("ClusterArgs")
+            .field("nats_urls", &urls)
+            .field("nats_replicas", &self.nats_replicas)
+            .finish_non_exhaustive()
+    }
 }
 
 impl ClusterArgs {
