@@ -203,9 +203,17 @@ impl Thread {
                 Command::Follow { shard, from } => self.follow(shard, from),
                 Command::Snapshot { shard, snap } => {
                     let kv = self.snapshots.clone();
+                    let (outs, out) = (self.outs.clone(), self.route[shard as usize]);
                     tokio::spawn(async move {
-                        if let Err(e) = store_snapshot(&kv, shard, &snap).await {
-                            eprintln!("cluster: storing shard {shard}'s snapshot: {e}");
+                        match store_snapshot(&kv, shard, &snap).await {
+                            Ok(()) => {
+                                let m = Inbound::SnapshotStored {
+                                    shard,
+                                    seq: snap.seq,
+                                };
+                                outs[out].send(m).await;
+                            }
+                            Err(e) => eprintln!("cluster: storing shard {shard}'s snapshot: {e}"),
                         }
                     });
                 }

@@ -111,6 +111,8 @@ pub enum Inbound {
         ticket: u64,
         reason: String,
     },
+    /// A snapshot of `shard` at message `seq` is stored (or a newer one already was).
+    SnapshotStored { shard: u32, seq: u64 },
 }
 
 /// One message of a shard's JetStream stream.

@@ -49,6 +49,9 @@ pub struct CoreMetrics {
     pub cluster_apply_stalls_total: AtomicU64,
     pub cluster_catchup_waits_total: AtomicU64,
     pub cluster_catchup_timeouts_total: AtomicU64,
+    /// Messages covered by the latest stored snapshot of each of this core's shards (summed):
+    /// how far back a node rebuilding from a snapshot would start.
+    pub cluster_snapshot_messages: AtomicU64,
     pub events_sent_total: AtomicU64,
     pub events_confirmed_total: AtomicU64,
     pub bytes_sent_total: AtomicU64,
@@ -119,7 +122,7 @@ impl CoreMetrics {
 type Field = fn(&CoreMetrics) -> &AtomicU64;
 
 /// Every per-core scalar: name, Prometheus type, the counter.
-const SCALARS: [(&str, &str, Field); 43] = [
+const SCALARS: [(&str, &str, Field); 44] = [
     ("gateway_connections", "gauge", |m| &m.connections),
     ("gateway_subscribers", "gauge", |m| &m.subscribers),
     ("gateway_accepted_total", "counter", |m| &m.accepted_total),
@@ -150,6 +153,9 @@ const SCALARS: [(&str, &str, Field); 43] = [
     }),
     ("gateway_cluster_catchup_timeouts_total", "counter", |m| {
         &m.cluster_catchup_timeouts_total
+    }),
+    ("gateway_cluster_snapshot_messages", "gauge", |m| {
+        &m.cluster_snapshot_messages
     }),
     ("gateway_events_sent_total", "counter", |m| {
         &m.events_sent_total

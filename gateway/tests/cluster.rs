@@ -653,6 +653,18 @@ fn explicit_answers_for_what_a_cluster_cannot_do_now() {
     assert!(short.metric("gateway_cluster_unconfirmed_total", "") >= 1);
 }
 
+/// Waits (bounded) until `g` stored snapshots covering `messages`.
+fn wait_snapshot(g: &Gateway, messages: u64) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while g.metric("gateway_cluster_snapshot_messages", "") < messages {
+        assert!(
+            Instant::now() < deadline,
+            "no snapshot of {messages} messages stored"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// A name of shard `shard` (of 4) with `prefix`.
 fn name_in_shard(prefix: &str, shard: u64) -> String {
     (0..)
@@ -687,8 +699,9 @@ fn a_node_starts_from_a_snapshot_when_jetstream_dropped_the_shards_head() {
     for i in 1..=300 {
         ids.push(post(g0.addr, &a, &format!("a{i}")).unwrap());
     }
-    // JetStream keeps the last 100 of the shard's 305 messages; let a snapshot be taken after.
-    std::thread::sleep(Duration::from_millis(2500));
+    // JetStream keeps the last 100 of the shard's 305 messages; a snapshot after them is
+    // stored before the fresh node starts.
+    wait_snapshot(&g0, 305);
     let fresh = Gateway::start_in(&dir.path().join("fresh"), &args);
     // Below what the snapshot starts after: an explicit 410 on this node, never a skip.
     let req = format!(
@@ -716,7 +729,7 @@ fn a_node_starts_from_a_snapshot_when_jetstream_dropped_the_shards_head() {
     assert_eq!(seq(&b6), 6, "{b6}");
     // The rebuilt node's own snapshots never replace a newer one: a second fresh node, after
     // a few more snapshot intervals, still finds one that reaches JetStream's head.
-    std::thread::sleep(Duration::from_millis(2500));
+    wait_snapshot(&g0, 326);
     let second = Gateway::start_in(&dir.path().join("fresh2"), &args);
     let last = post(g0.addr, &a, "a321").unwrap();
     let got = resume_on(second.addr, &a, &more[19].0, 1);

@@ -75,6 +75,8 @@ pub(super) struct ClusterCore {
     /// When the next snapshots are due, and the message count of each shard's last one.
     next_snapshot: Option<Instant>,
     snapshotted: HashMap<u32, u64>,
+    /// The message count of each shard's latest stored snapshot.
+    stored: HashMap<u32, u64>,
     /// A message the local log could not take yet (disk full): retried at the tick; nothing
     /// more is taken from the inbox meanwhile (the followers pause behind it).
     stalled: VecDeque<Applied>,
@@ -101,6 +103,7 @@ impl ClusterCore {
             unborn: HashMap::new(),
             next_snapshot: Some(Instant::now()),
             snapshotted: HashMap::new(),
+            stored: HashMap::new(),
             stalled: VecDeque::new(),
         }
     }
@@ -217,6 +220,7 @@ impl Core {
                 Inbound::Unconfirmed { ticket, reason, .. } => {
                     self.resolve(ticket, Ticket::Unconfirmed, Some(reason))
                 }
+                Inbound::SnapshotStored { shard, seq } => self.snapshot_stored(shard, seq),
             }
         }
         if n > 0 {
@@ -235,6 +239,15 @@ impl Core {
         }
         self.serve_catchups(true);
         self.take_snapshots();
+    }
+
+    /// A snapshot is stored: the gauge of messages this core's stored snapshots cover.
+    fn snapshot_stored(&mut self, shard: u32, seq: u64) {
+        let cc = self.cluster.as_mut().expect("cluster mode");
+        let e = cc.stored.entry(shard).or_default();
+        *e = (*e).max(seq);
+        let covered = cc.stored.values().sum();
+        self.m().cluster_snapshot_messages.store(covered, Relaxed);
     }
 
     /// Every `--cluster-snapshot-interval-secs`: each shard of this core that applied
