@@ -181,18 +181,50 @@ impl Thread {
                 self.cfg.shards
             ));
         }
-        let snapshot = match self.snapshots.get(names::snapshot_key(shard)).await {
-            Ok(v) => v.and_then(|b| crate::Snapshot::decode(&b)),
-            Err(e) => return Err(format!("reading shard {shard}'s snapshot: {e}")),
-        };
+        let snapshots = self.stored_snapshots(shard).await?;
         let out = ShardStream {
             shard,
             epoch: names::epoch(info.created.unix_timestamp_nanos(), shard),
             first_seq: info.state.first_sequence,
             last_seq: info.state.last_sequence,
-            snapshot,
+            snapshots,
         };
         self.streams.insert(shard, s);
+        Ok(out)
+    }
+
+    /// Every snapshot the bucket keeps for `shard` (its history, oldest first), decoded.
+    async fn stored_snapshots(&self, shard: u32) -> Result<Vec<crate::Snapshot>, String> {
+        let err = |e: String| format!("reading shard {shard}'s snapshots: {e}");
+        let key = names::snapshot_key(shard);
+        // A history of a key with no value never ends (its consumer waits for one): look first.
+        let latest = self
+            .snapshots
+            .get(&key)
+            .await
+            .map_err(|e| err(e.to_string()))?;
+        let Some(latest) = latest else {
+            return Ok(Vec::new());
+        };
+        let mut out = Vec::new();
+        let read = async {
+            let mut h = self
+                .snapshots
+                .history(&key)
+                .await
+                .map_err(|e| err(e.to_string()))?;
+            while let Some(entry) = h.next().await {
+                let entry = entry.map_err(|e| err(e.to_string()))?;
+                out.extend(crate::Snapshot::decode(&entry.value));
+            }
+            Ok::<(), String>(())
+        };
+        // Bounded: on a timeout the latest value alone still serves.
+        match tokio::time::timeout(Duration::from_secs(10), read).await {
+            Ok(r) => r?,
+            Err(_) => out.clear(),
+        }
+        out.extend(crate::Snapshot::decode(&latest));
         Ok(out)
     }
 
@@ -273,7 +305,8 @@ impl Thread {
     }
 }
 
-/// The snapshot bucket, created if missing (one value per key, replicated like the shards).
+/// The snapshot bucket, created if missing (each key keeps its last 64 values, so a rebuilding
+/// node can pick the oldest one JetStream can still continue; replicated like the shards).
 async fn snapshot_bucket(
     js: &jetstream::Context,
     replicas: usize,
@@ -285,7 +318,7 @@ async fn snapshot_bucket(
             Err(_) => js
                 .create_key_value(jetstream::kv::Config {
                     bucket: names::SNAPSHOT_BUCKET.into(),
-                    history: 1,
+                    history: 64,
                     storage: stream::StorageType::File,
                     num_replicas: replicas,
                     ..Default::default()

@@ -95,8 +95,8 @@ pub struct ShardStream {
     /// First and last sequence JetStream holds (`first > last` when empty).
     pub first_seq: u64,
     pub last_seq: u64,
-    /// The latest snapshot stored for this shard, if any (of any epoch: check it).
-    pub snapshot: Option<Snapshot>,
+    /// The snapshots the bucket keeps for this shard, oldest first (of any epoch: check it).
+    pub snapshots: Vec<Snapshot>,
 }
 
 /// A message for a core.

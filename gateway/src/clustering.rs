@@ -180,11 +180,15 @@ pub fn open_log(
     }
     let mut have = applied(&log);
     if js.last_seq > have && js.first_seq > have + 1 {
-        // JetStream dropped what follows this log: start over from the latest snapshot.
+        // JetStream dropped what follows this log: start over from the newest snapshot. Not
+        // the oldest usable one, though it would hold more history: JetStream keeps dropping
+        // its head while the follower starts, and a snapshot right at the head would lose
+        // that race (the first message delivered would not be the next: the node stops).
         let snap = js
-            .snapshot
-            .as_ref()
-            .filter(|s| s.epoch == js.epoch && s.seq + 1 >= js.first_seq && s.seq >= have);
+            .snapshots
+            .iter()
+            .filter(|s| s.epoch == js.epoch && s.seq + 1 >= js.first_seq && s.seq >= have)
+            .max_by_key(|s| s.seq);
         let Some(snap) = snap else {
             return Err(format!(
                 "shard {}: the local log ends at message {have} but JetStream's stream {} now \
