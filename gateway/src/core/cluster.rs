@@ -6,7 +6,7 @@
 //! node has not applied yet waits up to `--cluster-catchup-wait-ms`, then gets 503 with
 //! `Retry-After`.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
@@ -41,7 +41,6 @@ struct Pending {
     shard: u32,
     first: u64,
     tickets: Vec<Ticket>,
-    outstanding: usize,
     batch: bool,
     close: bool,
     reason: Option<String>,
@@ -67,8 +66,9 @@ pub(super) struct ClusterCore {
     applied: HashMap<u32, u64>,
     next_ticket: u64,
     /// Publish requests by first ticket, and each ticket's request.
-    pending: HashMap<u64, Pending>,
-    request_of: HashMap<u64, u64>,
+    /// Publish requests by first ticket: a request's tickets are `first..first + n`, so a
+    /// ticket's request is the last one starting at or before it.
+    pending: BTreeMap<u64, Pending>,
     catchup: Vec<CatchUp>,
     /// Subscribers of streams not created yet, by name (`PENDING_STREAM`).
     unborn: HashMap<String, Vec<SubRef>>,
@@ -97,8 +97,7 @@ impl ClusterCore {
             handle,
             applied,
             next_ticket: 0,
-            pending: HashMap::new(),
-            request_of: HashMap::new(),
+            pending: BTreeMap::new(),
             catchup: Vec::new(),
             unborn: HashMap::new(),
             next_snapshot: Some(Instant::now()),
@@ -148,7 +147,6 @@ impl Core {
         let n = events.len();
         for (i, (event, data)) in events.into_iter().enumerate() {
             let ticket = first + i as u64;
-            cc.request_of.insert(ticket, first);
             cc.handle.publish(cluster::Publish {
                 shard,
                 ticket,
@@ -162,7 +160,6 @@ impl Core {
             shard,
             first,
             tickets: vec![Ticket::Pending; n],
-            outstanding: n,
             batch,
             close,
             reason: None,
@@ -352,26 +349,23 @@ impl Core {
     /// One ticket's outcome; the request is answered once none is pending.
     fn resolve(&mut self, ticket: u64, outcome: Ticket, reason: Option<String>) {
         let cc = self.cluster.as_mut().expect("cluster mode");
-        let Some(&first) = cc.request_of.get(&ticket) else {
+        let Some((&first, p)) = cc.pending.range_mut(..=ticket).next_back() else {
             return; // answered already (an unconfirmed publish that was stored after all)
         };
-        let p = cc.pending.get_mut(&first).expect("a ticket's request");
-        let i = (ticket - first) as usize;
-        if !matches!(p.tickets[i], Ticket::Pending) {
+        let Some(t) = p.tickets.get_mut((ticket - first) as usize) else {
+            return; // past that request's tickets: its request was answered
+        };
+        if !matches!(t, Ticket::Pending) {
             return;
         }
-        p.tickets[i] = outcome;
-        p.outstanding -= 1;
+        *t = outcome;
         if reason.is_some() {
             p.reason = reason;
         }
-        if p.outstanding > 0 {
+        if p.tickets.iter().any(|t| matches!(t, Ticket::Pending)) {
             return;
         }
         let p = cc.pending.remove(&first).expect("present");
-        for t in first..first + p.tickets.len() as u64 {
-            cc.request_of.remove(&t);
-        }
         self.answer_publish(p);
     }
 
