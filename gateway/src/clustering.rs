@@ -57,6 +57,13 @@ pub struct ClusterArgs {
     /// longer holds a shard's head). 0: none from this node.
     #[arg(long, default_value_t = 10)]
     pub cluster_snapshot_interval_secs: u64,
+
+    /// Bytes of MCP messages (summed over the MCP streams) waiting for JetStream on the MCP
+    /// core: each MCP stream has one message in flight, the rest queue behind it in order.
+    /// Past this bound the stream whose message does not fit is broken explicitly (its
+    /// connections close, a resume gets 503), never silently shortened.
+    #[arg(long, default_value_t = 16 << 20)]
+    pub cluster_mcp_queue_bytes_max: usize,
 }
 
 impl std::fmt::Debug for ClusterArgs {
@@ -78,25 +85,21 @@ impl ClusterArgs {
         !self.nats_urls.is_empty()
     }
 
-    /// What cluster mode cannot be combined with (yet), and zero limits.
-    pub fn validate(&self, mcp: bool) -> Result<(), String> {
+    /// Zero and out-of-range limits.
+    pub fn validate(&self) -> Result<(), String> {
         if !self.enabled() {
             return Ok(());
-        }
-        if mcp {
-            return Err(
-                "the MCP front (--upstream-cmd / --upstream-url) does not run in \
-                        cluster mode (--nats-url) yet"
-                    .into(),
-            );
         }
         if self.nats_replicas == 0 || self.nats_replicas > 5 {
             return Err("--nats-replicas must be 1 to 5".into());
         }
-        if self.nats_inbox_messages_max == 0 || self.nats_publish_timeout_ms == 0 {
-            return Err(
-                "--nats-inbox-messages-max and --nats-publish-timeout-ms must be > 0".into(),
-            );
+        if self.nats_inbox_messages_max == 0
+            || self.nats_publish_timeout_ms == 0
+            || self.cluster_mcp_queue_bytes_max == 0
+        {
+            return Err("--nats-inbox-messages-max, --nats-publish-timeout-ms and \
+                 --cluster-mcp-queue-bytes-max must be > 0"
+                .into());
         }
         Ok(())
     }

@@ -340,9 +340,7 @@ impl Config {
             parse_fsync(f)?;
         }
         self.mcp.validate().map_err(ConfigError::Mcp)?;
-        self.cluster
-            .validate(self.mcp.enabled())
-            .map_err(ConfigError::Cluster)?;
+        self.cluster.validate().map_err(ConfigError::Cluster)?;
         for (v, name) in [
             (self.connections_max as u64, "--connections-max"),
             (self.header_bytes_max as u64, "--header-bytes-max"),

@@ -176,6 +176,29 @@ impl Core {
         }
     }
 
+    /// Sends one event through JetStream (its outcome comes back to this core by the
+    /// returned ticket).
+    pub(super) fn cluster_send(
+        &mut self,
+        shard: u32,
+        stream: String,
+        event: Option<&str>,
+        data: Vec<u8>,
+    ) -> u64 {
+        let cc = self.cluster.as_mut().expect("cluster mode");
+        let ticket = cc.next_ticket;
+        cc.next_ticket += 1;
+        cc.handle.publish(cluster::Publish {
+            shard,
+            ticket,
+            stream,
+            event: event.map(str::to_owned),
+            data,
+        });
+        self.m().cluster_publishes_total.fetch_add(1, Relaxed);
+        ticket
+    }
+
     /// What a publish is checked for before anything is sent: a valid name, room for a new
     /// stream (`--streams-max`), every event within the record limit.
     fn check_cluster_publish(
@@ -215,7 +238,9 @@ impl Core {
             match m {
                 Inbound::Message(a) => self.apply_or_stall(a),
                 Inbound::Unconfirmed { ticket, reason, .. } => {
-                    self.resolve(ticket, Ticket::Unconfirmed, Some(reason))
+                    if !self.mcp_ticket_done(ticket, Err(&reason)) {
+                        self.resolve(ticket, Ticket::Unconfirmed, Some(reason))
+                    }
                 }
                 Inbound::SnapshotStored { shard, seq } => self.snapshot_stored(shard, seq),
             }
@@ -321,8 +346,11 @@ impl Core {
             Some(k) => k,
             None => {
                 let k = self.hub.open_stream(name)?;
-                self.shared.streams.fetch_add(1, Relaxed);
+                if !name.starts_with(super::MCP_STREAM_PREFIX) {
+                    self.shared.streams.fetch_add(1, Relaxed); // --streams-max counts API streams
+                }
                 self.adopt_unborn(name, k);
+                self.mcp_stream_born(name);
                 k
             }
         };
@@ -340,7 +368,9 @@ impl Core {
         self.hub.record_appends(key, 1);
         self.m().events_appended_total.fetch_add(1, Relaxed);
         self.m().cluster_applied_total.fetch_add(1, Relaxed);
-        if let Some(t) = a.ticket {
+        if let Some(t) = a.ticket
+            && !self.mcp_ticket_done(t, Ok(ap.id))
+        {
             self.resolve(t, Ticket::Applied(ap.id), None);
         }
         Ok(())
@@ -450,15 +480,37 @@ impl Core {
     /// A subscriber of a stream that does not exist yet: its preamble now, its events from 1
     /// once the stream is created here ([`Core::adopt_unborn`]).
     fn subscribe_unborn(&mut self, slot: u32, stream: &str, headers: &str, expires: Option<u64>) {
-        let key = (self.hub.shard_of(stream), PENDING_STREAM);
         let preamble = sse::subscribe_head(self.shared.cfg.retry_ms);
         let preamble = crate::proto::access::with_headers(preamble, headers);
+        self.subscribe_unborn_at(slot, stream, 1, preamble, |s| s.expire_at(expires));
+    }
+
+    /// A subscriber of a stream that does not exist here yet, reading from `cursor` once it
+    /// is created ([`Core::adopt_unborn`]).
+    pub(super) fn subscribe_unborn_at(
+        &mut self,
+        slot: u32,
+        stream: &str,
+        cursor: u64,
+        preamble: Vec<u8>,
+        setup: impl FnOnce(&mut crate::streams::sub::Sub),
+    ) {
+        let key = (self.hub.shard_of(stream), PENDING_STREAM);
         let r = (slot, self.io.generation(slot));
         let cc = self.cluster.as_mut().expect("cluster mode");
         let list = cc.unborn.entry(stream.to_owned()).or_default();
         list.retain(|&(s, g)| (s, g) != r);
         list.push(r);
-        self.become_subscriber(slot, key, 1, preamble, None, |s| s.expire_at(expires));
+        self.become_subscriber(slot, key, cursor, preamble, None, setup);
+    }
+
+    /// The connections waiting for stream `stream` to be created here.
+    pub(super) fn unborn_subs(&self, stream: &str) -> Vec<SubRef> {
+        self.cluster
+            .as_ref()
+            .and_then(|c| c.unborn.get(stream))
+            .cloned()
+            .unwrap_or_default()
     }
 
     /// The stream `name` was just created as `key`: its waiting subscribers move to it.
@@ -503,7 +555,7 @@ impl Core {
             return;
         };
         if cc.catchup.is_empty() {
-            return;
+            return self.mcp_serve_catchups(deadlines);
         }
         let waiters = std::mem::take(&mut cc.catchup);
         let mut keep = Vec::new();
@@ -524,9 +576,10 @@ impl Core {
             }
         }
         self.cluster.as_mut().expect("cluster").catchup.extend(keep);
+        self.mcp_serve_catchups(deadlines);
     }
 
-    fn refuse_catchup(&mut self, slot: u32) {
+    pub(super) fn refuse_catchup(&mut self, slot: u32) {
         let body = serde_json::json!({
             "error": "catching_up",
             "message": "this node has not yet applied the event named by Last-Event-ID; \

@@ -57,6 +57,8 @@ pub(super) struct Mcp {
     /// Something changed since the last metrics snapshot; refreshed at `next_metrics`.
     pub(super) metrics_dirty: bool,
     pub(super) next_metrics: Instant,
+    /// Cluster mode: MCP records on their way through JetStream, held resumes.
+    pub(super) cluster: Option<super::mcp_cluster::McpCluster>,
 }
 
 impl std::fmt::Debug for Mcp {
@@ -232,6 +234,7 @@ impl Core {
             records_refused: 0,
             metrics_dirty: true,
             next_metrics: t0,
+            cluster: self.cluster.is_some().then(Default::default),
         }));
     }
 
@@ -252,7 +255,7 @@ impl Core {
         &mut self,
         slot: u32,
         head: &[u8],
-        body: Vec<u8>,
+        mut body: Vec<u8>,
         close: bool,
         subject: Option<&str>,
     ) {
@@ -277,6 +280,15 @@ impl Core {
             .filter(|h| !h.name.is_empty())
             .map(|h| (h.name, h.value))
             .collect();
+        let last_event_id = headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case("last-event-id"))
+            .map(|(_, v)| *v);
+        if method == HttpMethod::Get
+            && self.mcp_cluster_hold(slot, head, &mut body, close, subject, last_event_id)
+        {
+            return;
+        }
         let generation = self.io.generation(slot);
         let now_ms = self.mcp_now_ms();
         let Some(m) = self.mcp.as_mut() else {

@@ -5,7 +5,7 @@
 //! window and backpressure; never parked, since MCP resumes replay from the log), plain
 //! responses, and the upstreams.
 
-use log_store::{Seq, StreamId};
+use log_store::Seq;
 
 use super::{Core, State};
 use crate::mcp::core::{Action, ConnId, UpstreamId, redact_stream_name as redacted};
@@ -53,6 +53,8 @@ impl Core {
                 headers,
                 body,
             } => self.mcp_respond(conn, status, &headers, &body),
+            // In cluster mode a stream is born with its first applied message.
+            Action::CreateStream { .. } if self.cluster.is_some() => {}
             Action::CreateStream { stream } => {
                 let shard = self.mcp_shard();
                 if let Err(e) = self.hub.log_mut(shard).create_stream(&stream) {
@@ -65,7 +67,7 @@ impl Core {
                 seq,
                 event_type,
                 data,
-            } => self.mcp_append(stream, seq, event_type, &data),
+            } => self.mcp_append(stream, seq, event_type, data),
             open @ Action::OpenSse { .. } => self.mcp_open_sse(open),
             Action::StreamComplete { stream, last_seq } => self.mcp_complete(&stream, last_seq),
             Action::CloseSse { conn } => self.mcp_close_sse(conn),
@@ -94,11 +96,17 @@ impl Core {
         }
     }
 
-    fn mcp_shard(&self) -> u32 {
+    pub(super) fn mcp_shard(&self) -> u32 {
         self.mcp.as_ref().expect("MCP front on this core").shard
     }
 
-    fn mcp_append(&mut self, stream: String, seq: Seq, event_type: Option<&str>, data: &[u8]) {
+    fn mcp_append(
+        &mut self,
+        stream: String,
+        seq: Seq,
+        event_type: Option<&'static str>,
+        data: Vec<u8>,
+    ) {
         let shard = self.mcp_shard();
         let id_core = self.id;
         let m = self.mcp.as_mut().expect("checked");
@@ -109,11 +117,14 @@ impl Core {
             );
             return;
         }
+        if self.cluster.is_some() {
+            return self.mcp_cluster_append(stream, seq, event_type, data);
+        }
         let log = self.hub.log_mut(shard);
         let sid = log
             .stream_id(&stream)
             .expect("the core creates a stream before appending to it");
-        let appended = log.append(sid, event_type, data).or_else(|e| {
+        let appended = log.append(sid, event_type, &data).or_else(|e| {
             // An operating error (record too large, disk full): the same position gets an
             // explicit error record instead (the request is answered with a JSON-RPC error),
             // so the stream stays gap-free and the core's sequence prediction holds.
@@ -121,7 +132,7 @@ impl Core {
             let why = e.to_string();
             let name = redacted(&stream);
             eprintln!("core {id_core}: MCP append to {name} failed: {why}");
-            let (t, sub) = jsonrpc::not_stored_substitute(data, &why);
+            let (t, sub) = jsonrpc::not_stored_substitute(&data, &why);
             log.append(sid, t, &sub)
                 .map_err(|e2| format!("{why}; then {e2}"))
         });
@@ -135,7 +146,7 @@ impl Core {
                 );
                 self.hub.record_appends((shard, sid), 1);
             }
-            Err(why) => self.mcp_break_stream(shard, sid, stream, why),
+            Err(why) => self.mcp_break_stream(stream, why),
         }
     }
 
@@ -169,22 +180,24 @@ impl Core {
         if self.conn_at((slot, generation)).is_none_or(|c| c.closing) {
             return self.mcp_conn_gone(conn);
         }
-        let sid = self
-            .hub
-            .log(shard)
-            .stream_id(&stream)
-            .expect("the core creates a stream before opening it");
         let head = sse_head(&headers, retry_ms, reprime.as_deref());
-        self.become_subscriber(slot, (shard, sid), from_seq, head, None, |sub: &mut Sub| {
+        let setup = |sub: &mut Sub| {
             sub.never_park();
             if let Some(e) = end_after {
                 sub.end_after(e);
             }
-        });
+        };
+        match self.hub.log(shard).stream_id(&stream) {
+            Some(sid) => self.become_subscriber(slot, (shard, sid), from_seq, head, None, setup),
+            // Cluster mode: its first message is not applied here yet.
+            None if self.cluster.is_some() => {
+                self.subscribe_unborn_at(slot, &stream, from_seq, head, setup)
+            }
+            None => unreachable!("the core creates a stream before opening it"),
+        }
     }
 
     fn mcp_complete(&mut self, stream: &str, last_seq: Seq) {
-        let shard = self.mcp_shard();
         if self
             .mcp
             .as_ref()
@@ -192,10 +205,8 @@ impl Core {
         {
             return; // its connections are closed; the log ends before last_seq
         }
-        let Some(sid) = self.hub.log(shard).stream_id(stream) else {
-            return;
-        };
-        for r in self.hub.subscribers((shard, sid)).to_vec() {
+        self.mcp_cluster_complete(stream, last_seq);
+        for r in self.mcp_stream_subs(stream) {
             if let Some(c) = self.conn_at(r)
                 && let State::Sub(sub) = &mut c.state
             {
@@ -282,13 +293,15 @@ impl Core {
     /// The log refused a record of `stream` and its substitute: nothing more goes to it, its
     /// open connections are closed (the client sees the records up to the log's tail, then the
     /// end; resuming gets an explicit 503), and the process keeps running.
-    fn mcp_break_stream(&mut self, shard: u32, sid: StreamId, stream: String, why: String) {
+    pub(super) fn mcp_break_stream(&mut self, stream: String, why: String) {
         let (id, name) = (self.id, redacted(&stream));
         eprintln!("core {id}: MCP stream {name} broken (no record could be stored): {why}");
+        self.mcp_cluster_forget(&stream);
+        let subs = self.mcp_stream_subs(&stream);
         if let Some(m) = self.mcp.as_mut() {
             m.broken.insert(stream, why); // first: closing re-enters the core
         }
-        for r in self.hub.subscribers((shard, sid)).to_vec() {
+        for r in subs {
             if self.conn_at(r).is_some_and(|c| !c.closing) {
                 self.close_conn(r.0);
             }

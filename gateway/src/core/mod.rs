@@ -15,6 +15,7 @@ mod http;
 mod lifecycle;
 mod mcp;
 mod mcp_apply;
+mod mcp_cluster;
 mod subs;
 mod tick;
 mod tls;

@@ -1,0 +1,298 @@
+//! The MCP front in cluster mode (`--nats-url`). Every MCP message goes through JetStream
+//! like any publish, so every node's log holds every MCP stream under the same IDs, and a
+//! `GET` with `Last-Event-ID` replays on any node:
+//! - **Order.** The MCP core predicts each record's seq (its stream's count so far). A stream
+//!   has at most one message in flight; the next is sent once JetStream's copy came back and
+//!   was applied here, so a retried send (same `Nats-Msg-Id`) can never overtake a later
+//!   message. The applied seq is checked against the prediction; a stream whose message went
+//!   unconfirmed, whose prediction failed, or whose queue would pass
+//!   `--cluster-mcp-queue-bytes-max` is broken explicitly (its connections close, a resume
+//!   gets 503), never shortened silently.
+//! - **Streams are born with their first applied message** (as every stream in cluster
+//!   mode): an SSE response opened before that waits as an unborn subscriber.
+//! - **Other nodes' sessions.** A session's stream born here from another node's message is
+//!   recovered into this node's MCP core (`McpCore::recover_stream`): its streams replay,
+//!   complete at the log's tail; new requests get 404 (its upstream is elsewhere), and with
+//!   `balance hdr(Mcp-Session-Id)` they never come here while its node lives.
+//! - **Catch-up.** A resume naming what this node has not applied yet waits up to
+//!   `--cluster-catchup-wait-ms`, then gets 503 with `Retry-After`.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
+
+use log_store::{EVENT_ID_BYTES_MAX, EventId, Seq};
+
+use super::Core;
+use crate::mcp::core::redact_stream_name as redacted;
+use crate::mcp::jsonrpc;
+use crate::proto::sse;
+use crate::streams::hub::SubRef;
+
+/// One MCP record waiting for its turn.
+#[derive(Debug)]
+struct Queued {
+    seq: Seq,
+    event_type: Option<&'static str>,
+    data: Vec<u8>,
+}
+
+/// An MCP stream's messages on their way through JetStream.
+#[derive(Debug, Default)]
+struct Order {
+    /// The message in flight: its ticket and predicted seq.
+    inflight: Option<(u64, Seq)>,
+    queued: VecDeque<Queued>,
+}
+
+/// A `GET` + `Last-Event-ID` this node has not applied yet, held until it has.
+#[derive(Debug)]
+struct CatchUp {
+    conn: SubRef,
+    id: EventId,
+    head: Vec<u8>,
+    body: Vec<u8>,
+    close: bool,
+    subject: Option<String>,
+    deadline: Instant,
+}
+
+/// The MCP core's cluster state.
+#[derive(Debug, Default)]
+pub(super) struct McpCluster {
+    streams: HashMap<String, Order>,
+    /// In-flight ticket → its stream.
+    tickets: HashMap<u64, String>,
+    /// Bytes of queued (not yet sent) records (`--cluster-mcp-queue-bytes-max`).
+    queued_bytes: usize,
+    catchup: Vec<CatchUp>,
+    /// Complete streams with records still on their way: stream → its last seq.
+    completing: HashMap<String, Seq>,
+}
+
+impl Core {
+    /// An `Action::Append` in cluster mode: sent now if its stream has nothing in flight,
+    /// else queued behind it.
+    pub(super) fn mcp_cluster_append(
+        &mut self,
+        stream: String,
+        seq: Seq,
+        event_type: Option<&'static str>,
+        data: Vec<u8>,
+    ) {
+        let shard = self.mcp_shard();
+        // Every node must be able to apply it: a record over the limit becomes an explicit
+        // error record at the same seq (as in single-node mode).
+        let (mut event_type, mut data) = (event_type, data);
+        let record_max = self.hub.log(shard).options().record_bytes_max as usize;
+        let framed = sse::framed_event_bytes(EVENT_ID_BYTES_MAX, event_type, &data);
+        if framed > record_max {
+            let why = format!("a {framed}-byte record exceeds the record limit {record_max}");
+            self.mcp_cluster_note(&stream, &why);
+            self.mcp.as_mut().expect("MCP core").records_refused += 1;
+            (event_type, data) = jsonrpc::not_stored_substitute(&data, &why);
+        }
+        let max = self.shared.cfg.cluster.cluster_mcp_queue_bytes_max;
+        let m = self.mcp.as_mut().expect("MCP core");
+        let mc = m.cluster.as_mut().expect("cluster mode");
+        let order = mc.streams.entry(stream.clone()).or_default();
+        if order.inflight.is_some() {
+            if mc.queued_bytes + data.len() > max {
+                let why = format!("--cluster-mcp-queue-bytes-max {max} reached");
+                return self.mcp_break_stream(stream, why);
+            }
+            mc.queued_bytes += data.len();
+            order.queued.push_back(Queued {
+                seq,
+                event_type,
+                data,
+            });
+            return;
+        }
+        let ticket = self.cluster_send(shard, stream.clone(), event_type, data);
+        let mc = self.mcp_cluster_mut();
+        mc.streams.get_mut(&stream).expect("just inserted").inflight = Some((ticket, seq));
+        mc.tickets.insert(ticket, stream);
+    }
+
+    fn mcp_cluster_mut(&mut self) -> &mut McpCluster {
+        let m = self.mcp.as_mut().expect("MCP core");
+        m.cluster.as_mut().expect("cluster mode")
+    }
+
+    /// A ticket came back (applied as `Ok(id)`, or unconfirmed): true if it was an MCP
+    /// record's. The stream's next record is sent, or the stream is broken.
+    pub(super) fn mcp_ticket_done(&mut self, ticket: u64, outcome: Result<EventId, &str>) -> bool {
+        let Some(mc) = self.mcp.as_mut().and_then(|m| m.cluster.as_mut()) else {
+            return false;
+        };
+        let Some(stream) = mc.tickets.remove(&ticket) else {
+            return false;
+        };
+        let order = mc.streams.get_mut(&stream).expect("a ticket's stream");
+        let (_, predicted) = order.inflight.take().expect("the ticket in flight");
+        let failed = match outcome {
+            Ok(id) if id.seq == predicted => None,
+            Ok(id) => Some(format!(
+                "the MCP core predicted seq {predicted}, JetStream's order gave {} (another \
+                 node wrote to this session's stream)",
+                id.seq
+            )),
+            Err(why) => Some(format!("JetStream did not confirm a record: {why}")),
+        };
+        if let Some(why) = failed {
+            self.mcp_break_stream(stream, why);
+            return true;
+        }
+        let Some(next) = order.queued.pop_front() else {
+            mc.streams.remove(&stream);
+            mc.completing.remove(&stream);
+            return true;
+        };
+        mc.queued_bytes -= next.data.len();
+        let shard = self.mcp_shard();
+        let t = self.cluster_send(shard, stream.clone(), next.event_type, next.data);
+        let mc = self.mcp_cluster_mut();
+        mc.streams.get_mut(&stream).expect("present").inflight = Some((t, next.seq));
+        mc.tickets.insert(t, stream);
+        true
+    }
+
+    /// Drops what a broken stream still had on its way (its in-flight ticket is ignored
+    /// when it comes back).
+    pub(super) fn mcp_cluster_forget(&mut self, stream: &str) {
+        let Some(mc) = self.mcp.as_mut().and_then(|m| m.cluster.as_mut()) else {
+            return;
+        };
+        mc.completing.remove(stream);
+        if let Some(order) = mc.streams.remove(stream) {
+            mc.queued_bytes -= order.queued.iter().map(|q| q.data.len()).sum::<usize>();
+            if let Some((t, _)) = order.inflight {
+                mc.tickets.remove(&t);
+            }
+        }
+    }
+
+    /// `Action::StreamComplete` in cluster mode: while its last records are on their way, a
+    /// resume of the stream waits for them (see `mcp_applied`).
+    pub(super) fn mcp_cluster_complete(&mut self, stream: &str, last_seq: Seq) {
+        if let Some(mc) = self.mcp.as_mut().and_then(|m| m.cluster.as_mut())
+            && mc.streams.contains_key(stream)
+        {
+            mc.completing.insert(stream.to_owned(), last_seq);
+        }
+    }
+
+    /// A stream was just created here by an applied message: an MCP session's stream makes
+    /// the session known to this node's MCP core (replay only, unless it is this node's).
+    pub(super) fn mcp_stream_born(&mut self, name: &str) {
+        if !name.starts_with(super::MCP_STREAM_PREFIX) {
+            return;
+        }
+        let now_ms = self.mcp_now_ms();
+        if let Some(m) = self.mcp.as_mut() {
+            m.core.recover_stream(name, now_ms);
+            m.metrics_dirty = true;
+        }
+    }
+
+    /// Whether this `GET` must wait for the node to apply its `Last-Event-ID` (then it is
+    /// held and carried out later).
+    pub(super) fn mcp_cluster_hold(
+        &mut self,
+        slot: u32,
+        head: &[u8],
+        body: &mut Vec<u8>,
+        close: bool,
+        subject: Option<&str>,
+        last_event_id: Option<&[u8]>,
+    ) -> bool {
+        if self.cluster.is_none() || self.mcp.is_none() {
+            return false;
+        }
+        let Some(Ok(id)) = last_event_id
+            .and_then(|v| std::str::from_utf8(v).ok())
+            .map(str::parse::<EventId>)
+        else {
+            return false;
+        };
+        if self.mcp_applied(id) {
+            return false;
+        }
+        let wait = Duration::from_millis(self.shared.cfg.cluster.cluster_catchup_wait_ms);
+        let c = CatchUp {
+            conn: (slot, self.io.generation(slot)),
+            id,
+            head: head.to_vec(),
+            body: std::mem::take(body),
+            close,
+            subject: subject.map(str::to_owned),
+            deadline: self.now + wait,
+        };
+        self.m().cluster_catchup_waits_total.fetch_add(1, Relaxed);
+        self.mcp_cluster_mut().catchup.push(c);
+        true
+    }
+
+    /// Whether the MCP log holds `id` (or `id` is not of its epoch: the MCP core answers),
+    /// and, if its stream is complete, its last record: the MCP core reads a complete stream
+    /// it no longer holds in memory as ending at the log's tail.
+    fn mcp_applied(&self, id: EventId) -> bool {
+        let log = self.hub.log(self.mcp_shard());
+        if id.epoch != log.epoch() {
+            return true;
+        }
+        let (Some(b), Some(name)) = (log.bounds(id.stream), log.stream_name(id.stream)) else {
+            return false;
+        };
+        let ending = self
+            .mcp
+            .as_ref()
+            .and_then(|m| m.cluster.as_ref())
+            .and_then(|mc| mc.completing.get(name));
+        id.seq <= b.visible_tail && ending.is_none_or(|&last| last <= b.visible_tail)
+    }
+
+    /// Carries out the held resumes that caught up; on `deadlines`, refuses the ones past
+    /// theirs (503 with `Retry-After`).
+    pub(super) fn mcp_serve_catchups(&mut self, deadlines: bool) {
+        let Some(mc) = self.mcp.as_mut().and_then(|m| m.cluster.as_mut()) else {
+            return;
+        };
+        if mc.catchup.is_empty() {
+            return;
+        }
+        let waiters = std::mem::take(&mut mc.catchup);
+        let mut keep = Vec::new();
+        for w in waiters {
+            if self.conn_at(w.conn).is_none_or(|c| c.closing) {
+                continue;
+            }
+            if self.mcp_applied(w.id) {
+                let subject = w.subject.as_deref();
+                self.mcp_request(w.conn.0, &w.head, w.body, w.close, subject);
+            } else if deadlines && self.now >= w.deadline {
+                let timeouts = &self.m().cluster_catchup_timeouts_total;
+                timeouts.fetch_add(1, Relaxed);
+                self.refuse_catchup(w.conn.0);
+            } else {
+                keep.push(w);
+            }
+        }
+        self.mcp_cluster_mut().catchup.extend(keep);
+    }
+
+    /// The connections reading MCP stream `stream` (also those waiting for it to be born).
+    pub(super) fn mcp_stream_subs(&self, stream: &str) -> Vec<SubRef> {
+        let shard = self.mcp_shard();
+        match self.hub.log(shard).stream_id(stream) {
+            Some(sid) => self.hub.subscribers((shard, sid)).to_vec(),
+            None => self.unborn_subs(stream),
+        }
+    }
+
+    /// Logs a broken MCP stream's cause without its session ID.
+    pub(super) fn mcp_cluster_note(&self, stream: &str, why: &str) {
+        eprintln!("core {}: MCP stream {}: {why}", self.id, redacted(stream));
+    }
+}
