@@ -5,7 +5,7 @@
 //! - a progress stream cut several times and resumed through the balancer arrives exactly
 //!   once, in order;
 //! - every node replays the same stream from the same IDs (`GET` + `Last-Event-ID` sent to
-//!   each gateway directly);
+//!   each gateway directly), and answers a 2026-07-28 (sessionless) request;
 //! - `kill -9` of the node holding the session: a resume through the balancer lands on
 //!   another node and gets the logged records after its ID with no gap and no duplicate, then
 //!   an explicit end (410 once nothing follows); the session's new requests get 404, and the
@@ -207,6 +207,26 @@ fn mcp_sessions_replay_on_any_node_and_outlive_their_node() {
             assert_eq!(again.ids, seen.ids, "node {} replays the same IDs", g.addr);
             assert!(again.result);
         }
+    }
+
+    // The 2026-07-28 era (no session) on every node: its records go through JetStream too.
+    for g in gateways.iter().flatten() {
+        let body = r#"{"jsonrpc":"2.0","id":"c-1","method":"tools/call","params":{"name":"p","arguments":{"count":3},"_meta":{"progressToken":"t","io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}"#;
+        let headers = [
+            ACCEPT,
+            ("MCP-Protocol-Version", "2026-07-28"),
+            ("Mcp-Method", "tools/call"),
+            ("Mcp-Name", "p"),
+        ];
+        let mut x = Exchange::send(g.addr, "POST", &headers, body);
+        assert_eq!(x.status, 200);
+        let mut msgs = Vec::new();
+        while let Some(ev) = x.next_event() {
+            msgs.push(serde_json::from_str::<serde_json::Value>(&ev.data).unwrap());
+        }
+        assert_eq!(msgs.len(), 4, "{msgs:?}");
+        assert_eq!(msgs[2]["params"]["progress"], 3);
+        assert_eq!(msgs[3]["result"]["structuredContent"]["sent"], 3);
     }
 
     // The session's node dies mid-call: the stream replays elsewhere, then ends explicitly.
