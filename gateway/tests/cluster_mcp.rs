@@ -280,4 +280,49 @@ fn mcp_sessions_replay_on_any_node_and_outlive_their_node() {
     let mut fresh = Seen::default();
     fresh.read(&mut x, None);
     assert_eq!((fresh.progress, fresh.result), (vec![1, 2, 3], true));
+
+    // Knowing a stream's event ID is not enough to recover its session on a node: the
+    // request must carry that session's ID (else 404, as for any unknown session).
+    let live: Vec<&Gateway> = gateways
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != dead)
+        .filter_map(|(_, g)| g.as_ref())
+        .collect();
+    let other = live
+        .iter()
+        .find(|g| plain_metric(g, "gateway_mcp_upstreams") == 0);
+    if let Some(g) = other {
+        let r = resume(g.addr, &sid2, seen.ids.last().unwrap());
+        assert!(
+            matches!(r.status, 400 | 404),
+            "another session's stream: {}",
+            r.status
+        );
+    }
+
+    // A request whose JSON-RPC id is too large for any record (the upstream echoes it in a
+    // line over --event-bytes-max, so it is killed, and the error record naming the id cannot
+    // be stored): the stream breaks explicitly on its node; no node stops (every node must
+    // apply every record, so such a record is never sent).
+    let huge = "x".repeat(200_000);
+    let body = format!(
+        r#"{{"jsonrpc":"2.0","id":"{huge}","method":"tools/call","params":{{"name":"p","arguments":{{"count":1}}}}}}"#
+    );
+    let x = Exchange::send(lb, "POST", &[ACCEPT, ("Mcp-Session-Id", &sid2)], &body);
+    drop(x);
+    let sid3 = initialize(lb);
+    let mut x = call(lb, &sid3, 1, 2, 1);
+    let mut after = Seen::default();
+    after.read(&mut x, None);
+    assert_eq!((after.progress, after.result), (vec![1, 2], true));
+    for (i, g) in gateways.iter_mut().enumerate() {
+        if i != dead {
+            let g = g.as_mut().unwrap();
+            assert!(
+                g.child.try_wait().unwrap().is_none(),
+                "gateway {i} is running"
+            );
+        }
+    }
 }

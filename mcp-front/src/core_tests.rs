@@ -1300,6 +1300,45 @@ fn recovered_session_resumes_after_restart() {
     assert_eq!(h.status(p), 404);
 }
 
+/// A replay-only session (recovered; in cluster mode, another node's) ends each resumed
+/// response at the log's tail as it is then, not as it was at its first resume: the session's
+/// node may still be adding records (a stale end would answer 410 "ended" below the tail).
+#[test]
+fn replay_only_session_follows_the_log_as_it_grows() {
+    let mut h = H::new();
+    let (sid, up, _) = h.init();
+    let a = h.post_s(&sid, &call(1, "a", Some("t")));
+    h.upstream_line(up, &progress("t", 1));
+    h.upstream_line(up, &progress("t", 2));
+    let name = h.sse[&a].stream.clone();
+    let (p1, p2) = (h.event_id(a, 2), h.event_id(a, 3));
+    // "Another node": a core that knows the session only from the log.
+    let names = h.log.names.clone();
+    h.core = McpCore::new(McpConfig::default(), counter_source());
+    h.sse.clear();
+    for n in &names {
+        h.core.recover_stream(n, h.now);
+    }
+    let r = h.get_s(&sid, Some(&p1));
+    assert_eq!(h.sse[&r].end_after, Some(3), "served, to the tail");
+    // The session's own node logs two more records.
+    let id = h.log.id(&name).unwrap().0 as usize;
+    h.log.recs[id].push((None, progress("t", 3).into_bytes()));
+    h.log.recs[id].push((None, result(1).into_bytes()));
+    let r2 = h.get_s(&sid, Some(&p2));
+    // Served (not 410): the log goes on past the first resume's tail.
+    assert_eq!(h.sse.get(&r2).and_then(|s| s.end_after), Some(5));
+    let got = h.msgs(r2);
+    assert_eq!(
+        (got[0]["params"]["progress"].clone(), got[1]["id"].clone()),
+        (3.into(), 1.into())
+    );
+    // At the log's tail now: the explicit end.
+    let last = h.event_id(r2, 5);
+    let r3 = h.get_s(&sid, Some(&last));
+    assert_eq!(h.status(r3), 410);
+}
+
 /// A complete stream resumed at its last record: explicit 410 (an empty 200 would make the
 /// client reconnect in a loop), never a silent success.
 #[test]

@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use super::subs::count_confirmed;
 use super::{Core, State};
+use crate::streams::sub::PENDING_STREAM;
 use crate::sys;
 
 impl Core {
@@ -20,8 +21,10 @@ impl Core {
         }
         conn.closing = true;
         let fd = conn.fd.as_fd();
+        let mut unborn = false;
         if let State::Sub(sub) = &mut conn.state {
             let key = sub.key;
+            unborn = key.1 == PENDING_STREAM;
             // ACKs whose timestamp completions are not reaped yet: SIOCOUTQ (write_seq -
             // snd_una, still meaningful after a reset) tightens the window to what the peer
             // really confirmed, so the parked head is as exact as the kernel knows it.
@@ -43,6 +46,9 @@ impl Core {
                     .parked_windows
                     .store(self.parked.count() as u64, Relaxed);
             }
+        }
+        if unborn {
+            self.unborn_closed((slot, self.io.generation(slot)));
         }
         sys::shutdown(self.conn(slot).fd.as_fd());
         self.io.cancel_slot(slot);

@@ -70,8 +70,10 @@ pub(super) struct ClusterCore {
     /// ticket's request is the last one starting at or before it.
     pending: BTreeMap<u64, Pending>,
     catchup: Vec<CatchUp>,
-    /// Subscribers of streams not created yet, by name (`PENDING_STREAM`).
+    /// Subscribers of streams not created yet, by name (`PENDING_STREAM`), and each one's
+    /// stream (an entry goes when its stream is born or its connection closes).
     unborn: HashMap<String, Vec<SubRef>>,
+    unborn_of: HashMap<SubRef, String>,
     /// When the next snapshots are due, and the message count of each shard's last one.
     next_snapshot: Option<Instant>,
     snapshotted: HashMap<u32, u64>,
@@ -100,6 +102,7 @@ impl ClusterCore {
             pending: BTreeMap::new(),
             catchup: Vec::new(),
             unborn: HashMap::new(),
+            unborn_of: HashMap::new(),
             next_snapshot: Some(Instant::now()),
             snapshotted: HashMap::new(),
             stored: HashMap::new(),
@@ -350,7 +353,6 @@ impl Core {
                     self.shared.streams.fetch_add(1, Relaxed); // --streams-max counts API streams
                 }
                 self.adopt_unborn(name, k);
-                self.mcp_stream_born(name);
                 k
             }
         };
@@ -501,7 +503,24 @@ impl Core {
         let list = cc.unborn.entry(stream.to_owned()).or_default();
         list.retain(|&(s, g)| (s, g) != r);
         list.push(r);
+        cc.unborn_of.insert(r, stream.to_owned());
         self.become_subscriber(slot, key, cursor, preamble, None, setup);
+    }
+
+    /// An unborn subscriber's connection closed: it waits no more.
+    pub(super) fn unborn_closed(&mut self, r: SubRef) {
+        let Some(cc) = self.cluster.as_mut() else {
+            return;
+        };
+        let Some(name) = cc.unborn_of.remove(&r) else {
+            return;
+        };
+        if let Some(list) = cc.unborn.get_mut(&name) {
+            list.retain(|&x| x != r);
+            if list.is_empty() {
+                cc.unborn.remove(&name);
+            }
+        }
     }
 
     /// The connections waiting for stream `stream` to be created here.
@@ -520,6 +539,7 @@ impl Core {
         };
         let pending = (key.0, PENDING_STREAM);
         for r in subs {
+            self.cluster.as_mut().expect("cluster").unborn_of.remove(&r);
             let Some(c) = self.conn_at(r).filter(|c| !c.closing) else {
                 continue;
             };

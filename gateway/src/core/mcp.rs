@@ -164,6 +164,23 @@ impl LogView for LogRef<'_> {
     }
 }
 
+/// The MCP core's source of session IDs: 16 random bytes; in cluster mode (`minted`) every
+/// session ID this process mints starts with its 4 random bytes (96 random bits remain), so
+/// it tells its own sessions from other nodes' ones. The first call names the process's
+/// modern-era streams: all random.
+fn session_ids(minted: Option<[u8; 4]>) -> Box<dyn FnMut() -> [u8; 16] + Send> {
+    let mut first = true;
+    Box::new(move || {
+        let mut b = [0u8; 16];
+        getrandom::fill(&mut b).expect("getrandom for MCP session ids");
+        if let Some(m) = minted.filter(|_| !first) {
+            b[..4].copy_from_slice(&m);
+        }
+        first = false;
+        b
+    })
+}
+
 fn mcp_owner(shared: &super::Shared) -> (u32, usize) {
     let shard = shards::shard_of(MCP_SHARD_ANCHOR, shared.shards);
     (shard, shards::core_of_shard(shard, shared.cores))
@@ -196,16 +213,14 @@ impl Core {
             ),
             (None, None) => unreachable!("enabled() checked"),
         };
-        let mut core = McpCore::new(
-            args.core_config(),
-            Box::new(|| {
-                let mut b = [0u8; 16];
-                getrandom::fill(&mut b).expect("getrandom for MCP session ids");
-                b
-            }),
-        );
+        let clustered = self.cluster.is_some();
+        let mut minted = [0u8; 4];
+        getrandom::fill(&mut minted).expect("getrandom for MCP session ids");
+        let mut core = McpCore::new(args.core_config(), session_ids(clustered.then_some(minted)));
         let t0 = self.now;
-        if self.hub.has_shard(shard) {
+        // Cluster mode recovers a session when a client resumes it (`mcp_cluster_recover`):
+        // the log holds every node's sessions.
+        if self.hub.has_shard(shard) && !clustered {
             for (_, name, _) in self.hub.log(shard).streams() {
                 if name.starts_with(MCP_SHARD_ANCHOR) {
                     core.recover_stream(name, 0);
@@ -234,7 +249,10 @@ impl Core {
             records_refused: 0,
             metrics_dirty: true,
             next_metrics: t0,
-            cluster: self.cluster.is_some().then(Default::default),
+            cluster: clustered.then(|| {
+                let hex: String = minted.iter().map(|b| format!("{b:02x}")).collect();
+                super::mcp_cluster::McpCluster::new(hex)
+            }),
         }));
     }
 
@@ -284,10 +302,15 @@ impl Core {
             .iter()
             .find(|(k, _)| k.eq_ignore_ascii_case("last-event-id"))
             .map(|(_, v)| *v);
-        if method == HttpMethod::Get
-            && self.mcp_cluster_hold(slot, head, &mut body, close, subject, last_event_id)
-        {
-            return;
+        if method == HttpMethod::Get {
+            if self.mcp_cluster_hold(slot, head, &mut body, close, subject, last_event_id) {
+                return;
+            }
+            let session = headers
+                .iter()
+                .find(|(k, _)| k.eq_ignore_ascii_case("mcp-session-id"))
+                .map(|(_, v)| *v);
+            self.mcp_cluster_recover(last_event_id, session);
         }
         let generation = self.io.generation(slot);
         let now_ms = self.mcp_now_ms();

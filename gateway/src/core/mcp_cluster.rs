@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use log_store::{EVENT_ID_BYTES_MAX, EventId, Seq};
 
 use super::Core;
-use crate::mcp::core::redact_stream_name as redacted;
+use crate::mcp::core::{parse_stream_name, redact_stream_name as redacted};
 use crate::mcp::jsonrpc;
 use crate::proto::sse;
 use crate::streams::hub::SubRef;
@@ -46,7 +46,6 @@ struct Order {
 }
 
 /// A `GET` + `Last-Event-ID` this node has not applied yet, held until it has.
-#[derive(Debug)]
 struct CatchUp {
     conn: SubRef,
     id: EventId,
@@ -57,9 +56,10 @@ struct CatchUp {
     deadline: Instant,
 }
 
-/// The MCP core's cluster state.
-#[derive(Debug, Default)]
+/// The MCP core's cluster state (`Debug` prints counts: its maps hold session IDs).
 pub(super) struct McpCluster {
+    /// The hex prefix of every session ID this process mints (4 random bytes per process).
+    pub(super) minted: String,
     streams: HashMap<String, Order>,
     /// In-flight ticket → its stream.
     tickets: HashMap<u64, String>,
@@ -68,6 +68,29 @@ pub(super) struct McpCluster {
     catchup: Vec<CatchUp>,
     /// Complete streams with records still on their way: stream → its last seq.
     completing: HashMap<String, Seq>,
+}
+
+impl McpCluster {
+    pub(super) fn new(minted: String) -> McpCluster {
+        McpCluster {
+            minted,
+            streams: HashMap::new(),
+            tickets: HashMap::new(),
+            queued_bytes: 0,
+            catchup: Vec::new(),
+            completing: HashMap::new(),
+        }
+    }
+}
+
+impl std::fmt::Debug for McpCluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("McpCluster")
+            .field("streams", &self.streams.len())
+            .field("queued_bytes", &self.queued_bytes)
+            .field("catchup", &self.catchup.len())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Core {
@@ -91,6 +114,14 @@ impl Core {
             self.mcp_cluster_note(&stream, &why);
             self.mcp.as_mut().expect("MCP core").records_refused += 1;
             (event_type, data) = jsonrpc::not_stored_substitute(&data, &why);
+            // The substitute repeats the message's JSON-RPC id, which may itself be too large:
+            // then nothing can stand at this seq, and the stream breaks (as in single-node
+            // mode). Every node must be able to apply what is sent.
+            let framed = sse::framed_event_bytes(EVENT_ID_BYTES_MAX, event_type, &data);
+            if framed > record_max {
+                let why = format!("{why}; its {framed}-byte error record too");
+                return self.mcp_break_stream(stream, why);
+            }
         }
         let max = self.shared.cfg.cluster.cluster_mcp_queue_bytes_max;
         let m = self.mcp.as_mut().expect("MCP core");
@@ -183,17 +214,46 @@ impl Core {
         }
     }
 
-    /// A stream was just created here by an applied message: an MCP session's stream makes
-    /// the session known to this node's MCP core (replay only, unless it is this node's).
-    pub(super) fn mcp_stream_born(&mut self, name: &str) {
-        if !name.starts_with(super::MCP_STREAM_PREFIX) {
+    /// A `GET` + `Last-Event-ID` (applied here) naming a stream of the session its
+    /// `Mcp-Session-Id` names, when that session was minted by another node (or by this node
+    /// before a restart): the session becomes known to this node's MCP core, replay only
+    /// (`McpCore::recover_stream`). Only then: a node does not hold every session of the
+    /// cluster (`--mcp-sessions-max` stays this node's), a client must know the session ID to
+    /// recover it, and a session that ended on this node stays ended (404).
+    pub(super) fn mcp_cluster_recover(
+        &mut self,
+        last_event_id: Option<&[u8]>,
+        session: Option<&[u8]>,
+    ) {
+        let Some(mc) = self.mcp.as_ref().and_then(|m| m.cluster.as_ref()) else {
+            return;
+        };
+        let (Some(Ok(id)), Some(session)) = (
+            last_event_id
+                .and_then(|v| std::str::from_utf8(v).ok())
+                .map(str::parse::<EventId>),
+            session,
+        ) else {
+            return;
+        };
+        let log = self.hub.log(self.mcp_shard());
+        let Some(name) = (id.epoch == log.epoch())
+            .then(|| log.stream_name(id.stream))
+            .flatten()
+        else {
+            return;
+        };
+        let Some((sid, _)) = parse_stream_name(name) else {
+            return;
+        };
+        if sid.as_bytes() != session || sid.starts_with(&mc.minted) {
             return;
         }
+        let name = name.to_owned();
         let now_ms = self.mcp_now_ms();
-        if let Some(m) = self.mcp.as_mut() {
-            m.core.recover_stream(name, now_ms);
-            m.metrics_dirty = true;
-        }
+        let m = self.mcp.as_mut().expect("checked");
+        m.core.recover_stream(&name, now_ms);
+        m.metrics_dirty = true;
     }
 
     /// Whether this `GET` must wait for the node to apply its `Last-Event-ID` (then it is

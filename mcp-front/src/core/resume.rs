@@ -186,9 +186,12 @@ impl McpCore {
             from,
             ..
         } = at;
-        let complete_at = match self.sessions[sid].streams.get(&n) {
-            Some(st) => st.complete,
-            None => Some(bounds.tail),
+        // A replay-only session (recovered: no upstream) ends where its log does now; in
+        // cluster mode its node may still be adding to it.
+        let sess = &self.sessions[sid];
+        let complete_at = match sess.streams.get(&n) {
+            Some(st) if sess.upstream.is_some() => st.complete,
+            _ => Some(bounds.tail),
         };
         let Some(last) = complete_at.filter(|&last| *from > last) else {
             return false;
@@ -212,7 +215,16 @@ impl McpCore {
         let retry = self.cfg.retry_ms;
         let sess = self.sessions.get_mut(sid).expect("checked");
         // A stream not in memory is complete at its log tail.
+        let replay_only = sess.upstream.is_none();
         let (end_after, old) = match sess.streams.get_mut(&n) {
+            Some(st) if replay_only => {
+                // Complete at the log's tail as it is now (see `refuse_ended`).
+                st.next_seq = bounds.tail + 1;
+                st.complete = Some(bounds.tail);
+                let old = st.conn.replace(conn);
+                st.hold_deadline_ms = None;
+                (st.complete, old)
+            }
             Some(st) => {
                 let old = st.conn.replace(conn);
                 st.hold_deadline_ms = None;
