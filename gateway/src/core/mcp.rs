@@ -25,6 +25,9 @@ const MCP_SHARD_ANCHOR: &str = super::MCP_STREAM_PREFIX;
 /// itself when more are queued).
 const UPSTREAM_EVENTS_PER_TURN_MAX: usize = 4096;
 
+/// Broken streams remembered per `--mcp-sessions-max` session (see `Mcp::broken`).
+pub(super) const BROKEN_PER_SESSION_MAX: usize = 8;
+
 /// How often exited upstream children are looked for (a `try_wait` per child).
 const REAP_INTERVAL: Duration = Duration::from_millis(100);
 
@@ -49,7 +52,10 @@ pub(super) struct Mcp {
     /// Streams whose log refused a record and its substitute (disk full, poisoned log): the
     /// core's sequence prediction is ahead of the log, so nothing more is appended to them,
     /// their connections are closed and resuming them is an explicit 503 (stream → reason).
+    /// Bounded: past `BROKEN_PER_SESSION_MAX` × `--mcp-sessions-max` entries the oldest goes
+    /// (`broken_order`).
     pub(super) broken: HashMap<String, String>,
+    pub(super) broken_order: std::collections::VecDeque<String>,
     /// Messages handed to upstreams (lines / POST bodies).
     pub(super) messages_up: u64,
     /// Records the log refused (replaced by an error record, or breaking the stream).
@@ -245,6 +251,7 @@ impl Core {
             conns: HashMap::new(),
             by_slot: HashMap::new(),
             broken: HashMap::new(),
+            broken_order: std::collections::VecDeque::new(),
             messages_up: 0,
             records_refused: 0,
             metrics_dirty: true,

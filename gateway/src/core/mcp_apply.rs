@@ -298,8 +298,16 @@ impl Core {
         eprintln!("core {id}: MCP stream {name} broken (no record could be stored): {why}");
         self.mcp_cluster_forget(&stream);
         let subs = self.mcp_stream_subs(&stream);
+        let max = self.shared.cfg.mcp.mcp_sessions_max * super::mcp::BROKEN_PER_SESSION_MAX;
         if let Some(m) = self.mcp.as_mut() {
-            m.broken.insert(stream, why); // first: closing re-enters the core
+            // First: closing re-enters the core.
+            if m.broken.insert(stream.clone(), why).is_none() {
+                m.broken_order.push_back(stream);
+            }
+            while m.broken_order.len() > max {
+                let old = m.broken_order.pop_front().expect("non-empty");
+                m.broken.remove(&old);
+            }
         }
         for r in subs {
             if self.conn_at(r).is_some_and(|c| !c.closing) {

@@ -189,6 +189,14 @@ impl Core {
         true
     }
 
+    /// Whether MCP records are on their way through JetStream (shutdown waits for them).
+    pub(super) fn mcp_cluster_sending(&self) -> bool {
+        self.mcp
+            .as_ref()
+            .and_then(|m| m.cluster.as_ref())
+            .is_some_and(|mc| !mc.streams.is_empty())
+    }
+
     /// Drops what a broken stream still had on its way (its in-flight ticket is ignored
     /// when it comes back).
     pub(super) fn mcp_cluster_forget(&mut self, stream: &str) {

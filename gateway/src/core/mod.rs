@@ -304,8 +304,11 @@ impl Core {
                 self.tick();
                 self.next_tick = self.now + TICK;
             }
+            // MCP records still on their way through JetStream (cluster mode) hold the exit
+            // too: they are the explicit ends of the sessions' requests.
             if let Some(deadline) = self.shutting_down
-                && (self.live_connections() == 0 || self.now >= deadline)
+                && (self.live_connections() == 0 && !self.mcp_cluster_sending()
+                    || self.now >= deadline)
             {
                 break;
             }
