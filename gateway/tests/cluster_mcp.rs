@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use cluster_harness::{Balancer, Nats, start_gateway, tools};
 use common::Gateway;
-use mcp_client::{ACCEPT, Ev, Exchange, send_initialized};
+use mcp_client::{ACCEPT, Exchange, initialize, progress_of, upstream_cmd};
 
 /// The backend rules of deploy/haproxy-mcp-cluster.cfg (what the docs tell users to run):
 /// a session's requests go to the node that minted its ID.
@@ -41,33 +41,6 @@ fn mcp_affinity_rules() -> String {
         .collect();
     assert!(rules.contains("stick store-response"), "{rules}");
     rules
-}
-
-fn upstream_cmd() -> String {
-    let script = format!("{}/tests/mcp_upstream.awk", env!("CARGO_MANIFEST_DIR"));
-    format!(
-        "if awk -W version 2>&1 | grep -q mawk; then exec awk -W interactive -f '{script}'; else exec awk -f '{script}'; fi"
-    )
-}
-
-const INIT: &str = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"cluster","version":"1"}}}"#;
-
-fn initialize(addr: SocketAddr) -> String {
-    let mut x = Exchange::send(addr, "POST", &[ACCEPT], INIT);
-    assert_eq!(x.status, 200);
-    let sid = x.header("mcp-session-id").expect("session id").to_owned();
-    let priming = x.next_event().unwrap();
-    assert!(priming.id.is_some() && priming.data.is_empty());
-    let resp = x.next_event().unwrap();
-    assert!(resp.data.contains(r#""protocolVersion""#), "{resp:?}");
-    assert_eq!(x.next_event(), None, "the stream ends after its response");
-    send_initialized(addr, &sid);
-    sid
-}
-
-fn progress_of(ev: &Ev) -> Option<u64> {
-    let v: serde_json::Value = serde_json::from_str(&ev.data).ok()?;
-    v["params"]["progress"].as_u64()
 }
 
 fn call(addr: SocketAddr, sid: &str, id: u64, count: u64, interval_ms: u64) -> Exchange {

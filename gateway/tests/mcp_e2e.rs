@@ -10,18 +10,9 @@ mod common;
 mod mcp_client;
 
 use common::Gateway;
-use mcp_client::{ACCEPT, Ev, Exchange, send_initialized};
+use mcp_client::{ACCEPT, Ev, Exchange, INIT, initialize, progress_of, upstream_cmd};
 use std::net::SocketAddr;
 use std::time::Duration;
-
-fn upstream_cmd() -> String {
-    // mawk reads a pipe in blocks unless told to be interactive (line by line); gawk and
-    // busybox awk read lines as they come.
-    let script = format!("{}/tests/mcp_upstream.awk", env!("CARGO_MANIFEST_DIR"));
-    format!(
-        "if awk -W version 2>&1 | grep -q mawk; then exec awk -W interactive -f '{script}'; else exec awk -f '{script}'; fi"
-    )
-}
 
 fn start() -> Gateway {
     Gateway::start(&[
@@ -32,31 +23,6 @@ fn start() -> Gateway {
         "--mcp-retry-ms",
         "50",
     ])
-}
-
-const INIT: &str = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"e2e","version":"1"}}}"#;
-
-fn initialize(addr: SocketAddr) -> String {
-    let mut x = Exchange::send(addr, "POST", &[ACCEPT], INIT);
-    assert_eq!(x.status, 200);
-    assert_eq!(x.header("content-type"), Some("text/event-stream"));
-    let sid = x.header("mcp-session-id").expect("session id").to_owned();
-    let priming = x.next_event().unwrap();
-    assert!(
-        priming.id.is_some() && priming.data.is_empty(),
-        "priming first: {priming:?}"
-    );
-    let resp = x.next_event().unwrap();
-    let v: serde_json::Value = serde_json::from_str(&resp.data).unwrap();
-    assert_eq!(v["result"]["protocolVersion"], "2025-11-25");
-    assert_eq!(x.next_event(), None, "the stream ends after its response");
-    send_initialized(addr, &sid);
-    sid
-}
-
-fn progress_of(ev: &Ev) -> Option<u64> {
-    let v: serde_json::Value = serde_json::from_str(&ev.data).ok()?;
-    v["params"]["progress"].as_u64()
 }
 
 #[test]

@@ -154,3 +154,40 @@ impl Exchange {
         }
     }
 }
+
+/// The stdio fixture upstream (`tests/mcp_upstream.awk`) as an `--upstream-cmd`.
+pub fn upstream_cmd() -> String {
+    // mawk reads a pipe in blocks unless told to be interactive (line by line); gawk and
+    // busybox awk read lines as they come.
+    let script = format!("{}/tests/mcp_upstream.awk", env!("CARGO_MANIFEST_DIR"));
+    format!(
+        "if awk -W version 2>&1 | grep -q mawk; then exec awk -W interactive -f '{script}'; else exec awk -f '{script}'; fi"
+    )
+}
+
+pub const INIT: &str = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"e2e","version":"1"}}}"#;
+
+/// Initializes a session (2025-11-25) and sends `notifications/initialized`; returns its ID.
+pub fn initialize(addr: SocketAddr) -> String {
+    let mut x = Exchange::send(addr, "POST", &[ACCEPT], INIT);
+    assert_eq!(x.status, 200);
+    assert_eq!(x.header("content-type"), Some("text/event-stream"));
+    let sid = x.header("mcp-session-id").expect("session id").to_owned();
+    let priming = x.next_event().unwrap();
+    assert!(
+        priming.id.is_some() && priming.data.is_empty(),
+        "priming first: {priming:?}"
+    );
+    let resp = x.next_event().unwrap();
+    let v: serde_json::Value = serde_json::from_str(&resp.data).unwrap();
+    assert_eq!(v["result"]["protocolVersion"], "2025-11-25");
+    assert_eq!(x.next_event(), None, "the stream ends after its response");
+    send_initialized(addr, &sid);
+    sid
+}
+
+/// The `progress` of a progress notification.
+pub fn progress_of(ev: &Ev) -> Option<u64> {
+    let v: serde_json::Value = serde_json::from_str(&ev.data).ok()?;
+    v["params"]["progress"].as_u64()
+}
