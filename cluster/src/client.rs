@@ -15,6 +15,7 @@ use futures::StreamExt as _;
 use tokio::sync::mpsc;
 
 use crate::names::{self, HDR_EVENT, HDR_STREAM, META_SHARDS};
+use crate::snapshot::{Manifest, Stored};
 use crate::{Applied, Config, Inbound, Publish, ShardStream, Wake};
 
 /// What the cores ask of the thread.
@@ -50,6 +51,8 @@ struct Thread {
     nonce: Arc<str>,
     streams: HashMap<u32, stream::Stream>,
     snapshots: jetstream::kv::Store,
+    /// Snapshot chunk size: `Config::snapshot_chunk_bytes`, within the server's `max_payload`.
+    chunk_bytes: usize,
 }
 
 /// Starts the thread; returns once every shard's stream exists (or the start failed).
@@ -110,6 +113,12 @@ impl Thread {
                 )
             })?
             .map_err(|e| format!("connecting to NATS {shown:?}: {e}"))?;
+        // A value must fit one message: room for the KV headers below `max_payload`.
+        let payload_max = client.server_info().max_payload;
+        let chunk_bytes = cfg
+            .snapshot_chunk_bytes
+            .min(payload_max.saturating_sub(4096))
+            .max(256);
         let js = jetstream::new(client);
         let deadline = tokio::time::Instant::now() + cfg.connect_timeout;
         let snapshots = snapshot_bucket(&js, cfg.replicas, deadline).await?;
@@ -121,6 +130,7 @@ impl Thread {
             nonce,
             streams: HashMap::new(),
             snapshots,
+            chunk_bytes,
         };
         let mut shards = Vec::new();
         for shard in 0..t.cfg.shards {
@@ -193,7 +203,10 @@ impl Thread {
         Ok(out)
     }
 
-    /// Every snapshot the bucket keeps for `shard` (its history, oldest first), decoded.
+    /// The snapshots the bucket keeps for `shard` (its history), decoded: every whole one, and
+    /// of the chunked ones the newest of each epoch whose chunks can still be read (a node
+    /// starts from the newest it can continue from; reading every chunked one would read up
+    /// to 64 large snapshots).
     async fn stored_snapshots(&self, shard: u32) -> Result<Vec<crate::Snapshot>, String> {
         let err = |e: String| format!("reading shard {shard}'s snapshots: {e}");
         let key = names::snapshot_key(shard);
@@ -206,7 +219,7 @@ impl Thread {
         let Some(latest) = latest else {
             return Ok(Vec::new());
         };
-        let mut out = Vec::new();
+        let mut stored = Vec::new();
         let read = async {
             let mut h = self
                 .snapshots
@@ -215,16 +228,42 @@ impl Thread {
                 .map_err(|e| err(e.to_string()))?;
             while let Some(entry) = h.next().await {
                 let entry = entry.map_err(|e| err(e.to_string()))?;
-                out.extend(crate::Snapshot::decode(&entry.value));
+                stored.extend(Stored::decode(&entry.value));
             }
             Ok::<(), String>(())
         };
         // Bounded: on a timeout the latest value alone still serves.
         match tokio::time::timeout(Duration::from_secs(10), read).await {
             Ok(r) => r?,
-            Err(_) => out.clear(),
+            Err(_) => stored.clear(),
         }
-        out.extend(crate::Snapshot::decode(&latest));
+        stored.extend(Stored::decode(&latest));
+        let mut out = Vec::new();
+        let mut manifests = Vec::new();
+        for st in stored {
+            match st {
+                Stored::Whole(s) => out.push(s),
+                Stored::Chunked(m) => manifests.push(m),
+            }
+        }
+        manifests.sort_by_key(|m| std::cmp::Reverse((m.epoch, m.seq)));
+        let mut done_epochs = Vec::new();
+        for m in manifests {
+            if done_epochs.contains(&m.epoch) {
+                continue;
+            }
+            match read_chunks(&self.snapshots, shard, &m).await {
+                Some(snap) => {
+                    done_epochs.push(m.epoch);
+                    out.push(snap);
+                }
+                None => eprintln!(
+                    "cluster: shard {shard}: the chunks of the snapshot at message {} are gone \
+                     or damaged; trying an older one",
+                    m.seq
+                ),
+            }
+        }
         Ok(out)
     }
 
@@ -234,14 +273,15 @@ impl Thread {
                 Command::Publish(p) => self.publish(p).await,
                 Command::Follow { shard, from } => self.follow(shard, from),
                 Command::Snapshot { shard, snap } => {
-                    let kv = self.snapshots.clone();
+                    let (kv, chunk_bytes) = (self.snapshots.clone(), self.chunk_bytes);
                     let (outs, out) = (self.outs.clone(), self.route[shard as usize]);
                     tokio::spawn(async move {
-                        match store_snapshot(&kv, shard, &snap).await {
-                            Ok(()) => {
+                        match store_snapshot(&kv, shard, &snap, chunk_bytes).await {
+                            Ok(chunks) => {
                                 let m = Inbound::SnapshotStored {
                                     shard,
                                     seq: snap.seq,
+                                    chunks,
                                 };
                                 outs[out].send(m).await;
                             }
@@ -336,33 +376,85 @@ async fn snapshot_bucket(
     }
 }
 
+/// The chunks of a chunked snapshot, read at the manifest's revisions, joined and checked.
+async fn read_chunks(
+    kv: &jetstream::kv::Store,
+    shard: u32,
+    m: &Manifest,
+) -> Option<crate::Snapshot> {
+    let mut chunks = Vec::with_capacity(m.chunks.len());
+    for (i, &rev) in m.chunks.iter().enumerate() {
+        let key = names::snapshot_chunk_key(shard, i);
+        let entry = kv.entry_for_revision(key.clone(), rev).await.ok()??;
+        if entry.key != key {
+            return None;
+        }
+        chunks.push(entry.value.to_vec());
+    }
+    m.join(&chunks)
+}
+
 /// Stores `snap` unless the bucket holds a snapshot as new of the same epoch: compare-and-set
 /// on the key's revision, so a node that lags never replaces a newer snapshot with its older
-/// one (a fresh node could then not start).
+/// one (a fresh node could then not start). A snapshot over `chunk_bytes` is stored in
+/// chunks first, then its manifest. Returns the chunks written (0: stored whole, or a newer
+/// one was there).
 async fn store_snapshot(
     kv: &jetstream::kv::Store,
     shard: u32,
     snap: &crate::Snapshot,
-) -> Result<(), String> {
+    chunk_bytes: usize,
+) -> Result<u64, String> {
     let key = names::snapshot_key(shard);
-    let bytes: bytes::Bytes = snap.encode().into();
-    for _ in 0..5 {
-        let entry = kv.entry(key.clone()).await.map_err(|e| e.to_string())?;
-        let current = entry.as_ref().filter(|e| !e.value.is_empty());
-        if let Some(theirs) = current.and_then(|e| crate::Snapshot::decode(&e.value))
-            && theirs.epoch == snap.epoch
-            && theirs.seq >= snap.seq
-        {
-            return Ok(());
+    let newer = |e: &Option<jetstream::kv::Entry>| {
+        e.as_ref()
+            .filter(|e| !e.value.is_empty())
+            .and_then(|e| Stored::decode(&e.value))
+            .is_some_and(|t| {
+                let (epoch, seq) = t.head();
+                epoch == snap.epoch && seq >= snap.seq
+            })
+    };
+    let mut entry = kv.entry(key.clone()).await.map_err(|e| e.to_string())?;
+    if newer(&entry) {
+        return Ok(0);
+    }
+    let whole = snap.encode();
+    let mut chunks = 0;
+    let value: bytes::Bytes = if whole.len() <= chunk_bytes {
+        whole.into()
+    } else {
+        let mut revs = Vec::new();
+        for (i, c) in whole.chunks(chunk_bytes).enumerate() {
+            let k = names::snapshot_chunk_key(shard, i);
+            let rev = kv
+                .put(&k, bytes::Bytes::copy_from_slice(c))
+                .await
+                .map_err(|e| format!("chunk {i}: {e}"))?;
+            revs.push(rev);
         }
-        let stored = match entry {
-            Some(e) => kv.update(&key, bytes.clone(), e.revision).await.is_ok(),
-            None => kv.create(&key, bytes.clone()).await.is_ok(),
+        chunks = revs.len() as u64;
+        let m = Manifest {
+            epoch: snap.epoch,
+            seq: snap.seq,
+            bytes: whole.len() as u64,
+            chunks: revs,
+        };
+        m.encode().into()
+    };
+    for _ in 0..5 {
+        if newer(&entry) {
+            return Ok(0);
+        }
+        let stored = match &entry {
+            Some(e) => kv.update(&key, value.clone(), e.revision).await.is_ok(),
+            None => kv.create(&key, value.clone()).await.is_ok(),
         };
         if stored {
-            return Ok(());
+            return Ok(chunks);
         }
         // Another node wrote in between: look again.
+        entry = kv.entry(key.clone()).await.map_err(|e| e.to_string())?;
     }
     Err("five concurrent writers in a row".into())
 }

@@ -13,6 +13,7 @@
 
 mod client;
 pub mod names;
+mod snapshot;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,6 +22,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 pub use names::ChainBreak;
+pub use snapshot::Snapshot;
 
 /// What the cluster needs to know at start.
 #[derive(Debug, Clone)]
@@ -44,46 +46,9 @@ pub struct Config {
     /// `--nats-stream-bytes-max`).
     pub stream_messages_max: i64,
     pub stream_bytes_max: i64,
-}
-
-/// A shard's state at one point of its JetStream stream, from which a node on an empty data
-/// directory starts when JetStream no longer holds the shard's head: every stream in id order
-/// with its tail at message `seq` (one event per message, so the tails sum to `seq`). Stored
-/// in the KV bucket [`names::SNAPSHOT_BUCKET`], key `shard-<k>`, as JSON; any node's snapshot
-/// at a given `seq` is the same (the state is a function of JetStream's order).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Snapshot {
-    pub epoch: u64,
-    pub seq: u64,
-    pub streams: Vec<(String, u64)>,
-}
-
-impl Snapshot {
-    pub fn encode(&self) -> Vec<u8> {
-        serde_json::json!({ "epoch": self.epoch, "seq": self.seq, "streams": self.streams })
-            .to_string()
-            .into_bytes()
-    }
-
-    /// The snapshot in `bytes`, if it is one whose tails sum to its `seq`.
-    pub fn decode(bytes: &[u8]) -> Option<Snapshot> {
-        let v: serde_json::Value = serde_json::from_slice(bytes).ok()?;
-        let streams = v["streams"]
-            .as_array()?
-            .iter()
-            .map(|s| Some((s[0].as_str()?.to_owned(), s[1].as_u64()?)))
-            .collect::<Option<Vec<_>>>()?;
-        let snap = Snapshot {
-            epoch: v["epoch"].as_u64()?,
-            seq: v["seq"].as_u64()?,
-            streams,
-        };
-        let sum = snap
-            .streams
-            .iter()
-            .try_fold(0u64, |a, (_, t)| a.checked_add(*t))?;
-        (sum == snap.seq).then_some(snap)
-    }
+    /// A snapshot larger than this is stored in chunks of this size (at most the NATS
+    /// server's `max_payload` less 4 KiB) (`--cluster-snapshot-chunk-bytes`).
+    pub snapshot_chunk_bytes: usize,
 }
 
 /// One shard's JetStream stream as found at start.
@@ -111,8 +76,9 @@ pub enum Inbound {
         ticket: u64,
         reason: String,
     },
-    /// A snapshot of `shard` at message `seq` is stored (or a newer one already was).
-    SnapshotStored { shard: u32, seq: u64 },
+    /// A snapshot of `shard` at message `seq` is stored (or a newer one already was), in
+    /// `chunks` chunks (0: whole).
+    SnapshotStored { shard: u32, seq: u64, chunks: u64 },
 }
 
 /// One message of a shard's JetStream stream.
@@ -250,24 +216,5 @@ impl Cluster {
     /// This process's `Nats-Msg-Id` prefix (random per start).
     pub fn nonce(&self) -> &str {
         &self.nonce
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Snapshot;
-
-    #[test]
-    fn a_snapshot_round_trips_and_one_whose_tails_do_not_sum_to_its_seq_is_refused() {
-        let s = Snapshot {
-            epoch: 7,
-            seq: 5,
-            streams: vec![("a".into(), 2), ("b/c".into(), 3), ("empty".into(), 0)],
-        };
-        assert_eq!(Snapshot::decode(&s.encode()), Some(s.clone()));
-        let bad = Snapshot { seq: 6, ..s };
-        assert_eq!(Snapshot::decode(&bad.encode()), None);
-        assert_eq!(Snapshot::decode(b"{\"epoch\":1}"), None);
-        assert_eq!(Snapshot::decode(b"not json"), None);
     }
 }

@@ -15,6 +15,12 @@ pub fn snapshot_key(shard: u32) -> String {
     format!("shard-{shard}")
 }
 
+/// The key of chunk `i` of a shard's chunked snapshot (reused by every chunked snapshot of
+/// the shard; each keeps its last 64 revisions).
+pub fn snapshot_chunk_key(shard: u32, i: usize) -> String {
+    format!("shard-{shard}.chunk-{i}")
+}
+
 /// Metadata key on every shard's JetStream stream: the cluster's shard count.
 pub const META_SHARDS: &str = "gw_shards";
 

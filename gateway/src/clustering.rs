@@ -58,6 +58,11 @@ pub struct ClusterArgs {
     #[arg(long, default_value_t = 10)]
     pub cluster_snapshot_interval_secs: u64,
 
+    /// A shard snapshot larger than this is stored in chunks of this size (capped at the NATS
+    /// server's `max_payload` less 4 KiB; at least 256): one KV value each, a manifest naming them.
+    #[arg(long, default_value_t = 512 << 10)]
+    pub cluster_snapshot_chunk_bytes: usize,
+
     /// Bytes of MCP messages (summed over the MCP streams) waiting for JetStream on the MCP
     /// core: each MCP stream has one message in flight, the rest queue behind it in order.
     /// Past this bound the stream whose message does not fit is broken explicitly (its
@@ -92,6 +97,9 @@ impl ClusterArgs {
         }
         if self.nats_replicas == 0 || self.nats_replicas > 5 {
             return Err("--nats-replicas must be 1 to 5".into());
+        }
+        if self.cluster_snapshot_chunk_bytes < 256 {
+            return Err("--cluster-snapshot-chunk-bytes must be at least 256".into());
         }
         if self.nats_inbox_messages_max == 0
             || self.nats_publish_timeout_ms == 0
@@ -140,6 +148,7 @@ pub fn start(
         inbox_messages_max: args.nats_inbox_messages_max,
         stream_messages_max: i64::try_from(args.nats_stream_messages_max).unwrap_or(i64::MAX),
         stream_bytes_max: i64::try_from(args.nats_stream_bytes_max).unwrap_or(i64::MAX),
+        snapshot_chunk_bytes: args.cluster_snapshot_chunk_bytes,
     };
     let (cluster, inboxes, streams) = cluster::Cluster::start(cfg, route, wakes)?;
     Ok(Clustered {

@@ -52,6 +52,8 @@ pub struct CoreMetrics {
     /// Messages covered by the latest stored snapshot of each of this core's shards (summed):
     /// how far back a node rebuilding from a snapshot would start.
     pub cluster_snapshot_messages: AtomicU64,
+    /// Chunks written for snapshots too large for one KV value.
+    pub cluster_snapshot_chunks_total: AtomicU64,
     pub events_sent_total: AtomicU64,
     pub events_confirmed_total: AtomicU64,
     pub bytes_sent_total: AtomicU64,
@@ -122,7 +124,7 @@ impl CoreMetrics {
 type Field = fn(&CoreMetrics) -> &AtomicU64;
 
 /// Every per-core scalar: name, Prometheus type, the counter.
-const SCALARS: [(&str, &str, Field); 44] = [
+const SCALARS: [(&str, &str, Field); 45] = [
     ("gateway_connections", "gauge", |m| &m.connections),
     ("gateway_subscribers", "gauge", |m| &m.subscribers),
     ("gateway_accepted_total", "counter", |m| &m.accepted_total),
@@ -156,6 +158,9 @@ const SCALARS: [(&str, &str, Field); 44] = [
     }),
     ("gateway_cluster_snapshot_messages", "gauge", |m| {
         &m.cluster_snapshot_messages
+    }),
+    ("gateway_cluster_snapshot_chunks_total", "counter", |m| {
+        &m.cluster_snapshot_chunks_total
     }),
     ("gateway_events_sent_total", "counter", |m| {
         &m.events_sent_total

@@ -487,19 +487,31 @@ fn a_node_starts_from_a_snapshot_when_jetstream_dropped_the_shards_head() {
         .map(String::from),
     );
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let g0 = Gateway::start_in(&dir.path().join("g0"), &args);
+    // g0's snapshots (what the first fresh node starts from) are stored in 256-byte chunks:
+    // streams b and c0..c2 with ~190-byte names make them about 850 bytes (4 chunks).
+    let mut g0_args = args.clone();
+    g0_args.extend(["--cluster-snapshot-chunk-bytes", "256"]);
+    let g0 = Gateway::start_in(&dir.path().join("g0"), &g0_args);
     let a = "snap-a".to_string();
-    let b = name_in_shard("snap-b", shard_of(&a, 4));
+    let long = |p: &str| name_in_shard(&format!("{p}-{}-", "x".repeat(180)), shard_of(&a, 4));
+    let b = long("snap-b");
     for i in 1..=5 {
         post(g0.addr, &b, &format!("b{i}")).unwrap();
+    }
+    for k in 0..3 {
+        post(g0.addr, &long(&format!("snap-c{k}")), "c").unwrap();
     }
     let mut ids = Vec::new();
     for i in 1..=300 {
         ids.push(post(g0.addr, &a, &format!("a{i}")).unwrap());
     }
-    // JetStream keeps the last 100 of the shard's 305 messages; a snapshot after them is
+    // JetStream keeps the last 100 of the shard's 308 messages; a snapshot after them is
     // stored before the fresh node starts.
-    wait_snapshot(&g0, 305);
+    wait_snapshot(&g0, 308);
+    assert!(
+        g0.metric("gateway_cluster_snapshot_chunks_total", "") > 0,
+        "g0's snapshots are chunked"
+    );
     let fresh = Gateway::start_in(&dir.path().join("fresh"), &args);
     // Below JetStream's first retained message (every usable snapshot is above it): an
     // explicit 410 on this node, never a skip.
@@ -550,7 +562,7 @@ fn a_node_starts_from_a_snapshot_when_jetstream_dropped_the_shards_head() {
     assert_eq!(seq(&b6), 6, "{b6}");
     // The rebuilt node's own snapshots never replace a newer one: a second fresh node, after
     // a few more snapshot intervals, still finds one that reaches JetStream's head.
-    wait_snapshot(&g0, 326);
+    wait_snapshot(&g0, 329);
     let second = Gateway::start_in(&dir.path().join("fresh2"), &args);
     let last = post(g0.addr, &a, "a321").unwrap();
     let got = resume_on(second.addr, &a, &more[19].0, 1);

@@ -245,7 +245,11 @@ impl Core {
                         self.resolve(ticket, Ticket::Unconfirmed, Some(reason))
                     }
                 }
-                Inbound::SnapshotStored { shard, seq } => self.snapshot_stored(shard, seq),
+                Inbound::SnapshotStored { shard, seq, chunks } => {
+                    let m = &self.m().cluster_snapshot_chunks_total;
+                    m.fetch_add(chunks, Relaxed);
+                    self.snapshot_stored(shard, seq)
+                }
             }
         }
         if n > 0 {
