@@ -63,8 +63,16 @@ pub struct ClusterArgs {
     #[arg(long, default_value_t = 512 << 10)]
     pub cluster_snapshot_chunk_bytes: usize,
 
-    /// Bytes of MCP messages (summed over the MCP streams) waiting for JetStream on the MCP
-    /// core: each MCP stream has one message in flight, the rest queue behind it in order.
+    /// MCP records of one MCP stream in flight to JetStream at once (the rest queue behind):
+    /// an MCP stream's throughput is about this many records per JetStream round trip. A
+    /// record re-sent after a failure (a leader fail-over) may then be overtaken by a later
+    /// one, which breaks its stream explicitly; with 1, records wait for each other and
+    /// survive fail-overs, at one round trip per record.
+    #[arg(long, default_value_t = 64)]
+    pub cluster_mcp_inflight_max: usize,
+
+    /// Bytes of MCP messages (summed over the MCP streams) queued on the MCP core behind
+    /// their streams' `--cluster-mcp-inflight-max` records in flight.
     /// Past this bound the stream whose message does not fit is broken explicitly (its
     /// connections close, a resume gets 503), never silently shortened.
     #[arg(long, default_value_t = 16 << 20)]
@@ -104,9 +112,10 @@ impl ClusterArgs {
         if self.nats_inbox_messages_max == 0
             || self.nats_publish_timeout_ms == 0
             || self.cluster_mcp_queue_bytes_max == 0
+            || self.cluster_mcp_inflight_max == 0
         {
-            return Err("--nats-inbox-messages-max, --nats-publish-timeout-ms and \
-                 --cluster-mcp-queue-bytes-max must be > 0"
+            return Err("--nats-inbox-messages-max, --nats-publish-timeout-ms, \
+                 --cluster-mcp-queue-bytes-max and --cluster-mcp-inflight-max must be > 0"
                 .into());
         }
         Ok(())

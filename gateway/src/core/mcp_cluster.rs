@@ -2,12 +2,14 @@
 //! like any publish, so every node's log holds every MCP stream under the same IDs, and a
 //! `GET` with `Last-Event-ID` replays on any node:
 //! - **Order.** The MCP core predicts each record's seq (its stream's count so far). A stream
-//!   has at most one message in flight; the next is sent once JetStream's copy came back and
-//!   was applied here, so a retried send (same `Nats-Msg-Id`) can never overtake a later
-//!   message. The applied seq is checked against the prediction; a stream whose message went
-//!   unconfirmed, whose prediction failed, or whose queue would pass
-//!   `--cluster-mcp-queue-bytes-max` is broken explicitly (its connections close, a resume
-//!   gets 503), never shortened silently.
+//!   has up to `--cluster-mcp-inflight-max` records in flight (sent in order on one NATS
+//!   connection, so JetStream stores them in that order), the rest queue behind. Each applied
+//!   record must be its stream's oldest in flight and carry the predicted seq. A stream whose
+//!   record went unconfirmed, came back out of order (a send retried after a failure overtook
+//!   by a later one) or with another seq, or whose queue would pass
+//!   `--cluster-mcp-queue-bytes-max`, is broken explicitly (its connections close, a resume
+//!   gets 503), never shortened or reordered silently. With a window of 1 a retried send can
+//!   never be overtaken, so a JetStream leader fail-over does not break streams.
 //! - **Streams are born with their first applied message** (as every stream in cluster
 //!   mode): an SSE response opened before that waits as an unborn subscriber.
 //! - **Other nodes' sessions.** A session's stream born here from another node's message is
@@ -40,9 +42,45 @@ struct Queued {
 /// An MCP stream's messages on their way through JetStream.
 #[derive(Debug, Default)]
 struct Order {
-    /// The message in flight: its ticket and predicted seq.
-    inflight: Option<(u64, Seq)>,
+    /// The messages in flight, in the order they were sent: ticket and predicted seq (at
+    /// most `--cluster-mcp-inflight-max`).
+    inflight: VecDeque<(u64, Seq)>,
     queued: VecDeque<Queued>,
+}
+
+impl Order {
+    /// Whether a new record may be sent now (else it queues: order is kept).
+    fn may_send(&self, window: usize) -> bool {
+        self.inflight.len() < window && self.queued.is_empty()
+    }
+
+    /// One of this stream's tickets came back (`Ok(seq)`: applied at `seq`). It must be the
+    /// oldest in flight and carry the predicted seq; the popped oldest ticket is returned
+    /// either way (the caller forgets it), with the reason the stream must break, if any.
+    fn done(&mut self, ticket: u64, outcome: Result<Seq, &str>) -> (u64, Option<String>) {
+        let (oldest, predicted) = self.inflight.pop_front().expect("the ticket in flight");
+        let why = match outcome {
+            Err(why) => Some(format!("JetStream did not confirm a record: {why}")),
+            Ok(_) if oldest != ticket => Some(
+                "JetStream stored the stream's records out of the order they were sent (a \
+                 record was sent again after a failure)"
+                    .to_owned(),
+            ),
+            Ok(seq) if seq != predicted => Some(format!(
+                "the MCP core predicted seq {predicted}, JetStream's order gave {seq} (a record \
+                 went missing, or another node wrote to this session's stream)"
+            )),
+            Ok(_) => None,
+        };
+        (oldest, why)
+    }
+
+    /// The next queued record the window lets go.
+    fn next(&mut self, window: usize) -> Option<Queued> {
+        (self.inflight.len() < window)
+            .then(|| self.queued.pop_front())
+            .flatten()
+    }
 }
 
 /// A `GET` + `Last-Event-ID` this node has not applied yet, held until it has.
@@ -124,10 +162,11 @@ impl Core {
             }
         }
         let max = self.shared.cfg.cluster.cluster_mcp_queue_bytes_max;
+        let window = self.shared.cfg.cluster.cluster_mcp_inflight_max;
         let m = self.mcp.as_mut().expect("MCP core");
         let mc = m.cluster.as_mut().expect("cluster mode");
         let order = mc.streams.entry(stream.clone()).or_default();
-        if order.inflight.is_some() {
+        if !order.may_send(window) {
             if mc.queued_bytes + data.len() > max {
                 let why = format!("--cluster-mcp-queue-bytes-max {max} reached");
                 return self.mcp_break_stream(stream, why);
@@ -140,9 +179,22 @@ impl Core {
             });
             return;
         }
+        self.mcp_cluster_send(shard, stream, seq, event_type, data);
+    }
+
+    /// Sends one record of `stream` (its `Order` exists) and notes it in flight.
+    fn mcp_cluster_send(
+        &mut self,
+        shard: u32,
+        stream: String,
+        seq: Seq,
+        event_type: Option<&'static str>,
+        data: Vec<u8>,
+    ) {
         let ticket = self.cluster_send(shard, stream.clone(), event_type, data);
         let mc = self.mcp_cluster_mut();
-        mc.streams.get_mut(&stream).expect("just inserted").inflight = Some((ticket, seq));
+        let order = mc.streams.get_mut(&stream).expect("the stream's order");
+        order.inflight.push_back((ticket, seq));
         mc.tickets.insert(ticket, stream);
     }
 
@@ -152,7 +204,9 @@ impl Core {
     }
 
     /// A ticket came back (applied as `Ok(id)`, or unconfirmed): true if it was an MCP
-    /// record's. The stream's next record is sent, or the stream is broken.
+    /// record's. It must be the stream's oldest in flight and carry the predicted seq (so
+    /// JetStream stored the stream's records in the order they were sent, none missing);
+    /// then more are sent, else the stream is broken.
     pub(super) fn mcp_ticket_done(&mut self, ticket: u64, outcome: Result<EventId, &str>) -> bool {
         let Some(mc) = self.mcp.as_mut().and_then(|m| m.cluster.as_mut()) else {
             return false;
@@ -161,32 +215,32 @@ impl Core {
             return false;
         };
         let order = mc.streams.get_mut(&stream).expect("a ticket's stream");
-        let (_, predicted) = order.inflight.take().expect("the ticket in flight");
-        let failed = match outcome {
-            Ok(id) if id.seq == predicted => None,
-            Ok(id) => Some(format!(
-                "the MCP core predicted seq {predicted}, JetStream's order gave {} (another \
-                 node wrote to this session's stream)",
-                id.seq
-            )),
-            Err(why) => Some(format!("JetStream did not confirm a record: {why}")),
-        };
+        let (oldest, failed) = order.done(ticket, outcome.map(|id| id.seq));
+        mc.tickets.remove(&oldest);
         if let Some(why) = failed {
             self.mcp_break_stream(stream, why);
             return true;
         }
-        let Some(next) = order.queued.pop_front() else {
-            mc.streams.remove(&stream);
-            mc.completing.remove(&stream);
-            return true;
-        };
-        mc.queued_bytes -= next.data.len();
+        let window = self.shared.cfg.cluster.cluster_mcp_inflight_max;
         let shard = self.mcp_shard();
-        let t = self.cluster_send(shard, stream.clone(), next.event_type, next.data);
-        let mc = self.mcp_cluster_mut();
-        mc.streams.get_mut(&stream).expect("present").inflight = Some((t, next.seq));
-        mc.tickets.insert(t, stream);
-        true
+        loop {
+            let mc = self.mcp_cluster_mut();
+            let order = mc.streams.get_mut(&stream).expect("present");
+            let Some(next) = order.next(window) else {
+                if order.inflight.is_empty() && order.queued.is_empty() {
+                    mc.streams.remove(&stream);
+                    mc.completing.remove(&stream);
+                }
+                return true;
+            };
+            mc.queued_bytes -= next.data.len();
+            let Queued {
+                seq,
+                event_type,
+                data,
+            } = next;
+            self.mcp_cluster_send(shard, stream.clone(), seq, event_type, data);
+        }
     }
 
     /// Whether MCP records are on their way through JetStream (shutdown waits for them).
@@ -206,7 +260,7 @@ impl Core {
         mc.completing.remove(stream);
         if let Some(order) = mc.streams.remove(stream) {
             mc.queued_bytes -= order.queued.iter().map(|q| q.data.len()).sum::<usize>();
-            if let Some((t, _)) = order.inflight {
+            for (t, _) in order.inflight {
                 mc.tickets.remove(&t);
             }
         }
@@ -362,5 +416,53 @@ impl Core {
     /// Logs a broken MCP stream's cause without its session ID.
     pub(super) fn mcp_cluster_note(&self, stream: &str, why: &str) {
         eprintln!("core {}: MCP stream {}: {why}", self.id, redacted(stream));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Order, Queued};
+
+    fn queued(seq: u64) -> Queued {
+        Queued {
+            seq,
+            event_type: None,
+            data: vec![b'x'],
+        }
+    }
+
+    #[test]
+    fn a_stream_sends_within_its_window_in_order_and_breaks_on_any_disorder() {
+        let mut o = Order::default();
+        // Window 2: two go, the third queues.
+        assert!(o.may_send(2));
+        o.inflight.push_back((10, 1));
+        o.inflight.push_back((11, 2));
+        assert!(!o.may_send(2));
+        o.queued.push_back(queued(3));
+        assert!(o.next(2).is_none(), "the window is full");
+        // In order, at the predicted seq: fine; the queued one may go.
+        assert_eq!(o.done(10, Ok(1)), (10, None));
+        assert_eq!(o.next(2).map(|q| q.seq), Some(3));
+        o.inflight.push_back((12, 3));
+        assert!(!o.may_send(2));
+        // Out of order (12 before 11): break, and 11 (the oldest) is handed back to forget.
+        let mut a = Order::default();
+        a.inflight.extend([(11, 2), (12, 3)]);
+        let (oldest, why) = a.done(12, Ok(2));
+        assert_eq!(oldest, 11);
+        assert!(why.unwrap().contains("out of the order"));
+        // Another seq than predicted (a record lost before it, or another writer): break.
+        let mut b = Order::default();
+        b.inflight.push_back((11, 2));
+        assert!(b.done(11, Ok(3)).1.unwrap().contains("predicted seq 2"));
+        // Unconfirmed: break.
+        let mut c = Order::default();
+        c.inflight.push_back((11, 2));
+        assert!(c.done(11, Err("timeout")).1.unwrap().contains("timeout"));
+        // A queued record never overtakes: nothing is sent while one waits.
+        let mut d = Order::default();
+        d.queued.push_back(queued(5));
+        assert!(!d.may_send(16));
     }
 }

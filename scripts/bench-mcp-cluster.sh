@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# bench-mcp-cluster.sh: how fast one MCP stream flows through the gateway, single-node against
+# cluster mode (every MCP record through a 3-node JetStream cluster, R3, sync_interval: always),
+# with --cluster-mcp-inflight-max 1 and the default, in one run on this machine.
+#
+# Usage: bash scripts/bench-mcp-cluster.sh [COUNT=1000] [REPS=5]
+# Environment: GATEWAY_BIN (default target/release/gateway; cargo build --release -p gateway),
+#   NATS_SERVER (default: nats-server on PATH; bash scripts/setup-cluster.sh installs it),
+#   OUT (default /tmp/bench-mcp-cluster-<UTC date>), SERVER_CORE / CLIENT_CORE (default 0 / 1).
+# Each case: a fresh gateway (--cores 1, pinned to SERVER_CORE) with the stdio fixture upstream
+# gateway/tests/mcp_upstream.awk; scripts/mcp-stream-rate.py (pinned to CLIENT_CORE) opens one
+# session and runs REPS tools/call of COUNT progress notifications each, no interval. The three
+# NATS servers run unpinned (they share both cores with the rest). Prints a table: median time
+# to the first progress notification, median records/s of one stream. Every wait is bounded;
+# every process is stopped on exit.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+COUNT=${1:-1000}
+REPS=${2:-5}
+GATEWAY_BIN=$(realpath "${GATEWAY_BIN:-$ROOT/target/release/gateway}")
+NATS_SERVER=${NATS_SERVER:-$(command -v nats-server || true)}
+OUT=${OUT:-/tmp/bench-mcp-cluster-$(date -u +%Y%m%dT%H%M%SZ)}
+SERVER_CORE=${SERVER_CORE:-0}
+CLIENT_CORE=${CLIENT_CORE:-1}
+[[ -x $GATEWAY_BIN ]] || { echo "not an executable: $GATEWAY_BIN" >&2; exit 2; }
+[[ -n $NATS_SERVER ]] || { echo "nats-server not found (bash scripts/setup-cluster.sh)" >&2; exit 2; }
+mkdir -p "$OUT"
+WORK=$(mktemp -d /tmp/bench-mcp-cluster.XXXXXX)
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# Three NATS servers, one JetStream cluster.
+CP=() RP=()
+for i in 0 1 2; do CP+=("$(free_port)"); RP+=("$(free_port)"); done
+ROUTES=$(printf 'nats-route://127.0.0.1:%s, ' "${RP[@]}")
+for i in 0 1 2; do
+  cat >"$WORK/n$i.conf" <<CONF
+server_name: n$i
+listen: 127.0.0.1:${CP[$i]}
+jetstream { store_dir: "$WORK/js$i", sync_interval: always }
+cluster { name: bench, listen: 127.0.0.1:${RP[$i]}, routes: [${ROUTES%, }] }
+CONF
+  "$NATS_SERVER" -c "$WORK/n$i.conf" >"$OUT/nats$i.log" 2>&1 &
+  PIDS+=($!)
+done
+URLS=()
+for i in 0 1 2; do URLS+=(--nats-url "nats://127.0.0.1:${CP[$i]}"); done
+
+UPSTREAM="awk -f $ROOT/gateway/tests/mcp_upstream.awk"
+if awk -W version 2>&1 | grep -q mawk; then UPSTREAM="awk -W interactive -f $ROOT/gateway/tests/mcp_upstream.awk"; fi
+
+# run_case NAME FLAGS...: one gateway, one probe; appends a table row.
+run_case() {
+  local name=$1; shift
+  local log="$OUT/$name.gateway.log" addr="" pid
+  taskset -c "$SERVER_CORE" "$GATEWAY_BIN" --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 \
+    --data-dir "$WORK/data-$name" --cores 1 --upstream-cmd "$UPSTREAM" "$@" >"$log" 2>&1 &
+  pid=$!
+  PIDS+=("$pid")
+  for _ in $(seq 1 1200); do # bounded: 120 s (a JetStream cluster electing its leaders)
+    addr=$(sed -n 's/^listening on \([0-9.]*:[0-9]*\).*/\1/p' "$log" | head -1)
+    [[ -n $addr ]] && break
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  [[ -n $addr ]] || { echo "$name: the gateway did not start; see $log" >&2; exit 1; }
+  local r
+  r=$(timeout 300 taskset -c "$CLIENT_CORE" python3 scripts/mcp-stream-rate.py "${addr%:*}" "${addr#*:}" "$COUNT" "$REPS")
+  read -r first rate <<<"$r"
+  printf '| %s | %s ms | %s |\n' "$name" "$first" "$rate" | tee -a "$OUT/table.md"
+  kill -TERM "$pid" 2>/dev/null || true
+  for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  kill -KILL "$pid" 2>/dev/null || true
+}
+
+{
+  echo "bench-mcp-cluster $(date -u +%FT%TZ): COUNT $COUNT, REPS $REPS, gateway core $SERVER_CORE, client core $CLIENT_CORE"
+  echo
+  echo "| case | first progress p50 | records/s of one stream p50 |"
+  echo "|---|---:|---:|"
+} | tee "$OUT/table.md"
+run_case single-node
+run_case cluster-inflight-1 "${URLS[@]}" --nats-connect-timeout-secs 120 --cluster-mcp-inflight-max 1
+run_case cluster-inflight-64 "${URLS[@]}" --nats-connect-timeout-secs 120
+echo "results: $OUT"
