@@ -49,6 +49,8 @@
 # after its run and on any exit. Exit status: 0 when every check and bench run passed, 1
 # otherwise (the table is printed either way), 2 bad usage or failed build/setup.
 set -euo pipefail
+# shellcheck source=SCRIPTDIR/lib/bench-common.sh
+source "$(dirname "$0")/lib/bench-common.sh"
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 
@@ -62,8 +64,8 @@ SERVER_CORE=${SERVER_CORE:-0}
 BENCH_CORE=${BENCH_CORE:-1}
 BUILD_TRIES=${BUILD_TRIES:-5}
 OUT=${OUT:-/tmp/bench-auth-$(date -u +%Y%m%dT%H%M%SZ)}
-[[ $ROUNDS =~ ^[1-9][0-9]*$ && $ROUNDS -le 50 ]] || { echo "ROUNDS must be 1..50" >&2; exit 2; }
-[[ $SECS =~ ^[1-9][0-9]*$ && $SECS -le 60 ]] || { echo "SECS must be 1..60" >&2; exit 2; }
+require_count ROUNDS "$ROUNDS" 50
+require_count SECS "$SECS" 60
 for tool in taskset openssl python3 curl; do
   command -v "$tool" >/dev/null || { echo "missing: $tool" >&2; exit 2; }
 done
@@ -80,30 +82,15 @@ fi
 mkdir -p "$OUT"
 OUT=$(realpath "$OUT")
 WORK=$(mktemp -d /tmp/bench-auth.XXXXXX)
-GW_PID=""
+GW_PID=""   # the running gateway, read by stop_gateway and run_bench (lib/bench-common.sh)
 # Private copies: a rebuild of target/release by someone else mid-run cannot mix binaries.
 mkdir -p "$WORK/bin"
 cp "$ROOT/target/release/gateway" "$ROOT/target/release/bench" "$WORK/bin/"
 GW_BIN="$WORK/bin/gateway"
 BENCH_BIN="$WORK/bin/bench"
 
-# stop_gateway: SIGTERM, bounded wait (50 x 0.1 s), then SIGKILL; reaps the child.
-stop_gateway() {
-  [[ -n $GW_PID ]] || return 0
-  kill -TERM "$GW_PID" 2>/dev/null || true
-  for _ in $(seq 1 50); do kill -0 "$GW_PID" 2>/dev/null || break; sleep 0.1; done
-  if kill -0 "$GW_PID" 2>/dev/null; then
-    echo "   gateway $GW_PID ignored SIGTERM for 5 s: SIGKILL" | tee -a "$OUT/run.log"
-    kill -KILL "$GW_PID" 2>/dev/null || true
-  fi
-  wait "$GW_PID" 2>/dev/null || true
-  GW_PID=""
-}
-cleanup() {
-  stop_gateway
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
+# On any exit: stop_gateway (SIGTERM, bounded wait, SIGKILL), then remove WORK.
+trap stop_gateway_and_remove_work EXIT
 trap 'exit 130' INT TERM
 
 # Keys and tokens (throwaway, in the temp dir only).
@@ -159,18 +146,9 @@ start_gateway() {
   taskset -c "$SERVER_CORE" "$GW_BIN" --cores 1 --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 \
     --connections-per-ip-max 0 --fsync never --data-dir "$data" "${flags[@]}" >"$log" 2>&1 &
   GW_PID=$!
-  ADDR=""
-  for _ in $(seq 1 100); do # bounded: 100 x 0.1 s
-    ADDR=$(sed -n 's/^listening on \([0-9.]*:[0-9]*\).*/\1/p' "$log" 2>/dev/null | head -1 || true)
-    [[ -n $ADDR ]] && break
-    kill -0 "$GW_PID" 2>/dev/null || break
-    sleep 0.1
-  done
+  ADDR=$(wait_for_listen_addr "$log" "$GW_PID") # bounded: 10 s
   if [[ -z $ADDR ]]; then
-    echo "-- $name: the gateway printed no 'listening on'; log:" | tee -a "$OUT/run.log"
-    tail -n 5 "$log" | tee -a "$OUT/run.log"
-    stop_gateway
-    STATUS=1
+    gateway_did_not_listen "$name" "$log" # stops it, STATUS=1
   fi
 }
 
@@ -198,8 +176,7 @@ check() {
     --subscribe-url "$u" "${flags[@]}" >"$OUT/$name.txt" 2>&1 || rc=$?
   local ok=yes
   [[ $got_anon == "$want_anon" && $got_tok == 201 && $rc == 0 ]] || { ok=NO; STATUS=1; }
-  echo "-- check $variant: tokenless publish $got_anon (want $want_anon), tokened publish $got_tok (want 201), bench fan-out 1x1 x 200 events with the token: exit $rc -> $ok" \
-    | tee -a "$OUT/run.log"
+  run_log "-- check $variant: tokenless publish $got_anon (want $want_anon), tokened publish $got_tok (want 201), bench fan-out 1x1 x 200 events with the token: exit $rc -> $ok"
   stop_gateway
 }
 
@@ -207,7 +184,6 @@ check() {
 run_one() {
   local workload=$1 variant=$2 round=$3
   local name="$workload-$variant.r$round"
-  local rc=0
   start_gateway "$variant" "$name"
   if [[ -z $ADDR ]]; then echo 2 >"$OUT/$name.rc"; return 0; fi
   local u="http://$ADDR/v1/streams/{stream}" args=() flags=()
@@ -224,20 +200,11 @@ run_one() {
         --json)
       if [[ $workload == rate50k ]]; then args+=(--rate-events-per-sec 50000); fi ;;
   esac
-  echo "-- $name (load average $(cut -d' ' -f1-3 /proc/loadavg)): bench ${args[*]} ${flags[*]}" \
-    | tee -a "$OUT/run.log"
-  timeout --kill-after=10 $((SECS * 3 + 60)) taskset -c "$BENCH_CORE" "$BENCH_BIN" "${args[@]}" \
-    "${flags[@]}" >"$OUT/$name.json" 2>"$OUT/$name.err" || rc=$?
-  echo "$rc" >"$OUT/$name.rc"
-  if kill -0 "$GW_PID" 2>/dev/null; then
+  # $OUT/$name.json/.err/.rc; notes a gone gateway; a nonzero exit sets STATUS=1
+  run_bench "$name" "$OUT/$name" $((SECS * 3 + 60)) "${args[@]}" "${flags[@]}"
+  if kill -0 "$GW_PID" 2>/dev/null; then # the noise gauge, just before the gateway is stopped
     cat /proc/"$GW_PID"/task/*/schedstat 2>/dev/null | awk '{ s += $2 } END { print s / 1e9 }' \
       >"$OUT/$name.wait" || true
-  else
-    echo "   THE GATEWAY PROCESS IS GONE (see $OUT/$name.gateway.log)" | tee -a "$OUT/run.log"
-  fi
-  if [[ $rc -ne 0 ]]; then
-    echo "   bench exit $rc: $(tail -n 3 "$OUT/$name.err")" | tee -a "$OUT/run.log"
-    STATUS=1
   fi
   stop_gateway
   rm -rf "$WORK/data-$name"
@@ -253,7 +220,7 @@ for round in $(seq 1 "$ROUNDS"); do
     done
   done
 done
-echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$OUT/run.log"
+run_log "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 echo
 python3 - "$OUT" "$ROUNDS" "${VARIANTS[*]}" "${WORKLOADS[*]}" <<'PY' | tee "$OUT/table.md"

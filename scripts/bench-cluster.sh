@@ -15,6 +15,8 @@
 # from PATH; scripts/setup-cluster.sh installs them), SECS (default 5), OUT (results dir).
 # Pinning (2 cores here): NATS servers, gateways and HAProxy on core 0, the bench on core 1.
 set -euo pipefail
+# shellcheck source=SCRIPTDIR/lib/bench-common.sh
+source "$(dirname "$0")/lib/bench-common.sh"
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 GATEWAY_BIN=$(realpath "${GATEWAY_BIN:-$ROOT/target/release/gateway}")
@@ -29,38 +31,16 @@ OUT=${OUT:-/tmp/bench-cluster-$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$OUT"
 WORK=$(mktemp -d /tmp/bench-cluster.XXXXXX)
 PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
+trap kill_pids_and_remove_work EXIT
 trap 'exit 130' INT TERM
 log() { echo "$*" | tee -a "$OUT/run.log"; }
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 log "bench-cluster $(date -u +%FT%TZ): git $(git rev-parse --short HEAD), $SECS s per fan-out run, load $(cut -d' ' -f1-3 /proc/loadavg)"
 log "pinning: nats-server x3, gateways, haproxy on core 0; bench on core 1"
 
 # --- NATS: 3 nodes, JetStream R3, sync_interval always ---
-NATS_URLS=() ; MON=()
-routes=(); rports=()
-for i in 0 1 2; do rports+=("$(free_port)"); done
-for i in 0 1 2; do routes+=("nats-route://127.0.0.1:${rports[$i]}"); done
-for i in 0 1 2; do
-  cp=$(free_port); mp=$(free_port)
-  NATS_URLS+=("nats://127.0.0.1:$cp"); MON+=("$mp")
-  cat >"$WORK/n$i.conf" <<CONF
-server_name: n$i
-listen: 127.0.0.1:$cp
-http: 127.0.0.1:$mp
-jetstream { store_dir: "$WORK/js$i", sync_interval: always }
-cluster { name: gw, listen: 127.0.0.1:${rports[$i]}, routes: [$(IFS=,; echo "${routes[*]}")] }
-CONF
-  taskset -c 0 "$NATS_SERVER" -c "$WORK/n$i.conf" >"$OUT/nats$i.log" 2>&1 &
-  PIDS+=($!)
-done
+start_nats_cluster 0
 
 # JetStream's own floor in the same run: R3 publish latency with one sequential publisher and
 # acknowledged messages/s with 64, from a Python client (nats-py) pinned beside the bench.

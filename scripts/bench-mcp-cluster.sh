@@ -14,6 +14,8 @@
 # to the first progress notification, median records/s of one stream. Every wait is bounded;
 # every process is stopped on exit.
 set -euo pipefail
+# shellcheck source=SCRIPTDIR/lib/bench-common.sh
+source "$(dirname "$0")/lib/bench-common.sh"
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 COUNT=${1:-1000}
@@ -28,31 +30,13 @@ CLIENT_CORE=${CLIENT_CORE:-1}
 mkdir -p "$OUT"
 WORK=$(mktemp -d /tmp/bench-mcp-cluster.XXXXXX)
 PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
+trap kill_pids_and_remove_work EXIT
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
-# Three NATS servers, one JetStream cluster.
-CP=() RP=()
-for i in 0 1 2; do CP+=("$(free_port)"); RP+=("$(free_port)"); done
-ROUTES=$(printf 'nats-route://127.0.0.1:%s, ' "${RP[@]}")
-for i in 0 1 2; do
-  cat >"$WORK/n$i.conf" <<CONF
-server_name: n$i
-listen: 127.0.0.1:${CP[$i]}
-jetstream { store_dir: "$WORK/js$i", sync_interval: always }
-cluster { name: bench, listen: 127.0.0.1:${RP[$i]}, routes: [${ROUTES%, }] }
-CONF
-  "$NATS_SERVER" -c "$WORK/n$i.conf" >"$OUT/nats$i.log" 2>&1 &
-  PIDS+=($!)
-done
+# Three NATS servers, one JetStream cluster (unpinned).
+start_nats_cluster ""
 URLS=()
-for i in 0 1 2; do URLS+=(--nats-url "nats://127.0.0.1:${CP[$i]}"); done
+for u in "${NATS_URLS[@]}"; do URLS+=(--nats-url "$u"); done
 
 UPSTREAM="awk -f $ROOT/gateway/tests/mcp_upstream.awk"
 if awk -W version 2>&1 | grep -q mawk; then UPSTREAM="awk -W interactive -f $ROOT/gateway/tests/mcp_upstream.awk"; fi

@@ -31,6 +31,8 @@
 # bounded; each gateway is stopped (SIGTERM, then SIGKILL after 5 s) after its run and on any
 # exit. Exit status: 0 when every bench run exited 0, 1 otherwise (the table is printed anyway).
 set -euo pipefail
+# shellcheck source=SCRIPTDIR/lib/bench-common.sh
+source "$(dirname "$0")/lib/bench-common.sh"
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 
@@ -50,8 +52,8 @@ read -r -a SCENARIOS <<<"${SCENARIOS:-batched unbatched batch100}"
 for b in "$GATEWAY_BIN" "$BENCH_BIN"; do
   [[ -x $b ]] || { echo "not an executable: $b (cargo build --release -p gateway -p bench)" >&2; exit 2; }
 done
-[[ $ROUNDS =~ ^[1-9][0-9]*$ && $ROUNDS -le 50 ]] || { echo "ROUNDS must be 1..50" >&2; exit 2; }
-[[ $SECS =~ ^[1-9][0-9]*$ && $SECS -le 60 ]] || { echo "SECS must be 1..60" >&2; exit 2; }
+require_count ROUNDS "$ROUNDS" 50
+require_count SECS "$SECS" 60
 command -v openssl >/dev/null || { echo "openssl is needed for the certificate" >&2; exit 2; }
 
 declare -A SCENARIO=(
@@ -65,31 +67,15 @@ done
 
 mkdir -p "$OUT"
 WORK=$(mktemp -d /tmp/bench-tls.XXXXXX)
-GW_PID=""
+GW_PID=""   # the running gateway, read by stop_gateway and run_bench (lib/bench-common.sh)
 
-# stop_gateway: SIGTERM, bounded wait (50 x 0.1 s), then SIGKILL; reaps the child.
-stop_gateway() {
-  [[ -n $GW_PID ]] || return 0
-  kill -TERM "$GW_PID" 2>/dev/null || true
-  for _ in $(seq 1 50); do kill -0 "$GW_PID" 2>/dev/null || break; sleep 0.1; done
-  if kill -0 "$GW_PID" 2>/dev/null; then
-    echo "   gateway $GW_PID ignored SIGTERM for 5 s: SIGKILL" | tee -a "$OUT/run.log"
-    kill -KILL "$GW_PID" 2>/dev/null || true
-  fi
-  wait "$GW_PID" 2>/dev/null || true
-  GW_PID=""
-}
-cleanup() {
-  stop_gateway
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
+# On any exit: stop_gateway (SIGTERM, bounded wait, SIGKILL), then remove WORK.
+trap stop_gateway_and_remove_work EXIT
 trap 'exit 130' INT TERM
 
-ulimit -n 1048576 2>/dev/null || ulimit -n "$(ulimit -Hn)"
+raise_nofile_limit
 
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout "$WORK/k.pem" \
-  -out "$WORK/c.pem" -days 2 -subj /CN=localhost -addext subjectAltName=IP:127.0.0.1 2>/dev/null
+make_self_signed_cert "$WORK"
 cp "$WORK/c.pem" "$OUT/cert.pem"
 
 {
@@ -106,7 +92,7 @@ STATUS=0
 # run_one SCENARIO SIDE(plain|tls) ROUND: one gateway process, one bench run.
 run_one() {
   local name=$1 side=$2 round=$3
-  local file data log addr rc=0 scheme=http
+  local file data log addr scheme=http
   local tls_args=() ca_args=()
   file="$OUT/$name-$side.r$round"
   data="$WORK/data-$name-$side-$round"
@@ -120,41 +106,22 @@ run_one() {
     --connections-per-ip-max 0 --data-dir "$data" --cores 1 --fsync never "${tls_args[@]}" \
     >"$log" 2>&1 &
   GW_PID=$!
-  addr=""
-  for _ in $(seq 1 100); do # bounded: 100 x 0.1 s
-    addr=$(sed -n 's/.*listening on \([0-9.]*:[0-9]*\).*/\1/p' "$log" | head -1)
-    [[ -n $addr ]] && break
-    kill -0 "$GW_PID" 2>/dev/null || break
-    sleep 0.1
-  done
+  addr=$(wait_for_listen_addr "$log" "$GW_PID") # bounded: 10 s
   if [[ -z $addr ]]; then
-    echo "-- $name [$side] round $round: the gateway printed no 'listening on'; log:" | tee -a "$OUT/run.log"
-    tail -n 5 "$log" | tee -a "$OUT/run.log"
+    gateway_did_not_listen "$name [$side] round $round" "$log" # stops it, STATUS=1
     echo 2 >"$file.rc"
-    stop_gateway
     rm -rf "$data"
-    STATUS=1
     return 0
   fi
   local u="$scheme://$addr/v1/streams/{stream}"
-  # shellcheck disable=SC2086 # the scenario string is a word list on purpose
+  # shellcheck disable=SC2086,SC2206 # the scenario string is a word list on purpose
   local args=(fanout --streams 1 --subscribers-per-stream 100 ${SCENARIO[$name]}
     --payload-bytes 300 --events-per-stream "$EV" --publish-secs-max "$SECS"
     --publish-url "$u/events" --publish-batch-url "$u/events:batch" --subscribe-url "$u"
     "${ca_args[@]}" --publish-style gateway --id-style gateway
     --target-pid "$GW_PID" --label "$name-$side" --json)
-  echo "-- $name [$side] round $round (load average $(cut -d' ' -f1-3 /proc/loadavg)): bench ${args[*]}" \
-    | tee -a "$OUT/run.log"
-  timeout --kill-after=10 $((SECS * 3 + 90)) taskset -c "$BENCH_CORE" "$BENCH_BIN" "${args[@]}" \
-    >"$file.json" 2>"$file.err" || rc=$?
-  echo "$rc" >"$file.rc"
-  if ! kill -0 "$GW_PID" 2>/dev/null; then
-    echo "   THE GATEWAY PROCESS IS GONE (see $log)" | tee -a "$OUT/run.log"
-  fi
-  if [[ $rc -ne 0 ]]; then
-    echo "   bench exit $rc: $(tail -n 3 "$file.err")" | tee -a "$OUT/run.log"
-    STATUS=1
-  fi
+  # $file.json/.err/.rc; a nonzero exit sets STATUS=1
+  run_bench "$name [$side] round $round" "$file" $((SECS * 3 + 90)) "${args[@]}"
   stop_gateway
   rm -rf "$data"
 }
@@ -167,7 +134,7 @@ for round in $(seq 1 "$ROUNDS"); do
     done
   done
 done
-echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$OUT/run.log"
+run_log "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 echo
 python3 - "$OUT" "$ROUNDS" "${SCENARIOS[@]}" <<'PY' | tee "$OUT/table.md"

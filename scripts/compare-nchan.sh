@@ -23,6 +23,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
+# After ROOT, not before the cd: --help prints this file's lines 2-25.
+# shellcheck source=SCRIPTDIR/lib/bench-common.sh
+source "$ROOT/scripts/lib/bench-common.sh"
 
 SECS=10                 # publishing seconds per load scenario
 REPEAT=1                # rounds per load scenario (medians are quoted)
@@ -105,18 +108,31 @@ GATEWAY=$ROOT/target/release/gateway
 
 # Both servers and the bench may hold 50k+ sockets. Without CAP_SYS_RESOURCE the hard limit
 # cannot be raised; then every process gets the hard limit and the idle scenario is capped by it.
-ulimit -n 1048576 2>/dev/null || ulimit -n "$(ulimit -Hn)"
+raise_nofile_limit
 echo "== RLIMIT_NOFILE for servers and bench: $(ulimit -n)"
 
 # 2b. --tls: a self-signed P-256 certificate for 127.0.0.1, for both servers; nginx gets a
 #     second server block on its own port with the load scenarios' locations over TLS.
+# The load scenarios' nginx locations (literal nginx variables), in the clear and over TLS.
+# shellcheck disable=SC2016 # $arg_id etc. are nginx's, not the shell's
+NCHAN_LOAD_LOCATIONS='    # Publisher: POST body = message.
+    location = /pub {
+      nchan_publisher http;
+      nchan_channel_id $arg_id;
+      nchan_message_buffer_length 2000000;
+      nchan_message_timeout 1h;
+    }
+    # EventSource subscriber honouring Last-Event-ID (header or ?last_event_id=).
+    location = /sub {
+      nchan_subscriber eventsource;
+      nchan_channel_id $arg_id;
+      nchan_subscriber_last_message_id $http_last_event_id $arg_last_event_id;
+    }'
 GW_TLS_ARGS=()
 TLS_SERVER=""
 if [[ $TLS == 1 ]]; then
   mkdir -p "$WORK/tls"
-  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
-    -keyout "$WORK/tls/k.pem" -out "$WORK/tls/c.pem" -days 2 -subj /CN=localhost \
-    -addext subjectAltName=IP:127.0.0.1 2>/dev/null
+  make_self_signed_cert "$WORK/tls"
   cp "$WORK/tls/c.pem" "$OUT/cert.pem"
   GW_TLS_ARGS=(--tls-cert-file "$WORK/tls/c.pem" --tls-key-file "$WORK/tls/k.pem")
   TLS_SERVER="  server {
@@ -124,17 +140,7 @@ if [[ $TLS == 1 ]]; then
     ssl_certificate $WORK/tls/c.pem;
     ssl_certificate_key $WORK/tls/k.pem;
     ssl_protocols TLSv1.2 TLSv1.3;
-    location = /pub {
-      nchan_publisher http;
-      nchan_channel_id \$arg_id;
-      nchan_message_buffer_length 2000000;
-      nchan_message_timeout 1h;
-    }
-    location = /sub {
-      nchan_subscriber eventsource;
-      nchan_channel_id \$arg_id;
-      nchan_subscriber_last_message_id \$http_last_event_id \$arg_last_event_id;
-    }
+$NCHAN_LOAD_LOCATIONS
   }"
 fi
 
@@ -160,19 +166,7 @@ http {
   nchan_max_reserved_memory 1024M;
   server {
     listen 127.0.0.1:$NCHAN_PORT backlog=65535;
-    # Publisher: POST body = message.
-    location = /pub {
-      nchan_publisher http;
-      nchan_channel_id \$arg_id;
-      nchan_message_buffer_length 2000000;
-      nchan_message_timeout 1h;
-    }
-    # EventSource subscriber honouring Last-Event-ID (header or ?last_event_id=).
-    location = /sub {
-      nchan_subscriber eventsource;
-      nchan_channel_id \$arg_id;
-      nchan_subscriber_last_message_id \$http_last_event_id \$arg_last_event_id;
-    }
+$NCHAN_LOAD_LOCATIONS
     # The gap demo: the same, with a 10-message buffer.
     location = /pubsmall {
       nchan_publisher http;
