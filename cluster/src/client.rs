@@ -14,7 +14,7 @@ use async_nats::jetstream::{self, consumer, stream};
 use futures::StreamExt as _;
 use tokio::sync::mpsc;
 
-use crate::names::{self, HDR_EVENT, HDR_STREAM, META_SHARDS};
+use crate::names::{self, HDR_EVENT, HDR_SEQ, HDR_STREAM, META_SHARDS};
 use crate::snapshot::{Manifest, Stored};
 use crate::{Applied, Config, Inbound, Publish, ShardStream, Wake};
 
@@ -302,6 +302,7 @@ impl Thread {
             id: names::msg_id(&self.nonce, p.ticket),
             stream: p.stream,
             event: p.event,
+            expect_seq: p.expect_seq,
             data: p.data.into(),
         };
         let first = send(&self.js, &msg).await;
@@ -465,6 +466,7 @@ struct Msg {
     id: String,
     stream: String,
     event: Option<String>,
+    expect_seq: Option<u64>,
     data: bytes::Bytes,
 }
 
@@ -477,6 +479,9 @@ async fn send(js: &jetstream::Context, m: &Msg) -> Result<AckFuture, String> {
         .payload(m.data.clone());
     if let Some(ev) = &m.event {
         p = p.header(HDR_EVENT, ev.as_str());
+    }
+    if let Some(seq) = m.expect_seq {
+        p = p.header(HDR_SEQ, seq.to_string().as_str());
     }
     js.send_publish(m.subject.clone(), p)
         .await
@@ -545,6 +550,7 @@ async fn follow_from(
             seq,
             stream: header(HDR_STREAM),
             event: header(HDR_EVENT),
+            expect_seq: header(HDR_SEQ).and_then(|v| v.parse().ok()),
             data: m.payload.to_vec(),
             ticket: names::own_ticket(
                 nonce,

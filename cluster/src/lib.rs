@@ -93,6 +93,9 @@ pub struct Applied {
     pub data: Vec<u8>,
     /// This process's publish ticket when this process published it.
     pub ticket: Option<u64>,
+    /// The per-stream seq its publisher expects it to get (`Gw-Seq`; MCP records): every
+    /// node checks it on apply.
+    pub expect_seq: Option<u64>,
 }
 
 /// One event to publish.
@@ -104,6 +107,8 @@ pub struct Publish {
     pub stream: String,
     pub event: Option<String>,
     pub data: Vec<u8>,
+    /// The per-stream seq the publisher expects (sent as `Gw-Seq`), if it predicts one.
+    pub expect_seq: Option<u64>,
 }
 
 /// A core's side of its channel from the client.

@@ -7,6 +7,9 @@
 pub const HDR_STREAM: &str = "Gw-Stream";
 /// Header carrying the SSE event type (absent: no `event:` line).
 pub const HDR_EVENT: &str = "Gw-Event";
+/// Header carrying the per-stream seq the publisher expects the message to get (MCP records,
+/// whose seqs the MCP core predicts): checked by every node on apply.
+pub const HDR_SEQ: &str = "Gw-Seq";
 /// The KV bucket holding each shard's latest snapshot (key `shard-<k>`).
 pub const SNAPSHOT_BUCKET: &str = "GW_SNAPSHOTS";
 

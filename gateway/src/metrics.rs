@@ -54,6 +54,8 @@ pub struct CoreMetrics {
     pub cluster_snapshot_messages: AtomicU64,
     /// Chunks written for snapshots too large for one KV value.
     pub cluster_snapshot_chunks_total: AtomicU64,
+    /// Applied records whose publisher predicted another seq (MCP), stored as error records.
+    pub cluster_seq_mismatches_total: AtomicU64,
     pub events_sent_total: AtomicU64,
     pub events_confirmed_total: AtomicU64,
     pub bytes_sent_total: AtomicU64,
@@ -124,7 +126,7 @@ impl CoreMetrics {
 type Field = fn(&CoreMetrics) -> &AtomicU64;
 
 /// Every per-core scalar: name, Prometheus type, the counter.
-const SCALARS: [(&str, &str, Field); 45] = [
+const SCALARS: [(&str, &str, Field); 46] = [
     ("gateway_connections", "gauge", |m| &m.connections),
     ("gateway_subscribers", "gauge", |m| &m.subscribers),
     ("gateway_accepted_total", "counter", |m| &m.accepted_total),
@@ -161,6 +163,9 @@ const SCALARS: [(&str, &str, Field); 45] = [
     }),
     ("gateway_cluster_snapshot_chunks_total", "counter", |m| {
         &m.cluster_snapshot_chunks_total
+    }),
+    ("gateway_cluster_seq_mismatches_total", "counter", |m| {
+        &m.cluster_seq_mismatches_total
     }),
     ("gateway_events_sent_total", "counter", |m| {
         &m.events_sent_total

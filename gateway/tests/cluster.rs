@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::time::{Duration, Instant};
 
-use cluster_harness::{Balancer, Nats, gateway_args, start_gateway, tools};
+use cluster_harness::{Balancer, Nats, gateway_args, shard_of, start_gateway, tools};
 use common::Gateway;
 
 /// One POST through `addr` on a new connection: `Ok(id)` on 201, `Err(status)` otherwise
@@ -151,16 +151,6 @@ fn check_exactly_once(got: &[(String, String)], acked: &HashMap<String, String>,
             assert_eq!(d, data, "acknowledged data at {id}");
         }
     }
-}
-
-/// The shard of a stream (the gateway's FNV-1a of the name, mod the shard count).
-fn shard_of(name: &str, shards: u64) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in name.bytes() {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h % shards
 }
 
 struct Setup {

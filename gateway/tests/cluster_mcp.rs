@@ -20,7 +20,7 @@ mod mcp_client;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use cluster_harness::{Balancer, Nats, start_gateway, tools};
+use cluster_harness::{Balancer, Nats, nats_publish_raw, shard_of, start_gateway, tools};
 use common::Gateway;
 use mcp_client::{ACCEPT, Exchange, initialize, progress_of, upstream_cmd};
 
@@ -180,6 +180,36 @@ fn mcp_sessions_replay_on_any_node_and_outlive_their_node() {
             assert_eq!(again.ids, seen.ids, "node {} replays the same IDs", g.addr);
             assert!(again.result);
         }
+    }
+
+    // Another writer of the session's stream (a message whose predicted seq is not the one
+    // JetStream's order gives it): every node stores an explicit error record in its place.
+    let mcp_shard = shard_of("mcp/", 4);
+    let rogue = br#"{"jsonrpc":"2.0","method":"notifications/message","params":{}}"#;
+    let stream = format!("mcp/{sid}/2");
+    let headers = [("Gw-Stream", stream.as_str()), ("Gw-Seq", "999")];
+    nats_publish_raw(
+        nats.client_ports[0],
+        &format!("gw.{mcp_shard}"),
+        &headers,
+        rogue,
+    );
+    for g in gateways.iter().flatten() {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while g.metric("gateway_cluster_seq_mismatches_total", "") == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "{} did not apply the rogue record",
+                g.addr
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let mut r = resume(g.addr, &sid, seen.ids.last().unwrap());
+        assert_eq!(r.status, 200);
+        let _reprime = r.next_event().unwrap();
+        let ev = r.next_event().expect("the error record");
+        assert_eq!(ev.event.as_deref(), Some("error"), "{ev:?}");
+        assert!(ev.data.contains("expected seq 999"), "{ev:?}");
     }
 
     // The 2026-07-28 era (no session) on every node: its records go through JetStream too.

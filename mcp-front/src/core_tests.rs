@@ -1111,6 +1111,43 @@ fn sessions_limit_is_503() {
     assert_eq!(h.status(c), 503);
 }
 
+/// A replay-only (recovered) session with nothing attached gives its slot to a new session;
+/// a live one never does.
+#[test]
+fn replay_only_sessions_give_way_to_new_ones() {
+    let cfg = McpConfig {
+        sessions_max: 2,
+        ..McpConfig::default()
+    };
+    let mut h = H::with(cfg.clone());
+    let (old, _, _) = h.init();
+    let names = h.log.names.clone();
+    // "Restart": the session comes back replay-only, beside a new live one.
+    h.core = McpCore::new(cfg, counter_source());
+    h.sse.clear();
+    for n in &names {
+        h.core.recover_stream(n, h.now);
+    }
+    let (live, _, _) = h.init();
+    assert_eq!(h.core.sessions_live(), 2);
+    // Full: the replay-only one goes, the live one stays.
+    let (newer, _, _) = h.init();
+    assert_eq!(h.core.sessions_live(), 2);
+    let p = h.post_s(&old, &call(5, "a", None));
+    assert_eq!(h.status(p), 404, "the evicted replay-only session");
+    // Full of live sessions: 503, nothing evicted.
+    let c = h.post(&[("accept", "text/event-stream")], INIT);
+    assert_eq!(h.status(c), 503);
+    let ping = r#"{"jsonrpc":"2.0","id":9,"method":"ping"}"#;
+    for sid in [&live, &newer] {
+        let p = h.post_s(sid, ping);
+        assert!(
+            h.sse.contains_key(&p),
+            "live sessions stay (an SSE response, not 404)"
+        );
+    }
+}
+
 // ------------------------------------------------------------------ resumption
 
 /// SPEC L19: resume replays that stream only, from N+1, gap-free, duplicate-free.
@@ -1337,6 +1374,23 @@ fn replay_only_session_follows_the_log_as_it_grows() {
     let last = h.event_id(r2, 5);
     let r3 = h.get_s(&sid, Some(&last));
     assert_eq!(h.status(r3), 410);
+}
+
+/// `holds_stream`: what the core may still append to (the driver's bound on its broken-stream
+/// map keeps exactly those).
+#[test]
+fn the_core_holds_live_streams_only() {
+    let mut h = H::new();
+    let (sid, up, _) = h.init();
+    let a = h.post_s(&sid, &call(1, "a", None));
+    let name = h.sse[&a].stream.clone();
+    assert!(h.core.holds_stream(&name), "in flight");
+    h.upstream_line(up, &result(1));
+    h.close(a);
+    assert!(!h.core.holds_stream(&name), "complete and closed: dropped");
+    assert!(!h.core.holds_stream(&format!("mcp/{sid}/99")));
+    assert!(!h.core.holds_stream("mcp/unknown/1"));
+    assert!(!h.core.holds_stream("orders"));
 }
 
 /// A complete stream resumed at its last record: explicit 410 (an empty 200 would make the

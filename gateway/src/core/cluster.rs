@@ -156,6 +156,7 @@ impl Core {
                 stream: stream.to_owned(),
                 event,
                 data,
+                expect_seq: None,
             });
         }
         let p = Pending {
@@ -187,6 +188,7 @@ impl Core {
         stream: String,
         event: Option<&str>,
         data: Vec<u8>,
+        expect_seq: Option<u64>,
     ) -> u64 {
         let cc = self.cluster.as_mut().expect("cluster mode");
         let ticket = cc.next_ticket;
@@ -197,6 +199,7 @@ impl Core {
             stream,
             event: event.map(str::to_owned),
             data,
+            expect_seq,
         });
         self.m().cluster_publishes_total.fetch_add(1, Relaxed);
         ticket
@@ -360,10 +363,24 @@ impl Core {
                 k
             }
         };
-        let ap = self
-            .hub
-            .log_mut(key.0)
-            .append(key.1, a.event.as_deref(), &a.data)?;
+        // A record whose publisher predicted its seq (an MCP record) and got another one (a
+        // record before it was lost, or overtaken by this one): every node stores an explicit
+        // error record in its place instead, so the break is in the log itself.
+        let log = self.hub.log(key.0);
+        let next = log.bounds(key.1).map_or(1, |b| b.tail + 1);
+        let record_max = log.options().record_bytes_max as usize;
+        let substitute = a
+            .expect_seq
+            .filter(|&e| e != next)
+            .map(|e| super::mcp_cluster::seq_mismatch_record(&a.data, e, next, record_max));
+        let (event, data) = match &substitute {
+            Some((t, d)) => (*t, d.as_slice()),
+            None => (a.event.as_deref(), a.data.as_slice()),
+        };
+        let ap = self.hub.log_mut(key.0).append(key.1, event, data)?;
+        if substitute.is_some() {
+            self.m().cluster_seq_mismatches_total.fetch_add(1, Relaxed);
+        }
         *self
             .cluster
             .as_mut()

@@ -52,8 +52,9 @@ pub(super) struct Mcp {
     /// Streams whose log refused a record and its substitute (disk full, poisoned log): the
     /// core's sequence prediction is ahead of the log, so nothing more is appended to them,
     /// their connections are closed and resuming them is an explicit 503 (stream → reason).
-    /// Bounded: past `BROKEN_PER_SESSION_MAX` × `--mcp-sessions-max` entries the oldest goes
-    /// (`broken_order`).
+    /// Bounded: past `BROKEN_PER_SESSION_MAX` × `--mcp-sessions-max` entries the oldest of
+    /// streams the MCP core no longer holds go (`broken_order`; the ones it holds are bounded by
+    /// its sessions and their streams).
     pub(super) broken: HashMap<String, String>,
     pub(super) broken_order: std::collections::VecDeque<String>,
     /// Messages handed to upstreams (lines / POST bodies).

@@ -304,9 +304,18 @@ impl Core {
             if m.broken.insert(stream.clone(), why).is_none() {
                 m.broken_order.push_back(stream);
             }
-            while m.broken_order.len() > max {
+            // Over the bound, forget the oldest entries of streams the MCP core no longer
+            // holds (it appends only to those it holds; a held one must stay, or its next
+            // record would land below the core's predicted seq).
+            let mut looked = m.broken_order.len();
+            while m.broken_order.len() > max && looked > 0 {
+                looked -= 1;
                 let old = m.broken_order.pop_front().expect("non-empty");
-                m.broken.remove(&old);
+                if m.core.holds_stream(&old) {
+                    m.broken_order.push_back(old);
+                } else {
+                    m.broken.remove(&old);
+                }
             }
         }
         for r in subs {

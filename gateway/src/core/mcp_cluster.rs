@@ -1,23 +1,24 @@
 //! The MCP front in cluster mode (`--nats-url`). Every MCP message goes through JetStream
 //! like any publish, so every node's log holds every MCP stream under the same IDs, and a
-//! `GET` with `Last-Event-ID` replays on any node:
-//! - **Order.** The MCP core predicts each record's seq (its stream's count so far). A stream
-//!   has up to `--cluster-mcp-inflight-max` records in flight (sent in order on one NATS
-//!   connection, so JetStream stores them in that order), the rest queue behind. Each applied
-//!   record must be its stream's oldest in flight and carry the predicted seq. A stream whose
-//!   record went unconfirmed, came back out of order (a send retried after a failure overtook
-//!   by a later one) or with another seq, or whose queue would pass
-//!   `--cluster-mcp-queue-bytes-max`, is broken explicitly (its connections close, a resume
-//!   gets 503), never shortened or reordered silently. With a window of 1 a retried send can
-//!   never be overtaken, so a JetStream leader fail-over does not break streams.
+//! `GET` with `Last-Event-ID` replays on any node (ARCHITECTURE.md, "MCP in cluster mode"):
+//! - **Order.** The MCP core predicts each record's seq (its stream's count so far); each
+//!   record carries it (`Gw-Seq`). A stream has up to `--cluster-mcp-inflight-max` records
+//!   in flight (sent in order on one NATS connection), the rest queue behind. On this node
+//!   each applied record must be its stream's oldest in flight at the predicted seq, else the
+//!   stream breaks (its connections close, a resume gets 503); on *every* node a record whose
+//!   `Gw-Seq` is not the seq JetStream's order gives it is stored as an explicit error record
+//!   instead (`seq_mismatch_record`), so a lost or overtaken record is never a silent gap or
+//!   reorder anywhere. With a window of 1 a retried send can never be overtaken, so streams
+//!   survive a JetStream leader fail-over.
 //! - **Streams are born with their first applied message** (as every stream in cluster
 //!   mode): an SSE response opened before that waits as an unborn subscriber.
-//! - **Other nodes' sessions.** A session's stream born here from another node's message is
-//!   recovered into this node's MCP core (`McpCore::recover_stream`): its streams replay,
-//!   complete at the log's tail; new requests get 404 (its upstream is elsewhere), and with
-//!   `balance hdr(Mcp-Session-Id)` they never come here while its node lives.
-//! - **Catch-up.** A resume naming what this node has not applied yet waits up to
-//!   `--cluster-catchup-wait-ms`, then gets 503 with `Retry-After`.
+//! - **Other nodes' sessions** are recovered into this node's MCP core when a client resumes
+//!   them with their session ID (`mcp_cluster_recover`), replay only; new requests get 404
+//!   (their upstream is elsewhere). Session IDs this process mints start with its own 4
+//!   random bytes, so it never recovers its own (ended) sessions.
+//! - **Catch-up.** A resume naming what this node has not applied yet (or a complete stream
+//!   whose last records are still on their way) waits up to `--cluster-catchup-wait-ms`,
+//!   then gets 503 with `Retry-After`.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
@@ -108,6 +109,29 @@ pub(super) struct McpCluster {
     completing: HashMap<String, Seq>,
 }
 
+/// The record every node stores instead of an MCP record that JetStream's order put at
+/// `got` while its publisher predicted `expected`: the JSON-RPC error for the same request
+/// (or an `event: error` record), as for a record the log refused; a fixed `event: error`
+/// record if even that would not fit `record_max`. A function of the message and the log, so
+/// every node stores the same bytes.
+pub(super) fn seq_mismatch_record(
+    data: &[u8],
+    expected: Seq,
+    got: Seq,
+    record_max: usize,
+) -> (Option<&'static str>, Vec<u8>) {
+    let why = format!(
+        "its publisher expected seq {expected}, JetStream's order gave {got} (a record before \
+         it was lost, or it overtook one): the stream is broken from here"
+    );
+    let (t, d) = jsonrpc::not_stored_substitute(data, &why);
+    if sse::framed_event_bytes(EVENT_ID_BYTES_MAX, t, &d) <= record_max {
+        return (t, d);
+    }
+    let body = serde_json::json!({ "error": why, "code": jsonrpc::NOT_STORED });
+    (Some("error"), body.to_string().into_bytes())
+}
+
 impl McpCluster {
     pub(super) fn new(minted: String) -> McpCluster {
         McpCluster {
@@ -191,7 +215,7 @@ impl Core {
         event_type: Option<&'static str>,
         data: Vec<u8>,
     ) {
-        let ticket = self.cluster_send(shard, stream.clone(), event_type, data);
+        let ticket = self.cluster_send(shard, stream.clone(), event_type, data, Some(seq));
         let mc = self.mcp_cluster_mut();
         let order = mc.streams.get_mut(&stream).expect("the stream's order");
         order.inflight.push_back((ticket, seq));
@@ -429,6 +453,32 @@ mod tests {
             event_type: None,
             data: vec![b'x'],
         }
+    }
+
+    #[test]
+    fn a_mispredicted_record_becomes_an_explicit_error_that_always_fits() {
+        let resp = br#"{"jsonrpc":"2.0","id":7,"result":{}}"#;
+        let (t, d) = super::seq_mismatch_record(resp, 5, 4, 135_168);
+        let v: serde_json::Value = serde_json::from_slice(&d).unwrap();
+        assert_eq!(
+            (t, v["id"].clone()),
+            (None, 7.into()),
+            "an error for the same request"
+        );
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("expected seq 5")
+        );
+        // A response whose id alone is over the limit: the fixed record.
+        let huge = format!(
+            r#"{{"jsonrpc":"2.0","id":"{}","result":{{}}}}"#,
+            "x".repeat(300)
+        );
+        let (t, d) = super::seq_mismatch_record(huge.as_bytes(), 5, 4, 256);
+        assert_eq!(t, Some("error"));
+        assert!(d.len() < 256 && !String::from_utf8(d).unwrap().contains("xxx"));
     }
 
     #[test]

@@ -229,3 +229,47 @@ pub fn start_gateway(dir: &Path, urls: &[String], extra: &[&str]) -> Gateway {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     Gateway::start_in(dir, &args)
 }
+
+/// The shard of a stream (the gateway's FNV-1a of the name, mod the shard count).
+pub fn shard_of(name: &str, shards: u64) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in name.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h % shards
+}
+
+/// Publishes one message straight to NATS (core protocol, `HPUB`, no JetStream ack) on
+/// `subject` with these headers: what another writer of the shard would send. Waits for the
+/// server's `PONG`, so the message was processed.
+pub fn nats_publish_raw(port: u16, subject: &str, headers: &[(&str, &str)], payload: &[u8]) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect to NATS");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut hdr = String::from("NATS/1.0\r\n");
+    for (k, v) in headers {
+        hdr.push_str(&format!("{k}: {v}\r\n"));
+    }
+    hdr.push_str("\r\n");
+    let mut msg = format!(
+        "CONNECT {{\"verbose\":false,\"headers\":true,\"protocol\":1}}\r\nHPUB {subject} {} {}\r\n{hdr}",
+        hdr.len(),
+        hdr.len() + payload.len()
+    )
+    .into_bytes();
+    msg.extend_from_slice(payload);
+    msg.extend_from_slice(b"\r\nPING\r\n");
+    s.write_all(&msg).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&got).contains("PONG") {
+        let n = s.read(&mut buf).expect("NATS answers within 10 s");
+        assert!(n > 0, "NATS closed: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+        assert!(
+            !String::from_utf8_lossy(&got).contains("-ERR"),
+            "{}",
+            String::from_utf8_lossy(&got)
+        );
+    }
+}

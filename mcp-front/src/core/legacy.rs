@@ -406,7 +406,7 @@ impl McpCore {
             self.not_acceptable(conn, Some(id));
             return true;
         }
-        if self.sessions.len() >= self.cfg.sessions_max {
+        if self.sessions.len() >= self.cfg.sessions_max && !self.evict_replay_only() {
             self.error(
                 conn,
                 503,

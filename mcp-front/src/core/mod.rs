@@ -426,6 +426,33 @@ impl McpCore {
         self.sessions.len()
     }
 
+    /// Makes room under `--mcp-sessions-max` by dropping the least recently active
+    /// replay-only session (recovered: no upstream, nothing attached). It loses nothing: its
+    /// streams are in the log, and a resume recovers it again. False if there is none.
+    fn evict_replay_only(&mut self) -> bool {
+        let victim = self
+            .sessions
+            .iter()
+            .filter(|(_, s)| s.upstream.is_none() && s.streams.values().all(|st| st.conn.is_none()))
+            .min_by_key(|(_, s)| s.last_active_ms)
+            .map(|(sid, _)| sid.clone());
+        victim.is_some_and(|sid| self.sessions.remove(&sid).is_some())
+    }
+
+    /// Whether the core holds stream `name` in memory (so it may still append to it): a
+    /// stream of a live session, or a live modern-era stream of this process.
+    pub fn holds_stream(&self, name: &str) -> bool {
+        let Some((owner, n)) = parse_stream_name(name) else {
+            return false;
+        };
+        if owner == self.boot {
+            return self.modern.streams.contains_key(&n);
+        }
+        self.sessions
+            .get(owner)
+            .is_some_and(|s| s.streams.contains_key(&n))
+    }
+
     /// Streams held in memory (live or attached), all sessions and the modern front.
     pub fn streams_live(&self) -> usize {
         self.sessions
@@ -448,7 +475,9 @@ impl McpCore {
             return;
         };
         if sid.starts_with('m')
-            || self.sessions.len() >= self.cfg.sessions_max && !self.sessions.contains_key(sid)
+            || self.sessions.len() >= self.cfg.sessions_max
+                && !self.sessions.contains_key(sid)
+                && !self.evict_replay_only()
         {
             return;
         }
