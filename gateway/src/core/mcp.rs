@@ -318,7 +318,7 @@ impl Core {
                 .iter()
                 .find(|(k, _)| k.eq_ignore_ascii_case("mcp-session-id"))
                 .map(|(_, v)| *v);
-            self.mcp_cluster_recover(last_event_id, session);
+            self.mcp_cluster_recover(last_event_id, session, subject);
         }
         let generation = self.io.generation(slot);
         let now_ms = self.mcp_now_ms();

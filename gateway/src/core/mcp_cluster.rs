@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use log_store::{EVENT_ID_BYTES_MAX, EventId, Seq};
 
 use super::Core;
-use crate::mcp::core::{parse_stream_name, redact_stream_name as redacted};
+use crate::mcp::core::{parse_stream_name, redact_stream_name as redacted, subject_tag};
 use crate::mcp::jsonrpc;
 use crate::proto::sse;
 use crate::streams::hub::SubRef;
@@ -310,6 +310,7 @@ impl Core {
         &mut self,
         last_event_id: Option<&[u8]>,
         session: Option<&[u8]>,
+        subject: Option<&str>,
     ) {
         let Some(mc) = self.mcp.as_ref().and_then(|m| m.cluster.as_ref()) else {
             return;
@@ -332,7 +333,9 @@ impl Core {
         let Some((sid, _)) = parse_stream_name(name) else {
             return;
         };
-        if sid.as_bytes() != session || sid.starts_with(&mc.minted) {
+        // A session bound to another token subject stays unknown here, as on its own node.
+        let bound = subject.is_none_or(|s| sid.ends_with(&subject_tag(s)));
+        if sid.as_bytes() != session || sid.starts_with(&mc.minted) || !bound {
             return;
         }
         let name = name.to_owned();
