@@ -121,6 +121,39 @@ fn second_open_is_locked() {
     ));
 }
 
+/// A dropped log whose segment a slice still maps keeps the directory locked; an open in the
+/// same process waits for the release (the `log-prepare` / `log-retire` threads release such
+/// locks a moment after the drop) instead of failing with `Locked`.
+#[test]
+fn an_open_waits_for_a_dropped_log_of_this_process_to_release_the_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = Log::open(dir.path(), opts(65536)).unwrap();
+    let s = log.create_stream("s").unwrap();
+    log.append(s, None, b"kept").unwrap();
+    let slice = log.record(s, 1).unwrap();
+    drop(log);
+    let started = Instant::now();
+    let holder = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(String::from_utf8_lossy(slice.as_bytes()).contains("kept"));
+        drop(slice);
+    });
+    let log = Log::open(dir.path(), opts(65536)).expect("opened once the slice went");
+    assert!(
+        started.elapsed() >= Duration::from_millis(150),
+        "it waited for the slice"
+    );
+    holder.join().unwrap();
+    assert_eq!(log.bounds(StreamId(0)).unwrap().tail, 1);
+    // A live log's lock is still refused at once.
+    let started = Instant::now();
+    assert!(matches!(
+        Log::open(dir.path(), opts(65536)),
+        Err(log_store::OpenError::Locked { .. })
+    ));
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
+
 #[test]
 fn rejects_bad_input_without_appending() {
     let dir = tempfile::tempdir().unwrap();

@@ -101,7 +101,52 @@ pub(super) fn open(dir: &Path, opts: LogOptions, exec: Option<Executor>) -> Resu
     Ok(log)
 }
 
-/// Creates `dir` if needed and takes its lock (`flock` on `LOCK`).
+/// Locks this process still holds through a dropped `Log`: the log is gone, but a segment
+/// of it (a `LogSlice`, the `log-retire` queue) or a preparation the `log-prepare` thread is
+/// finishing keeps the lock file open for a moment. By (device, inode) of the lock file, a
+/// weak reference to it.
+static RELEASING: std::sync::Mutex<Vec<((u64, u64), std::sync::Weak<File>)>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// How long `Log::open` waits for a dropped log of this process to release the directory.
+const RELEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Called as a `Log` drops: its lock, if still referenced elsewhere, is being released.
+pub(super) fn releasing(lock: &Arc<File>) {
+    use std::os::unix::fs::MetadataExt as _;
+    let Ok(m) = lock.metadata() else { return };
+    let mut r = RELEASING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    r.retain(|(_, w)| w.strong_count() > 0);
+    r.push(((m.dev(), m.ino()), Arc::downgrade(lock)));
+}
+
+/// Waits (bounded) until no dropped log of this process holds `lock`'s file; false if none
+/// did (another `Log` or another process holds it).
+fn wait_for_release(lock: &File) -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    let Ok(m) = lock.metadata() else { return false };
+    let key = (m.dev(), m.ino());
+    let weak = {
+        let r = RELEASING
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        r.iter()
+            .find(|(k, w)| *k == key && w.strong_count() > 0)
+            .map(|(_, w)| w.clone())
+    };
+    let Some(weak) = weak else { return false };
+    let deadline = std::time::Instant::now() + RELEASE_WAIT;
+    while weak.strong_count() > 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    true
+}
+
+/// Creates `dir` if needed and takes its lock (`flock` on `LOCK`). A lock a dropped `Log` of
+/// this process is still releasing is waited for (up to `RELEASE_WAIT`); a live `Log`'s or
+/// another process's is `Locked` at once.
 fn lock_dir(dir: &Path) -> Result<Arc<File>, OpenError> {
     fs::create_dir_all(dir).map_err(io_err(dir))?;
     let lock_path = dir.join(LOCK_FILE);
@@ -112,12 +157,20 @@ fn lock_dir(dir: &Path) -> Result<Arc<File>, OpenError> {
         .truncate(false)
         .open(&lock_path)
         .map_err(io_err(&lock_path))?;
-    match lock.try_lock() {
-        Ok(()) => Ok(Arc::new(lock)),
-        Err(fs::TryLockError::WouldBlock) => Err(OpenError::Locked {
-            path: dir.to_owned(),
-        }),
-        Err(fs::TryLockError::Error(e)) => Err(io_err(&lock_path)(e)),
+    let mut waited = false;
+    loop {
+        match lock.try_lock() {
+            Ok(()) => return Ok(Arc::new(lock)),
+            Err(fs::TryLockError::WouldBlock) if !waited && wait_for_release(&lock) => {
+                waited = true;
+            }
+            Err(fs::TryLockError::WouldBlock) => {
+                return Err(OpenError::Locked {
+                    path: dir.to_owned(),
+                });
+            }
+            Err(fs::TryLockError::Error(e)) => return Err(io_err(&lock_path)(e)),
+        }
     }
 }
 

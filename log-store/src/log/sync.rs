@@ -44,6 +44,9 @@ impl Drop for Log {
     /// background preparation (a process crash instead drops the records behind it, which
     /// were never visible: DESIGN.md C17).
     fn drop(&mut self) {
+        // Segments and preparations may outlive this log for a moment: an open of the same
+        // directory in this process waits for them instead of failing with `Locked`.
+        super::recover::releasing(&self.lock);
         if self.poisoned || self.abandon || !matches!(self.active.header, HeaderState::Waiting(_)) {
             return;
         }
