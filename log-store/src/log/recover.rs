@@ -105,8 +105,10 @@ pub(super) fn open(dir: &Path, opts: LogOptions, exec: Option<Executor>) -> Resu
 /// of it (a `LogSlice`, the `log-retire` queue) or a preparation the `log-prepare` thread is
 /// finishing keeps the lock file open for a moment. By (device, inode) of the lock file, a
 /// weak reference to it.
-static RELEASING: std::sync::Mutex<Vec<((u64, u64), std::sync::Weak<File>)>> =
-    std::sync::Mutex::new(Vec::new());
+static RELEASING: std::sync::Mutex<Vec<Releasing>> = std::sync::Mutex::new(Vec::new());
+
+/// (device, inode) of a lock file, and the dropped log's reference to it.
+type Releasing = ((u64, u64), std::sync::Weak<File>);
 
 /// How long `Log::open` waits for a dropped log of this process to release the directory.
 const RELEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
