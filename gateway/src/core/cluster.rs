@@ -366,13 +366,13 @@ impl Core {
         // A record whose publisher predicted its seq (an MCP record) and got another one (a
         // record before it was lost, or overtaken by this one): every node stores an explicit
         // error record in its place instead, so the break is in the log itself.
-        let log = self.hub.log(key.0);
-        let next = log.bounds(key.1).map_or(1, |b| b.tail + 1);
-        let record_max = log.options().record_bytes_max as usize;
-        let substitute = a
-            .expect_seq
-            .filter(|&e| e != next)
-            .map(|e| super::mcp_cluster::seq_mismatch_record(&a.data, e, next, record_max));
+        let substitute = a.expect_seq.and_then(|e| {
+            let log = self.hub.log(key.0);
+            let next = log.bounds(key.1).map_or(1, |b| b.tail + 1);
+            let record_max = log.options().record_bytes_max as usize;
+            (e != next)
+                .then(|| super::mcp_cluster::seq_mismatch_record(&a.data, e, next, record_max))
+        });
         let (event, data) = match &substitute {
             Some((t, d)) => (*t, d.as_slice()),
             None => (a.event.as_deref(), a.data.as_slice()),

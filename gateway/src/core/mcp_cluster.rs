@@ -235,6 +235,9 @@ impl Core {
         let Some(mc) = self.mcp.as_mut().and_then(|m| m.cluster.as_mut()) else {
             return false;
         };
+        if mc.tickets.is_empty() {
+            return false; // the common case: an API publish's ticket, no MCP record in flight
+        }
         let Some(stream) = mc.tickets.remove(&ticket) else {
             return false;
         };
