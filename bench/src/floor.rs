@@ -24,6 +24,24 @@ pub struct FloorConfig {
     pub secs: f64,
     pub writer_cpu: usize,
     pub reader_cpu: usize,
+    /// How the reader waits for data.
+    pub reader: ReaderMode,
+    /// Events per second the writer paces itself to (one send per subscriber each); 0: as
+    /// fast as it can.
+    pub events_per_sec: f64,
+}
+
+/// How the reader thread drains the sockets. The writer's cost depends on it: a send to a
+/// socket whose reader sleeps in `epoll_wait` also pays for the wake-up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum ReaderMode {
+    /// Busy-polls every socket with non-blocking reads: it never sleeps, so the writer never
+    /// wakes it (the cheapest floor).
+    Spin,
+    /// One edge-triggered epoll loop that sleeps when nothing is readable: how `bench
+    /// fanout`'s subscribers read, so the floor a fan-out figure is compared with.
+    Epoll,
 }
 
 /// The floor.
@@ -31,6 +49,8 @@ pub struct FloorConfig {
 pub struct FloorReport {
     pub subscribers: usize,
     pub payload_bytes: usize,
+    pub reader: ReaderMode,
+    pub events_per_sec: f64,
     pub sends: u64,
     pub writer_cpu_secs: f64,
     /// Writer CPU per send: the kernel's cost of one delivery.
@@ -40,7 +60,13 @@ pub struct FloorReport {
 impl FloorReport {
     pub fn table(&self) -> String {
         format!(
-            "== floor\n  {} subscribers x {} B: {} sends, writer CPU {:.2} s: {:.2} us per send (delivery)\n",
+            "== floor ({:?} reader, {})\n  {} subscribers x {} B: {} sends, writer CPU {:.2} s: {:.2} us per send (delivery)\n",
+            self.reader,
+            if self.events_per_sec > 0.0 {
+                format!("{} events/s", self.events_per_sec)
+            } else {
+                "unpaced".to_string()
+            },
             self.subscribers,
             self.payload_bytes,
             self.sends,
@@ -84,23 +110,13 @@ pub fn run(cfg: &FloorConfig) -> Result<FloorReport, String> {
     let stop = Arc::new(AtomicBool::new(false));
     let reader_cpu = cfg.reader_cpu;
     let stop_r = Arc::clone(&stop);
+    let mode = cfg.reader;
     let reader = std::thread::spawn(move || -> Result<(), String> {
         pin(reader_cpu)?;
-        let mut readers = readers;
-        let mut buf = vec![0u8; 1 << 16];
-        while !stop_r.load(Ordering::Relaxed) {
-            for r in readers.iter_mut() {
-                loop {
-                    match r.read(&mut buf) {
-                        Ok(0) => return Ok(()),
-                        Ok(_) => {}
-                        Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                        Err(e) => return Err(e.to_string()),
-                    }
-                }
-            }
+        match mode {
+            ReaderMode::Spin => spin_reader(readers, &stop_r),
+            ReaderMode::Epoll => epoll_reader(readers, &stop_r),
         }
-        Ok(())
     });
     pin(cfg.writer_cpu)?;
     let payload = vec![b'e'; cfg.payload_bytes];
@@ -108,10 +124,19 @@ pub fn run(cfg: &FloorConfig) -> Result<FloorReport, String> {
     let cpu0 = thread_cpu_secs()?;
     let deadline = Instant::now() + Duration::from_secs_f64(cfg.secs);
     let mut sends = 0u64;
+    let tick =
+        (cfg.events_per_sec > 0.0).then(|| Duration::from_secs_f64(1.0 / cfg.events_per_sec));
+    let mut next = Instant::now();
     while Instant::now() < deadline {
         for w in writers.iter_mut() {
             w.write_all(&payload).map_err(|e| e.to_string())?;
             sends += 1;
+        }
+        if let Some(tick) = tick {
+            next += tick;
+            if let Some(wait) = next.checked_duration_since(Instant::now()) {
+                std::thread::sleep(wait);
+            }
         }
     }
     let writer_cpu_secs = thread_cpu_secs()? - cpu0;
@@ -121,8 +146,63 @@ pub fn run(cfg: &FloorConfig) -> Result<FloorReport, String> {
     Ok(FloorReport {
         subscribers: cfg.subscribers,
         payload_bytes: cfg.payload_bytes,
+        reader: cfg.reader,
+        events_per_sec: cfg.events_per_sec,
         sends,
         writer_cpu_secs,
         us_per_send: writer_cpu_secs * 1e6 / sends.max(1) as f64,
     })
+}
+
+/// Drains every socket in turn with non-blocking reads, never sleeping.
+fn spin_reader(mut readers: Vec<TcpStream>, stop: &AtomicBool) -> Result<(), String> {
+    let mut buf = vec![0u8; 1 << 16];
+    while !stop.load(Ordering::Relaxed) {
+        for r in readers.iter_mut() {
+            if !drain(r, &mut buf)? {
+                return Ok(());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Waits in `epoll_wait` (edge-triggered, like `bench fanout`'s subscribers) and drains the
+/// sockets it reports.
+fn epoll_reader(readers: Vec<TcpStream>, stop: &AtomicBool) -> Result<(), String> {
+    let poll = mio::Poll::new().map_err(|e| e.to_string())?;
+    let mut socks: Vec<mio::net::TcpStream> = readers
+        .into_iter()
+        .map(mio::net::TcpStream::from_std)
+        .collect();
+    for (i, s) in socks.iter_mut().enumerate() {
+        poll.registry()
+            .register(s, mio::Token(i), mio::Interest::READABLE)
+            .map_err(|e| e.to_string())?;
+    }
+    let mut poll = poll;
+    let mut events = mio::Events::with_capacity(1024);
+    let mut buf = vec![0u8; 1 << 16];
+    while !stop.load(Ordering::Relaxed) {
+        poll.poll(&mut events, Some(Duration::from_millis(50)))
+            .map_err(|e| e.to_string())?;
+        for ev in events.iter() {
+            if !drain(&mut socks[ev.token().0], &mut buf)? {
+                return Ok(());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Reads `r` until it would block; false at end of stream.
+fn drain(r: &mut impl Read, buf: &mut [u8]) -> Result<bool, String> {
+    loop {
+        match r.read(buf) {
+            Ok(0) => return Ok(false),
+            Ok(_) => {}
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(true),
+            Err(e) => return Err(e.to_string()),
+        }
+    }
 }

@@ -194,6 +194,14 @@ enum Cmd {
         writer_cpu: usize,
         #[arg(long, default_value_t = 1)]
         reader_cpu: usize,
+        /// How the reader waits: `epoll` sleeps when idle (as `bench fanout`'s subscribers
+        /// do, so the writer also pays their wake-ups), `spin` never sleeps.
+        #[arg(long, value_enum, default_value = "epoll")]
+        reader: floor::ReaderMode,
+        /// Pace the writer to this many events per second (one send per subscriber each),
+        /// e.g. a fan-out run's published events/s; 0: as fast as it can.
+        #[arg(long, default_value_t = 0.0)]
+        events_per_sec: f64,
         #[arg(long)]
         json: bool,
     },
@@ -630,9 +638,13 @@ fn run(cmd: &Cmd) -> Result<(Outcome, bool), String> {
             secs,
             writer_cpu,
             reader_cpu,
+            reader,
+            events_per_sec,
             json,
         } => {
             let cfg = floor::FloorConfig {
+                reader: *reader,
+                events_per_sec: *events_per_sec,
                 subscribers: *subscribers,
                 payload_bytes: *payload_bytes,
                 secs: *secs,

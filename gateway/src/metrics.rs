@@ -22,6 +22,15 @@ const RESUME_CLASSES: [ResumeClass; 7] = [
     ResumeClass::OtherStream,
 ];
 
+/// Adds `v` to a counter in the calling core's own block, on that core's thread: cores write
+/// only their own block, so a relaxed load and store (no locked read-modify-write, which the
+/// per-send counters paid on every completion) loses no update, and a reader sees each store
+/// whole.
+#[inline]
+pub fn bump_own(counter: &AtomicU64, v: u64) {
+    counter.store(counter.load(Relaxed).wrapping_add(v), Relaxed);
+}
+
 /// The `class` label of `gateway_resumes_total` (Prometheus label values use `_`).
 fn resume_label(c: ResumeClass) -> &'static str {
     match c {

@@ -147,7 +147,7 @@ pub struct LogSlice {
 }
 
 /// Up to `bytes_max` bytes of one stream's records `first..=last` (empty when `last < first`).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct ReadBatch {
     pub slices: Vec<LogSlice>,
     pub first: Seq,
@@ -827,16 +827,28 @@ impl Log {
         from: Seq,
         bytes_max: usize,
     ) -> Result<ReadBatch, ReadError> {
+        let mut batch = ReadBatch::default();
+        self.read_into(stream, from, bytes_max, &mut batch)?;
+        Ok(batch)
+    }
+
+    /// [`Log::read`] into `batch` (cleared first), reusing its vectors' memory: a server
+    /// reading one record per subscriber per event allocates nothing here.
+    pub fn read_into(
+        &self,
+        stream: StreamId,
+        from: Seq,
+        bytes_max: usize,
+        batch: &mut ReadBatch,
+    ) -> Result<(), ReadError> {
+        batch.slices.clear();
+        batch.record_lens.clear();
         let st = self.live_for_read(stream)?;
         let from = self.check_from(st, from)?;
-        let mut batch = ReadBatch {
-            slices: Vec::new(),
-            first: from,
-            last: from - 1,
-            record_lens: Vec::new(),
-        };
+        batch.first = from;
+        batch.last = from - 1;
         if from > st.visible {
-            return Ok(batch);
+            return Ok(());
         }
         let start = (from - st.floor) as usize;
         let end = (st.visible + 1 - st.floor) as usize;
@@ -864,7 +876,7 @@ impl Log {
         if let Some((r, first)) = run {
             batch.slices.push(self.slice(r, first, batch.last));
         }
-        Ok(batch)
+        Ok(())
     }
 
     /// Framed bytes of one visible record.

@@ -253,6 +253,8 @@ fn run(ops: Vec<Op>, bg: bool) {
     let mut pins: Vec<(log_store::ReadBatch, Vec<u8>)> = Vec::new();
     // Segments numbered below this were retired by retention.
     let mut first_live = 0u64;
+    // One batch reused by `read_into` across every read (as a server's core does).
+    let mut scratch = log_store::ReadBatch::default();
     for (step, op) in ops.into_iter().enumerate() {
         if matches!(op, Op::Reopen | Op::Crash { .. }) {
             pins.clear(); // slices hold the directory lock
@@ -384,6 +386,25 @@ fn run(ops: Vec<Op>, bg: bool) {
                 let ms = &m.streams[si];
                 let from = from as u64 % (ms.recs.len() as u64 + 3);
                 let res = log.read(StreamId(si as u32), from, bytes_max as usize);
+                // The reusing read answers exactly as the allocating one, whatever the batch
+                // held before.
+                let again =
+                    log.read_into(StreamId(si as u32), from, bytes_max as usize, &mut scratch);
+                match &res {
+                    Ok(b) => {
+                        assert_eq!(again, Ok(()));
+                        assert_eq!((scratch.first, scratch.last), (b.first, b.last));
+                        assert_eq!(scratch.record_lens, b.record_lens);
+                        let bytes = |x: &log_store::ReadBatch| -> Vec<Vec<u8>> {
+                            x.slices.iter().map(|s| s.as_bytes().to_vec()).collect()
+                        };
+                        assert_eq!(bytes(&scratch), bytes(b));
+                        // Its slices move on (a core drains them into a window): the batch
+                        // keeps only vector capacity, never pins a segment.
+                        scratch.slices.clear();
+                    }
+                    Err(e) => assert_eq!(again.as_ref().unwrap_err(), e),
+                }
                 if ms.removed {
                     assert_eq!(res.unwrap_err(), ReadError::StreamRemoved);
                     continue;

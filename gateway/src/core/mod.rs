@@ -149,6 +149,8 @@ struct Core {
     waiting: Vec<SubRef>,
     /// Scratch: the subscribers to pump at the end of a turn.
     to_pump: Vec<SubRef>,
+    /// The batch subscribers' log reads fill (its vectors reused: no allocation per read).
+    read_scratch: log_store::ReadBatch,
     now: Instant,
     next_tick: Instant,
     next_retention: Instant,
@@ -250,6 +252,7 @@ pub fn run_core(setup: CoreSetup, shared: Arc<Shared>, ready: impl FnOnce(Result
         parked: ParkedWindows::default(),
         waiting: Vec::new(),
         to_pump: Vec::new(),
+        read_scratch: log_store::ReadBatch::default(),
         now,
         next_tick: now + TICK,
         next_retention: now,

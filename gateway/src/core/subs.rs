@@ -96,7 +96,7 @@ impl Core {
         }
         let m = &self.shared.metrics[self.id];
         let log = self.hub.log(sub.key.0);
-        match sub.refill(log, &lim) {
+        match sub.refill(log, &lim, &mut self.read_scratch) {
             Some(Ended::Lagging) => m.lagging_closes_total.fetch_add(1, Relaxed),
             Some(Ended::Truncated) => m.truncated_closes_total.fetch_add(1, Relaxed),
             None => 0,
@@ -165,19 +165,18 @@ impl Core {
     }
 }
 
-/// Adds what a send completion did to the core's counters.
+/// Adds what a send completion did to the core's counters (the core's own block, on its
+/// thread: the only writer of these four).
 pub(super) fn count_sent(m: &crate::metrics::CoreMetrics, sent: crate::streams::sub::Sent) {
-    m.bytes_confirmed_total
-        .fetch_add(sent.bytes_confirmed, Relaxed);
-    m.bytes_sent_total.fetch_add(sent.bytes, Relaxed);
-    m.events_sent_total
-        .fetch_add(sent.events_sent as u64, Relaxed);
-    m.events_confirmed_total
-        .fetch_add(sent.events_confirmed as u64, Relaxed);
+    use crate::metrics::bump_own;
+    bump_own(&m.bytes_confirmed_total, sent.bytes_confirmed);
+    bump_own(&m.bytes_sent_total, sent.bytes);
+    bump_own(&m.events_sent_total, sent.events_sent as u64);
+    bump_own(&m.events_confirmed_total, sent.events_confirmed as u64);
 }
 
-/// Adds a confirmation to the core's counters.
+/// Adds a confirmation to the core's counters (as [`count_sent`]).
 pub(super) fn count_confirmed(m: &crate::metrics::CoreMetrics, c: Confirmed) {
-    m.events_confirmed_total.fetch_add(c.events as u64, Relaxed);
-    m.bytes_confirmed_total.fetch_add(c.bytes, Relaxed);
+    crate::metrics::bump_own(&m.events_confirmed_total, c.events as u64);
+    crate::metrics::bump_own(&m.bytes_confirmed_total, c.bytes);
 }

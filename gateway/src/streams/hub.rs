@@ -8,6 +8,8 @@
 #![forbid(unsafe_code)]
 
 use std::collections::HashMap;
+
+use rustc_hash::FxHashMap;
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -23,13 +25,15 @@ pub type SubRef = (u32, u32);
 /// The streams of one core.
 #[derive(Debug)]
 pub struct Hub {
-    logs: HashMap<u32, Log>,
-    subs: HashMap<StreamKey, Vec<SubRef>>,
+    /// Keyed by server-assigned integers (shard numbers, stream ids), looked up per delivery:
+    /// a fast hash, not SipHash.
+    logs: FxHashMap<u32, Log>,
+    subs: FxHashMap<StreamKey, Vec<SubRef>>,
     /// Streams appended to or made visible this turn (sorted and deduplicated at its end).
     touched: Vec<StreamKey>,
     shards: u32,
     /// Group commits in flight, by shard.
-    syncs: HashMap<u32, Pending>,
+    syncs: FxHashMap<u32, Pending>,
     /// Shards whose group commit failed since the last `take_failed` (their logs are poisoned).
     failed: Vec<u32>,
     /// Since when each API stream has had no retained event and no subscriber (idle expiry).
@@ -48,10 +52,10 @@ impl Hub {
     pub fn new(logs: Vec<(u32, Log)>, shards: u32) -> Hub {
         Hub {
             logs: logs.into_iter().collect(),
-            subs: HashMap::new(),
+            subs: FxHashMap::default(),
             touched: Vec::new(),
             shards,
-            syncs: HashMap::new(),
+            syncs: FxHashMap::default(),
             failed: Vec::new(),
             idle_since: HashMap::new(),
         }

@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use log_store::{Log, ReadError, Seq, StreamId};
+use log_store::{Log, ReadBatch, ReadError, Seq, StreamId};
 
 use super::StreamKey;
 use super::window::{ParkedEvent, Run, Window, acked_from_outq, acked_from_tskey};
@@ -257,7 +257,8 @@ impl Sub {
 
     /// Refills the window from the log (up to the visible tail and `--send-bytes-max` of
     /// unsent bytes), or ends the stream in-band when it lags too far or fell below the floor.
-    pub fn refill(&mut self, log: &Log, lim: &SubLimits) -> Option<Ended> {
+    /// `batch` is scratch memory for the read (left empty of slices).
+    pub fn refill(&mut self, log: &Log, lim: &SubLimits, batch: &mut ReadBatch) -> Option<Ended> {
         if self.finishing || self.key.1 == PENDING_STREAM {
             return None;
         }
@@ -271,11 +272,11 @@ impl Sub {
         if unsent >= lim.send_bytes_max || self.cursor > b.visible_tail {
             return None;
         }
-        match log.read(self.key.1, self.cursor, lim.send_bytes_max - unsent) {
-            Ok(batch) => {
+        match log.read_into(self.key.1, self.cursor, lim.send_bytes_max - unsent, batch) {
+            Ok(()) => {
                 if !batch.record_lens.is_empty() {
                     assert_eq!(batch.first, self.cursor, "log read starts at the cursor");
-                    let chunks = batch.slices.into_iter().map(Bytes::Log).collect();
+                    let chunks = batch.slices.drain(..).map(Bytes::Log);
                     self.window
                         .push_events(batch.first, chunks, &batch.record_lens);
                     self.cursor = batch.last + 1;
@@ -337,10 +338,8 @@ impl Sub {
     /// A send completed: the kernel took `n` bytes. `outq`: a `SIOCOUTQ` reading taken now
     /// (in `Outq` mode), which confirms what the peer ACKed.
     pub fn on_sent(&mut self, mut v: Box<Vectored>, n: u64, outq: Option<u64>) -> Sent {
-        let before = self.window.sent();
         let requested = v.len();
-        let events_sent = self.window.events_ending_within(before, before + n);
-        let mut events_confirmed = self.window.on_sent(n);
+        let (events_sent, mut events_confirmed) = self.window.on_sent(n);
         if std::mem::take(&mut self.ack_ask_in_send) && n > 0 {
             // The timestamp key is the last byte this send queued (a send that queued
             // nothing stamps nothing).

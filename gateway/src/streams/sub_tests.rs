@@ -43,7 +43,7 @@ fn framed(log: &Log, sid: StreamId, from: u64, to: u64) -> Vec<u8> {
 
 /// Sends up to `n` bytes of the next send; returns the bytes the "kernel" took.
 fn send(sub: &mut Sub, log: &Log, now: Instant, n: usize, outq: Option<u64>) -> (Vec<u8>, Sent) {
-    sub.refill(log, &lim());
+    sub.refill(log, &lim(), &mut Default::default());
     let Next::Send(v) = sub.next_send(now, &lim()) else {
         panic!("something to send");
     };
@@ -95,7 +95,7 @@ fn tx_ack_requests_are_sampled_one_at_a_time() {
     let t0 = Instant::now();
     let mut sub = Sub::new((0, sid), 1, AckMode::TxTimestamps, Vec::new(), None, t0);
     let ask = |sub: &mut Sub, log: &Log, now| {
-        sub.refill(log, &lim());
+        sub.refill(log, &lim(), &mut Default::default());
         let Next::Send(v) = sub.next_send(now, &lim()) else {
             panic!("something to send")
         };
@@ -144,7 +144,10 @@ fn a_subscriber_too_far_behind_gets_an_in_band_truncation_then_closes() {
         lag_events_max: 3,
         ..lim()
     };
-    assert_eq!(sub.refill(&log, &tight), Some(Ended::Lagging));
+    assert_eq!(
+        sub.refill(&log, &tight, &mut Default::default()),
+        Some(Ended::Lagging)
+    );
     let Next::Send(v) = sub.next_send(t0, &tight) else {
         panic!("the notice is sent")
     };
@@ -295,7 +298,7 @@ fn a_replay_from_a_cold_segment_is_read_ahead_once_then_sent() {
     log.sync_now().expect("sync");
     let t0 = Instant::now();
     let mut sub = Sub::new((0, sid), 1, AckMode::Outq, Vec::new(), None, t0);
-    sub.refill(&log, &lim());
+    sub.refill(&log, &lim(), &mut Default::default());
     let active = log.active_segment();
     // Warm: nothing to read ahead.
     assert!(sub.cold_run(active, &lim(), crate::sys::resident).is_none());
@@ -324,6 +327,6 @@ fn a_replay_from_a_cold_segment_is_read_ahead_once_then_sent() {
         None,
         t0,
     );
-    live.refill(&log, &lim());
+    live.refill(&log, &lim(), &mut Default::default());
     assert!(live.cold_run(active, &lim(), |_| false).is_none());
 }

@@ -62,7 +62,14 @@ pub struct Window<C> {
     runs: VecDeque<Run<C>>,
     /// Byte offset of the first byte of `runs[0]`.
     runs_start: u64,
+    /// Index in `runs` of the first run not wholly sent (`runs.len()` if none), and the byte
+    /// offset where it starts: a send starts there without walking the sent, unconfirmed runs
+    /// before it (there are many while ACKs are sampled).
+    unsent_run: usize,
+    unsent_run_start: u64,
     events: VecDeque<WinEvent>,
+    /// Index in `events` of the first event not wholly sent (`events.len()` if none).
+    unsent_event: usize,
     queued: u64,
     sent: u64,
     acked: u64,
@@ -83,7 +90,10 @@ impl<C: Chunk> Window<C> {
         Window {
             runs: VecDeque::new(),
             runs_start: 0,
+            unsent_run: 0,
+            unsent_run_start: 0,
             events: VecDeque::new(),
+            unsent_event: 0,
             queued: 0,
             sent: 0,
             acked: 0,
@@ -107,10 +117,12 @@ impl<C: Chunk> Window<C> {
     ///
     /// Panics if the bytes and lengths disagree or the sequence is not contiguous with the
     /// previous push: either would be a silent gap or duplicate.
-    pub fn push_events(&mut self, first: u64, chunks: Vec<C>, record_lens: &[u32]) {
-        let total: u64 = chunks.iter().map(|c| c.bytes().len() as u64).sum();
-        let lens: u64 = record_lens.iter().map(|&l| u64::from(l)).sum();
-        assert_eq!(total, lens, "record lengths must cover the chunks exactly");
+    pub fn push_events(
+        &mut self,
+        first: u64,
+        chunks: impl IntoIterator<Item = C>,
+        record_lens: &[u32],
+    ) {
         if self.last_pushed != 0 {
             assert_eq!(
                 first,
@@ -134,6 +146,11 @@ impl<C: Chunk> Window<C> {
         for c in chunks {
             self.push_bytes(Run::whole(c));
         }
+        // Checked before anything of it can be sent (the caller sends after pushing).
+        assert_eq!(
+            self.queued, start,
+            "record lengths must cover the chunks exactly"
+        );
     }
 
     /// Queues events taken from a parked window (an Aligned resume), rebased onto this
@@ -194,14 +211,6 @@ impl<C: Chunk> Window<C> {
         self.events.front().map(|e| e.seq)
     }
 
-    /// Events still in the window whose last byte lies in `(lo, hi]` (for "events sent"
-    /// accounting: call with the old and new `sent` before the send is applied).
-    pub fn events_ending_within(&self, lo: u64, hi: u64) -> usize {
-        let a = self.events.partition_point(|e| e.end <= lo);
-        let b = self.events.partition_point(|e| e.end <= hi);
-        b - a
-    }
-
     #[cfg(test)]
     /// The unsent bytes from `sent`, as at most `iov_max` slices totalling at most `bytes_max`
     /// (the first slice is cut to `bytes_max` if it alone exceeds it). Calls `f` per slice.
@@ -219,34 +228,46 @@ impl<C: Chunk> Window<C> {
         bytes_max: usize,
         mut f: impl FnMut(&C, usize, usize),
     ) {
-        let mut pos = self.runs_start;
         let (mut n, mut bytes) = (0usize, 0usize);
-        for run in &self.runs {
-            let run_end = pos + run.len as u64;
-            if run_end > self.sent {
-                let skip = self.sent.saturating_sub(pos) as usize;
-                let take = (run.len - skip).min(bytes_max - bytes);
-                if take == 0 || n == iov_max {
-                    return;
-                }
-                f(&run.chunk, run.off + skip, take);
-                n += 1;
-                bytes += take;
+        let mut skip = (self.sent - self.unsent_run_start) as usize;
+        for run in self.runs.range(self.unsent_run..) {
+            debug_assert!(skip < run.len, "the first unsent run holds unsent bytes");
+            let take = (run.len - skip).min(bytes_max - bytes);
+            if take == 0 || n == iov_max {
+                return;
             }
-            pos = run_end;
+            f(&run.chunk, run.off + skip, take);
+            n += 1;
+            bytes += take;
+            skip = 0;
         }
     }
 
     /// The kernel took `n` more bytes (a send completion's result). Returns how many events
-    /// an ACK reported earlier (ahead of this completion) now confirms.
-    pub fn on_sent(&mut self, n: u64) -> usize {
+    /// this send completed (their last byte is now sent), and how many an ACK reported
+    /// earlier (ahead of this completion) now confirms.
+    pub fn on_sent(&mut self, n: u64) -> (usize, usize) {
         assert!(
             self.sent + n <= self.queued,
             "kernel took more than was queued"
         );
         self.sent += n;
+        while let Some(r) = self.runs.get(self.unsent_run)
+            && self.unsent_run_start + r.len as u64 <= self.sent
+        {
+            self.unsent_run_start += r.len as u64;
+            self.unsent_run += 1;
+        }
+        let first = self.unsent_event;
+        while self
+            .events
+            .get(self.unsent_event)
+            .is_some_and(|e| e.end <= self.sent)
+        {
+            self.unsent_event += 1;
+        }
         let hint = self.ack_hint;
-        self.apply_ack(hint)
+        (self.unsent_event - first, self.apply_ack(hint))
     }
 
     /// The peer confirmed bytes `[0, acked_total)`. Returns how many events this confirmed.
@@ -263,8 +284,10 @@ impl<C: Chunk> Window<C> {
         }
         self.acked = acked;
         let mut confirmed = 0;
+        // What is confirmed was sent (`acked <= sent`): it lies before both unsent cursors.
         while self.events.front().is_some_and(|e| e.end <= acked) {
             self.events.pop_front();
+            self.unsent_event -= 1;
             confirmed += 1;
         }
         while let Some(r) = self.runs.front() {
@@ -274,6 +297,7 @@ impl<C: Chunk> Window<C> {
             }
             self.runs_start = end;
             self.runs.pop_front();
+            self.unsent_run -= 1;
         }
         confirmed
     }
@@ -288,6 +312,7 @@ impl<C: Chunk> Window<C> {
             });
         }
         self.events.clear();
+        self.unsent_event = 0;
         out
     }
 
@@ -380,7 +405,7 @@ mod tests {
         w.push_bytes(Run::whole(b(b"HEAD")));
         w.push_events(1, vec![b(b"aaabb"), b(b"c")], &[3, 2, 1]);
         assert_eq!(unsent(&w), b"HEADaaabbc");
-        assert_eq!(w.on_sent(10), 0);
+        assert_eq!(w.on_sent(10), (3, 0), "three events sent, none confirmed");
         assert_eq!(w.head(), Some(1), "a send completion confirms nothing");
         assert_eq!(w.on_acked(6), 0, "event 1 ends at 7");
         assert_eq!(w.on_acked(7), 1);
@@ -396,7 +421,7 @@ mod tests {
         w.push_events(1, vec![b(b"aabb")], &[2, 2]);
         assert_eq!(w.on_acked(4), 0, "nothing sent yet");
         assert_eq!(w.acked(), 0);
-        assert_eq!(w.on_sent(2), 1);
+        assert_eq!(w.on_sent(2), (1, 1));
         assert_eq!(w.acked(), 2);
         assert_eq!(w.head(), Some(2));
         w.on_sent(2);
@@ -440,6 +465,13 @@ mod tests {
     }
 
     #[test]
+    #[should_panic(expected = "cover the chunks exactly")]
+    fn lengths_not_covering_the_bytes_is_an_assertion() {
+        let mut w: Window<B> = Window::new();
+        w.push_events(1, vec![b(b"abc"), b(b"d")], &[2, 1]);
+    }
+
+    #[test]
     fn tskey_reconstruction() {
         assert_eq!(acked_from_tskey(9, 10), 10);
         assert_eq!(acked_from_tskey(4, 10), 5);
@@ -461,6 +493,8 @@ mod tests {
             let mut ends: Vec<(u64, u64, u64)> = Vec::new(); // (seq, start, end)
             let mut next_seq = 1u64;
             let mut confirmed = 0u64;
+            let mut events_sent = 0u64;
+            let mut hint = 0u64;
             for (op, n) in ops {
                 match op {
                     0 => {
@@ -475,20 +509,29 @@ mod tests {
                         w.push_events(next_seq, vec![b(&bytes)], &lens);
                         next_seq += lens.len() as u64;
                     }
-                    1 => { let k = (n as u64).min(w.unsent_bytes()); w.on_sent(k); }
+                    1 => {
+                        let k = (n as u64).min(w.unsent_bytes());
+                        let (s, c) = w.on_sent(k);
+                        events_sent += s as u64;
+                        confirmed += c as u64;
+                        let expect = ends.iter().filter(|e| e.2 <= w.sent()).count() as u64;
+                        prop_assert_eq!(events_sent, expect, "events sent counted exactly once");
+                    }
                     2 => {
-                        // A real ACK never covers bytes the kernel was not given.
-                        let target = (w.acked() + n as u64).min(w.sent());
-                        let c = w.on_acked(target) as u64;
-                        confirmed += c;
-                        let expect = ends.iter().filter(|e| e.2 <= target).count() as u64;
-                        prop_assert_eq!(confirmed, expect);
+                        // A real ACK never covers bytes the kernel was not given; a TX
+                        // timestamp may arrive before its send's completion (ahead of `sent`).
+                        let target = (w.acked() + n as u64).min(w.queued());
+                        confirmed += w.on_acked(target) as u64;
+                        hint = hint.max(target);
                     }
                     _ => {
                         w.push_bytes(Run::whole(b(b":\n")));
                         stream.extend_from_slice(b":\n");
                     }
                 }
+                let upto = hint.min(w.sent());
+                let expect = ends.iter().filter(|e| e.2 <= upto).count() as u64;
+                prop_assert_eq!(confirmed, expect, "confirmed exactly what was sent and ACKed");
                 let mut u = Vec::new();
                 w.for_each_unsent(usize::MAX, usize::MAX, |s| u.extend_from_slice(s));
                 prop_assert_eq!(&u[..], &stream[w.sent() as usize..]);
