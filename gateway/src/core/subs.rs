@@ -117,13 +117,15 @@ impl Core {
     }
 
     pub(super) fn on_sub_sent(&mut self, slot: u32, res: i32, v: Box<Vectored>) {
+        let (now, lim) = (self.now, self.lim.sub);
         let conn = self.conn(slot);
         let fd = conn.fd.as_raw_fd();
         let State::Sub(sub) = &mut conn.state else {
             unreachable!("a vectored send belongs to a subscriber");
         };
         let n = res.max(0) as u64;
-        let outq = (sub.ack_mode() == AckMode::Outq)
+        let outq = sub
+            .outq_due(now, &lim)
             .then(|| sys::outq_bytes(conn.fd.as_fd()).ok())
             .flatten();
         let sent = sub.on_sent(v, n, outq);

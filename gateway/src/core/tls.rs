@@ -213,6 +213,7 @@ impl Core {
             return self.close_conn(slot);
         }
         let (now, shutting_down) = (self.now, self.shutting_down.is_some());
+        let lim = self.lim.sub;
         let conn = self.conn(slot);
         let fd = conn.fd.as_raw_fd();
         let tls = conn.tls.as_mut().expect("a TLS connection");
@@ -238,7 +239,11 @@ impl Core {
                 self.drive_http(slot);
             }
             Held::Sub(v) => {
-                let outq = outq_plain(conn);
+                let due = match &mut conn.state {
+                    State::Sub(s) => s.outq_due(now, &lim),
+                    State::Http(_) => unreachable!("a subscriber's batch belongs to a subscriber"),
+                };
+                let outq = if due { outq_plain(conn) } else { None };
                 let State::Sub(sub) = &mut conn.state else {
                     unreachable!("a subscriber's batch belongs to a subscriber")
                 };

@@ -108,6 +108,9 @@ pub struct Sub {
     ack_asked_at: Option<Instant>,
     ack_ask_in_send: bool,
     ack_awaited: Option<u64>,
+    /// `Outq` mode: when a send completion last read `SIOCOUTQ` (sampled like TX ACK
+    /// requests, `--tx-ack-interval-ms`: one reading confirms every byte before it).
+    outq_read_at: Option<Instant>,
     /// Send memory kept between sends (`None` while a send holds it).
     spare: Option<Box<Vectored>>,
     /// A read-ahead just completed: the next send goes without checking residency again.
@@ -161,6 +164,7 @@ impl Sub {
             ack_asked_at: None,
             ack_ask_in_send: false,
             ack_awaited: None,
+            outq_read_at: None,
             spare: Some(Box::default()),
             prefetched: false,
             expires_unix_secs: None,
@@ -242,6 +246,7 @@ impl Sub {
         self.parkable = false;
     }
 
+    #[cfg(test)]
     pub fn ack_mode(&self) -> AckMode {
         self.ack
     }
@@ -333,6 +338,22 @@ impl Sub {
         v.ask_tx_ack(self.ack_ask_in_send);
         self.last_write = now;
         Next::Send(v)
+    }
+
+    /// In `Outq` mode, whether this send completion reads `SIOCOUTQ` to confirm what the peer
+    /// ACKed: at most once per `--tx-ack-interval-ms` (an `ioctl` per delivery costs more than
+    /// a sampled one; what it would have confirmed is confirmed by the next reading, the tick's
+    /// or the disconnect's). Never in `TxTimestamps` mode.
+    pub fn outq_due(&mut self, now: Instant, lim: &SubLimits) -> bool {
+        if self.ack != AckMode::Outq
+            || self
+                .outq_read_at
+                .is_some_and(|t| now.duration_since(t) < lim.tx_ack_interval)
+        {
+            return false;
+        }
+        self.outq_read_at = Some(now);
+        true
     }
 
     /// A send completed: the kernel took `n` bytes. `outq`: a `SIOCOUTQ` reading taken now

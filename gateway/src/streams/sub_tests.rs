@@ -330,3 +330,38 @@ fn a_replay_from_a_cold_segment_is_read_ahead_once_then_sent() {
     live.refill(&log, &lim(), &mut Default::default());
     assert!(live.cold_run(active, &lim(), |_| false).is_none());
 }
+
+#[test]
+fn siocoutq_readings_at_send_completions_are_sampled_per_interval() {
+    let t0 = Instant::now();
+    let mut outq = Sub::new((0, StreamId(0)), 1, AckMode::Outq, Vec::new(), None, t0);
+    assert!(
+        outq.outq_due(t0, &lim()),
+        "the first completion reads SIOCOUTQ"
+    );
+    assert!(
+        !outq.outq_due(t0 + Duration::from_millis(19), &lim()),
+        "within the interval: no"
+    );
+    assert!(
+        outq.outq_due(t0 + Duration::from_millis(20), &lim()),
+        "interval passed: read"
+    );
+    let every = SubLimits {
+        tx_ack_interval: Duration::ZERO,
+        ..lim()
+    };
+    assert!(
+        outq.outq_due(t0 + Duration::from_millis(20), &every),
+        "interval 0: every send"
+    );
+    let mut ts = Sub::new(
+        (0, StreamId(0)),
+        1,
+        AckMode::TxTimestamps,
+        Vec::new(),
+        None,
+        t0,
+    );
+    assert!(!ts.outq_due(t0, &lim()), "TX timestamps confirm instead");
+}
