@@ -202,9 +202,11 @@ pub struct Config {
     /// Milliseconds between TX ACK timestamp requests on one subscriber: a send asks the kernel
     /// for an ACK timestamp only when the previous one was answered and this long has passed
     /// (one ACK confirms every byte before it). 0 = on every send once the previous request
-    /// was answered. Bytes sent in between are
-    /// confirmed by the next answered request, by SIOCOUTQ at the 100 ms tick, or at
-    /// disconnect; a longer interval trades a little send-window memory for fewer wake-ups.
+    /// was answered. Subscribers that confirm by SIOCOUTQ instead (TLS, or a kernel refusing
+    /// the timestamps) read it at a send completion at most this often. Bytes sent in between
+    /// are confirmed by the next answered request or reading, by SIOCOUTQ at the 100 ms tick,
+    /// or at disconnect; a longer interval trades a little send-window memory for fewer
+    /// wake-ups and system calls.
     #[arg(long, default_value_t = 20)]
     pub tx_ack_interval_ms: u64,
 }
