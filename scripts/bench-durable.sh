@@ -5,10 +5,13 @@
 #     fdatasync of its data filesystem, then 1 and 64 sequential publishers (publish p50/p99,
 #     durable events/s, server CPU per event);
 #  2. the same with `--fsync never` (the plain request round trip, for comparison);
-#  3. `bench floor`: one send() per subscriber per 300 B event to 100 loopback subscribers,
-#     writer on core 0, reader on core 1 (the kernel's floor per delivery);
-#  4. fan-out 1 x 100 (300 B) with the default flags, publisher pipeline 1 (unbatched) and 16
-#     (batched), and with `--fsync never`: server CPU per delivered event, and its ratio to (3).
+#  3. fan-out 1 x 100 (300 B) with the default flags, publisher pipeline 1 (unbatched) and 16
+#     (batched), and with `--fsync never`: server CPU per delivered event;
+#  4. `bench floor`: one send() per subscriber per 300 B event to 100 loopback subscribers,
+#     writer on core 0, reader on core 1 (the kernel's floor per delivery), twice: with a
+#     busy-polling reader, unpaced (the cheapest floor), and like for like with the unbatched
+#     `--fsync never` run of (3) — a reader that sleeps in epoll_wait as bench's subscribers do,
+#     the writer paced to that run's events/s (so it too idles between events).
 # Every wait is bounded; each gateway is stopped after its run and on any exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -47,17 +50,25 @@ fanout() { # fanout PIPELINE
     --publishers 1 --pipeline-depth "$1" --events-per-stream 100000000 --publish-secs-max "$SECS" \
     --publish-url "$u/events" --publish-batch-url "$u/events:batch" --subscribe-url "$u" \
     --publish-style gateway --id-style gateway --target-pid "$GW" \
-    | grep -E "delivered events|server cpu s / 1M|gaps|violations" || true
+    | tee "$WORK/fanout.txt" | grep -E "delivered events|server cpu s / 1M|gaps|violations" || true
 }
 echo "# bench-durable $(date -u +%FT%TZ) $(uname -r); load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "## 1. default flags (--fsync group)"
 start group; durable --fsync-probe-dir "$WORK/group/data"; stop
 echo "## 2. --fsync never"
 start never --fsync never; durable; stop
-echo "## 3. kernel floor"
-taskset -c 0,1 "$BENCH" floor --subscribers 100 --payload-bytes 300 --secs "$SECS"
-echo "## 4. fan-out 1 x 100"
+echo "## 3. fan-out 1 x 100"
+EPS=0
 for p in 1 16; do
   echo "### default flags, publisher pipeline $p"; start fan-g$p; fanout "$p"; stop
   echo "### --fsync never, publisher pipeline $p"; start fan-n$p --fsync never; fanout "$p"; stop
+  if [[ $p == 1 ]]; then
+    # delivered events/s of the unbatched run ÷ 100 subscribers = its published events/s
+    EPS=$(grep -oP 'delivered events \(events/s\)\s+\d+ \(\K\d+' "$WORK/fanout.txt" || echo 0)
+    EPS=$((EPS / 100))
+  fi
 done
+echo "## 4. kernel floor"
+taskset -c 0,1 "$BENCH" floor --subscribers 100 --payload-bytes 300 --secs "$SECS" --reader spin
+taskset -c 0,1 "$BENCH" floor --subscribers 100 --payload-bytes 300 --secs "$SECS" --reader epoll \
+  --events-per-sec "$EPS"
