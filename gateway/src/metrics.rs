@@ -112,6 +112,10 @@ pub struct CoreMetrics {
     pub tls_userspace: AtomicU64,
     pub tls_kernel: AtomicU64,
     pub tls_handshake_failures_total: AtomicU64,
+    /// TLS subscribers whose transmit keys moved to the gateway's own record layer (sealing
+    /// straight into the batch), and streams ended because a key sealed its record limit.
+    pub tls_record_layer_subscribers_total: AtomicU64,
+    pub tls_key_exhausted_closes_total: AtomicU64,
     /// Receives deferred because `--request-buffer-bytes-max` was reached.
     pub request_buffer_waits_total: AtomicU64,
     pub resumes: [AtomicU64; 7],
@@ -135,7 +139,7 @@ impl CoreMetrics {
 type Field = fn(&CoreMetrics) -> &AtomicU64;
 
 /// Every per-core scalar: name, Prometheus type, the counter.
-const SCALARS: [(&str, &str, Field); 46] = [
+const SCALARS: [(&str, &str, Field); 48] = [
     ("gateway_connections", "gauge", |m| &m.connections),
     ("gateway_subscribers", "gauge", |m| &m.subscribers),
     ("gateway_accepted_total", "counter", |m| &m.accepted_total),
@@ -250,6 +254,14 @@ const SCALARS: [(&str, &str, Field); 46] = [
     }),
     ("gateway_tls_handshake_failures_total", "counter", |m| {
         &m.tls_handshake_failures_total
+    }),
+    (
+        "gateway_tls_record_layer_subscribers_total",
+        "counter",
+        |m| &m.tls_record_layer_subscribers_total,
+    ),
+    ("gateway_tls_key_exhausted_closes_total", "counter", |m| {
+        &m.tls_key_exhausted_closes_total
     }),
     ("gateway_request_buffer_waits_total", "counter", |m| {
         &m.request_buffer_waits_total

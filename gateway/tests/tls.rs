@@ -248,6 +248,13 @@ fn publish_subscribe_and_resume_across_mid_record_cuts_exactly_once() {
     eprintln!("{N} events exactly once across {cuts} TLS cuts");
     assert!(cuts >= 5, "the cuts did happen ({cuts})");
     assert!(g.metric("gateway_tls_handshakes_total", "") >= cuts as u64);
+    // Every subscription sealed its records with the gateway's own record layer (the keys
+    // leave rustls when a connection becomes a subscriber), and the client read them all.
+    assert!(
+        g.metric("gateway_tls_record_layer_subscribers_total", "") >= cuts as u64,
+        "subscribers on the gateway's record layer: {} of {cuts}",
+        g.metric("gateway_tls_record_layer_subscribers_total", "")
+    );
 }
 
 #[test]

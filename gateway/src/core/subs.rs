@@ -50,6 +50,7 @@ impl Core {
         }
         self.hub.subscribe(key, (slot, generation));
         self.m().subscribers.fetch_add(1, Relaxed);
+
         if ack == AckMode::TxTimestamps {
             self.io.tx_timestamps(slot, fd);
         }

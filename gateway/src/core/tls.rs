@@ -16,7 +16,7 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use super::{Conn, Core, State};
 use crate::sys;
-use crate::tls::{CIPHER_RECV_BYTES, TlsConn};
+use crate::tls::{CIPHER_RECV_BYTES, SealFrom, TlsConn};
 use crate::uring::{Op, Vectored};
 
 /// A connection's TLS state on its core.
@@ -183,7 +183,10 @@ impl Core {
             && let State::Http(h) = &mut conn.state
             && let Some((buf, from)) = h.poll_transmit()
         {
-            plain = tls.s.encrypt(std::iter::once(&buf[from..]));
+            plain = tls
+                .s
+                .encrypt(std::iter::once(&buf[from..]))
+                .expect("an answer is sealed by rustls, which takes any amount");
             tls.held = Held::Http(buf);
         }
         if let Some((buf, off)) = tls.s.poll_send(plain as u64) {
@@ -197,8 +200,29 @@ impl Core {
         let fd = conn.fd.as_raw_fd();
         let tls = conn.tls.as_mut().expect("a TLS connection");
         assert!(!tls.s.sending(), "one batch at a time");
-        let mut plain = 0;
-        v.for_each_run(|run| plain += tls.s.encrypt(std::iter::once(run)));
+        if !tls.s.sealed() {
+            // A subscriber's first send (no batch is being sent): its records are sealed by
+            // its own record layer from now on, straight into its batches (tls/record.rs).
+            match tls.s.seal_from_now() {
+                SealFrom::Sealed => {
+                    self.shared.metrics[self.id]
+                        .tls_record_layer_subscribers_total
+                        .fetch_add(1, Relaxed);
+                }
+                SealFrom::Kept => {}
+                SealFrom::Lost => return self.close_conn(slot),
+            }
+        }
+        let conn = self.conn(slot);
+        let tls = conn.tls.as_mut().expect("a TLS connection");
+        let Ok(plain) = tls.s.encrypt(v.run_slices()) else {
+            // The key sealed as many records as it may: end the stream (the client resumes
+            // on a new connection with its Last-Event-ID; nothing of this send went out).
+            self.m()
+                .tls_key_exhausted_closes_total
+                .fetch_add(1, Relaxed);
+            return self.close_conn(slot);
+        };
         tls.held = Held::Sub(v);
         let (buf, off) = tls
             .s

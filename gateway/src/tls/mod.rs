@@ -16,6 +16,7 @@
 #![forbid(unsafe_code)]
 
 pub mod map;
+pub mod record;
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -85,6 +86,8 @@ fn server_config(cert_file: &Path, key_file: &Path) -> Result<Arc<ServerConfig>,
         .map_err(|e| format!("--tls-cert-file / --tls-key-file: {e}"))?;
     cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
     cfg.ticketer = rustls::crypto::ring::Ticketer::new().map_err(|e| format!("tickets: {e}"))?;
+    // A subscriber's transmit keys move to its own record layer (record.rs).
+    cfg.enable_secret_extraction = true;
     Ok(Arc::new(cfg))
 }
 
@@ -94,10 +97,25 @@ pub fn ktls_available() -> bool {
         .is_ok_and(|s| s.split_whitespace().any(|u| u == "tls"))
 }
 
+/// What [`TlsConn::seal_from_now`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SealFrom {
+    /// Application data is sealed by the connection's own record layer from now on.
+    Sealed,
+    /// Not possible now (a batch is being sent, or an unknown version or cipher): rustls
+    /// still seals, and the connection works as before.
+    Kept,
+    /// The session was given up and no record layer took its keys: close the connection.
+    Lost,
+}
+
 /// One connection's TLS session.
 #[derive(Debug)]
 pub struct TlsConn {
-    conn: rustls::ServerConnection,
+    /// The session until a subscriber's transmit keys move to `sealer` (`None` after).
+    conn: Option<rustls::ServerConnection>,
+    /// A subscriber's own record layer ([`TlsConn::seal_from_now`]).
+    sealer: Option<record::Sealer>,
     /// Received ciphertext rustls has not taken yet (it refuses more while its plaintext
     /// buffer is full): `cin[cin_pos..]`.
     cin: Vec<u8>,
@@ -120,7 +138,8 @@ impl TlsConn {
         // --send-bytes-max of a subscriber's runs) and sends each batch whole before the next.
         conn.set_buffer_limit(None);
         Ok(TlsConn {
-            conn,
+            conn: Some(conn),
+            sealer: None,
             cin: Vec::new(),
             cin_pos: 0,
             cout: Some(Vec::new()),
@@ -134,7 +153,7 @@ impl TlsConn {
 
     /// The handshake is complete (application data flows).
     pub fn established(&self) -> bool {
-        !self.conn.is_handshaking()
+        self.conn.as_ref().is_none_or(|c| !c.is_handshaking())
     }
 
     /// When the handshake started (the handshake timeout).
@@ -155,15 +174,21 @@ impl TlsConn {
 
     /// Hands rustls the received ciphertext it has not taken yet.
     pub fn feed(&mut self) -> Result<(), rustls::Error> {
+        let Some(conn) = self.conn.as_mut() else {
+            // A subscriber on its own record layer reads nothing more.
+            self.cin.clear();
+            self.cin_pos = 0;
+            return Ok(());
+        };
         while self.cin_pos < self.cin.len() {
             let mut rest = &self.cin[self.cin_pos..];
-            match self.conn.read_tls(&mut rest) {
+            match conn.read_tls(&mut rest) {
                 Ok(0) => break,
                 Ok(n) => self.cin_pos += n,
                 // Its plaintext buffer is full: the rest waits until plaintext is read.
                 Err(_) => break,
             }
-            self.conn.process_new_packets()?;
+            conn.process_new_packets()?;
         }
         if self.cin_pos == self.cin.len() && self.cin.capacity() > CIPHER_RECV_BYTES * 2 {
             self.cin = Vec::new();
@@ -181,10 +206,10 @@ impl TlsConn {
     /// Moves decrypted plaintext into `dst`; 0 when none is ready (or after `close_notify`,
     /// which sets `eof`).
     pub fn read_plain(&mut self, dst: &mut [u8]) -> usize {
-        if dst.is_empty() {
+        let Some(conn) = self.conn.as_mut().filter(|_| !dst.is_empty()) else {
             return 0;
-        }
-        match self.conn.reader().read(dst) {
+        };
+        match conn.reader().read(dst) {
             Ok(0) => {
                 self.eof = true;
                 0
@@ -199,31 +224,98 @@ impl TlsConn {
     }
 
     /// Encrypts `parts` as application data (after the handshake), to go out with the next
-    /// batch; returns the plaintext length.
-    pub fn encrypt<'a>(&mut self, parts: impl Iterator<Item = &'a [u8]>) -> usize {
+    /// batch; returns the plaintext length. `Err`: this connection's key may seal no more
+    /// records ([`record::RECORDS_MAX`]): end it (nothing was encrypted).
+    pub fn encrypt<'a>(
+        &mut self,
+        parts: impl Iterator<Item = &'a [u8]> + Clone,
+    ) -> Result<usize, record::SealError> {
+        if let Some(s) = &mut self.sealer {
+            let out = self.cout.as_mut().expect("no batch is being sent");
+            return s.seal(parts, out);
+        }
+        let conn = self.conn.as_mut().expect("a session or a record layer");
         let mut n = 0;
         for p in parts {
-            self.conn
-                .writer()
+            conn.writer()
                 .write_all(p)
                 .expect("rustls buffers all plaintext (no buffer limit set)");
             n += p.len();
         }
-        n
+        Ok(n)
+    }
+
+    /// Whether application data is sealed by the connection's own record layer.
+    pub fn sealed(&self) -> bool {
+        self.sealer.is_some()
+    }
+
+    /// A subscriber's transmit keys leave rustls for its own record layer ([`record`]): from
+    /// now on application data is sealed straight into the batch, and nothing more is read.
+    /// TLS records rustls still holds (e.g. session tickets) open the next batch. Only with
+    /// no batch being sent, after the handshake, for the versions and ciphers [`record`]
+    /// knows; otherwise the session stays as it was.
+    pub fn seal_from_now(&mut self) -> SealFrom {
+        if self.sealer.is_some() {
+            return SealFrom::Sealed;
+        }
+        let Some(conn) = self.conn.as_mut() else {
+            return SealFrom::Lost;
+        };
+        if self.carry.is_some() || conn.is_handshaking() {
+            return SealFrom::Kept;
+        }
+        let (Some(version), Some(suite)) =
+            (conn.protocol_version(), conn.negotiated_cipher_suite())
+        else {
+            return SealFrom::Kept;
+        };
+        if !record::knows(suite.suite()) {
+            return SealFrom::Kept;
+        }
+        let out = self.cout.as_mut().expect("no batch is being sent");
+        out.clear();
+        while conn.wants_write() {
+            conn.write_tls(out)
+                .expect("writing TLS records into a Vec cannot fail");
+        }
+        let conn = self.conn.take().expect("checked");
+        self.sealer = conn
+            .dangerous_extract_secrets()
+            .ok()
+            .and_then(|s| record::Sealer::new(version, s.tx.0, s.tx.1));
+        // Checked above: only a rustls that changed its rules could refuse here, and the
+        // session is gone then.
+        if self.sealer.is_some() {
+            SealFrom::Sealed
+        } else {
+            SealFrom::Lost
+        }
     }
 
     /// Takes the next ciphertext batch to send, if there is one and no batch is being sent:
     /// the buffer and the offset to send from. `plain`: the plaintext it carries (encrypted
     /// since the last batch), handed back by [`TlsConn::on_sent`] once the kernel took it all.
     pub fn poll_send(&mut self, plain: u64) -> Option<(Vec<u8>, usize)> {
-        if self.cout.is_none() || self.carry.is_some() || !self.conn.wants_write() {
+        if self.cout.is_none() || self.carry.is_some() {
+            return None;
+        }
+        let Some(conn) = self.conn.as_mut() else {
+            // The record layer sealed into the batch buffer itself.
+            if self.cout.as_ref().is_some_and(Vec::is_empty) {
+                return None;
+            }
+            self.cout_off = 0;
+            self.carry = Some(plain);
+            return self.cout.take().map(|b| (b, 0));
+        };
+        if !conn.wants_write() {
             return None;
         }
         let mut buf = self.cout.take().expect("checked");
         buf.clear();
-        while self.conn.wants_write() {
-            self.conn
-                .write_tls(&mut buf)
+        while conn.wants_write() {
+            conn.write_tls(&mut buf)
                 .expect("writing TLS records into a Vec cannot fail");
         }
         self.cout_off = 0;
@@ -246,6 +338,8 @@ impl TlsConn {
         }
         let plain = self.carry.take().expect("a batch was being sent");
         self.map.batch_done(plain);
+        let mut buf = buf;
+        buf.clear();
         self.cout = Some(buf);
         Ok(plain)
     }

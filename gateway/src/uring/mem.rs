@@ -68,11 +68,11 @@ impl Vectored {
         self.ask_tx_ack = ask;
     }
 
-    /// Calls `f` with each run's bytes, in order (what the send carries).
-    pub fn for_each_run(&self, mut f: impl FnMut(&[u8])) {
-        for (b, off, len) in &self.runs {
-            f(&b.as_slice()[*off..off + len]);
-        }
+    /// Each run's bytes, in order (what the send carries).
+    pub fn run_slices(&self) -> impl Iterator<Item = &[u8]> + Clone {
+        self.runs
+            .iter()
+            .map(|(b, off, len)| &b.as_slice()[*off..off + len])
     }
 
     /// Bytes the send carries.

@@ -1,0 +1,199 @@
+//! The record layer against a real TLS client: rustls' client, in memory, handshakes with a
+//! [`TlsConn`] whose transmit keys then move to [`Sealer`]; whatever the version and cipher,
+//! the client must decrypt exactly the plaintext sealed, across batches and record splits.
+
+use std::io::{ErrorKind, Read};
+use std::sync::Arc;
+use std::time::Instant;
+
+use rustls::crypto::ring::cipher_suite as cs;
+use rustls::{ClientConfig, ClientConnection, SupportedCipherSuite};
+
+use super::*;
+use crate::tls::{Certs, SealFrom, TlsConn};
+
+/// A self-signed certificate for `localhost` (made here), loaded as the gateway loads its own.
+fn certs(dir: &std::path::Path) -> (Certs, rustls::pki_types::CertificateDer<'static>) {
+    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    let (c, k) = (dir.join("c.pem"), dir.join("k.pem"));
+    std::fs::write(&c, ck.cert.pem()).unwrap();
+    std::fs::write(&k, ck.signing_key.serialize_pem()).unwrap();
+    (Certs::load(&c, &k).unwrap(), ck.cert.der().clone())
+}
+
+/// A client offering only `suite` (so the server picks it).
+fn client(
+    root: rustls::pki_types::CertificateDer<'static>,
+    suite: SupportedCipherSuite,
+) -> ClientConnection {
+    let mut provider = rustls::crypto::ring::default_provider();
+    provider.cipher_suites = vec![suite];
+    let version = match suite {
+        SupportedCipherSuite::Tls13(_) => &rustls::version::TLS13,
+        SupportedCipherSuite::Tls12(_) => &rustls::version::TLS12,
+    };
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(root).unwrap();
+    let cfg = ClientConfig::builder_with_provider(Arc::new(provider))
+        .with_protocol_versions(&[version])
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    ClientConnection::new(Arc::new(cfg), "localhost".try_into().unwrap()).unwrap()
+}
+
+/// Everything the server has to send, as the kernel would take it.
+fn drain(s: &mut TlsConn, plain: u64) -> Vec<u8> {
+    let Some((buf, off)) = s.poll_send(plain) else {
+        return Vec::new();
+    };
+    let out = buf[off..].to_vec();
+    let n = out.len();
+    assert_eq!(s.on_sent(buf, n).unwrap(), plain);
+    out
+}
+
+/// Feeds `bytes` to the client and returns the plaintext it decrypted.
+fn client_reads(c: &mut ClientConnection, mut bytes: &[u8]) -> Vec<u8> {
+    let mut got = Vec::new();
+    while !bytes.is_empty() {
+        c.read_tls(&mut bytes).unwrap();
+        c.process_new_packets()
+            .expect("the client accepts every record");
+        match c.reader().read_to_end(&mut got) {
+            Ok(_) => {}
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+            Err(e) => panic!("client read: {e}"),
+        }
+    }
+    got
+}
+
+fn handshake(c: &mut ClientConnection, s: &mut TlsConn) {
+    for _ in 0..10 {
+        let mut to_server = Vec::new();
+        while c.wants_write() {
+            c.write_tls(&mut to_server).unwrap();
+        }
+        s.on_cipher(&to_server).unwrap();
+        let to_client = drain(s, 0);
+        client_reads(c, &to_client);
+        if !c.is_handshaking() && s.established() {
+            return;
+        }
+    }
+    panic!("no handshake");
+}
+
+fn pattern(n: usize, salt: u8) -> Vec<u8> {
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(salt))
+        .collect()
+}
+
+#[test]
+fn a_real_client_decrypts_exactly_what_the_record_layer_sealed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (certs, root) = certs(dir.path());
+    let suites = [
+        cs::TLS13_AES_128_GCM_SHA256,
+        cs::TLS13_AES_256_GCM_SHA384,
+        cs::TLS13_CHACHA20_POLY1305_SHA256,
+        cs::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+        cs::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
+        cs::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
+    ];
+    for suite in suites {
+        let name = format!("{:?}", suite.suite());
+        let mut c = client(root.clone(), suite);
+        let mut s = TlsConn::new(certs.current(), Instant::now()).unwrap();
+        handshake(&mut c, &mut s);
+        // Application data through rustls first (an HTTP answer), then the keys move.
+        let answer = b"HTTP/1.1 200 OK\r\n\r\n".to_vec();
+        let n = s.encrypt(std::iter::once(&answer[..])).unwrap() as u64;
+        assert_eq!(client_reads(&mut c, &drain(&mut s, n)), answer, "{name}");
+        assert_eq!(s.seal_from_now(), SealFrom::Sealed, "{name}");
+        // Batches of parts: empty parts, parts sharing a record, a part over one record,
+        // a batch of exactly one full record.
+        let batches: Vec<Vec<Vec<u8>>> = vec![
+            vec![b"id: 1\ndata: a\n\n".to_vec()],
+            vec![Vec::new(), pattern(300, 1), Vec::new(), pattern(7, 2)],
+            vec![pattern(40_000, 3), pattern(100, 4)],
+            vec![pattern(RECORD_PLAIN_MAX, 5)],
+            vec![pattern(RECORD_PLAIN_MAX - 1, 6), pattern(2, 7)],
+        ];
+        for parts in batches {
+            let want: Vec<u8> = parts.concat();
+            let plain = s.encrypt(parts.iter().map(Vec::as_slice)).unwrap();
+            assert_eq!(plain, want.len());
+            let wire = drain(&mut s, plain as u64);
+            let records = plain.div_ceil(RECORD_PLAIN_MAX);
+            assert!(
+                wire.len() >= plain + records * 21,
+                "{name}: every record is sealed"
+            );
+            assert_eq!(client_reads(&mut c, &wire), want, "{name}");
+        }
+        // Nothing more is read from the client once the keys moved.
+        s.on_cipher(b"\x17\x03\x03\x00\x05hello").unwrap();
+        let mut buf = [0u8; 16];
+        assert_eq!(s.read_plain(&mut buf), 0);
+    }
+}
+
+#[test]
+fn a_tampered_record_is_refused_by_the_client() {
+    let dir = tempfile::tempdir().unwrap();
+    let (certs, root) = certs(dir.path());
+    let mut c = client(root, cs::TLS13_AES_256_GCM_SHA384);
+    let mut s = TlsConn::new(certs.current(), Instant::now()).unwrap();
+    handshake(&mut c, &mut s);
+    assert_eq!(s.seal_from_now(), SealFrom::Sealed);
+    let plain = s.encrypt(std::iter::once(&b"data: x\n\n"[..])).unwrap();
+    let mut wire = drain(&mut s, plain as u64);
+    let last = wire.len() - 1;
+    wire[last] ^= 1;
+    let mut rd = &wire[..];
+    c.read_tls(&mut rd).unwrap();
+    assert!(
+        c.process_new_packets().is_err(),
+        "a forged tag must not pass"
+    );
+}
+
+#[test]
+fn keys_stay_with_rustls_while_a_batch_is_being_sent() {
+    let dir = tempfile::tempdir().unwrap();
+    let (certs, root) = certs(dir.path());
+    let mut c = client(root, cs::TLS13_AES_128_GCM_SHA256);
+    let mut s = TlsConn::new(certs.current(), Instant::now()).unwrap();
+    handshake(&mut c, &mut s);
+    let n = s.encrypt(std::iter::once(&b"answer"[..])).unwrap() as u64;
+    let (buf, off) = s.poll_send(n).unwrap();
+    assert_eq!(s.seal_from_now(), SealFrom::Kept, "a batch is in flight");
+    let len = buf.len() - off;
+    let wire = buf[off..].to_vec();
+    s.on_sent(buf, len).unwrap();
+    assert_eq!(client_reads(&mut c, &wire), b"answer");
+    assert_eq!(s.seal_from_now(), SealFrom::Sealed);
+    let n = s.encrypt(std::iter::once(&b"after"[..])).unwrap() as u64;
+    assert_eq!(client_reads(&mut c, &drain(&mut s, n)), b"after");
+}
+
+#[test]
+fn the_record_limit_ends_the_connection_instead_of_reusing_a_nonce() {
+    let secrets = rustls::ConnectionTrafficSecrets::Aes256Gcm {
+        key: rustls::crypto::cipher::AeadKey::from([7u8; 32]),
+        iv: rustls::crypto::cipher::Iv::new([1u8; 12]),
+    };
+    let mut s = Sealer::new(rustls::ProtocolVersion::TLSv1_3, RECORDS_MAX - 2, secrets).unwrap();
+    let mut out = Vec::new();
+    let two = pattern(RECORD_PLAIN_MAX + 1, 0);
+    assert_eq!(s.seal(std::iter::once(&two[..]), &mut out), Ok(two.len()));
+    let before = out.len();
+    assert_eq!(
+        s.seal(std::iter::once(&b"x"[..]), &mut out),
+        Err(SealError::KeyExhausted)
+    );
+    assert_eq!(out.len(), before, "nothing appended");
+}
