@@ -433,8 +433,12 @@ fn slow_consumer_beside_fast_ones() {
         "1",
         "--fsync",
         "never",
+        // The fast readers are threads of this test: on a loaded machine one may be off its
+        // core while the producer writes thousands of events (one flaked at 3,000 behind while
+        // the whole suite ran beside another build); the slow one (~350 events/s) still
+        // passes this bound.
         "--lag-events-max",
-        "3000",
+        "6000",
     ]);
     let addr = g.addr;
     let total = 12_000usize;

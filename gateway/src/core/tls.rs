@@ -183,6 +183,7 @@ impl Core {
             && let State::Http(h) = &mut conn.state
             && let Some((buf, from)) = h.poll_transmit()
         {
+            debug_assert!(!tls.s.sealed(), "only subscribers seal their own records");
             plain = tls
                 .s
                 .encrypt(std::iter::once(&buf[from..]))

@@ -273,6 +273,15 @@ impl TlsConn {
         if !record::knows(suite.suite()) {
             return SealFrom::Kept;
         }
+        let limit = match suite {
+            rustls::SupportedCipherSuite::Tls13(s) => s.common.confidentiality_limit,
+            rustls::SupportedCipherSuite::Tls12(s) => s.common.confidentiality_limit,
+        };
+        // An empty write makes rustls queue what it parked to send before more application
+        // data — a KeyUpdate it owes the client, sealed under the old key — so it is drained
+        // below; `wants_write` alone does not see it (and the client could then decrypt
+        // nothing the new keys seal).
+        let _ = conn.writer().write(&[]);
         let out = self.cout.as_mut().expect("no batch is being sent");
         out.clear();
         while conn.wants_write() {
@@ -283,7 +292,7 @@ impl TlsConn {
         self.sealer = conn
             .dangerous_extract_secrets()
             .ok()
-            .and_then(|s| record::Sealer::new(version, s.tx.0, s.tx.1));
+            .and_then(|s| record::Sealer::new(version, s.tx.0, s.tx.1, limit));
         // Checked above: only a rustls that changed its rules could refuse here, and the
         // session is gone then.
         if self.sealer.is_some() {

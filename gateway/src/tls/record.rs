@@ -22,10 +22,13 @@ use rustls::{ConnectionTrafficSecrets, ProtocolVersion};
 
 /// Largest plaintext in one record (2^14, RFC 8446 §5.1).
 pub const RECORD_PLAIN_MAX: usize = 16 * 1024;
-/// Records sealed under one key before the connection is ended instead: below AES-GCM's
-/// confidentiality limit in TLS 1.3 (2^24.5 full records, RFC 8446 §5.5), with no key
-/// update to send (the client resumes on a new connection with its Last-Event-ID).
-pub const RECORDS_MAX: u64 = 1 << 24;
+/// Records one key may seal when its suite sets no smaller limit (the sequence number must
+/// never wrap). The suite's own limit (rustls' `confidentiality_limit`: 2^24 for AES-GCM,
+/// below RFC 8446 §5.5's 2^24.5) applies where it has one; past it the stream ends (the
+/// client resumes on a new connection with its Last-Event-ID): this layer sends no key
+/// update, and answers none (a subscriber reads nothing more; RFC 8446 §4.6.3's reply to a
+/// client's `update_requested` is not sent).
+pub const RECORDS_MAX: u64 = u64::MAX - 1;
 
 const HEADER: usize = 5;
 const TAG: usize = 16;
@@ -51,7 +54,7 @@ pub fn knows(suite: rustls::CipherSuite) -> bool {
 /// Why a record could not be sealed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SealError {
-    /// [`RECORDS_MAX`] records were sealed under this key: end the connection.
+    /// The key sealed as many records as its limit allows: end the connection.
     KeyExhausted,
 }
 
@@ -60,6 +63,8 @@ pub struct Sealer {
     key: LessSafeKey,
     iv: [u8; 12],
     seq: u64,
+    /// Sequence numbers below this may seal (the suite's confidentiality limit).
+    seq_end: u64,
     /// The records carry an explicit nonce (TLS 1.2 AES-GCM).
     explicit_nonce: bool,
     tls13: bool,
@@ -76,12 +81,14 @@ impl std::fmt::Debug for Sealer {
 }
 
 impl Sealer {
-    /// The sealer for `secrets` at record sequence `seq`, under `version`; `None` for a
-    /// version or algorithm it does not know.
+    /// The sealer for `secrets` at record sequence `seq`, under `version`, sealing up to
+    /// `limit` records in all (the suite's confidentiality limit); `None` for a version or
+    /// algorithm it does not know.
     pub fn new(
         version: ProtocolVersion,
         seq: u64,
         secrets: ConnectionTrafficSecrets,
+        limit: u64,
     ) -> Option<Sealer> {
         let tls13 = match version {
             ProtocolVersion::TLSv1_3 => true,
@@ -101,6 +108,7 @@ impl Sealer {
             key,
             iv: iv.as_ref().try_into().ok()?,
             seq,
+            seq_end: limit.min(RECORDS_MAX),
             explicit_nonce: gcm && !tls13,
             tls13,
         })
@@ -129,7 +137,12 @@ impl Sealer {
         if plain == 0 {
             return Ok(0);
         }
-        if self.seq + plain.div_ceil(RECORD_PLAIN_MAX) as u64 > RECORDS_MAX {
+        let records = plain.div_ceil(RECORD_PLAIN_MAX) as u64;
+        if self
+            .seq
+            .checked_add(records)
+            .is_none_or(|end| end > self.seq_end)
+        {
             return Err(SealError::KeyExhausted);
         }
         out.reserve(self.sealed_len(plain));

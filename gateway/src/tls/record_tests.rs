@@ -186,7 +186,8 @@ fn the_record_limit_ends_the_connection_instead_of_reusing_a_nonce() {
         key: rustls::crypto::cipher::AeadKey::from([7u8; 32]),
         iv: rustls::crypto::cipher::Iv::new([1u8; 12]),
     };
-    let mut s = Sealer::new(rustls::ProtocolVersion::TLSv1_3, RECORDS_MAX - 2, secrets).unwrap();
+    let limit = 1 << 24; // AES-GCM's
+    let mut s = Sealer::new(rustls::ProtocolVersion::TLSv1_3, limit - 2, secrets, limit).unwrap();
     let mut out = Vec::new();
     let two = pattern(RECORD_PLAIN_MAX + 1, 0);
     assert_eq!(s.seal(std::iter::once(&two[..]), &mut out), Ok(two.len()));
@@ -196,4 +197,63 @@ fn the_record_limit_ends_the_connection_instead_of_reusing_a_nonce() {
         Err(SealError::KeyExhausted)
     );
     assert_eq!(out.len(), before, "nothing appended");
+}
+
+/// Records rustls still holds when the keys move (an HTTP answer not sent yet, TLS 1.3
+/// tickets) open the first sealed batch, and sealing continues after their sequence numbers.
+#[test]
+fn records_rustls_still_holds_go_first_and_sealing_continues_after_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let (certs, root) = certs(dir.path());
+    for suite in [
+        cs::TLS13_AES_128_GCM_SHA256,
+        cs::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+    ] {
+        let mut c = client(root.clone(), suite);
+        let mut s = TlsConn::new(certs.current(), Instant::now()).unwrap();
+        // The handshake, without taking the server's last flight.
+        for _ in 0..10 {
+            let mut to_server = Vec::new();
+            while c.wants_write() {
+                c.write_tls(&mut to_server).unwrap();
+            }
+            s.on_cipher(&to_server).unwrap();
+            if s.established() {
+                break;
+            }
+            let to_client = drain(&mut s, 0);
+            client_reads(&mut c, &to_client);
+        }
+        let answer = b"HTTP/1.1 200 OK\r\n\r\n".to_vec();
+        s.encrypt(std::iter::once(&answer[..])).unwrap();
+        assert_eq!(s.seal_from_now(), SealFrom::Sealed);
+        let n = s.encrypt(std::iter::once(&b"after"[..])).unwrap() as u64;
+        let got = client_reads(&mut c, &drain(&mut s, n));
+        assert_eq!(
+            got,
+            b"HTTP/1.1 200 OK\r\n\r\nafter".to_vec(),
+            "{:?}",
+            suite.suite()
+        );
+    }
+}
+
+/// A client's KeyUpdate asking the server to update too, processed before the keys move:
+/// rustls' reply (under the old key) goes out first, and the sealer continues on the new key.
+#[test]
+fn a_key_update_rustls_owes_the_client_is_sent_before_the_keys_move() {
+    let dir = tempfile::tempdir().unwrap();
+    let (certs, root) = certs(dir.path());
+    let mut c = client(root, cs::TLS13_CHACHA20_POLY1305_SHA256);
+    let mut s = TlsConn::new(certs.current(), Instant::now()).unwrap();
+    handshake(&mut c, &mut s);
+    c.refresh_traffic_keys().unwrap();
+    let mut to_server = Vec::new();
+    while c.wants_write() {
+        c.write_tls(&mut to_server).unwrap();
+    }
+    s.on_cipher(&to_server).unwrap();
+    assert_eq!(s.seal_from_now(), SealFrom::Sealed);
+    let n = s.encrypt(std::iter::once(&b"after-ku"[..])).unwrap() as u64;
+    assert_eq!(client_reads(&mut c, &drain(&mut s, n)), b"after-ku");
 }
