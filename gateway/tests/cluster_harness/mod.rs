@@ -102,10 +102,38 @@ impl Nats {
                 .expect("spawn nats-server");
             nodes.push(Some(Proc(child)));
         }
-        Nats {
+        let nats = Nats {
             nodes,
             client_ports,
             monitor_ports,
+        };
+        nats.wait_healthy(dir);
+        nats
+    }
+
+    /// Waits (bounded) until every server's `/healthz` says ok — routes up and JetStream
+    /// current — so a gateway started next does not spend its start-up wait on the NATS
+    /// cluster forming (one start timed out at 60 s while the whole suite loaded the machine).
+    fn wait_healthy(&self, dir: &Path) {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        for (i, p) in self.monitor_ports.iter().enumerate() {
+            loop {
+                let ok = http_get(([127, 0, 0, 1], *p).into(), "/healthz")
+                    .is_ok_and(|b| String::from_utf8_lossy(&b).contains("\"ok\""));
+                if ok {
+                    break;
+                }
+                if Instant::now() >= deadline {
+                    let log =
+                        std::fs::read_to_string(dir.join(format!("n{i}.log"))).unwrap_or_default();
+                    let tail: Vec<&str> = log.lines().rev().take(20).collect();
+                    panic!(
+                        "NATS server n{i} not healthy after 90 s; its log ends:\n{}",
+                        tail.join("\n")
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
         }
     }
 
