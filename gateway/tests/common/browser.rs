@@ -547,6 +547,11 @@ pub struct Browser {
 
 impl Browser {
     pub fn launch(bin: &Path, url: &str) -> Browser {
+        Browser::launch_with(bin, url, &[])
+    }
+
+    /// [`Browser::launch`] with more command-line flags.
+    pub fn launch_with(bin: &Path, url: &str, extra: &[&str]) -> Browser {
         let profile = tempfile::tempdir().expect("profile dir");
         let log_path = profile.path().join("chromium.log");
         let log = std::fs::File::create(&log_path).expect("chromium log");
@@ -574,6 +579,7 @@ impl Browser {
                 "--v=0",
             ])
             .arg(format!("--user-data-dir={}", profile.path().display()))
+            .args(extra)
             .arg(url)
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
