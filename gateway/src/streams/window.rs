@@ -113,7 +113,9 @@ impl<C: Chunk> Window<C> {
     }
 
     /// Queues events `first..first + record_lens.len()` whose framed bytes are exactly the
-    /// concatenation of `chunks` (as the log returns them, adjacent records coalesced).
+    /// concatenation of `chunks` (as the log returns them, adjacent records coalesced). Each
+    /// chunk holds whole records: ACKs release runs whole, and parking cuts runs at event
+    /// boundaries only.
     ///
     /// Panics if the bytes and lengths disagree or the sequence is not contiguous with the
     /// previous push: either would be a silent gap or duplicate.
@@ -132,6 +134,10 @@ impl<C: Chunk> Window<C> {
         }
         let mut start = self.queued;
         for (i, &len) in record_lens.iter().enumerate() {
+            // An empty event would sit at `sent` without ever being sent by a completion, and
+            // the unsent cursors assume every event ends after its start. (Log records always
+            // carry at least their `id:` line.)
+            assert!(len > 0, "an event has bytes");
             let end = start + u64::from(len);
             self.events.push_back(WinEvent {
                 seq: first + i as u64,
@@ -165,6 +171,7 @@ impl<C: Chunk> Window<C> {
                 );
             }
             let len: u64 = ev.runs.iter().map(|r| r.len as u64).sum();
+            assert!(len > 0, "an event has bytes");
             self.events.push_back(WinEvent {
                 seq: ev.seq,
                 start: self.queued,
@@ -708,5 +715,127 @@ mod tests {
                 prop_assert_eq!(parked.last().map(|p| p.seq), Some(lens.len() as u64));
             }
         }
+    }
+
+    proptest! {
+        /// The cursors against a naive reference (the old walk from the window's start): pushes of
+        /// several whole-record chunks, parked pushes, take_events mid-life, ACKs ahead of `sent`,
+        /// and iov/byte limits on the unsent walk; sent and confirmed counts at every step.
+        #[test]
+        fn cursors_match_a_walk_from_the_start(ops in proptest::collection::vec((0u8..7, 0usize..60, 0usize..8), 1..300)) {
+            let mut w: Window<B> = Window::new();
+            // Reference: every non-empty run ever pushed (global start, bytes).
+            let mut runs: Vec<(u64, Vec<u8>)> = Vec::new();
+            let mut queued = 0u64;
+            // Events in the window (seq, start, end).
+            let mut evs: std::collections::VecDeque<(u64, u64, u64)> = Default::default();
+            let mut next_seq = 1u64;
+            let mut sent = 0u64;
+            let mut hint = 0u64;
+            let mut acked = 0u64;
+            let mut stash: Vec<ParkedEvent<B>> = Vec::new();
+            for (op, n, m) in ops {
+                match op {
+                    0 => {
+                        let k = n % 5 + 1;
+                        let lens: Vec<u32> = (0..k).map(|i| ((i * 7 + n) % 4) as u32 + 1).collect();
+                        let total: usize = lens.iter().map(|&l| l as usize).sum();
+                        let bytes: Vec<u8> = (0..total).map(|i| (next_seq as u8).wrapping_mul(31).wrapping_add(i as u8)).collect();
+                        let mut chunks = Vec::new();
+                        // Chunks are whole records (as the log returns them), grouped by `m`.
+                        let mut at = 0;
+                        for (i, &l) in lens.iter().enumerate() {
+                            let e = at + l as usize;
+                            if (i + m) % 2 == 0 || i + 1 == lens.len() {
+                                let from = chunks.iter().map(|c: &B| c.0.len()).sum::<usize>();
+                                chunks.push(b(&bytes[from..e]));
+                            }
+                            at = e;
+                        }
+                        let mut s = queued;
+                        for (i, &l) in lens.iter().enumerate() { evs.push_back((next_seq + i as u64, s, s + l as u64)); s += l as u64; }
+                        for c in &chunks { runs.push((queued, c.0.to_vec())); queued += c.0.len() as u64; }
+                        w.push_events(next_seq, chunks, &lens);
+                        next_seq += k as u64;
+                    }
+                    1 => {
+                        let k = (n as u64).min(queued - sent);
+                        let (s, c) = w.on_sent(k);
+                        let old = sent;
+                        sent += k;
+                        let es = evs.iter().filter(|e| e.2 > old && e.2 <= sent).count();
+                        prop_assert_eq!(s, es, "events sent");
+                        let a = hint.min(sent);
+                        let mut cc = 0;
+                        if a > acked { acked = a; while evs.front().is_some_and(|e| e.2 <= acked) { evs.pop_front(); cc += 1; } }
+                        prop_assert_eq!(c, cc, "confirmed at send");
+                    }
+                    2 => {
+                        let target = (acked + n as u64).min(queued);
+                        let c = w.on_acked(target);
+                        hint = hint.max(target);
+                        let a = hint.min(sent);
+                        let mut cc = 0;
+                        if a > acked { acked = a; while evs.front().is_some_and(|e| e.2 <= acked) { evs.pop_front(); cc += 1; } }
+                        prop_assert_eq!(c, cc, "confirmed at ack");
+                    }
+                    3 => {
+                        let bytes = vec![b':'; n % 3];
+                        if !bytes.is_empty() { runs.push((queued, bytes.clone())); queued += bytes.len() as u64; }
+                        w.push_bytes(Run::whole(b(&bytes)));
+                    }
+                    4 if n % 4 == 0 => {
+                        // A disconnect mid-life: the events leave, the runs stay; later pushes
+                        // continue after an expect_next (as a resume would do).
+                        let p = w.take_events();
+                        prop_assert_eq!(p.len(), evs.len());
+                        evs.clear();
+                        stash = p;
+                        w.expect_next(next_seq);
+                    }
+                    5 if !stash.is_empty() && n % 3 == 0 => {
+                        // Re-push parked events (renumbered to stay contiguous).
+                        let mut p = std::mem::take(&mut stash);
+                        for ev in p.iter_mut() {
+                            ev.seq = next_seq; next_seq += 1;
+                            let len: u64 = ev.runs.iter().map(|r| r.len as u64).sum();
+                            evs.push_back((ev.seq, queued, queued + len));
+                            for r in &ev.runs { runs.push((queued, r.bytes().to_vec())); queued += r.len as u64; }
+                        }
+                        w.push_parked(p);
+                    }
+                    _ => {}
+                }
+                prop_assert_eq!(w.sent(), sent);
+                prop_assert_eq!(w.acked(), acked);
+                prop_assert_eq!(w.queued(), queued);
+                // Unsent walk with limits against the reference walk.
+                let (iov, bmax) = (m % 4 + 1, n % 40 + 1);
+                let mut got: Vec<Vec<u8>> = Vec::new();
+                w.for_each_unsent(iov, bmax, |s| got.push(s.to_vec()));
+                let mut want: Vec<Vec<u8>> = Vec::new();
+                let (mut k, mut bytes) = (0usize, 0usize);
+                for (st, r) in &runs {
+                    let end = st + r.len() as u64;
+                    if end <= sent { continue; }
+                    let skip = sent.saturating_sub(*st) as usize;
+                    let take = (r.len() - skip).min(bmax - bytes);
+                    if take == 0 || k == iov { break; }
+                    want.push(r[skip..skip + take].to_vec());
+                    k += 1; bytes += take;
+                }
+                prop_assert_eq!(got, want);
+                prop_assert_eq!(w.head(), evs.front().map(|e| e.0));
+            }
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "an event has bytes")]
+    fn an_empty_event_is_an_assertion() {
+        let mut w: Window<B> = Window::new();
+        w.push_bytes(Run::whole(b(b"HEAD")));
+        w.on_sent(4);
+        w.push_events(1, Vec::<B>::new(), &[0]);
     }
 }
