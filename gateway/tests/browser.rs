@@ -39,7 +39,7 @@ const PAGE: &str = include_str!("common/browser_page.html");
 
 #[test]
 fn eventsource_resumes_exactly_once_across_cuts_with_cors_and_jwt() {
-    let Some(chromium) = chromium_or_skip() else {
+    let Some(chromium) = support::chromium_or_skip("gateway/tests/browser.rs") else {
         return;
     };
     let version = support::chromium_version(&chromium);
@@ -75,7 +75,7 @@ fn eventsource_resumes_exactly_once_across_cuts_with_cors_and_jwt() {
     ]);
     let stream = format!("browser-{}", rng.next_u64() % 1_000_000);
     assert_preflight_answered(&gw, &origin, &stream);
-    let token = mint_token(secret.as_bytes());
+    let token = support::mint_token(secret.as_bytes());
 
     let proxy = CuttingProxy::start(
         gw.addr,
@@ -212,41 +212,6 @@ fn eventsource_resumes_exactly_once_across_cuts_with_cors_and_jwt() {
         cuts >= RECONNECTS_MIN as usize && cuts_mid * 2 >= cuts,
         "{proxy_summary}"
     );
-}
-
-/// The browser binary, or None (after a loud SKIPPED line) when it is missing and
-/// `GATEWAY_TESTS_WITHOUT_BROWSER=1`; panics when it is missing otherwise.
-fn chromium_or_skip() -> Option<std::path::PathBuf> {
-    if let Some(p) = support::find_chromium() {
-        return Some(p);
-    }
-    if std::env::var("GATEWAY_TESTS_WITHOUT_BROWSER").as_deref() == Ok("1") {
-        println!(
-            "SKIPPED: gateway/tests/browser.rs: chromium not found ($CHROMIUM / PATH) and \
-             GATEWAY_TESTS_WITHOUT_BROWSER=1; the real-browser CORS + resume test did not run"
-        );
-        return None;
-    }
-    panic!(
-        "chromium not found ($CHROMIUM or `chromium` on PATH): run `bash scripts/setup-browser.sh` \
-         (or set GATEWAY_TESTS_WITHOUT_BROWSER=1 to skip this test)"
-    );
-}
-
-/// An HS256 token for `sub: browser` that may publish to and subscribe to `browser-*` only.
-fn mint_token(secret: &[u8]) -> String {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
-    let claims = serde_json::json!({
-        "sub": "browser",
-        "exp": now + 600,
-        "gateway": { "publish": ["browser-*"], "subscribe": ["browser-*"] },
-    });
-    let header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256);
-    let key = jsonwebtoken::EncodingKey::from_secret(secret).expect("HS256 key");
-    jsonwebtoken::encode(&header, &claims, &key).expect("mint HS256 token")
 }
 
 /// The preflight the browser will send, asked first from Rust: a missing CORS feature then

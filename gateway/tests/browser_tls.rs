@@ -41,7 +41,7 @@ const PAGE: &str = include_str!("common/browser_page.html");
 
 #[test]
 fn eventsource_over_https_decrypts_every_record_and_resumes_exactly_once_across_cuts() {
-    let Some(chromium) = support::find_chromium().or_else(skip) else {
+    let Some(chromium) = support::chromium_or_skip("gateway/tests/browser_tls.rs") else {
         return;
     };
     let seed = std::env::var("BROWSER_TEST_SEED")
@@ -91,7 +91,7 @@ fn eventsource_over_https_decrypts_every_record_and_resumes_exactly_once_across_
         "gateway": format!("https://127.0.0.1:{}", gw.addr.port()),
         "stream": stream,
         "denied_stream": format!("denied-{stream}"),
-        "token": mint_token(secret.as_bytes()),
+        "token": support::mint_token(secret.as_bytes()),
         "events": EVENTS,
         "deadline_ms": PAGE_DEADLINE_MS,
     });
@@ -155,36 +155,6 @@ fn eventsource_over_https_decrypts_every_record_and_resumes_exactly_once_across_
         gw.metric("gateway_tls_record_layer_subscribers_total", "") >= RECONNECTS_MIN,
         "{context}"
     );
-}
-
-fn skip() -> Option<std::path::PathBuf> {
-    if std::env::var("GATEWAY_TESTS_WITHOUT_BROWSER").as_deref() == Ok("1") {
-        println!(
-            "SKIPPED: gateway/tests/browser_tls.rs: chromium not found and \
-             GATEWAY_TESTS_WITHOUT_BROWSER=1; the real-browser HTTPS test did not run"
-        );
-        return None;
-    }
-    panic!(
-        "chromium not found ($CHROMIUM or `chromium` on PATH): run `bash scripts/setup-browser.sh` \
-         (or set GATEWAY_TESTS_WITHOUT_BROWSER=1 to skip this test)"
-    );
-}
-
-/// An HS256 token for `sub: browser` that may publish to and subscribe to `browser-*` only.
-fn mint_token(secret: &[u8]) -> String {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
-    let claims = serde_json::json!({
-        "sub": "browser",
-        "exp": now + 600,
-        "gateway": { "publish": ["browser-*"], "subscribe": ["browser-*"] },
-    });
-    let header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256);
-    let key = jsonwebtoken::EncodingKey::from_secret(secret).expect("HS256 key");
-    jsonwebtoken::encode(&header, &claims, &key).expect("mint HS256 token")
 }
 
 /// A TCP proxy that forwards bytes both ways and, for its first [`CUTS_MAX`] connections,

@@ -1,4 +1,4 @@
-//! Helpers for the real-browser test (`tests/browser.rs`): a tiny page origin server, a proxy
+//! Helpers for the real-browser tests (`tests/browser.rs`, `tests/browser_tls.rs`): a tiny page origin server, a proxy
 //! that cuts SSE responses after a seeded pseudo-random number of body bytes, and headless
 //! Chromium in its own process group (the gateway itself is `common::Gateway`). Plain std
 //! threads and blocking sockets with timeouts: every loop checks a stop flag or a deadline, and
@@ -630,4 +630,39 @@ impl Drop for Browser {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// The browser binary, or None (after a loud SKIPPED line naming `test`) when it is missing
+/// and `GATEWAY_TESTS_WITHOUT_BROWSER=1`; panics when it is missing otherwise.
+pub fn chromium_or_skip(test: &str) -> Option<PathBuf> {
+    if let Some(p) = find_chromium() {
+        return Some(p);
+    }
+    if std::env::var("GATEWAY_TESTS_WITHOUT_BROWSER").as_deref() == Ok("1") {
+        println!(
+            "SKIPPED: {test}: chromium not found ($CHROMIUM / PATH) and \
+             GATEWAY_TESTS_WITHOUT_BROWSER=1; the real-browser test did not run"
+        );
+        return None;
+    }
+    panic!(
+        "chromium not found ($CHROMIUM or `chromium` on PATH): run `bash scripts/setup-browser.sh` \
+         (or set GATEWAY_TESTS_WITHOUT_BROWSER=1 to skip this test)"
+    );
+}
+
+/// An HS256 token for `sub: browser` that may publish to and subscribe to `browser-*` only.
+pub fn mint_token(secret: &[u8]) -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let claims = serde_json::json!({
+        "sub": "browser",
+        "exp": now + 600,
+        "gateway": { "publish": ["browser-*"], "subscribe": ["browser-*"] },
+    });
+    let header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256);
+    let key = jsonwebtoken::EncodingKey::from_secret(secret).expect("HS256 key");
+    jsonwebtoken::encode(&header, &claims, &key).expect("mint HS256 token")
 }
