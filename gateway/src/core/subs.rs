@@ -50,7 +50,6 @@ impl Core {
         }
         self.hub.subscribe(key, (slot, generation));
         self.m().subscribers.fetch_add(1, Relaxed);
-
         if ack == AckMode::TxTimestamps {
             self.io.tx_timestamps(slot, fd);
         }

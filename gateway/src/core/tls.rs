@@ -11,10 +11,10 @@
 //!   plaintext by the session's [`CipherMap`](crate::tls::map::CipherMap): an event is
 //!   confirmed only once the last ciphertext byte of the batch holding its end is ACKed.
 
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::sync::atomic::Ordering::Relaxed;
 
-use super::{Conn, Core, State};
+use super::{Core, State};
 use crate::sys;
 use crate::tls::{CIPHER_RECV_BYTES, SealFrom, TlsConn};
 use crate::uring::{Op, Vectored};
@@ -74,9 +74,9 @@ impl Tls {
 
 /// `SIOCOUTQ` of a subscriber as its window counts it: ciphertext turned into plaintext for a
 /// TLS connection.
-pub(super) fn outq_plain(conn: &mut Conn) -> Option<u64> {
-    let q = sys::outq_bytes(conn.fd.as_fd()).ok()?;
-    Some(match &mut conn.tls {
+pub(super) fn outq_plain(fd: BorrowedFd<'_>, tls: &mut Option<Box<Tls>>) -> Option<u64> {
+    let q = sys::outq_bytes(fd).ok()?;
+    Some(match tls {
         Some(t) => t.s.map.plain_outq(q),
         None => q,
     })
@@ -264,13 +264,13 @@ impl Core {
                 self.drive_http(slot);
             }
             Held::Sub(v) => {
-                let due = match &mut conn.state {
-                    State::Sub(s) => s.outq_due(now, &lim),
-                    State::Http(_) => unreachable!("a subscriber's batch belongs to a subscriber"),
-                };
-                let outq = if due { outq_plain(conn) } else { None };
                 let State::Sub(sub) = &mut conn.state else {
                     unreachable!("a subscriber's batch belongs to a subscriber")
+                };
+                let outq = if sub.outq_due(now, &lim) {
+                    outq_plain(conn.fd.as_fd(), &mut conn.tls)
+                } else {
+                    None
                 };
                 let sent = sub.on_sent(v, plain, outq);
                 super::subs::count_sent(&self.shared.metrics[self.id], sent);
