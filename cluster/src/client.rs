@@ -177,10 +177,17 @@ impl Thread {
                 Err(e) => return Err(format!("JetStream stream {}: {e}", config.name)),
             }
         };
-        let info = s
-            .info()
-            .await
-            .map_err(|e| format!("JetStream stream {}: {e}", config.name))?;
+        // Until `deadline` as well: right after the stream exists (or the cluster formed), its
+        // leader or the snapshot bucket's may not answer yet ("no responders").
+        let info = loop {
+            match s.info().await {
+                Ok(i) => break i.clone(),
+                Err(_) if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                Err(e) => return Err(format!("JetStream stream {}: {e}", config.name)),
+            }
+        };
         let theirs = info.config.metadata.get(META_SHARDS).cloned();
         if theirs.as_deref() != Some(self.cfg.shards.to_string().as_str()) {
             return Err(format!(
@@ -191,7 +198,15 @@ impl Thread {
                 self.cfg.shards
             ));
         }
-        let snapshots = self.stored_snapshots(shard).await?;
+        let snapshots = loop {
+            match self.stored_snapshots(shard).await {
+                Ok(v) => break v,
+                Err(_) if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        };
         let out = ShardStream {
             shard,
             epoch: names::epoch(info.created.unix_timestamp_nanos(), shard),
