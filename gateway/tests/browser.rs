@@ -15,7 +15,7 @@ mod common;
 mod support;
 
 use std::sync::atomic::Ordering::Relaxed;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use common::{Gateway, json, request};
 use support::{Browser, CutPlan, CuttingProxy, PageServer, Rng};
@@ -43,15 +43,7 @@ fn eventsource_resumes_exactly_once_across_cuts_with_cors_and_jwt() {
         return;
     };
     let version = support::chromium_version(&chromium);
-    let seed = std::env::var("BROWSER_TEST_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-        });
+    let seed = support::test_seed();
     println!("browser test: {version}; cut seed {seed} (rerun with BROWSER_TEST_SEED={seed})");
     let mut rng = Rng::new(seed);
 
@@ -153,23 +145,9 @@ fn eventsource_resumes_exactly_once_across_cuts_with_cors_and_jwt() {
     );
 
     // The page's verdict without its two ID lists (300 IDs each), which are compared below.
-    let mut brief = r.clone();
-    for k in ["ids", "published_ids"] {
-        brief[k] = serde_json::json!(r[k].as_array().map_or(0, Vec::len));
-    }
+    let brief = support::page_brief(&r);
     let context = format!("seed {seed}; page result: {brief}");
-    assert_eq!(r["errors"], serde_json::json!([]), "{context}");
-    assert_eq!(n("received"), EVENTS as u64, "{context}");
-    assert_eq!(
-        (
-            n("gaps"),
-            n("duplicates"),
-            n("out_of_order"),
-            n("data_mismatches")
-        ),
-        (0, 0, 0, 0),
-        "{context}"
-    );
+    support::assert_exactly_once(&r, EVENTS, &context);
     let ids = |k: &str| -> Vec<String> {
         r[k].as_array()
             .map(|a| {

@@ -22,7 +22,7 @@ use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use common::{Gateway, json};
 use support::{Browser, PageServer, Rng};
@@ -44,15 +44,7 @@ fn eventsource_over_https_decrypts_every_record_and_resumes_exactly_once_across_
     let Some(chromium) = support::chromium_or_skip("gateway/tests/browser_tls.rs") else {
         return;
     };
-    let seed = std::env::var("BROWSER_TEST_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-        });
+    let seed = support::test_seed();
     println!(
         "browser TLS test: {}; cut seed {seed} (rerun with BROWSER_TEST_SEED={seed})",
         support::chromium_version(&chromium)
@@ -123,28 +115,14 @@ fn eventsource_over_https_decrypts_every_record_and_resumes_exactly_once_across_
     };
     let r = json(&raw);
     let n = |k: &str| r[k].as_u64().unwrap_or(u64::MAX);
-    let mut brief = r.clone();
-    for k in ["ids", "published_ids"] {
-        brief[k] = serde_json::json!(r[k].as_array().map_or(0, Vec::len));
-    }
+    let brief = support::page_brief(&r);
     let context = format!(
         "seed {seed}; proxy: {conns} connections, {cuts} cuts; page result: {brief}\n\
          page console:\n{}",
         console.join("\n")
     );
     println!("{context}");
-    assert_eq!(r["errors"], serde_json::json!([]), "{context}");
-    assert_eq!(n("received"), EVENTS as u64, "{context}");
-    assert_eq!(
-        (
-            n("gaps"),
-            n("duplicates"),
-            n("out_of_order"),
-            n("data_mismatches")
-        ),
-        (0, 0, 0, 0),
-        "{context}"
-    );
+    support::assert_exactly_once(&r, EVENTS, &context);
     assert_eq!(r["ids"], r["published_ids"], "{context}");
     assert!(n("reconnects") >= RECONNECTS_MIN, "{context}");
     assert!(cuts >= RECONNECTS_MIN as usize, "{context}");

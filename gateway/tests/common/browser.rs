@@ -666,3 +666,42 @@ pub fn mint_token(secret: &[u8]) -> String {
     let key = jsonwebtoken::EncodingKey::from_secret(secret).expect("HS256 key");
     jsonwebtoken::encode(&header, &claims, &key).expect("mint HS256 token")
 }
+
+/// The run's seed: `BROWSER_TEST_SEED`, or the clock (printed by the tests, to replay a run).
+pub fn test_seed() -> u64 {
+    std::env::var("BROWSER_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+        })
+}
+
+/// The page's verdict without its two ID lists (their lengths instead), for messages.
+pub fn page_brief(r: &serde_json::Value) -> serde_json::Value {
+    let mut brief = r.clone();
+    for k in ["ids", "published_ids"] {
+        brief[k] = serde_json::json!(r[k].as_array().map_or(0, Vec::len));
+    }
+    brief
+}
+
+/// The page got all `events`, with no error, gap, duplicate, reorder or altered data.
+pub fn assert_exactly_once(r: &serde_json::Value, events: usize, context: &str) {
+    let n = |k: &str| r[k].as_u64().unwrap_or(u64::MAX);
+    assert_eq!(r["errors"], serde_json::json!([]), "{context}");
+    assert_eq!(n("received"), events as u64, "{context}");
+    assert_eq!(
+        (
+            n("gaps"),
+            n("duplicates"),
+            n("out_of_order"),
+            n("data_mismatches")
+        ),
+        (0, 0, 0, 0),
+        "{context}"
+    );
+}
