@@ -70,7 +70,26 @@ pub struct Nats {
 }
 
 impl Nats {
+    /// A 3-server cluster that reports healthy. Ports are picked free and then released, so a
+    /// parallel test can take one before a server binds it, and the cluster then never forms
+    /// (seen: no meta leader for 90 s); such an attempt is ended and the cluster started
+    /// again on fresh ports and a fresh directory, up to 3 times.
     pub fn start(bin: &Path, dir: &Path) -> Nats {
+        let mut why = String::new();
+        for attempt in 0..3 {
+            let d = dir.join(format!("nats-{attempt}"));
+            std::fs::create_dir_all(&d).unwrap();
+            let nats = Nats::spawn(bin, &d);
+            match nats.wait_healthy(&d, Duration::from_secs(40)) {
+                Ok(()) => return nats,
+                Err(e) => why = e,
+            }
+            eprintln!("NATS cluster attempt {attempt} did not form ({why}); starting again");
+        }
+        panic!("the NATS cluster did not form in 3 attempts; the last: {why}");
+    }
+
+    fn spawn(bin: &Path, dir: &Path) -> Nats {
         let client_ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
         let route_ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
         let monitor_ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
@@ -102,20 +121,18 @@ impl Nats {
                 .expect("spawn nats-server");
             nodes.push(Some(Proc(child)));
         }
-        let nats = Nats {
+        Nats {
             nodes,
             client_ports,
             monitor_ports,
-        };
-        nats.wait_healthy(dir);
-        nats
+        }
     }
 
-    /// Waits (bounded) until every server's `/healthz` says ok — routes up and JetStream
-    /// current — so a gateway started next does not spend its start-up wait on the NATS
-    /// cluster forming (one start timed out at 60 s while the whole suite loaded the machine).
-    fn wait_healthy(&self, dir: &Path) {
-        let deadline = Instant::now() + Duration::from_secs(90);
+    /// Waits (bounded by `wait`) until every server's `/healthz` says ok — routes up and
+    /// JetStream current — so a gateway started next does not spend its start-up wait on the
+    /// NATS cluster forming. `Err`: which server was not, with the tail of its log.
+    fn wait_healthy(&self, dir: &Path, wait: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + wait;
         for (i, p) in self.monitor_ports.iter().enumerate() {
             loop {
                 let ok = http_get(([127, 0, 0, 1], *p).into(), "/healthz")
@@ -127,14 +144,15 @@ impl Nats {
                     let log =
                         std::fs::read_to_string(dir.join(format!("n{i}.log"))).unwrap_or_default();
                     let tail: Vec<&str> = log.lines().rev().take(20).collect();
-                    panic!(
-                        "NATS server n{i} not healthy after 90 s; its log ends:\n{}",
+                    return Err(format!(
+                        "server n{i} not healthy after {wait:?}; its log ends:\n{}",
                         tail.join("\n")
-                    );
+                    ));
                 }
                 std::thread::sleep(Duration::from_millis(100));
             }
         }
+        Ok(())
     }
 
     pub fn urls(&self) -> Vec<String> {
