@@ -174,6 +174,14 @@ pub struct Config {
     #[arg(long, default_value_t = 10)]
     pub tls_handshake_timeout_secs: u64,
 
+    /// Where a TLS subscriber's records are sealed once its handshake is done. `auto`: the
+    /// kernel (`TCP_ULP "tls"`, `TLS_TX`; sends then go straight from the mapped log, as in the
+    /// clear) when it takes the keys, else the gateway's own record layer; the first refusal of
+    /// the `tls` ULP (no kernel TLS) makes every later subscriber use the record layer at once.
+    /// `off`: always the record layer. Handshakes and answers are rustls' either way.
+    #[arg(long, value_enum, default_value_t = TlsKernel::Auto)]
+    pub tls_kernel: TlsKernel,
+
     /// Streams (across all shards, not counting removed ones) before a create is refused with
     /// 507 `streams_exhausted`.
     #[arg(long, default_value_t = 100_000)]
@@ -492,4 +500,11 @@ mod tests {
         let c = Config::parse_from(["gateway", "--cors-allow-origin", "http://127.0.0.2:8000"]);
         assert_eq!(c.validate(), Ok(()));
     }
+}
+
+/// `--tls-kernel`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TlsKernel {
+    Auto,
+    Off,
 }

@@ -124,6 +124,7 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
         streams: AtomicU64::new(streams_open),
         per_ip: std::sync::Mutex::new(std::collections::HashMap::new()),
         body_budget: Arc::new(proto::conn::BodyBudget::new(cfg.request_buffer_bytes_max)),
+        ktls_refused: AtomicBool::new(false),
     });
     let mut listeners = listeners.into_iter();
     let setups = rxs
@@ -146,12 +147,15 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
         }
     }
     admin::spawn(admin_listener, shared.clone()).map_err(|e| format!("admin thread: {e}"))?;
+    let ktls = cfg.tls_kernel == config::TlsKernel::Auto;
     if shared.certs.is_some() {
         for m in &shared.metrics {
             m.tls_userspace.store(1, Relaxed);
+            m.tls_kernel
+                .store(u64::from(ktls && tls::ktls_available()), Relaxed);
         }
     }
-    announce(addr, admin_addr, shared.certs.is_some());
+    announce(addr, admin_addr, shared.certs.is_some().then_some(ktls));
     let sig = wait_for_stop(&signals, &shared);
     eprintln!("gateway: signal {sig}: shutting down");
     shared.shutdown.store(true, Relaxed);
@@ -200,24 +204,29 @@ fn api_streams(logs_per_core: &[Vec<(u32, log_store::Log)>]) -> u64 {
 }
 
 /// `listening on <addr>` and `admin listener on <addr>` on stdout (what scripts wait for), and
-/// which TLS path serves on stderr.
-fn announce(addr: std::net::SocketAddr, admin_addr: std::net::SocketAddr, tls_on: bool) {
+/// which TLS path serves on stderr (`tls`: `Some(--tls-kernel auto)` when TLS is on).
+fn announce(addr: std::net::SocketAddr, admin_addr: std::net::SocketAddr, tls: Option<bool>) {
     // Errors ignored: a supervisor that closed our stdout must not stop the gateway.
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "listening on {addr}");
     let _ = writeln!(out, "admin listener on {admin_addr}");
     let _ = out.flush();
     drop(out);
-    if tls_on {
-        eprintln!(
-            "gateway: TLS on {addr}: userspace rustls (kernel TLS {})",
-            if tls::ktls_available() {
-                "available but not used yet"
-            } else {
-                "unavailable: no tls in /proc/sys/net/ipv4/tcp_available_ulp"
-            }
-        );
-    }
+    let Some(ktls) = tls else {
+        return;
+    };
+    let records = match (ktls, tls::ktls_available()) {
+        (false, _) => "the gateway's record layer (--tls-kernel off)",
+        (true, true) => "the kernel (tls is in /proc/sys/net/ipv4/tcp_available_ulp)",
+        (true, false) => {
+            "the kernel if it loads its tls ULP (not in /proc/sys/net/ipv4/tcp_available_ulp), \
+             else the gateway's record layer"
+        }
+    };
+    eprintln!(
+        "gateway: TLS on {addr}: handshakes and answers in userspace (rustls); subscribers' \
+         records sealed by {records}"
+    );
 }
 
 /// Waits for SIGINT or SIGTERM; SIGHUP meanwhile reloads the TLS certificate and key (new

@@ -107,10 +107,14 @@ pub struct CoreMetrics {
     /// TLS handshakes completed, and TLS sessions that failed (bad handshakes, plaintext or
     /// garbage on the TLS port, handshake timeouts).
     pub tls_handshakes_total: AtomicU64,
-    /// 1 when the listener serves TLS in userspace (rustls), which it does whenever TLS is on:
-    /// kernel TLS is not used (`gateway_tls_kernel` stays 0).
+    /// 1 when the listener serves TLS: handshakes and answers in userspace (rustls).
     pub tls_userspace: AtomicU64,
+    /// 1 while this core hands TLS subscribers' transmit keys to the kernel (`--tls-kernel
+    /// auto` on a kernel that has not refused the `tls` ULP); 0 when they go to the record
+    /// layer. Subscribers whose keys the kernel took, and hand-overs it refused.
     pub tls_kernel: AtomicU64,
+    pub tls_kernel_subscribers_total: AtomicU64,
+    pub tls_kernel_refusals_total: AtomicU64,
     pub tls_handshake_failures_total: AtomicU64,
     /// TLS subscribers whose transmit keys moved to the gateway's own record layer (sealing
     /// straight into the batch), and streams ended because a key sealed its record limit.
@@ -139,7 +143,7 @@ impl CoreMetrics {
 type Field = fn(&CoreMetrics) -> &AtomicU64;
 
 /// Every per-core scalar: name, Prometheus type, the counter.
-const SCALARS: [(&str, &str, Field); 48] = [
+const SCALARS: [(&str, &str, Field); 50] = [
     ("gateway_connections", "gauge", |m| &m.connections),
     ("gateway_subscribers", "gauge", |m| &m.subscribers),
     ("gateway_accepted_total", "counter", |m| &m.accepted_total),
@@ -249,6 +253,12 @@ const SCALARS: [(&str, &str, Field); 48] = [
     }),
     ("gateway_tls_userspace", "gauge", |m| &m.tls_userspace),
     ("gateway_tls_kernel", "gauge", |m| &m.tls_kernel),
+    ("gateway_tls_kernel_subscribers_total", "counter", |m| {
+        &m.tls_kernel_subscribers_total
+    }),
+    ("gateway_tls_kernel_refusals_total", "counter", |m| {
+        &m.tls_kernel_refusals_total
+    }),
     ("gateway_tls_handshakes_total", "counter", |m| {
         &m.tls_handshakes_total
     }),

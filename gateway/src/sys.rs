@@ -1,10 +1,11 @@
 //! The few Linux calls the gateway makes outside io_uring: listener sockets (SO_REUSEPORT),
-//! socket options (TCP_NODELAY, TCP_NOTSENT_LOWAT, SO_TIMESTAMPING), SIOCOUTQ, eventfd, CPU
-//! pinning, the descriptor limit, signal masks, shutdown. Through `rustix` (safe, on owned and
-//! borrowed descriptors) wherever it has the call; the rest — two socket options rustix does
-//! not name, the SIOCOUTQ ioctl and the signal-mask calls — are single libc calls on plain
-//! values or on memory owned by the caller for the duration of the call, each with its proof.
-//! Nothing here knows about HTTP or the log.
+//! socket options (TCP_NODELAY, TCP_NOTSENT_LOWAT, SO_TIMESTAMPING, TCP_ULP and kernel TLS'
+//! keys), TCP_INFO, SIOCOUTQ, eventfd, CPU pinning, the descriptor limit, signal masks,
+//! shutdown. Through `rustix` (safe, on owned and borrowed descriptors) wherever it has the
+//! call; the rest — the socket options rustix does not name, TCP_INFO, the SIOCOUTQ ioctl and
+//! the signal-mask calls — are single libc calls on plain values or on memory owned by the
+//! caller for the duration of the call, each with its proof. Nothing here knows about HTTP or
+//! the log.
 
 use std::io;
 use std::net::SocketAddr;
@@ -27,18 +28,7 @@ fn setsockopt_int(
     name: libc::c_int,
     v: libc::c_int,
 ) -> io::Result<()> {
-    // SAFETY: `v` lives on the stack for the duration of the call and its size is passed; `fd`
-    // is a descriptor borrowed for the call.
-    cvt(unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            level,
-            name,
-            (&raw const v).cast(),
-            size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    })
-    .map(drop)
+    setsockopt_bytes(fd, level, name, &v.to_ne_bytes())
 }
 
 fn tcp_socket(addr: SocketAddr) -> io::Result<OwnedFd> {
@@ -169,6 +159,78 @@ pub fn outq_bytes(fd: BorrowedFd<'_>) -> io::Result<u64> {
     // borrowed for the call.
     cvt(unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCOUTQ, &mut v) })?;
     Ok(v.max(0) as u64)
+}
+
+/// `TCP_INFO`'s `tcpi_bytes_acked`: bytes of this connection the peer has ACKed.
+pub fn tcp_bytes_acked(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    // SAFETY: tcp_info is plain data (all-zero valid).
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: the kernel writes at most `len` bytes to `info`, which lives on the stack for the
+    // call; `fd` is borrowed for the call.
+    cvt(unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&raw mut info).cast(),
+            &mut len,
+        )
+    })?;
+    let end = std::mem::offset_of!(libc::tcp_info, tcpi_bytes_acked) + size_of::<u64>();
+    if (len as usize) < end {
+        return Err(io::Error::other("TCP_INFO has no tcpi_bytes_acked"));
+    }
+    Ok(info.tcpi_bytes_acked)
+}
+
+/// `TCP_ULP` (`"tls"`: kernel TLS, which may load its module on demand; ENOENT when the
+/// kernel has none).
+pub fn set_tcp_ulp(fd: BorrowedFd<'_>, name: &str) -> io::Result<()> {
+    setsockopt_bytes(fd, libc::IPPROTO_TCP, libc::TCP_ULP, name.as_bytes())
+}
+
+/// A socket option whose value is a byte string or a C struct laid out as bytes (kernel TLS'
+/// `struct tls12_crypto_info_*`, built and layout-checked in `tls/kernel.rs`).
+pub fn setsockopt_bytes(
+    fd: BorrowedFd<'_>,
+    level: libc::c_int,
+    name: libc::c_int,
+    v: &[u8],
+) -> io::Result<()> {
+    // SAFETY: the kernel reads `v.len()` bytes from `v`, borrowed for the call; `fd` likewise.
+    cvt(unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            level,
+            name,
+            v.as_ptr().cast(),
+            v.len() as libc::socklen_t,
+        )
+    })
+    .map(|_| ())
+}
+
+/// Reads a socket option into `buf`; returns the length the kernel wrote.
+pub fn getsockopt_bytes(
+    fd: BorrowedFd<'_>,
+    level: libc::c_int,
+    name: libc::c_int,
+    buf: &mut [u8],
+) -> io::Result<usize> {
+    let mut len = buf.len() as libc::socklen_t;
+    // SAFETY: the kernel writes at most `len` (= `buf.len()`) bytes to `buf`, borrowed
+    // mutably for the call; `fd` is borrowed for the call.
+    cvt(unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            level,
+            name,
+            buf.as_mut_ptr().cast(),
+            &mut len,
+        )
+    })?;
+    Ok(len as usize)
 }
 
 /// Whether every page under `bytes` — a slice of a file mapping — is in memory (`mincore(2)`).

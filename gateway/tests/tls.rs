@@ -177,12 +177,25 @@ fn start(dir: &Path, cert: &Cert, extra: &[&str]) -> Gateway {
     Gateway::start(&args)
 }
 
-#[test]
-fn publish_subscribe_and_resume_across_mid_record_cuts_exactly_once() {
+/// Publishes 3,000 events and reads them over TLS subscriptions cut mid-record at random
+/// points, each resumed from the last complete event: exactly once, in order. Returns the
+/// gateway and the number of subscriptions.
+fn cuts_exactly_once(tls_kernel: &str) -> (Gateway, usize) {
     let dir = tempfile::tempdir().unwrap();
     let cert = make_cert(dir.path(), "a");
     let cfg = client_config(&cert);
-    let g = start(dir.path(), &cert, &["--cores", "2", "--fsync", "never"]);
+    let g = start(
+        dir.path(),
+        &cert,
+        &[
+            "--cores",
+            "2",
+            "--fsync",
+            "never",
+            "--tls-kernel",
+            tls_kernel,
+        ],
+    );
     const N: usize = 3000;
     let payload = "p".repeat(300);
     let addr = g.addr;
@@ -248,13 +261,59 @@ fn publish_subscribe_and_resume_across_mid_record_cuts_exactly_once() {
     eprintln!("{N} events exactly once across {cuts} TLS cuts");
     assert!(cuts >= 5, "the cuts did happen ({cuts})");
     assert!(g.metric("gateway_tls_handshakes_total", "") >= cuts as u64);
+    (g, cuts)
+}
+
+/// Whether this kernel lists kernel TLS (`tls` in `tcp_available_ulp`).
+fn ktls_listed() -> bool {
+    std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_ulp")
+        .is_ok_and(|s| s.split_whitespace().any(|u| u == "tls"))
+}
+
+#[test]
+fn publish_subscribe_and_resume_across_mid_record_cuts_exactly_once() {
+    let (g, cuts) = cuts_exactly_once("off");
     // Every subscription sealed its records with the gateway's own record layer (the keys
     // leave rustls when a connection becomes a subscriber), and the client read them all.
+    let sealed = g.metric("gateway_tls_record_layer_subscribers_total", "");
     assert!(
-        g.metric("gateway_tls_record_layer_subscribers_total", "") >= cuts as u64,
-        "subscribers on the gateway's record layer: {} of {cuts}",
-        g.metric("gateway_tls_record_layer_subscribers_total", "")
+        sealed >= cuts as u64,
+        "subscribers on the gateway's record layer: {sealed} of {cuts}"
     );
+    assert_eq!(g.metric("gateway_tls_kernel_subscribers_total", ""), 0);
+    assert_eq!(g.metric("gateway_tls_kernel_refusals_total", ""), 0);
+}
+
+/// The same with `--tls-kernel auto` (the default). Where the kernel has TLS, every
+/// subscription's keys go to it and the exactly-once run above holds on kernel TLS. Where it
+/// has none (these machines: `# CONFIG_TLS is not set`), the kernel path cannot run: the
+/// test says so loudly and checks what happens instead — the kernel's refusal is counted
+/// once per core at most, and every subscription falls back to the record layer.
+#[test]
+fn kernel_tls_where_the_kernel_has_it_else_one_refusal_and_the_record_layer() {
+    let (g, cuts) = cuts_exactly_once("auto");
+    let kernel = g.metric("gateway_tls_kernel_subscribers_total", "");
+    let sealed = g.metric("gateway_tls_record_layer_subscribers_total", "");
+    let refusals = g.metric("gateway_tls_kernel_refusals_total", "");
+    if kernel > 0 || ktls_listed() {
+        assert!(
+            kernel >= cuts as u64,
+            "subscribers on kernel TLS: {kernel} of {cuts} ({refusals} refused)"
+        );
+        assert!(g.metric("gateway_tls_kernel", "") >= 1);
+    } else {
+        eprintln!(
+            "SKIPPED (kernel TLS path): this kernel has no tls ULP \
+             (/proc/sys/net/ipv4/tcp_available_ulp has no tls and TCP_ULP \"tls\" is \
+             refused); checked the refusal and the record layer's fallback instead"
+        );
+        assert!(
+            (1..=2).contains(&refusals),
+            "the refusal is counted, then not asked again: {refusals}"
+        );
+        assert!(sealed >= cuts as u64, "record layer: {sealed} of {cuts}");
+        assert_eq!(g.metric("gateway_tls_kernel", ""), 0);
+    }
 }
 
 #[test]
@@ -301,9 +360,10 @@ fn bad_handshakes_are_closed_and_counted_and_serving_goes_on() {
         assert!(Instant::now() < deadline, "failures not counted");
         std::thread::sleep(Duration::from_millis(50));
     }
-    // The path in use is reported: userspace rustls (no kernel TLS module on these machines).
+    // The path in use is reported: userspace rustls for handshakes; kernel TLS for
+    // subscribers only where the kernel lists it.
     assert!(g.metric("gateway_tls_userspace", "") >= 1);
-    assert_eq!(g.metric("gateway_tls_kernel", ""), 0);
+    assert_eq!(g.metric("gateway_tls_kernel", "") > 0, ktls_listed());
     // Still serving over TLS.
     let mut s = connect(g.addr, &cfg).unwrap();
     let id = publish(&mut s, "after", "ok");

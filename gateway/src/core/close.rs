@@ -10,6 +10,7 @@ use super::subs::count_confirmed;
 use super::{Core, State};
 use crate::streams::sub::PENDING_STREAM;
 use crate::sys;
+use crate::uring::Op;
 
 impl Core {
     pub(super) fn close_conn(&mut self, slot: u32) {
@@ -28,11 +29,9 @@ impl Core {
             // ACKs whose timestamp completions are not reaped yet: SIOCOUTQ (write_seq -
             // snd_una, still meaningful after a reset) tightens the window to what the peer
             // really confirmed, so the parked head is as exact as the kernel knows it.
-            if let Ok(q) = sys::outq_bytes(fd) {
-                let q = match &mut conn.tls {
-                    Some(t) => t.s.map.plain_outq(q),
-                    None => q,
-                };
+            if let Some(q) =
+                super::tls::outq_plain(fd, &mut conn.tls, self.io.in_flight(slot, Op::Send))
+            {
                 count_confirmed(&self.shared.metrics[self.id], sub.confirm_outq(q));
             }
             let events = sub.take_parkable();

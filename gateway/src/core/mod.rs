@@ -78,6 +78,9 @@ pub struct Shared {
     pub body_budget: Arc<BodyBudget>,
     /// Cluster mode (`--nats-url`): publishes go to JetStream.
     pub cluster: Option<::cluster::Cluster>,
+    /// The kernel refused the `tls` ULP once (it has no kernel TLS): TLS subscribers go to
+    /// the record layer without asking again (`--tls-kernel`).
+    pub ktls_refused: AtomicBool,
 }
 
 /// A connection moving to the core that owns its stream: the fd and the bytes read so far.

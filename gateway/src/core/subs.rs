@@ -124,10 +124,14 @@ impl Core {
             unreachable!("a vectored send belongs to a subscriber");
         };
         let n = res.max(0) as u64;
-        let outq = sub
-            .outq_due(now, &lim)
-            .then(|| sys::outq_bytes(conn.fd.as_fd()).ok())
-            .flatten();
+        if let Some(k) = conn.tls.as_mut().and_then(|t| t.s.kernel()) {
+            k.taken(n);
+        }
+        let outq = if sub.outq_due(now, &lim) {
+            super::tls::outq_plain(conn.fd.as_fd(), &mut conn.tls, false)
+        } else {
+            None
+        };
         let sent = sub.on_sent(v, n, outq);
         if res < 0 {
             return self.close_conn(slot);

@@ -9,7 +9,6 @@ use std::time::{Duration, Instant, SystemTime};
 use super::subs::count_confirmed;
 use super::{Core, State};
 use crate::proto::conn::Deadline;
-use crate::sys;
 use crate::uring::Op;
 
 /// Gauges summed over a core's connections at a tick.
@@ -114,12 +113,12 @@ impl Core {
                         m.token_expired_closes_total.fetch_add(1, Relaxed);
                     }
                     if sub.wants_outq_poll(now)
-                        && let Ok(q) = sys::outq_bytes(conn.fd.as_fd())
+                        && let Some(q) = super::tls::outq_plain(
+                            conn.fd.as_fd(),
+                            &mut conn.tls,
+                            self.io.in_flight(slot, Op::Send),
+                        )
                     {
-                        let q = match &mut conn.tls {
-                            Some(t) => t.s.map.plain_outq(q),
-                            None => q,
-                        };
                         count_confirmed(m, sub.confirm_outq(q));
                     }
                     g.inflight_bytes += sub.unconfirmed_bytes();

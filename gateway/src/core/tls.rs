@@ -10,12 +10,20 @@
 //! - ACKs: a TLS subscriber confirms by `SIOCOUTQ` (ciphertext not yet ACKed), turned into
 //!   plaintext by the session's [`CipherMap`](crate::tls::map::CipherMap): an event is
 //!   confirmed only once the last ciphertext byte of the batch holding its end is ACKed.
+//! - Kernel TLS (`--tls-kernel auto`): at a subscriber's first send its transmit keys go to
+//!   the kernel if it takes them; its sends are then the plaintext path's (iovecs into the
+//!   mapped log), and it confirms by the kernel's record count and byte counts
+//!   ([`KernelTx`](crate::tls::kernel::KernelTx)).
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::sync::atomic::Ordering::Relaxed;
 
+use zeroize::Zeroizing;
+
 use super::{Core, State};
+use crate::config::TlsKernel;
 use crate::sys;
+use crate::tls::kernel::{self, CryptoInfo, KernelTx};
 use crate::tls::{CIPHER_RECV_BYTES, SealFrom, TlsConn};
 use crate::uring::{Op, Vectored};
 
@@ -72,14 +80,73 @@ impl Tls {
     }
 }
 
-/// `SIOCOUTQ` of a subscriber as its window counts it: ciphertext turned into plaintext for a
-/// TLS connection.
-pub(super) fn outq_plain(fd: BorrowedFd<'_>, tls: &mut Option<Box<Tls>>) -> Option<u64> {
-    let q = sys::outq_bytes(fd).ok()?;
-    Some(match tls {
-        Some(t) => t.s.map.plain_outq(q),
-        None => q,
-    })
+/// What a subscriber's window counts as sent but not yet ACKed (`SIOCOUTQ` in the clear):
+/// through the session's ciphertext map for a TLS connection, from a kernel reading for kernel
+/// TLS — which needs no send in flight (`send_in_flight`: `None` then). `None`: no reading.
+pub(super) fn outq_plain(
+    fd: BorrowedFd<'_>,
+    tls: &mut Option<Box<Tls>>,
+    send_in_flight: bool,
+) -> Option<u64> {
+    let Some(t) = tls else {
+        return sys::outq_bytes(fd).ok();
+    };
+    let Some(k) = t.s.kernel() else {
+        let q = sys::outq_bytes(fd).ok()?;
+        return Some(t.s.map.plain_outq(q));
+    };
+    if send_in_flight {
+        return None;
+    }
+    // In this order (tls/kernel.rs): the record count, then the ACKed bytes, then SIOCOUTQ.
+    let rec_seq = kernel_rec_seq(fd, k);
+    let bytes_acked = sys::tcp_bytes_acked(fd).ok()?;
+    let outq = sys::outq_bytes(fd).ok()?;
+    Some(k.on_reading(kernel::Reading {
+        rec_seq,
+        bytes_acked,
+        outq,
+    }))
+}
+
+/// The kernel's record sequence number for a kernel TLS connection's transmit keys.
+fn kernel_rec_seq(fd: BorrowedFd<'_>, k: &KernelTx) -> Option<u64> {
+    // The answer carries the key too: wiped when dropped.
+    let mut buf = Zeroizing::new(vec![0u8; k.info_len()]);
+    let n = sys::getsockopt_bytes(fd, libc::SOL_TLS, kernel::TLS_TX, &mut buf).ok()?;
+    k.rec_seq_of(&buf[..n])
+}
+
+/// Why the kernel did not take a subscriber's keys.
+#[derive(Debug)]
+enum Refusal {
+    /// No `tls` ULP (ENOENT): the kernel has no TLS; ask no more.
+    NoUlp,
+    /// Anything else (this connection only): its byte counts disagreed with ours, or a call
+    /// failed.
+    Other,
+}
+
+/// Hands `info` to the kernel on `fd`, which has written `written` ciphertext bytes so far.
+fn to_kernel(fd: BorrowedFd<'_>, info: &CryptoInfo, written: u64) -> Result<(), Refusal> {
+    // The accounting counts in the kernel's bytes (`tcpi_bytes_acked` + `SIOCOUTQ`): they must
+    // be ours. An ACK between the two reads makes them disagree for a moment: read again.
+    let agree = (0..3).any(|_| {
+        let acked = sys::tcp_bytes_acked(fd);
+        let outq = sys::outq_bytes(fd);
+        matches!((acked, outq), (Ok(a), Ok(q)) if a + q == written)
+    });
+    if !agree {
+        return Err(Refusal::Other);
+    }
+    sys::set_tcp_ulp(fd, "tls").map_err(|e| match e.raw_os_error() {
+        Some(libc::ENOENT) => Refusal::NoUlp,
+        _ => Refusal::Other,
+    })?;
+    // Refused here (a cipher this kernel lacks), the socket keeps the ULP in its pass-through
+    // state: the record layer's ciphertext goes out as before.
+    sys::setsockopt_bytes(fd, libc::SOL_TLS, kernel::TLS_TX, info.as_bytes())
+        .map_err(|_| Refusal::Other)
 }
 
 impl Core {
@@ -195,27 +262,52 @@ impl Core {
         }
     }
 
-    /// A subscriber's runs: encrypted into one batch and sent.
+    /// A subscriber's runs: encrypted into one batch and sent (or, with kernel TLS, sent as
+    /// they are).
     pub(super) fn tls_send_sub(&mut self, slot: u32, v: Box<Vectored>) {
+        let ask_kernel = self.shared.cfg.tls_kernel == TlsKernel::Auto
+            && !self.shared.ktls_refused.load(Relaxed);
         let conn = self.conn(slot);
         let fd = conn.fd.as_raw_fd();
         let tls = conn.tls.as_mut().expect("a TLS connection");
         assert!(!tls.s.sending(), "one batch at a time");
         if !tls.s.sealed() {
             // A subscriber's first send (no batch is being sent): its records are sealed by
-            // its own record layer from now on, straight into its batches (tls/record.rs).
-            match tls.s.seal_from_now() {
-                SealFrom::Sealed => {
-                    self.shared.metrics[self.id]
-                        .tls_record_layer_subscribers_total
-                        .fetch_add(1, Relaxed);
-                }
-                SealFrom::Kept => {}
-                SealFrom::Lost => return self.close_conn(slot),
+            // the kernel or by its own record layer from now on (tls/kernel.rs,
+            // tls/record.rs).
+            let mut refusal = None;
+            let bfd = conn.fd.as_fd();
+            let r = tls.s.seal_from_now(|info, written| {
+                ask_kernel
+                    && to_kernel(bfd, info, written)
+                        .map_err(|e| refusal = Some(e))
+                        .is_ok()
+            });
+            self.count_seal(r, refusal);
+            if r == SealFrom::Lost {
+                return self.close_conn(slot);
             }
         }
         let conn = self.conn(slot);
         let tls = conn.tls.as_mut().expect("a TLS connection");
+        if let Some(k) = tls.s.kernel() {
+            let len = v.len();
+            if !k.may_send(len)
+                && let Some(seq) = kernel_rec_seq(conn.fd.as_fd(), k)
+            {
+                k.on_rec_seq(seq);
+            }
+            if !k.may_send(len) {
+                // The key may seal no more records: end the stream (as below).
+                self.m()
+                    .tls_key_exhausted_closes_total
+                    .fetch_add(1, Relaxed);
+                return self.close_conn(slot);
+            }
+            // The plaintext path: iovecs into the mapped log; the completion comes back as a
+            // plaintext subscriber's (`on_sub_sent`).
+            return self.io.send_vectored(slot, fd, v);
+        }
         let Ok(plain) = tls.s.encrypt(v.run_slices()) else {
             // The key sealed as many records as it may: end the stream (the client resumes
             // on a new connection with its Last-Event-ID; nothing of this send went out).
@@ -230,6 +322,34 @@ impl Core {
             .poll_send(plain as u64)
             .expect("encrypted application data is ready to send");
         self.io.send(slot, fd, buf, off);
+    }
+
+    /// Counts where a subscriber's keys went; a kernel with no TLS is asked no more.
+    fn count_seal(&mut self, r: SealFrom, refusal: Option<Refusal>) {
+        let m = &self.shared.metrics[self.id];
+        match r {
+            SealFrom::Kernel => {
+                m.tls_kernel_subscribers_total.fetch_add(1, Relaxed);
+                m.tls_kernel.store(1, Relaxed);
+            }
+            SealFrom::Sealed => {
+                m.tls_record_layer_subscribers_total.fetch_add(1, Relaxed);
+            }
+            SealFrom::Kept | SealFrom::Lost => {}
+        }
+        let Some(refusal) = refusal else {
+            return;
+        };
+        m.tls_kernel_refusals_total.fetch_add(1, Relaxed);
+        if matches!(refusal, Refusal::NoUlp) && !self.shared.ktls_refused.swap(true, Relaxed) {
+            for m in &self.shared.metrics {
+                m.tls_kernel.store(0, Relaxed);
+            }
+            eprintln!(
+                "gateway: the kernel has no TLS (TCP_ULP \"tls\": ENOENT): TLS subscribers' \
+                 records are sealed by the gateway's record layer"
+            );
+        }
     }
 
     /// The kernel took `res` bytes of a ciphertext batch.
@@ -268,7 +388,7 @@ impl Core {
                     unreachable!("a subscriber's batch belongs to a subscriber")
                 };
                 let outq = if sub.outq_due(now, &lim) {
-                    outq_plain(conn.fd.as_fd(), &mut conn.tls)
+                    outq_plain(conn.fd.as_fd(), &mut conn.tls, false)
                 } else {
                     None
                 };

@@ -36,6 +36,11 @@ impl CipherMap {
         }
     }
 
+    /// Ciphertext bytes the kernel has taken on this connection.
+    pub fn cipher_taken(&self) -> u64 {
+        self.cipher_taken
+    }
+
     /// Plaintext of the complete batches (what the window was told was sent).
     #[cfg(test)]
     pub fn plain_sent(&self) -> u64 {

@@ -11,12 +11,16 @@
 //!   ciphertext out at a time; and [`map::CipherMap`], which turns the kernel's ciphertext
 //!   byte counts into the plaintext the window counts.
 //!
-//! Kernel TLS (`TCP_ULP "tls"`) is not used: the machines this runs on have no `tls` module
-//! (`/proc/sys/net/ipv4/tcp_available_ulp`); the start-up line and `gateway_tls_path` say so.
+//! A subscriber's transmit direction, once its handshake is done, leaves rustls: to the
+//! kernel ([`kernel`], `--tls-kernel auto`) where the kernel takes the keys, else to the
+//! gateway's own record layer ([`record`]).
 #![forbid(unsafe_code)]
 
+pub mod kernel;
 pub mod map;
 pub mod record;
+#[cfg(test)]
+mod test_client;
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -102,6 +106,8 @@ pub fn ktls_available() -> bool {
 pub enum SealFrom {
     /// Application data is sealed by the connection's own record layer from now on.
     Sealed,
+    /// The kernel holds the transmit keys ([`kernel`]): send plaintext on the socket.
+    Kernel,
     /// Not possible now (a batch is being sent, or an unknown version or cipher): rustls
     /// still seals, and the connection works as before.
     Kept,
@@ -116,6 +122,8 @@ pub struct TlsConn {
     conn: Option<rustls::ServerConnection>,
     /// A subscriber's own record layer ([`TlsConn::seal_from_now`]).
     sealer: Option<record::Sealer>,
+    /// Or the kernel's, and the map from its byte counts to plaintext.
+    kernel: Option<kernel::KernelTx>,
     /// Received ciphertext rustls has not taken yet (it refuses more while its plaintext
     /// buffer is full): `cin[cin_pos..]`.
     cin: Vec<u8>,
@@ -140,6 +148,7 @@ impl TlsConn {
         Ok(TlsConn {
             conn: Some(conn),
             sealer: None,
+            kernel: None,
             cin: Vec::new(),
             cin_pos: 0,
             cout: Some(Vec::new()),
@@ -245,17 +254,31 @@ impl TlsConn {
         Ok(n)
     }
 
-    /// Whether application data is sealed by the connection's own record layer.
+    /// Whether application data is sealed outside rustls (the record layer or the kernel).
     pub fn sealed(&self) -> bool {
-        self.sealer.is_some()
+        self.sealer.is_some() || self.kernel.is_some()
     }
 
-    /// A subscriber's transmit keys leave rustls for its own record layer ([`record`]): from
-    /// now on application data is sealed straight into the batch, and nothing more is read.
-    /// TLS records rustls still holds (e.g. session tickets) open the next batch. Only with
-    /// no batch being sent, after the handshake, for the versions and ciphers [`record`]
-    /// knows; otherwise the session stays as it was.
-    pub fn seal_from_now(&mut self) -> SealFrom {
+    /// The kernel's record layer, when it holds the transmit keys.
+    pub fn kernel(&mut self) -> Option<&mut kernel::KernelTx> {
+        self.kernel.as_mut()
+    }
+
+    /// A subscriber's transmit keys leave rustls: to the kernel if `to_kernel` installs them
+    /// (it gets them in the kernel's form and the ciphertext bytes written so far, and says
+    /// whether the kernel took them), else to its own record layer ([`record`]). From now on
+    /// application data is sealed by one of them, and nothing more is read. TLS records
+    /// rustls still holds (e.g. session tickets) open the next batch; with any, the keys go
+    /// to the record layer (the kernel would seal those records' bytes again). Only with no
+    /// batch being sent, after the handshake, for the versions and ciphers [`record`] knows;
+    /// otherwise the session stays as it was.
+    pub fn seal_from_now(
+        &mut self,
+        to_kernel: impl FnOnce(&kernel::CryptoInfo, u64) -> bool,
+    ) -> SealFrom {
+        if self.kernel.is_some() {
+            return SealFrom::Kernel;
+        }
         if self.sealer.is_some() {
             return SealFrom::Sealed;
         }
@@ -276,7 +299,8 @@ impl TlsConn {
         let limit = match suite {
             rustls::SupportedCipherSuite::Tls13(s) => s.common.confidentiality_limit,
             rustls::SupportedCipherSuite::Tls12(s) => s.common.confidentiality_limit,
-        };
+        }
+        .min(record::RECORDS_MAX);
         // An empty write makes rustls queue what it parked to send before more application
         // data — a KeyUpdate it owes the client, sealed under the old key — so it is drained
         // below; `wants_write` alone does not see it (and the client could then decrypt
@@ -288,13 +312,22 @@ impl TlsConn {
             conn.write_tls(out)
                 .expect("writing TLS records into a Vec cannot fail");
         }
+        let queued = !out.is_empty();
         let conn = self.conn.take().expect("checked");
-        self.sealer = conn
-            .dangerous_extract_secrets()
-            .ok()
-            .and_then(|s| record::Sealer::new(version, s.tx.0, s.tx.1, limit));
         // Checked above: only a rustls that changed its rules could refuse here, and the
         // session is gone then.
+        let Ok(secrets) = conn.dangerous_extract_secrets() else {
+            return SealFrom::Lost;
+        };
+        let (seq, tx) = secrets.tx;
+        if !queued && let Some(info) = kernel::CryptoInfo::new(version, seq, &tx) {
+            let written = self.map.cipher_taken();
+            if to_kernel(&info, written) {
+                self.kernel = Some(kernel::KernelTx::new(&info, written, limit));
+                return SealFrom::Kernel;
+            }
+        }
+        self.sealer = record::Sealer::new(version, seq, tx, limit);
         if self.sealer.is_some() {
             SealFrom::Sealed
         } else {

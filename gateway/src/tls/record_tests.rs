@@ -2,108 +2,21 @@
 //! [`TlsConn`] whose transmit keys then move to [`Sealer`]; whatever the version and cipher,
 //! the client must decrypt exactly the plaintext sealed, across batches and record splits.
 
-use std::io::{ErrorKind, Read};
-use std::sync::Arc;
 use std::time::Instant;
 
 use rustls::crypto::ring::cipher_suite as cs;
-use rustls::{ClientConfig, ClientConnection, SupportedCipherSuite};
 
 use super::*;
-use crate::tls::{Certs, SealFrom, TlsConn};
-
-/// A self-signed certificate for `localhost` (made here), loaded as the gateway loads its own.
-fn certs(dir: &std::path::Path) -> (Certs, rustls::pki_types::CertificateDer<'static>) {
-    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
-    let (c, k) = (dir.join("c.pem"), dir.join("k.pem"));
-    std::fs::write(&c, ck.cert.pem()).unwrap();
-    std::fs::write(&k, ck.signing_key.serialize_pem()).unwrap();
-    (Certs::load(&c, &k).unwrap(), ck.cert.der().clone())
-}
-
-/// A client offering only `suite` (so the server picks it).
-fn client(
-    root: rustls::pki_types::CertificateDer<'static>,
-    suite: SupportedCipherSuite,
-) -> ClientConnection {
-    let mut provider = rustls::crypto::ring::default_provider();
-    provider.cipher_suites = vec![suite];
-    let version = match suite {
-        SupportedCipherSuite::Tls13(_) => &rustls::version::TLS13,
-        SupportedCipherSuite::Tls12(_) => &rustls::version::TLS12,
-    };
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(root).unwrap();
-    let cfg = ClientConfig::builder_with_provider(Arc::new(provider))
-        .with_protocol_versions(&[version])
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    ClientConnection::new(Arc::new(cfg), "localhost".try_into().unwrap()).unwrap()
-}
-
-/// Everything the server has to send, as the kernel would take it.
-fn drain(s: &mut TlsConn, plain: u64) -> Vec<u8> {
-    let Some((buf, off)) = s.poll_send(plain) else {
-        return Vec::new();
-    };
-    let out = buf[off..].to_vec();
-    let n = out.len();
-    assert_eq!(s.on_sent(buf, n).unwrap(), plain);
-    out
-}
-
-/// Feeds `bytes` to the client and returns the plaintext it decrypted.
-fn client_reads(c: &mut ClientConnection, mut bytes: &[u8]) -> Vec<u8> {
-    let mut got = Vec::new();
-    while !bytes.is_empty() {
-        c.read_tls(&mut bytes).unwrap();
-        c.process_new_packets()
-            .expect("the client accepts every record");
-        match c.reader().read_to_end(&mut got) {
-            Ok(_) => {}
-            Err(e) if e.kind() == ErrorKind::WouldBlock => {}
-            Err(e) => panic!("client read: {e}"),
-        }
-    }
-    got
-}
-
-fn handshake(c: &mut ClientConnection, s: &mut TlsConn) {
-    for _ in 0..10 {
-        let mut to_server = Vec::new();
-        while c.wants_write() {
-            c.write_tls(&mut to_server).unwrap();
-        }
-        s.on_cipher(&to_server).unwrap();
-        let to_client = drain(s, 0);
-        client_reads(c, &to_client);
-        if !c.is_handshaking() && s.established() {
-            return;
-        }
-    }
-    panic!("no handshake");
-}
-
-fn pattern(n: usize, salt: u8) -> Vec<u8> {
-    (0..n)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(salt))
-        .collect()
-}
+use crate::tls::test_client::{
+    SUITES, certs, client, client_reads, drain, handshake, pattern, session,
+};
+use crate::tls::{SealFrom, TlsConn};
 
 #[test]
 fn a_real_client_decrypts_exactly_what_the_record_layer_sealed() {
     let dir = tempfile::tempdir().unwrap();
     let (certs, root) = certs(dir.path());
-    let suites = [
-        cs::TLS13_AES_128_GCM_SHA256,
-        cs::TLS13_AES_256_GCM_SHA384,
-        cs::TLS13_CHACHA20_POLY1305_SHA256,
-        cs::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
-        cs::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
-        cs::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
-    ];
-    for suite in suites {
+    for suite in SUITES {
         let name = format!("{:?}", suite.suite());
         let mut c = client(root.clone(), suite);
         let mut s = TlsConn::new(certs.current(), Instant::now()).unwrap();
@@ -112,7 +25,7 @@ fn a_real_client_decrypts_exactly_what_the_record_layer_sealed() {
         let answer = b"HTTP/1.1 200 OK\r\n\r\n".to_vec();
         let n = s.encrypt(std::iter::once(&answer[..])).unwrap() as u64;
         assert_eq!(client_reads(&mut c, &drain(&mut s, n)), answer, "{name}");
-        assert_eq!(s.seal_from_now(), SealFrom::Sealed, "{name}");
+        assert_eq!(s.seal_from_now(|_, _| false), SealFrom::Sealed, "{name}");
         // Batches of parts: empty parts, parts sharing a record, a part over one record,
         // a batch of exactly one full record.
         let batches: Vec<Vec<Vec<u8>>> = vec![
@@ -143,12 +56,8 @@ fn a_real_client_decrypts_exactly_what_the_record_layer_sealed() {
 
 #[test]
 fn a_tampered_record_is_refused_by_the_client() {
-    let dir = tempfile::tempdir().unwrap();
-    let (certs, root) = certs(dir.path());
-    let mut c = client(root, cs::TLS13_AES_256_GCM_SHA384);
-    let mut s = TlsConn::new(certs.current(), Instant::now()).unwrap();
-    handshake(&mut c, &mut s);
-    assert_eq!(s.seal_from_now(), SealFrom::Sealed);
+    let (_dir, mut c, mut s) = session(cs::TLS13_AES_256_GCM_SHA384);
+    assert_eq!(s.seal_from_now(|_, _| false), SealFrom::Sealed);
     let plain = s.encrypt(std::iter::once(&b"data: x\n\n"[..])).unwrap();
     let mut wire = drain(&mut s, plain as u64);
     let last = wire.len() - 1;
@@ -163,19 +72,19 @@ fn a_tampered_record_is_refused_by_the_client() {
 
 #[test]
 fn keys_stay_with_rustls_while_a_batch_is_being_sent() {
-    let dir = tempfile::tempdir().unwrap();
-    let (certs, root) = certs(dir.path());
-    let mut c = client(root, cs::TLS13_AES_128_GCM_SHA256);
-    let mut s = TlsConn::new(certs.current(), Instant::now()).unwrap();
-    handshake(&mut c, &mut s);
+    let (_dir, mut c, mut s) = session(cs::TLS13_AES_128_GCM_SHA256);
     let n = s.encrypt(std::iter::once(&b"answer"[..])).unwrap() as u64;
     let (buf, off) = s.poll_send(n).unwrap();
-    assert_eq!(s.seal_from_now(), SealFrom::Kept, "a batch is in flight");
+    assert_eq!(
+        s.seal_from_now(|_, _| false),
+        SealFrom::Kept,
+        "a batch is in flight"
+    );
     let len = buf.len() - off;
     let wire = buf[off..].to_vec();
     s.on_sent(buf, len).unwrap();
     assert_eq!(client_reads(&mut c, &wire), b"answer");
-    assert_eq!(s.seal_from_now(), SealFrom::Sealed);
+    assert_eq!(s.seal_from_now(|_, _| false), SealFrom::Sealed);
     let n = s.encrypt(std::iter::once(&b"after"[..])).unwrap() as u64;
     assert_eq!(client_reads(&mut c, &drain(&mut s, n)), b"after");
 }
@@ -226,7 +135,7 @@ fn records_rustls_still_holds_go_first_and_sealing_continues_after_them() {
         }
         let answer = b"HTTP/1.1 200 OK\r\n\r\n".to_vec();
         s.encrypt(std::iter::once(&answer[..])).unwrap();
-        assert_eq!(s.seal_from_now(), SealFrom::Sealed);
+        assert_eq!(s.seal_from_now(|_, _| false), SealFrom::Sealed);
         let n = s.encrypt(std::iter::once(&b"after"[..])).unwrap() as u64;
         let got = client_reads(&mut c, &drain(&mut s, n));
         assert_eq!(
@@ -242,18 +151,14 @@ fn records_rustls_still_holds_go_first_and_sealing_continues_after_them() {
 /// rustls' reply (under the old key) goes out first, and the sealer continues on the new key.
 #[test]
 fn a_key_update_rustls_owes_the_client_is_sent_before_the_keys_move() {
-    let dir = tempfile::tempdir().unwrap();
-    let (certs, root) = certs(dir.path());
-    let mut c = client(root, cs::TLS13_CHACHA20_POLY1305_SHA256);
-    let mut s = TlsConn::new(certs.current(), Instant::now()).unwrap();
-    handshake(&mut c, &mut s);
+    let (_dir, mut c, mut s) = session(cs::TLS13_CHACHA20_POLY1305_SHA256);
     c.refresh_traffic_keys().unwrap();
     let mut to_server = Vec::new();
     while c.wants_write() {
         c.write_tls(&mut to_server).unwrap();
     }
     s.on_cipher(&to_server).unwrap();
-    assert_eq!(s.seal_from_now(), SealFrom::Sealed);
+    assert_eq!(s.seal_from_now(|_, _| false), SealFrom::Sealed);
     let n = s.encrypt(std::iter::once(&b"after-ku"[..])).unwrap() as u64;
     assert_eq!(client_reads(&mut c, &drain(&mut s, n)), b"after-ku");
 }
