@@ -2,7 +2,7 @@
 # bench-durable.sh [GATEWAY_BIN]: the durability and kernel-floor figures of BENCHMARKS.md
 # ("Durable by default"), in one run. Gateway on core 0 (one reactor), bench on core 1.
 #  1. the gateway with its default flags (`--fsync group`): `bench durable` — the raw
-#     fdatasync of its data filesystem, then 1 and 64 sequential publishers (publish p50/p99,
+#     fdatasync of its data filesystem (on core 0 and on core 1), then 1 and 64 sequential publishers (publish p50/p99,
 #     durable events/s, server CPU per event);
 #  2. the same with `--fsync never` (the plain request round trip, for comparison);
 #  3. fan-out 1 x 100 (300 B) with the default flags, publisher pipeline 1 (unbatched) and 16
@@ -54,7 +54,9 @@ fanout() { # fanout PIPELINE
 }
 echo "# bench-durable $(date -u +%FT%TZ) $(uname -r); load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "## 1. default flags (--fsync group)"
-start group; durable --fsync-probe-dir "$WORK/group/data"; stop
+# The raw probe on core 0 (the gateway's: its syncs pay the same interrupt routing) and on core
+# 1 (where the block device's interrupt lands on these VMs, the cheapest).
+start group; durable --fsync-probe-dir "$WORK/group/data" --fsync-probe-cpus 0,1; stop
 echo "## 2. --fsync never"
 start never --fsync never; durable; stop
 echo "## 3. fan-out 1 x 100"

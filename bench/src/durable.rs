@@ -33,6 +33,8 @@ pub struct DurableConfig {
     /// A directory on the server's data filesystem, for the raw `fdatasync` probe.
     pub fsync_probe_dir: Option<PathBuf>,
     pub fsync_probes: usize,
+    /// CPUs to run the probe on, once each (empty: once, on the calling thread's CPUs).
+    pub fsync_probe_cpus: Vec<usize>,
     pub target_pid: Option<u32>,
     /// `Authorization: Bearer <token>` on every publish (default: none).
     pub bearer: Bearer,
@@ -77,7 +79,8 @@ pub struct DurableRow {
 /// The whole scenario.
 #[derive(Debug, Clone, Serialize)]
 pub struct DurableReport {
-    pub fdatasync: Option<Percentiles>,
+    /// Per probe: the CPU it ran on (`None`: wherever the bench runs) and its latencies.
+    pub fdatasync: Vec<(Option<usize>, Percentiles)>,
     pub rows: Vec<DurableRow>,
 }
 
@@ -89,9 +92,10 @@ impl DurableReport {
     /// A plain-text table.
     pub fn table(&self) -> String {
         let mut out = String::from("== durable\n");
-        if let Some(f) = self.fdatasync {
+        for (cpu, f) in &self.fdatasync {
+            let on = cpu.map_or(String::new(), |c| format!(" on CPU {c}"));
             out.push_str(&format!(
-                "  raw fdatasync (300 B overwrite): p50 {:.3} ms, p99 {:.3} ms ({} samples)\n",
+                "  raw fdatasync (300 B overwrite){on}: p50 {:.3} ms, p99 {:.3} ms ({} samples)\n",
                 f.p50_ms, f.p99_ms, f.samples
             ));
         }
@@ -113,10 +117,33 @@ impl DurableReport {
 
 /// Runs the probe and every publisher count in turn.
 pub fn run(cfg: &DurableConfig) -> Result<DurableReport, String> {
-    let fdatasync = match &cfg.fsync_probe_dir {
-        Some(dir) => Some(fdatasync_probe(dir, cfg.fsync_probes).map_err(|e| e.to_string())?),
-        None => None,
-    };
+    let mut fdatasync = Vec::new();
+    if let Some(dir) = &cfg.fsync_probe_dir {
+        let cpus: Vec<Option<usize>> = if cfg.fsync_probe_cpus.is_empty() {
+            vec![None]
+        } else {
+            cfg.fsync_probe_cpus.iter().copied().map(Some).collect()
+        };
+        for cpu in cpus {
+            let (dir, n) = (dir.clone(), cfg.fsync_probes);
+            // A thread of its own, pinned: the calling thread keeps its CPUs.
+            let p = std::thread::spawn(move || {
+                if let Some(c) = cpu {
+                    if c >= rustix::thread::CpuSet::MAX_CPU {
+                        return Err(format!("--fsync-probe-cpus {c}: no such CPU"));
+                    }
+                    let mut set = rustix::thread::CpuSet::new();
+                    set.set(c);
+                    rustix::thread::sched_setaffinity(None, &set)
+                        .map_err(|e| format!("--fsync-probe-cpus {c}: {e}"))?;
+                }
+                fdatasync_probe(&dir, n).map_err(|e| e.to_string())
+            })
+            .join()
+            .map_err(|_| "the fdatasync probe panicked".to_string())??;
+            fdatasync.push((cpu, p));
+        }
+    }
     let mut rows = Vec::new();
     for &n in &cfg.publishers {
         rows.push(run_publishers(cfg, n)?);
@@ -282,9 +309,38 @@ mod tests {
             secs_per_run: 1.0,
             fsync_probe_dir: None,
             fsync_probes: 0,
+            fsync_probe_cpus: Vec::new(),
             target_pid: None,
             bearer,
         }
+    }
+
+    #[test]
+    fn the_probe_runs_on_each_cpu_asked_for() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = DurableConfig {
+            publishers: Vec::new(),
+            fsync_probe_dir: Some(dir.path().to_owned()),
+            fsync_probes: 20,
+            fsync_probe_cpus: vec![0, 0],
+            ..config(Bearer::none())
+        };
+        let r = run(&cfg).unwrap();
+        assert_eq!(r.fdatasync.len(), 2);
+        assert!(
+            r.fdatasync
+                .iter()
+                .all(|(c, p)| *c == Some(0) && p.samples == 20)
+        );
+        assert!(
+            r.table()
+                .contains("raw fdatasync (300 B overwrite) on CPU 0: p50")
+        );
+        let cfg = DurableConfig {
+            fsync_probe_cpus: vec![1000],
+            ..cfg
+        };
+        assert!(run(&cfg).unwrap_err().contains("--fsync-probe-cpus"));
     }
 
     #[test]

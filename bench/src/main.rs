@@ -160,6 +160,11 @@ enum Cmd {
         /// Raw fdatasync probes.
         #[arg(long, default_value_t = 2000)]
         fsync_probes: usize,
+        /// Run the probe once on each of these CPUs (comma-separated; default: once, where the
+        /// bench runs). A sync's cost depends on the CPU: its completion interrupt may be on
+        /// another one; probe on the server's CPU for the like-for-like floor.
+        #[arg(long, value_delimiter = ',')]
+        fsync_probe_cpus: Vec<usize>,
         /// Publisher counts, comma-separated: one run each.
         #[arg(long, default_value = "1,64", value_delimiter = ',')]
         publishers: Vec<usize>,
@@ -609,6 +614,7 @@ fn run(cmd: &Cmd) -> Result<(Outcome, bool), String> {
             publish_url,
             fsync_probe_dir,
             fsync_probes,
+            fsync_probe_cpus,
             publishers,
             payload_bytes,
             secs_per_run,
@@ -627,6 +633,7 @@ fn run(cmd: &Cmd) -> Result<(Outcome, bool), String> {
                 secs_per_run: *secs_per_run,
                 fsync_probe_dir: fsync_probe_dir.clone(),
                 fsync_probes: *fsync_probes,
+                fsync_probe_cpus: fsync_probe_cpus.clone(),
                 target_pid: *target_pid,
                 bearer: Bearer::from_file(bearer_token_file.as_deref())?,
             };
