@@ -81,6 +81,9 @@ pub struct Shared {
     /// The kernel refused the `tls` ULP once (it has no kernel TLS): TLS subscribers go to
     /// the record layer without asking again (`--tls-kernel`).
     pub ktls_refused: AtomicBool,
+    /// Key forms (`CryptoInfo::form_bit`) this kernel refused or cannot read back: their
+    /// subscribers go to the record layer without asking.
+    pub ktls_refused_forms: std::sync::atomic::AtomicU8,
 }
 
 /// A connection moving to the core that owns its stream: the fd and the bytes read so far.

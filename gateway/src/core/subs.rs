@@ -126,6 +126,9 @@ impl Core {
         let n = res.max(0) as u64;
         if let Some(k) = conn.tls.as_mut().and_then(|t| t.s.kernel()) {
             k.taken(n);
+            if res < 0 {
+                k.send_failed(); // before any reading (here or at the close)
+            }
         }
         let outq = if sub.outq_due(now, &lim) {
             super::tls::outq_plain(conn.fd.as_fd(), &mut conn.tls, false)

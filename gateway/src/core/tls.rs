@@ -117,11 +117,14 @@ fn kernel_rec_seq(fd: BorrowedFd<'_>, k: &KernelTx) -> Option<u64> {
     k.rec_seq_of(&buf[..n])
 }
 
-/// Why the kernel did not take a subscriber's keys.
+/// Why the kernel did not take (or cannot serve) a subscriber's keys.
 #[derive(Debug)]
 enum Refusal {
     /// No `tls` ULP (ENOENT): the kernel has no TLS; ask no more.
     NoUlp,
+    /// The kernel refuses this key form (`CryptoInfo::form_bit`), or took it but cannot
+    /// answer its record count: ask no more for that form.
+    Form(u8),
     /// Anything else (this connection only): its byte counts disagreed with ours, or a call
     /// failed.
     Other,
@@ -143,10 +146,16 @@ fn to_kernel(fd: BorrowedFd<'_>, info: &CryptoInfo, written: u64) -> Result<(), 
         Some(libc::ENOENT) => Refusal::NoUlp,
         _ => Refusal::Other,
     })?;
-    // Refused here (a cipher this kernel lacks), the socket keeps the ULP in its pass-through
-    // state: the record layer's ciphertext goes out as before.
-    sys::setsockopt_bytes(fd, libc::SOL_TLS, kernel::TLS_TX, info.as_bytes())
-        .map_err(|_| Refusal::Other)
+    // Refused here (a version or cipher this kernel lacks), the socket keeps the ULP in its
+    // pass-through state: the record layer's ciphertext goes out as before.
+    sys::setsockopt_bytes(fd, libc::SOL_TLS, kernel::TLS_TX, info.as_bytes()).map_err(|e| {
+        match e.raw_os_error() {
+            Some(libc::EINVAL | libc::ENOPROTOOPT | libc::EOPNOTSUPP) => {
+                Refusal::Form(info.form_bit())
+            }
+            _ => Refusal::Other,
+        }
+    })
 }
 
 impl Core {
@@ -267,6 +276,7 @@ impl Core {
     pub(super) fn tls_send_sub(&mut self, slot: u32, v: Box<Vectored>) {
         let ask_kernel = self.shared.cfg.tls_kernel == TlsKernel::Auto
             && !self.shared.ktls_refused.load(Relaxed);
+        let refused_forms = self.shared.ktls_refused_forms.load(Relaxed);
         let conn = self.conn(slot);
         let fd = conn.fd.as_raw_fd();
         let tls = conn.tls.as_mut().expect("a TLS connection");
@@ -279,10 +289,22 @@ impl Core {
             let bfd = conn.fd.as_fd();
             let r = tls.s.seal_from_now(|info, written| {
                 ask_kernel
+                    && refused_forms & info.form_bit() == 0
                     && to_kernel(bfd, info, written)
                         .map_err(|e| refusal = Some(e))
                         .is_ok()
             });
+            if r == SealFrom::Kernel {
+                // Its record count must read back, or nothing it sends could be confirmed. The
+                // kernel holds the keys now (the record layer cannot take over): end this
+                // connection before anything is sent — the client resumes on a new one.
+                let k = tls.s.kernel().expect("the kernel took the keys");
+                if kernel_rec_seq(bfd, k) != Some(k.seq0()) {
+                    let form = k.form_bit();
+                    self.count_seal(SealFrom::Lost, Some(Refusal::Form(form)));
+                    return self.close_conn(slot);
+                }
+            }
             self.count_seal(r, refusal);
             if r == SealFrom::Lost {
                 return self.close_conn(slot);
@@ -341,6 +363,9 @@ impl Core {
             return;
         };
         m.tls_kernel_refusals_total.fetch_add(1, Relaxed);
+        if let Refusal::Form(bit) = refusal {
+            self.shared.ktls_refused_forms.fetch_or(bit, Relaxed);
+        }
         if matches!(refusal, Refusal::NoUlp) && !self.shared.ktls_refused.swap(true, Relaxed) {
             for m in &self.shared.metrics {
                 m.tls_kernel.store(0, Relaxed);

@@ -135,6 +135,20 @@ impl CryptoInfo {
     pub fn as_bytes(&self) -> &[u8] {
         &self.bytes
     }
+
+    /// One bit per (version, cipher) form, to remember forms a kernel refused or cannot read
+    /// back (`getsockopt(TLS_TX)` answers ChaCha20-Poly1305 only from Linux 5.16, though 5.11
+    /// takes it).
+    pub fn form_bit(&self) -> u8 {
+        let version = u16::from_ne_bytes([self.bytes[0], self.bytes[1]]);
+        let cipher = u16::from_ne_bytes([self.bytes[2], self.bytes[3]]);
+        let c = match cipher {
+            TLS_CIPHER_AES_GCM_128 => 0,
+            TLS_CIPHER_AES_GCM_256 => 1,
+            _ => 2,
+        };
+        1 << (c + if version == TLS_1_3_VERSION { 3 } else { 0 })
+    }
 }
 
 /// The first explicit nonce the kernel may send for TLS 1.2 AES-GCM after rustls sealed
@@ -172,8 +186,9 @@ pub struct KernelTx {
     seq0: u64,
     seq_end: u64,
     overhead: u64,
-    /// The length of the `struct tls12_crypto_info_*` the kernel answers with.
+    /// The length of the `struct tls12_crypto_info_*` the kernel answers with, and its form.
     info_len: usize,
+    form_bit: u8,
     /// Plaintext the kernel has taken since the hand-over.
     plain: u64,
     /// (ciphertext end, plaintext end) since the hand-over of balanced readings not yet known
@@ -184,6 +199,9 @@ pub struct KernelTx {
     /// one record, and one more may be open): a bound on the records sealed now.
     seq_read: u64,
     plain_since_read: u64,
+    /// A send failed: the kernel may have sealed (and sent) plaintext it did not report
+    /// taken, so no reading balances truthfully any more; older checkpoints still hold.
+    failed: bool,
 }
 
 impl KernelTx {
@@ -196,12 +214,30 @@ impl KernelTx {
             seq_end: limit,
             overhead: info.overhead,
             info_len: info.bytes.len(),
+            form_bit: info.form_bit(),
             plain: 0,
             checkpoints: VecDeque::new(),
             plain_acked: 0,
             seq_read: info.seq,
             plain_since_read: 0,
+            failed: false,
         }
+    }
+
+    /// The record sequence number at the hand-over (a reading right after it must show it).
+    pub fn seq0(&self) -> u64 {
+        self.seq0
+    }
+
+    /// [`CryptoInfo::form_bit`] of the keys.
+    pub fn form_bit(&self) -> u8 {
+        self.form_bit
+    }
+
+    /// A send failed (`sendmsg` reports an error even after sealing records): make no more
+    /// checkpoints.
+    pub fn send_failed(&mut self) {
+        self.failed = true;
     }
 
     /// How long a `getsockopt(SOL_TLS, TLS_TX)` answer is (the form the keys were given in).
@@ -255,7 +291,7 @@ impl KernelTx {
             self.on_rec_seq(seq);
             let sealed = self.plain + self.overhead * (seq - self.seq0);
             let newest = self.checkpoints.back().map_or(self.plain_acked, |c| c.1);
-            if written == sealed && self.plain > newest {
+            if written == sealed && self.plain > newest && !self.failed {
                 self.checkpoints.push_back((sealed, self.plain));
             }
         }

@@ -411,11 +411,13 @@ proptest! {
             seq_end: u64::MAX,
             overhead,
             info_len: 40,
+            form_bit: 1,
             plain: 0,
             checkpoints: VecDeque::new(),
             plain_acked: 0,
             seq_read: seq0,
             plain_since_read: 0,
+            failed: false,
         };
         let mut sim = Sim { overhead, base, plain: 0, open: 0, records: Vec::new(), pushed: 0, acked: 0 };
         for s in steps {
@@ -511,4 +513,48 @@ fn an_unbalanced_reading_makes_no_checkpoint() {
         outq: 0,
     });
     assert_eq!(q, 10);
+}
+
+/// A failed send may have sealed plaintext it did not report: no checkpoint after it.
+#[test]
+fn after_a_failed_send_no_new_checkpoint() {
+    let secrets = ConnectionTrafficSecrets::Aes256Gcm {
+        key: rustls::crypto::cipher::AeadKey::from([3; 32]),
+        iv: rustls::crypto::cipher::Iv::new([4; 12]),
+    };
+    let info = CryptoInfo::new(ProtocolVersion::TLSv1_3, 0, &secrets).unwrap();
+    let mut k = KernelTx::new(&info, 0, u64::MAX);
+    k.taken(100);
+    let balanced = |k: &mut KernelTx, rec: u64, acked: u64| {
+        k.on_reading(Reading {
+            rec_seq: Some(rec),
+            bytes_acked: acked,
+            outq: 0,
+        })
+    };
+    assert_eq!(balanced(&mut k, 1, 122), 0);
+    k.taken(50);
+    k.send_failed();
+    // It would balance (50 more bytes in one more record, all ACKed), but is not trusted.
+    assert_eq!(balanced(&mut k, 2, 122 + 72), 50);
+}
+
+#[test]
+fn each_form_has_its_own_bit() {
+    let mut bits = 0u8;
+    let dir = tempfile::tempdir().unwrap();
+    let (certs, root) = certs(dir.path());
+    for suite in SUITES {
+        let mut c = client(root.clone(), suite);
+        let mut s = TlsConn::new(certs.current(), Instant::now()).unwrap();
+        handshake(&mut c, &mut s);
+        let mut bit = 0;
+        s.seal_from_now(|info, _| {
+            bit = info.form_bit();
+            false
+        });
+        assert_eq!(bit.count_ones(), 1);
+        assert_eq!(bits & bit, 0, "{suite:?}");
+        bits |= bit;
+    }
 }
