@@ -466,15 +466,20 @@ proptest! {
     }
 }
 
-const RECORD_PLAIN_MAX_U64: u64 = crate::tls::record::RECORD_PLAIN_MAX as u64;
-
-#[test]
-fn the_record_limit_holds_whatever_records_the_kernel_makes() {
+/// TLS 1.3 AES-256-GCM keys (made up) at record sequence `seq`.
+fn aes256_info(seq: u64) -> CryptoInfo {
     let secrets = ConnectionTrafficSecrets::Aes256Gcm {
         key: rustls::crypto::cipher::AeadKey::from([3; 32]),
         iv: rustls::crypto::cipher::Iv::new([4; 12]),
     };
-    let info = CryptoInfo::new(ProtocolVersion::TLSv1_3, 1000, &secrets).unwrap();
+    CryptoInfo::new(ProtocolVersion::TLSv1_3, seq, &secrets).unwrap()
+}
+
+const RECORD_PLAIN_MAX_U64: u64 = crate::tls::record::RECORD_PLAIN_MAX as u64;
+
+#[test]
+fn the_record_limit_holds_whatever_records_the_kernel_makes() {
+    let info = aes256_info(1000);
     let mut k = KernelTx::new(&info, 0, 1100);
     assert!(k.may_send(99), "1000 sealed + 1 open + 99 ≤ 1100");
     assert!(!k.may_send(100));
@@ -489,11 +494,7 @@ fn the_record_limit_holds_whatever_records_the_kernel_makes() {
 
 #[test]
 fn an_unbalanced_reading_makes_no_checkpoint() {
-    let secrets = ConnectionTrafficSecrets::Aes256Gcm {
-        key: rustls::crypto::cipher::AeadKey::from([3; 32]),
-        iv: rustls::crypto::cipher::Iv::new([4; 12]),
-    };
-    let info = CryptoInfo::new(ProtocolVersion::TLSv1_3, 5, &secrets).unwrap();
+    let info = aes256_info(5);
     let mut k = KernelTx::new(&info, 1000, u64::MAX);
     k.taken(100);
     // One record sealed (100 + 22 bytes) but TCP has only 100 of them: a record waits.
@@ -518,11 +519,7 @@ fn an_unbalanced_reading_makes_no_checkpoint() {
 /// A failed send may have sealed plaintext it did not report: no checkpoint after it.
 #[test]
 fn after_a_failed_send_no_new_checkpoint() {
-    let secrets = ConnectionTrafficSecrets::Aes256Gcm {
-        key: rustls::crypto::cipher::AeadKey::from([3; 32]),
-        iv: rustls::crypto::cipher::Iv::new([4; 12]),
-    };
-    let info = CryptoInfo::new(ProtocolVersion::TLSv1_3, 0, &secrets).unwrap();
+    let info = aes256_info(0);
     let mut k = KernelTx::new(&info, 0, u64::MAX);
     k.taken(100);
     let balanced = |k: &mut KernelTx, rec: u64, acked: u64| {
