@@ -274,43 +274,14 @@ impl Core {
     /// A subscriber's runs: encrypted into one batch and sent (or, with kernel TLS, sent as
     /// they are).
     pub(super) fn tls_send_sub(&mut self, slot: u32, v: Box<Vectored>) {
-        let ask_kernel = self.shared.cfg.tls_kernel == TlsKernel::Auto
-            && !self.shared.ktls_refused.load(Relaxed);
-        let refused_forms = self.shared.ktls_refused_forms.load(Relaxed);
         let conn = self.conn(slot);
-        let fd = conn.fd.as_raw_fd();
         let tls = conn.tls.as_mut().expect("a TLS connection");
         assert!(!tls.s.sending(), "one batch at a time");
-        if !tls.s.sealed() {
-            // A subscriber's first send (no batch is being sent): its records are sealed by
-            // the kernel or by its own record layer from now on (tls/kernel.rs,
-            // tls/record.rs).
-            let mut refusal = None;
-            let bfd = conn.fd.as_fd();
-            let r = tls.s.seal_from_now(|info, written| {
-                ask_kernel
-                    && refused_forms & info.form_bit() == 0
-                    && to_kernel(bfd, info, written)
-                        .map_err(|e| refusal = Some(e))
-                        .is_ok()
-            });
-            if r == SealFrom::Kernel {
-                // Its record count must read back, or nothing it sends could be confirmed. The
-                // kernel holds the keys now (the record layer cannot take over): end this
-                // connection before anything is sent — the client resumes on a new one.
-                let k = tls.s.kernel().expect("the kernel took the keys");
-                if kernel_rec_seq(bfd, k) != Some(k.seq0()) {
-                    let form = k.form_bit();
-                    self.count_seal(SealFrom::Lost, Some(Refusal::Form(form)));
-                    return self.close_conn(slot);
-                }
-            }
-            self.count_seal(r, refusal);
-            if r == SealFrom::Lost {
-                return self.close_conn(slot);
-            }
+        if !tls.s.sealed() && !self.tls_seal_from_now(slot) {
+            return self.close_conn(slot);
         }
         let conn = self.conn(slot);
+        let fd = conn.fd.as_raw_fd();
         let tls = conn.tls.as_mut().expect("a TLS connection");
         if let Some(k) = tls.s.kernel() {
             let len = v.len();
@@ -344,6 +315,39 @@ impl Core {
             .poll_send(plain as u64)
             .expect("encrypted application data is ready to send");
         self.io.send(slot, fd, buf, off);
+    }
+
+    /// A subscriber's first send (no batch is being sent): its records are sealed by the
+    /// kernel or by its own record layer from now on (tls/kernel.rs, tls/record.rs).
+    /// `false`: close the connection (nothing was sent on it).
+    fn tls_seal_from_now(&mut self, slot: u32) -> bool {
+        let ask_kernel = self.shared.cfg.tls_kernel == TlsKernel::Auto
+            && !self.shared.ktls_refused.load(Relaxed);
+        let refused_forms = self.shared.ktls_refused_forms.load(Relaxed);
+        let conn = self.conn(slot);
+        let tls = conn.tls.as_mut().expect("a TLS connection");
+        let mut refusal = None;
+        let bfd = conn.fd.as_fd();
+        let r = tls.s.seal_from_now(|info, written| {
+            ask_kernel
+                && refused_forms & info.form_bit() == 0
+                && to_kernel(bfd, info, written)
+                    .map_err(|e| refusal = Some(e))
+                    .is_ok()
+        });
+        if r == SealFrom::Kernel {
+            // Its record count must read back, or nothing it sends could be confirmed. The
+            // kernel holds the keys now (the record layer cannot take over): end this
+            // connection before anything is sent — the client resumes on a new one.
+            let k = tls.s.kernel().expect("the kernel took the keys");
+            if kernel_rec_seq(bfd, k) != Some(k.seq0()) {
+                let form = k.form_bit();
+                self.count_seal(SealFrom::Lost, Some(Refusal::Form(form)));
+                return false;
+            }
+        }
+        self.count_seal(r, refusal);
+        r != SealFrom::Lost
     }
 
     /// Counts where a subscriber's keys went; a kernel with no TLS is asked no more.
