@@ -124,8 +124,7 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
         streams: AtomicU64::new(streams_open),
         per_ip: std::sync::Mutex::new(std::collections::HashMap::new()),
         body_budget: Arc::new(proto::conn::BodyBudget::new(cfg.request_buffer_bytes_max)),
-        ktls_refused: AtomicBool::new(false),
-        ktls_refused_forms: std::sync::atomic::AtomicU8::new(0),
+        ktls_refused: std::sync::atomic::AtomicU8::new(0),
     });
     let mut listeners = listeners.into_iter();
     let setups = rxs

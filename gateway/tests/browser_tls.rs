@@ -3,8 +3,9 @@
 //! cuts the TLS byte stream at random points (mid-record, sometimes mid-handshake), and
 //! publishes with `fetch` straight to the gateway over HTTPS with a bearer JWT (preflighted
 //! CORS). The gateway seals its subscribers' records with its own record layer
-//! (`tls/record.rs`); the browser must decrypt every record and resume with the
-//! `Last-Event-ID` EventSource sends by itself, gap-free and duplicate-free.
+//! (`tls/record.rs`), or the kernel does where it has TLS (`--tls-kernel auto`); the browser
+//! must decrypt every record and resume with the `Last-Event-ID` EventSource sends by itself,
+//! gap-free and duplicate-free.
 //!
 //! The certificate is made here (rcgen; none is committed); Chromium runs with
 //! `--ignore-certificate-errors` (a test CA in its trust store would need NSS tools).

@@ -78,12 +78,10 @@ pub struct Shared {
     pub body_budget: Arc<BodyBudget>,
     /// Cluster mode (`--nats-url`): publishes go to JetStream.
     pub cluster: Option<::cluster::Cluster>,
-    /// The kernel refused the `tls` ULP once (it has no kernel TLS): TLS subscribers go to
-    /// the record layer without asking again (`--tls-kernel`).
-    pub ktls_refused: AtomicBool,
-    /// Key forms (`CryptoInfo::form_bit`) this kernel refused or cannot read back: their
-    /// subscribers go to the record layer without asking.
-    pub ktls_refused_forms: std::sync::atomic::AtomicU8,
+    /// Key forms (`CryptoInfo::form_bit`) this kernel refused or cannot read back — all of
+    /// them once it refused the `tls` ULP (it has no kernel TLS): their subscribers go to the
+    /// record layer without asking again (`--tls-kernel`).
+    pub ktls_refused: std::sync::atomic::AtomicU8,
 }
 
 /// A connection moving to the core that owns its stream: the fd and the bytes read so far.

@@ -321,9 +321,8 @@ impl Core {
     /// kernel or by its own record layer from now on (tls/kernel.rs, tls/record.rs).
     /// `false`: close the connection (nothing was sent on it).
     fn tls_seal_from_now(&mut self, slot: u32) -> bool {
-        let ask_kernel = self.shared.cfg.tls_kernel == TlsKernel::Auto
-            && !self.shared.ktls_refused.load(Relaxed);
-        let refused_forms = self.shared.ktls_refused_forms.load(Relaxed);
+        let ask_kernel = self.shared.cfg.tls_kernel == TlsKernel::Auto;
+        let refused_forms = self.shared.ktls_refused.load(Relaxed);
         let conn = self.conn(slot);
         let tls = conn.tls.as_mut().expect("a TLS connection");
         let mut refusal = None;
@@ -367,10 +366,13 @@ impl Core {
             return;
         };
         m.tls_kernel_refusals_total.fetch_add(1, Relaxed);
-        if let Refusal::Form(bit) = refusal {
-            self.shared.ktls_refused_forms.fetch_or(bit, Relaxed);
-        }
-        if matches!(refusal, Refusal::NoUlp) && !self.shared.ktls_refused.swap(true, Relaxed) {
+        let bits = match refusal {
+            Refusal::NoUlp => kernel::ALL_FORMS,
+            Refusal::Form(bit) => bit,
+            Refusal::Other => 0,
+        };
+        let before = self.shared.ktls_refused.fetch_or(bits, Relaxed);
+        if matches!(refusal, Refusal::NoUlp) && before != kernel::ALL_FORMS {
             for m in &self.shared.metrics {
                 m.tls_kernel.store(0, Relaxed);
             }

@@ -46,6 +46,8 @@ const TLS_1_3_VERSION: u16 = 0x0304;
 const TLS_CIPHER_AES_GCM_128: u16 = 51;
 const TLS_CIPHER_AES_GCM_256: u16 = 52;
 const TLS_CIPHER_CHACHA20_POLY1305: u16 = 54;
+/// Every [`CryptoInfo::form_bit`] (2 versions × 3 ciphers).
+pub const ALL_FORMS: u8 = 0b11_1111;
 
 /// One direction's keys as `struct tls12_crypto_info_{aes_gcm_128, aes_gcm_256,
 /// chacha20_poly1305}`: `{ u16 version; u16 cipher_type; }` then `iv`, `key`, `salt`,

@@ -8,17 +8,13 @@
 //!   or unpushed, and takes ACKs between the reads: nothing is confirmed before the last
 //!   byte of its record is ACKed, and everything is once all is ACKed.
 
-use std::time::Instant;
-
 use proptest::prelude::*;
 use ring::aead::{self, Aad, LessSafeKey, Nonce, UnboundKey};
 use rustls::crypto::ring::cipher_suite as cs;
 
 use super::*;
-use crate::tls::test_client::{
-    SUITES, certs, client, client_reads, drain, handshake, pattern, session,
-};
-use crate::tls::{SealFrom, TlsConn};
+use crate::tls::SealFrom;
+use crate::tls::test_client::{SUITES, certs, client_reads, connect, drain, pattern, session};
 
 /// Seals application-data records from a `struct tls12_crypto_info_*` the way the kernel's
 /// software TLS does, reading nothing but those bytes.
@@ -109,9 +105,7 @@ fn records_sealed_from_the_handed_over_keys_decrypt_at_a_real_client() {
     let (certs, root) = certs(dir.path());
     for suite in SUITES {
         let name = format!("{:?}", suite.suite());
-        let mut c = client(root.clone(), suite);
-        let mut s = TlsConn::new(certs.current(), Instant::now()).unwrap();
-        handshake(&mut c, &mut s);
+        let (mut c, mut s) = connect(&certs, &root, suite);
         // An answer sealed by rustls before the hand-over, as a subscription's would be.
         let n = s
             .encrypt(std::iter::once(&b"HTTP/1.1 200 OK\r\n\r\n"[..]))
@@ -235,9 +229,7 @@ int main(void) {
         (cs::TLS13_AES_256_GCM_SHA384, 32, &lines[2]),
         (cs::TLS13_CHACHA20_POLY1305_SHA256, 32, &lines[3]),
     ] {
-        let mut cl = client(root.clone(), suite);
-        let mut s = TlsConn::new(certs.current(), Instant::now()).unwrap();
-        handshake(&mut cl, &mut s);
+        let (_cl, mut s) = connect(&certs, &root, suite);
         let secrets = s
             .conn
             .take()
@@ -542,9 +534,7 @@ fn each_form_has_its_own_bit() {
     let dir = tempfile::tempdir().unwrap();
     let (certs, root) = certs(dir.path());
     for suite in SUITES {
-        let mut c = client(root.clone(), suite);
-        let mut s = TlsConn::new(certs.current(), Instant::now()).unwrap();
-        handshake(&mut c, &mut s);
+        let (_c, mut s) = connect(&certs, &root, suite);
         let mut bit = 0;
         s.seal_from_now(|info, _| {
             bit = info.form_bit();
@@ -554,4 +544,5 @@ fn each_form_has_its_own_bit() {
         assert_eq!(bits & bit, 0, "{suite:?}");
         bits |= bit;
     }
+    assert_eq!(bits, ALL_FORMS, "the six suites are the six forms");
 }

@@ -8,7 +8,7 @@ use rustls::crypto::ring::cipher_suite as cs;
 
 use super::*;
 use crate::tls::test_client::{
-    SUITES, certs, client, client_reads, drain, handshake, pattern, session,
+    SUITES, certs, client, client_reads, connect, drain, pattern, session,
 };
 use crate::tls::{SealFrom, TlsConn};
 
@@ -18,9 +18,7 @@ fn a_real_client_decrypts_exactly_what_the_record_layer_sealed() {
     let (certs, root) = certs(dir.path());
     for suite in SUITES {
         let name = format!("{:?}", suite.suite());
-        let mut c = client(root.clone(), suite);
-        let mut s = TlsConn::new(certs.current(), Instant::now()).unwrap();
-        handshake(&mut c, &mut s);
+        let (mut c, mut s) = connect(&certs, &root, suite);
         // Application data through rustls first (an HTTP answer), then the keys move.
         let answer = b"HTTP/1.1 200 OK\r\n\r\n".to_vec();
         let n = s.encrypt(std::iter::once(&answer[..])).unwrap() as u64;

@@ -102,8 +102,18 @@ pub fn pattern(n: usize, salt: u8) -> Vec<u8> {
 pub fn session(suite: SupportedCipherSuite) -> (tempfile::TempDir, ClientConnection, TlsConn) {
     let dir = tempfile::tempdir().unwrap();
     let (certs, root) = certs(dir.path());
-    let mut c = client(root, suite);
+    let (c, s) = connect(&certs, &root, suite);
+    (dir, c, s)
+}
+
+/// A client offering only `suite` and the server side of `certs`, after their handshake.
+pub fn connect(
+    certs: &Certs,
+    root: &rustls::pki_types::CertificateDer<'static>,
+    suite: SupportedCipherSuite,
+) -> (ClientConnection, TlsConn) {
+    let mut c = client(root.clone(), suite);
     let mut s = TlsConn::new(certs.current(), std::time::Instant::now()).unwrap();
     handshake(&mut c, &mut s);
-    (dir, c, s)
+    (c, s)
 }
