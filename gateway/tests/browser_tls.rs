@@ -1,8 +1,12 @@
 //! A real browser against the gateway over HTTPS: headless Chromium (BoringSSL) loads a page
 //! from another origin, subscribes with `EventSource` to `https://` through a TCP proxy that
-//! cuts the TLS byte stream at random points (mid-record, sometimes mid-handshake), and
+//! cuts the TLS byte stream at random points (mid-record, after the stream opened), and
 //! publishes with `fetch` straight to the gateway over HTTPS with a bearer JWT (preflighted
-//! CORS). The gateway seals its subscribers' records with its own record layer
+//! CORS). The proxy reads TLS's record framing (its 5-byte headers are in the clear): it finds
+//! the client's HTTP request and cuts inside a record that follows the response head, so the
+//! page has seen the stream open before each cut, whatever the handshake's size (cuts counted
+//! from the connection's first byte fell mostly in Chromium's handshake, and a record cut short
+//! delivers nothing: the page then never saw the stream open). The gateway seals its subscribers' records with its own record layer
 //! (`tls/record.rs`), or the kernel does where it has TLS (`--tls-kernel auto`); the browser
 //! must decrypt every record and resume with the `Last-Event-ID` EventSource sends by itself,
 //! gap-free and duplicate-free.
@@ -29,13 +33,17 @@ use common::{Gateway, json};
 use support::{Browser, PageServer, Rng};
 
 const EVENTS: usize = 300;
-/// Each proxied connection is cut after this many bytes from the gateway (uniform): inside
-/// the TLS handshake (~2 KB with its session tickets) at times, inside a record mostly.
-const CUT_BYTES_MIN: usize = 2_500;
-const CUT_BYTES_MAX: usize = 5_000;
+/// After the client's request the gateway sends its session tickets (rustls sends 2, a record
+/// each), then the response head in a record of its own, then events: a replay in records of
+/// up to 16 KB, then a record per live event. The proxy passes this many records after the
+/// request whole (uniform), then cuts the next one at a random byte inside it.
+const RECORDS_WHOLE_MIN: usize = 3;
+const RECORDS_WHOLE_MAX: usize = 6;
 /// After this many cut connections the proxy passes the rest whole (a run always ends).
 const CUTS_MAX: usize = 40;
-const RECONNECTS_MIN: u64 = 2;
+/// Every cut falls after the head, so each cut connection opened and its cut is a reconnect;
+/// events come at least one record per connection, so the page sees many.
+const RECONNECTS_MIN: u64 = 3;
 const PAGE_DEADLINE_MS: u64 = 60_000;
 const RESULT_WAIT: Duration = Duration::from_secs(90);
 const PAGE: &str = include_str!("common/browser_page.html");
@@ -105,11 +113,15 @@ fn eventsource_over_https_decrypts_every_record_and_resumes_exactly_once_across_
     });
     let console = browser.console_lines();
     browser.kill();
-    let (conns, cuts) = (proxy.connections.load(Relaxed), proxy.cuts.load(Relaxed));
+    let conns = proxy.connections.load(Relaxed);
+    let (cuts, requests) = (
+        proxy.stats.cuts.load(Relaxed),
+        proxy.stats.requests.load(Relaxed),
+    );
     let Some(raw) = raw else {
         panic!(
             "the page reported nothing within {RESULT_WAIT:?}; proxy: {conns} connections, \
-             {cuts} cuts\npage console:\n{}\nchromium log tail:\n{}",
+             {requests} requests, {cuts} cuts\npage console:\n{}\nchromium log tail:\n{}",
             console.join("\n"),
             browser.log_tail(40)
         );
@@ -118,7 +130,8 @@ fn eventsource_over_https_decrypts_every_record_and_resumes_exactly_once_across_
     let n = |k: &str| r[k].as_u64().unwrap_or(u64::MAX);
     let brief = support::page_brief(&r);
     let context = format!(
-        "seed {seed}; proxy: {conns} connections, {cuts} cuts; page result: {brief}\n\
+        "seed {seed}; proxy: {conns} connections, {requests} requests, {cuts} cuts inside a \
+         record after the head; page result: {brief}\n\
          page console:\n{}",
         console.join("\n")
     );
@@ -127,6 +140,8 @@ fn eventsource_over_https_decrypts_every_record_and_resumes_exactly_once_across_
     assert_eq!(r["ids"], r["published_ids"], "{context}");
     assert!(n("reconnects") >= RECONNECTS_MIN, "{context}");
     assert!(cuts >= RECONNECTS_MIN as usize, "{context}");
+    // Each cut connection had shown the page its open first (the cut follows the head).
+    assert!(n("opens") > cuts as u64, "{context}");
     assert_eq!(r["forbidden_check"]["status"], 403, "{context}");
     assert_eq!(r["ok"], true, "{context}");
     // The browser read records the gateway's own record layer sealed.
@@ -137,14 +152,46 @@ fn eventsource_over_https_decrypts_every_record_and_resumes_exactly_once_across_
 }
 
 /// A TCP proxy that forwards bytes both ways and, for its first [`CUTS_MAX`] connections,
-/// closes both sides after a random number of bytes from the upstream (it knows nothing of
-/// TLS: the cut falls wherever the count does).
+/// closes both sides inside a record that follows the response head.
+///
+/// It finds the client's HTTP request by the records' content types: the request is the
+/// client's first `application_data` record under TLS 1.2, and its second under TLS 1.3, whose
+/// encrypted Finished is one too (1.3 is told by the server sending `application_data` before
+/// the client has). From there it counts the gateway's records, passes a random number of them
+/// whole ([`RECORDS_WHOLE_MIN`]..=[`RECORDS_WHOLE_MAX`]) and cuts the next at a random byte
+/// strictly inside it.
 struct CutProxy {
     addr: SocketAddr,
     connections: Arc<AtomicUsize>,
-    cuts: Arc<AtomicUsize>,
+    stats: Arc<CutStats>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
+}
+
+#[derive(Default)]
+struct CutStats {
+    cuts: AtomicUsize,
+    /// Connections whose request the proxy saw go upstream (each is a subscription).
+    requests: AtomicUsize,
+}
+
+/// What the two directions of one proxied connection know of each other.
+#[derive(Default)]
+struct ConnState {
+    /// The server sent an `application_data` record before the client did: TLS 1.3.
+    tls13: AtomicBool,
+    client_app_records: AtomicUsize,
+    /// Set before the client's request record is forwarded, so whatever the server sends in
+    /// answer is read after it is set.
+    requested: AtomicBool,
+}
+
+/// Where one connection is cut: inside its record number `whole + 1` after the request, at
+/// `at % record_len` (never its first byte).
+#[derive(Clone, Copy)]
+struct CutPlan {
+    whole: usize,
+    at: u64,
 }
 
 impl CutProxy {
@@ -152,9 +199,10 @@ impl CutProxy {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind proxy");
         listener.set_nonblocking(true).unwrap();
         let addr = listener.local_addr().unwrap();
-        let (connections, cuts) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let connections = Arc::new(AtomicUsize::new(0));
+        let stats = Arc::new(CutStats::default());
         let stop = Arc::new(AtomicBool::new(false));
-        let (c2, k2, s2) = (connections.clone(), cuts.clone(), stop.clone());
+        let (c2, st2, s2) = (connections.clone(), stats.clone(), stop.clone());
         let thread = std::thread::spawn(move || {
             let mut rng = Rng::new(seed ^ 0x5eed);
             while !s2.load(Relaxed) {
@@ -166,18 +214,23 @@ impl CutProxy {
                     continue;
                 };
                 let i = c2.fetch_add(1, Relaxed);
-                let limit = (i < CUTS_MAX).then(|| rng.in_range(CUT_BYTES_MIN, CUT_BYTES_MAX));
+                let plan = (i < CUTS_MAX).then(|| CutPlan {
+                    whole: rng.in_range(RECORDS_WHOLE_MIN, RECORDS_WHOLE_MAX),
+                    at: rng.next_u64(),
+                });
                 client.set_nonblocking(false).unwrap();
+                let conn = Arc::new(ConnState::default());
                 let (c, s) = (client.try_clone().unwrap(), server.try_clone().unwrap());
-                std::thread::spawn(move || pipe(c, s, None, None));
-                let k = k2.clone();
-                std::thread::spawn(move || pipe(server, client, limit, Some(k)));
+                let (conn2, st) = (conn.clone(), st2.clone());
+                std::thread::spawn(move || pipe_up(c, s, &conn2, &st));
+                let st = st2.clone();
+                std::thread::spawn(move || pipe_down(server, client, plan, &conn, &st));
             }
         });
         CutProxy {
             addr,
             connections,
-            cuts,
+            stats,
             stop,
             thread: Some(thread),
         }
@@ -193,32 +246,123 @@ impl Drop for CutProxy {
     }
 }
 
-/// Copies `from` → `to` until EOF or an error, or until `limit` bytes went through: then
-/// both sockets are shut down (counted in `cuts`). Bounded: every read times out after 60 s.
-fn pipe(
-    mut from: TcpStream,
-    mut to: TcpStream,
-    limit: Option<usize>,
-    cuts: Option<Arc<AtomicUsize>>,
-) {
-    let _ = from.set_read_timeout(Some(Duration::from_secs(60)));
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let mut buf = [0u8; 4096];
-    let mut total = 0usize;
+/// Walks a byte stream's TLS record framing across reads.
+#[derive(Default)]
+struct Records {
+    header: [u8; 5],
+    header_have: usize,
+    /// Body bytes left in the current record.
+    body_left: usize,
+    /// Bytes fed so far.
+    fed: usize,
+}
+
+impl Records {
+    /// Feeds `bytes`; calls `on_start(content_type, start, len)` at each record whose header
+    /// completes, with the stream offset of its first header byte and its whole length.
+    fn feed(&mut self, mut bytes: &[u8], mut on_start: impl FnMut(u8, usize, usize)) {
+        while !bytes.is_empty() {
+            let n = if self.body_left > 0 {
+                let n = self.body_left.min(bytes.len());
+                self.body_left -= n;
+                n
+            } else {
+                let n = (5 - self.header_have).min(bytes.len());
+                self.header[self.header_have..self.header_have + n].copy_from_slice(&bytes[..n]);
+                self.header_have += n;
+                if self.header_have == 5 {
+                    self.header_have = 0;
+                    let [kind, _, _, hi, lo] = self.header;
+                    self.body_left = u16::from_be_bytes([hi, lo]) as usize;
+                    on_start(kind, self.fed + n - 5, 5 + self.body_left);
+                }
+                n
+            };
+            self.fed += n;
+            bytes = &bytes[n..];
+        }
+    }
+}
+
+const APPLICATION_DATA: u8 = 23;
+/// Every read times out after this; a pipe gives up after `PIPE_DEADLINE` in all.
+const PIPE_READ_TIMEOUT: Duration = Duration::from_secs(60);
+const PIPE_DEADLINE: Duration = Duration::from_secs(120);
+
+/// Client → gateway: forwards everything, and marks the connection `requested` just before its
+/// request record goes upstream.
+fn pipe_up(mut from: TcpStream, mut to: TcpStream, conn: &ConnState, stats: &CutStats) {
+    let _ = from.set_read_timeout(Some(PIPE_READ_TIMEOUT));
+    let deadline = Instant::now() + PIPE_DEADLINE;
+    let (mut buf, mut records) = ([0u8; 4096], Records::default());
     while Instant::now() < deadline {
-        let want = limit.map_or(buf.len(), |l| (l - total).min(buf.len()));
-        let n = match from.read(&mut buf[..want]) {
+        let n = match from.read(&mut buf) {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
+        records.feed(&buf[..n], |kind, _, _| {
+            if kind != APPLICATION_DATA {
+                return;
+            }
+            let k = conn.client_app_records.fetch_add(1, Relaxed) + 1;
+            let request_at = if conn.tls13.load(Relaxed) { 2 } else { 1 };
+            if k == request_at {
+                conn.requested.store(true, Relaxed);
+                stats.requests.fetch_add(1, Relaxed);
+            }
+        });
         if to.write_all(&buf[..n]).is_err() {
             break;
         }
-        total += n;
-        if limit == Some(total) {
-            if let Some(c) = &cuts {
-                c.fetch_add(1, Relaxed);
+    }
+    let _ = from.shutdown(Shutdown::Both);
+    let _ = to.shutdown(Shutdown::Both);
+}
+
+/// Gateway → client: forwards everything until EOF or an error, or up to the planned cut:
+/// then both sockets are shut down.
+fn pipe_down(
+    mut from: TcpStream,
+    mut to: TcpStream,
+    plan: Option<CutPlan>,
+    conn: &ConnState,
+    stats: &CutStats,
+) {
+    let _ = from.set_read_timeout(Some(PIPE_READ_TIMEOUT));
+    let deadline = Instant::now() + PIPE_DEADLINE;
+    let (mut buf, mut records) = ([0u8; 4096], Records::default());
+    // Records begun after the request, and the stream offset to cut at once it is known.
+    let (mut after_request, mut cut_at) = (0usize, None::<usize>);
+    while Instant::now() < deadline {
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        // Read after the read returned: what was read while it was false, the gateway sent
+        // before it had the request (the handshake).
+        let requested = conn.requested.load(Relaxed);
+        let fed = records.fed;
+        records.feed(&buf[..n], |kind, start, len| {
+            if kind != APPLICATION_DATA {
+                return;
             }
+            if conn.client_app_records.load(Relaxed) == 0 {
+                conn.tls13.store(true, Relaxed);
+            }
+            if !requested {
+                return;
+            }
+            after_request += 1;
+            if let Some(p) = plan.filter(|p| after_request == p.whole + 1 && cut_at.is_none()) {
+                cut_at = Some(start + 1 + (p.at % (len as u64 - 1)) as usize);
+            }
+        });
+        let take = cut_at.map_or(n, |at| n.min(at.saturating_sub(fed)));
+        if to.write_all(&buf[..take]).is_err() {
+            break;
+        }
+        if take < n || cut_at == Some(fed + n) {
+            stats.cuts.fetch_add(1, Relaxed);
             break;
         }
     }
