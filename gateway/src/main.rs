@@ -1,20 +1,8 @@
 //! The `gateway` binary: parses the CLI, probes io_uring, loads the shard map and opens every
 //! shard's log, binds one SO_REUSEPORT listener per core, starts one pinned reactor thread per
 //! core, prints `listening on <addr>`, and on SIGINT/SIGTERM asks every core to stop
-//! accepting, make its logs durable and close, then exits 0.
-//!
-//! # Layout
-//! - `config`: CLI flags (clap) and their validation.
-//! - `probe`: the io_uring feature probe.
-//! - `proto`: HTTP/1.1 parsing, routing, SSE framing and the sans-IO connection machine.
-//! - `streams`: pub/sub with no I/O: logs by shard, subscribers and their send windows,
-//!   parked windows, publishing, where a subscription or resume starts.
-//! - `uring`: the io_uring driver (ring, op table, the memory of every operation in flight).
-//! - `core`: the per-core loop that dispatches completions and carries out decisions.
-//! - `mcp`: the MCP front's flags, over the `mcp-front` crate.
-//! - `shards`: stream → shard → core ownership and the persisted shard count.
-//! - `metrics`: per-core counters and the Prometheus rendering.
-//! - `sys`: the few direct syscalls.
+//! accepting, make its logs durable and close, then exits 0. The parts live in the library
+//! (`lib.rs`), so that the simulator (`sim/`) can drive them too.
 
 use std::io::Write as _;
 use std::os::fd::{AsFd, OwnedFd};
@@ -23,19 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 
 use clap::Parser;
 
-mod admin;
-mod clustering;
-mod config;
-mod core;
-mod mcp;
-mod metrics;
-mod probe;
-mod proto;
-mod shards;
-mod streams;
-mod sys;
-mod tls;
-mod uring;
+use gateway::{admin, clustering, config, core, metrics, probe, proto, shards, sys, tls};
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;

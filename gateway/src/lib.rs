@@ -1,0 +1,30 @@
+//! The gateway's parts as a library: the `gateway` binary (`main.rs`) wires them to the real
+//! io_uring driver, sockets and signals; the simulator (`sim/`) drives the same parts over
+//! simulated time, I/O and faults.
+//!
+//! # Layout
+//! - `config`: CLI flags (clap) and their validation.
+//! - `probe`: the io_uring feature probe.
+//! - `proto`: HTTP/1.1 parsing, routing, SSE framing and the sans-IO connection machine.
+//! - `streams`: pub/sub with no I/O: logs by shard, subscribers and their send windows,
+//!   parked windows, publishing, where a subscription or resume starts.
+//! - `uring`: the io_uring driver (ring, op table, the memory of every operation in flight).
+//! - `core`: the per-core loop that dispatches completions and carries out decisions.
+//! - `mcp`: the MCP front's flags, over the `mcp-front` crate.
+//! - `shards`: stream → shard → core ownership and the persisted shard count.
+//! - `metrics`: per-core counters and the Prometheus rendering.
+//! - `sys`: the few direct syscalls.
+
+pub mod admin;
+pub mod clustering;
+pub mod config;
+pub mod core;
+pub mod mcp;
+pub mod metrics;
+pub mod probe;
+pub mod proto;
+pub mod shards;
+pub mod streams;
+pub mod sys;
+pub mod tls;
+pub mod uring;
