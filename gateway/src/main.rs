@@ -7,10 +7,11 @@
 use std::io::Write as _;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 
 use clap::Parser;
 
+use gateway::streams::catalog::StreamQuota;
 use gateway::{admin, clustering, config, core, metrics, probe, proto, shards, sys, tls};
 
 #[global_allocator]
@@ -64,7 +65,10 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
     let (txs, rxs, eventfds) = handoff_channels(cores)?;
     let (logs_per_core, epochs, clustered, follow_from) =
         logs_and_cluster(&cfg, cores, shard_count, &eventfds)?;
-    let streams_open = api_streams(&logs_per_core);
+    let quota = StreamQuota::new(
+        cfg.streams_max,
+        logs_per_core.iter().flatten().map(|(_, log)| log),
+    );
     raise_fd_limit(&cfg, shard_count);
     let signals = sys::block_shutdown_signals();
     let (listeners, addr) = bind_listeners(&cfg, cores)?;
@@ -97,7 +101,7 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
         verifier: Arc::new(verifier),
         certs,
         origins: cfg.cors_allow_origins.clone().into(),
-        streams: AtomicU64::new(streams_open),
+        quota,
         per_ip: std::sync::Mutex::new(std::collections::HashMap::new()),
         body_budget: Arc::new(proto::conn::BodyBudget::new(cfg.request_buffer_bytes_max)),
         ktls_refused: std::sync::atomic::AtomicU8::new(0),
@@ -162,21 +166,6 @@ fn handoff_channels(cores: usize) -> Result<Channels, String> {
         eventfds.push(sys::eventfd().map_err(|e| format!("eventfd: {e}"))?);
     }
     Ok((txs, rxs, eventfds))
-}
-
-/// Live API streams (MCP streams are the MCP front's) across the logs: `--streams-max`'s start.
-fn api_streams(logs_per_core: &[Vec<(u32, log_store::Log)>]) -> u64 {
-    logs_per_core
-        .iter()
-        .flatten()
-        .map(|(_, log)| {
-            let mcp = log
-                .streams()
-                .filter(|(_, n, _)| n.starts_with(core::MCP_STREAM_PREFIX))
-                .count();
-            (log.live_stream_count() - mcp) as u64
-        })
-        .sum()
 }
 
 /// `listening on <addr>` and `admin listener on <addr>` on stdout (what scripts wait for), and

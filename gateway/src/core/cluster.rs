@@ -19,6 +19,7 @@ use crate::proto::http;
 use crate::proto::route::SubscribeQuery;
 use crate::proto::sse;
 use crate::streams::StreamKey;
+use crate::streams::catalog::StreamsExhausted;
 use crate::streams::hub::SubRef;
 use crate::streams::publish::{self, Event};
 use crate::streams::sub::PENDING_STREAM;
@@ -116,13 +117,11 @@ impl ClusterCore {
     }
 }
 
-/// The wait a cluster publish's answer holds until its events are applied: stream `u32::MAX`
-/// (never a stream id: the log refuses to create it) and the request's first ticket.
+/// The wait a cluster publish's answer holds until its events are applied.
 fn ticket_wait(shard: u32, first: u64) -> Wait {
-    Wait {
+    Wait::Applied {
         shard,
-        stream: u32::MAX,
-        seq: first,
+        ticket: first,
     }
 }
 
@@ -215,10 +214,12 @@ impl Core {
     ) -> Result<(), (u16, &'static str, String)> {
         let log = self.hub.log(shard);
         if log.stream_id(stream).is_none() {
-            let max = self.shared.cfg.streams_max;
-            if self.shared.streams.load(Relaxed) >= max {
-                let msg = format!("the gateway holds --streams-max {max} streams; no new stream");
-                return Err((507, "streams_exhausted", msg));
+            if let Err(e) = self.shared.quota.check(stream) {
+                return Err((
+                    StreamsExhausted::STATUS,
+                    StreamsExhausted::CODE,
+                    e.to_string(),
+                ));
             }
             if let Err(e) = log_store::Log::check_stream_name(stream) {
                 let (status, code) = publish::append_status(&e);
@@ -356,9 +357,7 @@ impl Core {
             Some(k) => k,
             None => {
                 let k = self.hub.open_stream(name)?;
-                if !name.starts_with(super::MCP_STREAM_PREFIX) {
-                    self.shared.streams.fetch_add(1, Relaxed); // --streams-max counts API streams
-                }
+                self.shared.quota.count_created(name);
                 self.adopt_unborn(name, k);
                 k
             }
@@ -435,7 +434,7 @@ impl Core {
             .collect();
         let (bytes, wait) = if ids.len() == p.tickets.len() {
             let last = ids.last().expect("a publish has an event");
-            let wait = Wait {
+            let wait = Wait::Durable {
                 shard: p.shard,
                 stream: last.stream.0,
                 seq: last.seq,

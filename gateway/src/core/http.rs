@@ -270,7 +270,7 @@ impl Core {
             };
             if let State::Http(h) = &mut c.state {
                 h.fail_waits(
-                    |w| w.shard == shard,
+                    |w| w.shard() == shard,
                     |close| http::error_response(500, "log_failed", LOG_FAILED, close),
                 );
             }

@@ -12,6 +12,7 @@ use super::{Core, State};
 use crate::proto::conn::Wait;
 use crate::proto::http;
 use crate::streams::StreamKey;
+use crate::streams::catalog::StreamsExhausted;
 use crate::streams::publish;
 
 impl Core {
@@ -26,18 +27,16 @@ impl Core {
         if let Some(key) = self.hub.stream_key(stream) {
             return Some(key);
         }
-        let max = self.shared.cfg.streams_max;
-        if self.shared.streams.fetch_add(1, Relaxed) >= max {
-            self.shared.streams.fetch_sub(1, Relaxed);
+        if let Err(e) = self.shared.quota.reserve(stream) {
             self.m().streams_exhausted_total.fetch_add(1, Relaxed);
-            let msg = format!("the gateway holds --streams-max {max} streams; no new stream");
-            self.error(slot, 507, "streams_exhausted", &msg, close);
+            let (status, code) = (StreamsExhausted::STATUS, StreamsExhausted::CODE);
+            self.error(slot, status, code, &e.to_string(), close);
             return None;
         }
         match self.hub.open_stream(stream) {
             Ok(k) => Some(k),
             Err(e) => {
-                self.shared.streams.fetch_sub(1, Relaxed);
+                self.shared.quota.release(stream);
                 let (status, code) = publish::append_status(&e);
                 self.error(slot, status, code, &e.to_string(), close);
                 None
@@ -62,7 +61,7 @@ impl Core {
         match self.remove_stream(key) {
             Ok(removed) => {
                 self.m().streams_deleted_total.fetch_add(1, Relaxed);
-                let wait = (!removed.durable).then_some(Wait {
+                let wait = (!removed.durable).then_some(Wait::Durable {
                     shard: key.0,
                     stream: key.1.0,
                     seq: u64::MAX,
@@ -96,9 +95,12 @@ impl Core {
                 self.close_conn(r.0);
             }
         }
+        let name = self.hub.log(key.0).stream_name(key.1).map(str::to_owned);
         let removed = self.hub.remove_stream(key)?;
         self.parked.forget(key);
-        self.shared.streams.fetch_sub(1, Relaxed);
+        self.shared
+            .quota
+            .release(&name.expect("a live stream has a name"));
         Ok(removed)
     }
 

@@ -19,7 +19,7 @@ use crate::shards;
 use crate::sys;
 
 /// The name every MCP stream is routed by (see `shards::shard_of`).
-const MCP_SHARD_ANCHOR: &str = super::MCP_STREAM_PREFIX;
+const MCP_SHARD_ANCHOR: &str = crate::streams::catalog::MCP_STREAM_PREFIX;
 
 /// Upstream events handled per drain before the core yields to other work (it re-wakes
 /// itself when more are queued).

@@ -23,7 +23,7 @@ mod tls;
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -35,14 +35,13 @@ use crate::metrics::CoreMetrics;
 use crate::proto::access::Gate;
 use crate::proto::conn::{BodyBudget, ConnLimits, HttpConn};
 use crate::proto::http::HeadLimits;
+use crate::streams::catalog::StreamQuota;
 use crate::streams::hub::{Hub, SubRef};
 use crate::streams::parked::{ParkLimits, ParkedWindows};
 use crate::streams::sub::{Sub, SubLimits};
 use crate::sys;
 use crate::uring::{Cqe, Driver};
 
-/// Every MCP stream's name starts with this (`mcp/<session>/<n>`): one shard holds them all.
-pub const MCP_STREAM_PREFIX: &str = "mcp/";
 /// The tick: timers, `SIOCOUTQ` confirmation, keep-alives.
 const TICK: Duration = Duration::from_millis(100);
 /// Requests one connection may have processed per call before others get a turn.
@@ -67,8 +66,8 @@ pub struct Shared {
     pub verifier: Arc<auth::Verifier>,
     /// `--cors-allow-origin`.
     pub origins: Arc<[String]>,
-    /// Live streams across all shards (`--streams-max`).
-    pub streams: AtomicU64,
+    /// Live API streams across all shards (`--streams-max`).
+    pub quota: StreamQuota,
     /// The listener's certificate and key (`--tls-cert-file`), reloaded on SIGHUP.
     pub certs: Option<crate::tls::Certs>,
     /// Open connections by peer address (`--connections-per-ip-max`).

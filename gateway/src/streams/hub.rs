@@ -16,6 +16,7 @@ use std::time::{Duration, Instant, SystemTime};
 use log_store::{AppendError, Log, RemoveError, Removed, StreamId, SyncJob, SyncReport};
 
 use super::StreamKey;
+use super::catalog::StreamKind;
 use crate::proto::conn::Wait;
 use crate::{metrics, shards};
 
@@ -107,15 +108,16 @@ impl Hub {
     /// once its removal is durable: every append before it is durable then (and a `DELETE`
     /// waits with `seq` = `u64::MAX` for exactly that).
     pub fn visible(&self, w: Wait) -> bool {
-        let Some(log) = self.logs.get(&w.shard) else {
+        // A cluster publish's placeholder is replaced by the core once applied, never released.
+        let Wait::Durable { shard, stream, seq } = w else {
             return false;
         };
-        if w.stream == u32::MAX {
-            return false; // a cluster publish not yet applied (core/cluster.rs)
-        }
-        let id = StreamId(w.stream);
+        let Some(log) = self.logs.get(&shard) else {
+            return false;
+        };
+        let id = StreamId(stream);
         match log.bounds(id) {
-            Some(b) => b.visible_tail >= w.seq,
+            Some(b) => b.visible_tail >= seq,
             None => log.removal_is_durable(id),
         }
     }
@@ -142,7 +144,7 @@ impl Hub {
         for (&s, log) in &self.logs {
             for (id, name, _) in log.streams() {
                 let key = (s, id);
-                if name.starts_with(crate::core::MCP_STREAM_PREFIX)
+                if StreamKind::of(name) == StreamKind::Mcp
                     || !log.stream_is_empty(id)
                     || self.subs.contains_key(&key)
                 {
@@ -304,7 +306,7 @@ impl Hub {
         let listed = shards
             .iter()
             .flat_map(|&s| self.logs[&s].streams().map(move |st| (s, st)))
-            .filter(|(_, (_, name, _))| !name.starts_with(crate::core::MCP_STREAM_PREFIX))
+            .filter(|(_, (_, name, _))| StreamKind::of(name) == StreamKind::Api)
             .take(max);
         for (s, (_, name, b)) in listed {
             metrics::stream_lines(&mut out, s, name, b.floor, b.tail, b.visible_tail);

@@ -1,9 +1,11 @@
-//! The pub/sub layer, with no I/O: the streams a core owns and their logs ([`hub`]),
+//! The pub/sub layer, with no I/O: the catalog's rules (stream kinds, `--streams-max`:
+//! [`catalog`]), the streams a core owns and their logs ([`hub`]),
 //! publishing ([`publish`]), subscribers and their send windows ([`sub`], [`window`]),
 //! parked windows ([`parked`]) and where a subscription or resume starts ([`resume`]). The
 //! core drives it and carries out its decisions with the io_uring driver.
 #![forbid(unsafe_code)]
 
+pub mod catalog;
 pub mod hub;
 pub mod parked;
 pub mod publish;

@@ -133,7 +133,7 @@ pub fn append(
             }
         }
     }
-    let wait = ids.last().filter(|_| !all_durable).map(|id| Wait {
+    let wait = ids.last().filter(|_| !all_durable).map(|id| Wait::Durable {
         shard,
         stream: sid.0,
         seq: id.seq,

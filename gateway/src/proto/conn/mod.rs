@@ -92,12 +92,25 @@ pub enum Step {
     HandOff { owner: usize, bytes: Vec<u8> },
 }
 
-/// A durability wait: the answer leaves only once `seq` of stream `(shard, stream)` is visible.
+/// What a queued answer waits for before it may leave.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Wait {
-    pub shard: u32,
-    pub stream: u32,
-    pub seq: u64,
+pub enum Wait {
+    /// Event `seq` of stream `(shard, stream)` durable under `--fsync` (its visible tail
+    /// reached it); `seq` = `u64::MAX`: the stream's removal durable.
+    Durable { shard: u32, stream: u32, seq: u64 },
+    /// A cluster publish's placeholder: its events back from JetStream and applied on this
+    /// node (`ticket`: the request's first); the core then replaces it with the answer, which
+    /// waits [`Wait::Durable`] in turn.
+    Applied { shard: u32, ticket: u64 },
+}
+
+impl Wait {
+    /// The shard whose log the wait depends on (a failed group commit fails its waits).
+    pub fn shard(self) -> u32 {
+        match self {
+            Wait::Durable { shard, .. } | Wait::Applied { shard, .. } => shard,
+        }
+    }
 }
 
 /// An answer waiting its turn. Answers leave strictly in request order.

@@ -77,7 +77,7 @@ fn pipelined_requests_come_out_in_order_and_answers_keep_it() {
     let bodies: Vec<Vec<u8>> = (0..3).map(|_| request(&mut c, t0, &lim).body).collect();
     assert_eq!(bodies, vec![b"one".to_vec(), b"two".to_vec(), Vec::new()]);
     // The first answer waits for durability: it holds back the two after it.
-    let w = Wait {
+    let w = Wait::Durable {
         shard: 0,
         stream: 1,
         seq: 1,
@@ -90,11 +90,11 @@ fn pipelined_requests_come_out_in_order_and_answers_keep_it() {
         "nothing passes a waiting answer"
     );
     assert!(
-        c.release_waits(|x| x.seq > 1),
+        c.release_waits(|x| matches!(x, Wait::Durable { seq, .. } if seq > 1)),
         "not visible yet: still waiting"
     );
     assert!(drain(&mut c, t0).is_empty());
-    assert!(!c.release_waits(|x| x.seq <= 1));
+    assert!(!c.release_waits(|x| matches!(x, Wait::Durable { seq, .. } if seq <= 1)));
     assert_eq!(drain(&mut c, t0), b"A1A2A3");
     assert!(matches!(
         c.poll(t0, &lim, &local, &mut open_gate()),
@@ -357,16 +357,19 @@ fn a_failed_wait_turns_its_answer_into_the_error_in_place() {
     let mut c = HttpConn::new(Vec::new(), t0);
     feed(&mut c, &publish("a", "x"), t0, &lim);
     let _ = request(&mut c, t0, &lim);
-    let lost = Wait {
+    let lost = Wait::Durable {
         shard: 3,
         stream: 1,
         seq: 7,
     };
-    let kept = Wait { shard: 4, ..lost };
+    let kept = Wait::Applied {
+        shard: 4,
+        ticket: 7,
+    };
     c.answer(b"201-lost".to_vec(), Some(lost), false);
     c.answer(b"201-kept".to_vec(), Some(kept), false);
     c.fail_waits(
-        |w| w.shard == 3,
+        |w| w.shard() == 3,
         |close| format!("500 close={close}").into_bytes(),
     );
     assert_eq!(
