@@ -6,7 +6,7 @@
 use std::os::fd::AsFd;
 use std::sync::atomic::Ordering::Relaxed;
 
-use super::subs::count_confirmed;
+use super::counts::count_confirmed;
 use super::{Core, State};
 use crate::streams::sub::PENDING_STREAM;
 use crate::sys;

@@ -10,6 +10,7 @@
 mod bounds;
 mod close;
 mod cluster;
+mod counts;
 mod dispatch;
 mod http;
 mod lifecycle;

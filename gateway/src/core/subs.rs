@@ -7,9 +7,10 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use log_store::Seq;
 
+use super::counts::{count_confirmed, count_sent};
 use super::{Core, State};
 use crate::streams::StreamKey;
-use crate::streams::sub::{AckMode, Confirmed, Ended, Next, Sub, TxReport};
+use crate::streams::sub::{AckMode, Ended, Next, Sub, TxReport};
 use crate::streams::window::ParkedEvent;
 use crate::sys;
 use crate::uring::{Bytes, Op, Vectored};
@@ -172,20 +173,4 @@ impl Core {
             self.io.tx_timestamps(slot, fd);
         }
     }
-}
-
-/// Adds what a send completion did to the core's counters (the core's own block, on its
-/// thread: the only writer of these four).
-pub(super) fn count_sent(m: &crate::metrics::CoreMetrics, sent: crate::streams::sub::Sent) {
-    use crate::metrics::bump_own;
-    bump_own(&m.bytes_confirmed_total, sent.bytes_confirmed);
-    bump_own(&m.bytes_sent_total, sent.bytes);
-    bump_own(&m.events_sent_total, sent.events_sent as u64);
-    bump_own(&m.events_confirmed_total, sent.events_confirmed as u64);
-}
-
-/// Adds a confirmation to the core's counters (as [`count_sent`]).
-pub(super) fn count_confirmed(m: &crate::metrics::CoreMetrics, c: Confirmed) {
-    crate::metrics::bump_own(&m.events_confirmed_total, c.events as u64);
-    crate::metrics::bump_own(&m.bytes_confirmed_total, c.bytes);
 }

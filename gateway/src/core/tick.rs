@@ -6,7 +6,7 @@ use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant, SystemTime};
 
-use super::subs::count_confirmed;
+use super::counts::count_confirmed;
 use super::{Core, State};
 use crate::proto::conn::Deadline;
 use crate::uring::Op;

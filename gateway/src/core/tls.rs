@@ -424,7 +424,7 @@ impl Core {
                     None
                 };
                 let sent = sub.on_sent(v, plain, outq);
-                super::subs::count_sent(&self.shared.metrics[self.id], sent);
+                super::counts::count_sent(&self.shared.metrics[self.id], sent);
                 self.pump(slot);
             }
             Held::Nothing => match conn.state {
