@@ -16,7 +16,7 @@ impl Core {
     pub(super) fn close_conn(&mut self, slot: u32) {
         self.mcp_conn_closed(slot);
         let (now, lim, shutting_down) = (self.now, self.lim.park, self.shutting_down.is_some());
-        let conn = self.conns[slot as usize].as_mut().expect("live slot");
+        let conn = self.conns.live(slot);
         if conn.closing {
             return;
         }
@@ -57,11 +57,11 @@ impl Core {
     /// Closes the fd and frees the slot of a closing connection once nothing that owns its
     /// memory is in flight.
     pub(super) fn maybe_free(&mut self, slot: u32) {
-        let conn = self.conns[slot as usize].as_ref().expect("live slot");
+        let conn = self.conns.live(slot);
         if !conn.closing || self.io.owning_in_flight(slot) {
             return;
         }
-        let conn = self.conns[slot as usize].take().expect("live slot");
+        let conn = self.conns.take(slot);
         self.release_peer(conn.peer);
         drop(conn); // closes the fd
         self.io.close_slot(slot);

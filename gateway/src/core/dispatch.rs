@@ -143,11 +143,7 @@ impl Core {
             peer,
             tls: tls.map(|s| Box::new(Tls::new(s))),
         };
-        if self.conns.len() <= slot as usize {
-            self.conns.resize_with(slot as usize + 1, || None);
-        }
-        debug_assert!(self.conns[slot as usize].is_none());
-        self.conns[slot as usize] = Some(conn);
+        self.conns.insert(slot, conn);
         self.m().connections.fetch_add(1, Relaxed);
         slot
     }

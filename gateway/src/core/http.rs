@@ -82,7 +82,7 @@ impl Core {
             state: State::Http(h),
             closing: false,
             ..
-        }) = self.conns[slot as usize].as_mut()
+        }) = self.conns.get(slot)
         else {
             return None;
         };
@@ -95,7 +95,7 @@ impl Core {
         if let Some(super::Conn {
             state: State::Http(h),
             ..
-        }) = self.conns[slot as usize].as_ref()
+        }) = self.conns.get(slot)
             && h.starved()
         {
             let r = (slot, self.io.generation(slot));
@@ -219,7 +219,7 @@ impl Core {
             !self.io.owning_in_flight(slot),
             "a handed-off connection has no operation in flight"
         );
-        let conn = self.conns[slot as usize].take().expect("live slot");
+        let conn = self.conns.take(slot);
         self.io.close_slot(slot);
         self.m().connections.fetch_sub(1, Relaxed);
         self.m().handoffs_out_total.fetch_add(1, Relaxed);
@@ -245,7 +245,7 @@ impl Core {
         }
         for r in std::mem::take(&mut self.waiting) {
             let hub = &self.hub;
-            let Some(c) = self.conns.get_mut(r.0 as usize).and_then(Option::as_mut) else {
+            let Some(c) = self.conns.get(r.0) else {
                 continue;
             };
             if c.closing || self.io.generation(r.0) != r.1 {

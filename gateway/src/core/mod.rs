@@ -10,6 +10,7 @@
 mod bounds;
 mod close;
 mod cluster;
+mod conns;
 mod counts;
 mod dispatch;
 mod http;
@@ -34,14 +35,15 @@ use log_store::{Epoch, Log};
 use crate::config::Config;
 use crate::metrics::CoreMetrics;
 use crate::proto::access::Gate;
-use crate::proto::conn::{BodyBudget, ConnLimits, HttpConn};
+use crate::proto::conn::{BodyBudget, ConnLimits};
 use crate::proto::http::HeadLimits;
 use crate::streams::catalog::StreamQuota;
 use crate::streams::hub::{Hub, SubRef};
 use crate::streams::parked::{ParkLimits, ParkedWindows};
-use crate::streams::sub::{Sub, SubLimits};
+use crate::streams::sub::SubLimits;
 use crate::sys;
 use crate::uring::{Cqe, Driver};
+use conns::{Conn, Conns, State};
 
 /// The tick: timers, `SIOCOUTQ` confirmation, keep-alives.
 const TICK: Duration = Duration::from_millis(100);
@@ -107,26 +109,6 @@ pub struct CoreSetup {
     pub inbox: Option<::cluster::Inbox>,
 }
 
-/// What a connection is doing.
-#[derive(Debug)]
-enum State {
-    Http(HttpConn),
-    Sub(Box<Sub>),
-}
-
-/// A connection: its socket, what it is doing, and whether it is closing (cancelled, waiting
-/// for its memory-owning operations to complete before the fd is closed and the slot freed).
-#[derive(Debug)]
-struct Conn {
-    fd: OwnedFd,
-    closing: bool,
-    state: State,
-    /// The peer's address, counted in `Shared::per_ip` until the connection closes.
-    peer: Option<IpAddr>,
-    /// TLS on this connection (`--tls-cert-file`).
-    tls: Option<Box<tls::Tls>>,
-}
-
 /// The limits of a core, from the flags.
 #[derive(Debug)]
 struct Limits {
@@ -146,7 +128,7 @@ struct Core {
     efd: RawFd,
     rx: Receiver<Handoff>,
     /// Connections by slot.
-    conns: Vec<Option<Conn>>,
+    conns: Conns,
     hub: Hub,
     parked: ParkedWindows,
     /// Connections with an answer waiting for durability.
@@ -252,7 +234,7 @@ pub fn run_core(setup: CoreSetup, shared: Arc<Shared>, ready: impl FnOnce(Result
         listener: setup.listener,
         efd: shared_efd,
         rx: setup.rx,
-        conns: Vec::new(),
+        conns: Conns::default(),
         parked: ParkedWindows::default(),
         waiting: Vec::new(),
         to_pump: Vec::new(),
@@ -324,7 +306,7 @@ impl Core {
     }
 
     fn live_connections(&self) -> usize {
-        self.conns.iter().filter(|c| c.is_some()).count()
+        self.conns.len()
     }
 
     fn wait_duration(&self) -> Duration {
@@ -347,12 +329,11 @@ impl Core {
 
     /// The live connection on `slot` if it is still generation `generation`.
     fn conn_at(&mut self, (slot, generation): SubRef) -> Option<&mut Conn> {
-        let c = self.conns.get_mut(slot as usize)?.as_mut()?;
-        (self.io.generation(slot) == generation).then_some(c)
+        self.conns.at((slot, generation), self.io.generation(slot))
     }
 
     fn conn(&mut self, slot: u32) -> &mut Conn {
-        self.conns[slot as usize].as_mut().expect("live slot")
+        self.conns.live(slot)
     }
 
     /// Answers that became durable (or whose group commit failed), the subscribers of the

@@ -84,7 +84,7 @@ impl Core {
             return;
         }
         let (now, lim) = (self.now, self.lim.sub);
-        let Some(conn) = self.conns[slot as usize].as_mut() else {
+        let Some(conn) = self.conns.get(slot) else {
             return;
         };
         let fd = conn.fd.as_raw_fd();
@@ -151,7 +151,7 @@ impl Core {
     }
 
     pub(super) fn on_tx_timestamp(&mut self, slot: u32, res: i32, flags: u32, more: bool) {
-        let conn = self.conns[slot as usize].as_mut().expect("live slot");
+        let conn = self.conns.live(slot);
         let fd = conn.fd.as_raw_fd();
         let State::Sub(sub) = &mut conn.state else {
             return;

@@ -86,11 +86,10 @@ impl Core {
         let (mut to_close, mut to_flush, mut to_pump) = (Vec::new(), Vec::new(), Vec::new());
         let mut g = Gauges::default();
         let m = &self.shared.metrics[self.id];
-        for (i, c) in self.conns.iter_mut().enumerate() {
-            let Some(conn) = c.as_mut().filter(|c| !c.closing) else {
+        for (slot, conn) in self.conns.iter_mut() {
+            if conn.closing {
                 continue;
-            };
-            let slot = i as u32;
+            }
             if let Some(t) = &conn.tls
                 && !t.s.established()
                 && now.duration_since(t.s.started()) >= self.lim.tls_handshake
@@ -147,8 +146,8 @@ impl Core {
         }
         self.hub.sync_all(self.id);
         self.complete_waits();
-        for i in 0..self.conns.len() as u32 {
-            let Some(conn) = self.conns[i as usize].as_mut() else {
+        for i in self.conns.slots() {
+            let Some(conn) = self.conns.get(i) else {
                 continue;
             };
             match &mut conn.state {
