@@ -20,7 +20,7 @@ use crate::proto::route::SubscribeQuery;
 use crate::proto::sse;
 use crate::streams::StreamKey;
 use crate::streams::catalog::StreamsExhausted;
-use crate::streams::hub::SubRef;
+use crate::streams::hub::{Hub, SubRef};
 use crate::streams::publish::{self, Event};
 use crate::streams::sub::PENDING_STREAM;
 
@@ -115,6 +115,114 @@ impl ClusterCore {
     pub(super) fn busy(&self) -> bool {
         self.stalled.is_empty() && self.inbox.more()
     }
+
+    /// Sends one event through JetStream under a new ticket (its outcome comes back to this
+    /// core by it).
+    fn publish(
+        &mut self,
+        shard: u32,
+        stream: String,
+        event: Option<String>,
+        data: Vec<u8>,
+        expect_seq: Option<u64>,
+    ) -> u64 {
+        let ticket = self.next_ticket;
+        self.next_ticket += 1;
+        let p = cluster::Publish {
+            shard,
+            ticket,
+            stream,
+            event,
+            data,
+            expect_seq,
+        };
+        self.handle.publish(p);
+        ticket
+    }
+
+    /// Sends a request's events under consecutive tickets; returns the first.
+    fn publish_events(&mut self, shard: u32, stream: &str, events: Vec<Event>) -> u64 {
+        let first = self.next_ticket;
+        for (event, data) in events {
+            self.publish(shard, stream.to_owned(), event, data, None);
+        }
+        first
+    }
+
+    /// A snapshot of `shard` covering `seq` messages is stored: the messages this core's
+    /// stored snapshots cover in all.
+    fn stored(&mut self, shard: u32, seq: u64) -> u64 {
+        let e = self.stored.entry(shard).or_default();
+        *e = (*e).max(seq);
+        self.stored.values().sum()
+    }
+
+    /// Every `--cluster-snapshot-interval-secs`: each shard of this core that applied
+    /// something since its last snapshot stores a new one (its streams in id order with their
+    /// tails: O(streams)).
+    fn take_snapshots(&mut self, now: Instant, secs: u64, hub: &Hub) {
+        if secs == 0 || self.next_snapshot.is_some_and(|t| now < t) {
+            return;
+        }
+        self.next_snapshot = Some(now + Duration::from_secs(secs));
+        for (&shard, &applied) in &self.applied {
+            if applied == 0 || self.snapshotted.get(&shard) == Some(&applied) {
+                continue;
+            }
+            let log = hub.log(shard);
+            let streams: Vec<(String, u64)> = log
+                .streams()
+                .map(|(_, name, b)| (name.to_owned(), b.tail))
+                .collect();
+            // Cluster mode removes no stream: ids are dense, in the order recreated from this.
+            assert_eq!(streams.len(), log.stream_count(), "no stream removed");
+            let snap = cluster::Snapshot {
+                epoch: log.epoch().0,
+                seq: applied,
+                streams,
+            };
+            self.handle.snapshot(shard, &snap);
+            self.snapshotted.insert(shard, applied);
+        }
+    }
+
+    /// One ticket's outcome: the request it completes, once none of its tickets is pending.
+    fn resolve(&mut self, ticket: u64, outcome: Ticket, reason: Option<String>) -> Option<Pending> {
+        let Some((&first, p)) = self.pending.range_mut(..=ticket).next_back() else {
+            return None; // answered already (an unconfirmed publish that was stored after all)
+        };
+        // Past that request's tickets: its request was answered.
+        let t = p.tickets.get_mut((ticket - first) as usize)?;
+        if !matches!(t, Ticket::Pending) {
+            return None;
+        }
+        *t = outcome;
+        if reason.is_some() {
+            p.reason = reason;
+        }
+        if p.tickets.iter().any(|t| matches!(t, Ticket::Pending)) {
+            return None;
+        }
+        self.pending.remove(&first)
+    }
+
+    /// An unborn subscriber's connection closed: it waits no more.
+    fn forget_unborn(&mut self, r: SubRef) {
+        let Some(name) = self.unborn_of.remove(&r) else {
+            return;
+        };
+        if let Some(list) = self.unborn.get_mut(&name) {
+            list.retain(|&x| x != r);
+            if list.is_empty() {
+                self.unborn.remove(&name);
+            }
+        }
+    }
+
+    /// The connections waiting for stream `stream` to be created here.
+    fn unborn_subs(&self, stream: &str) -> Vec<SubRef> {
+        self.unborn.get(stream).cloned().unwrap_or_default()
+    }
 }
 
 /// The wait a cluster publish's answer holds until its events are applied.
@@ -144,20 +252,8 @@ impl Core {
         }
         let conn = (slot, self.io.generation(slot));
         let cc = self.cluster.as_mut().expect("cluster mode");
-        let first = cc.next_ticket;
-        cc.next_ticket += events.len() as u64;
         let n = events.len();
-        for (i, (event, data)) in events.into_iter().enumerate() {
-            let ticket = first + i as u64;
-            cc.handle.publish(cluster::Publish {
-                shard,
-                ticket,
-                stream: stream.to_owned(),
-                event,
-                data,
-                expect_seq: None,
-            });
-        }
+        let first = cc.publish_events(shard, stream, events);
         let p = Pending {
             conn,
             shard,
@@ -190,16 +286,8 @@ impl Core {
         expect_seq: Option<u64>,
     ) -> u64 {
         let cc = self.cluster.as_mut().expect("cluster mode");
-        let ticket = cc.next_ticket;
-        cc.next_ticket += 1;
-        cc.handle.publish(cluster::Publish {
-            shard,
-            ticket,
-            stream,
-            event: event.map(str::to_owned),
-            data,
-            expect_seq,
-        });
+        let event = event.map(str::to_owned);
+        let ticket = cc.publish(shard, stream, event, data, expect_seq);
         self.m().cluster_publishes_total.fetch_add(1, Relaxed);
         ticket
     }
@@ -276,43 +364,19 @@ impl Core {
 
     /// A snapshot is stored: the gauge of messages this core's stored snapshots cover.
     fn snapshot_stored(&mut self, shard: u32, seq: u64) {
-        let cc = self.cluster.as_mut().expect("cluster mode");
-        let e = cc.stored.entry(shard).or_default();
-        *e = (*e).max(seq);
-        let covered = cc.stored.values().sum();
+        let covered = self
+            .cluster
+            .as_mut()
+            .expect("cluster mode")
+            .stored(shard, seq);
         self.m().cluster_snapshot_messages.store(covered, Relaxed);
     }
 
-    /// Every `--cluster-snapshot-interval-secs`: each shard of this core that applied
-    /// something since its last snapshot stores a new one (its streams in id order with their
-    /// tails: O(streams)).
+    /// Every `--cluster-snapshot-interval-secs`: the snapshots due ([`ClusterCore::take_snapshots`]).
     fn take_snapshots(&mut self) {
         let secs = self.shared.cfg.cluster.cluster_snapshot_interval_secs;
-        let now = self.now;
         let cc = self.cluster.as_mut().expect("cluster mode");
-        if secs == 0 || cc.next_snapshot.is_some_and(|t| now < t) {
-            return;
-        }
-        cc.next_snapshot = Some(now + Duration::from_secs(secs));
-        for (&shard, &applied) in &cc.applied {
-            if applied == 0 || cc.snapshotted.get(&shard) == Some(&applied) {
-                continue;
-            }
-            let log = self.hub.log(shard);
-            let streams: Vec<(String, u64)> = log
-                .streams()
-                .map(|(_, name, b)| (name.to_owned(), b.tail))
-                .collect();
-            // Cluster mode removes no stream: ids are dense, in the order recreated from this.
-            assert_eq!(streams.len(), log.stream_count(), "no stream removed");
-            let snap = cluster::Snapshot {
-                epoch: log.epoch().0,
-                seq: applied,
-                streams,
-            };
-            cc.handle.snapshot(shard, &snap);
-            cc.snapshotted.insert(shard, applied);
-        }
+        cc.take_snapshots(self.now, secs, &self.hub);
     }
 
     fn apply_or_stall(&mut self, a: Applied) {
@@ -401,24 +465,9 @@ impl Core {
     /// One ticket's outcome; the request is answered once none is pending.
     fn resolve(&mut self, ticket: u64, outcome: Ticket, reason: Option<String>) {
         let cc = self.cluster.as_mut().expect("cluster mode");
-        let Some((&first, p)) = cc.pending.range_mut(..=ticket).next_back() else {
-            return; // answered already (an unconfirmed publish that was stored after all)
-        };
-        let Some(t) = p.tickets.get_mut((ticket - first) as usize) else {
-            return; // past that request's tickets: its request was answered
-        };
-        if !matches!(t, Ticket::Pending) {
-            return;
+        if let Some(p) = cc.resolve(ticket, outcome, reason) {
+            self.answer_publish(p);
         }
-        *t = outcome;
-        if reason.is_some() {
-            p.reason = reason;
-        }
-        if p.tickets.iter().any(|t| matches!(t, Ticket::Pending)) {
-            return;
-        }
-        let p = cc.pending.remove(&first).expect("present");
-        self.answer_publish(p);
     }
 
     /// Replaces the held answer with the IDs (waiting for local durability) or, if any event
@@ -529,27 +578,15 @@ impl Core {
 
     /// An unborn subscriber's connection closed: it waits no more.
     pub(super) fn unborn_closed(&mut self, r: SubRef) {
-        let Some(cc) = self.cluster.as_mut() else {
-            return;
-        };
-        let Some(name) = cc.unborn_of.remove(&r) else {
-            return;
-        };
-        if let Some(list) = cc.unborn.get_mut(&name) {
-            list.retain(|&x| x != r);
-            if list.is_empty() {
-                cc.unborn.remove(&name);
-            }
+        if let Some(cc) = self.cluster.as_mut() {
+            cc.forget_unborn(r);
         }
     }
 
     /// The connections waiting for stream `stream` to be created here.
     pub(super) fn unborn_subs(&self, stream: &str) -> Vec<SubRef> {
-        self.cluster
-            .as_ref()
-            .and_then(|c| c.unborn.get(stream))
-            .cloned()
-            .unwrap_or_default()
+        let cc = self.cluster.as_ref();
+        cc.map(|c| c.unborn_subs(stream)).unwrap_or_default()
     }
 
     /// The stream `name` was just created as `key`: its waiting subscribers move to it.
