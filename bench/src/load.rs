@@ -1483,7 +1483,7 @@ fn sub_read(
         let Some(sock) = s.sock.as_mut() else { return };
         let n = match sock.read(&mut scratch[..want]) {
             Ok(0) => {
-                sub_server_closed(cfg, s, poll, token, connecting, ctx);
+                sub_closed(cfg, s, poll, token, connecting, ctx, None);
                 return;
             }
             Ok(n) => n,
@@ -1495,7 +1495,7 @@ fn sub_read(
             }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => {
-                sub_read_failed(cfg, s, poll, token, connecting, ctx, e);
+                sub_closed(cfg, s, poll, token, connecting, ctx, Some(e));
                 return;
             }
         };
@@ -1546,53 +1546,36 @@ fn read_want(s: &Sub, scratch_bytes: usize) -> Option<usize> {
     Some(scratch_bytes)
 }
 
-/// The server closed a subscriber's connection: resume a streaming one (within the reconnect
-/// budget); one still waiting for its response head has failed.
-fn sub_server_closed(
+/// The server closed a subscriber's connection (`read_error` `None`) or a read from it failed:
+/// resume a streaming one (within the reconnect budget). A close before the response head
+/// fails the subscriber; a read error is said as an error.
+fn sub_closed(
     cfg: &LoadConfig,
     s: &mut Sub,
     poll: &Poll,
     token: Token,
     connecting: &mut usize,
     ctx: &mut Ctx,
+    read_error: Option<std::io::Error>,
 ) {
     ctx.server_closes += 1;
     let again = s.phase == SubPhase::Streaming;
-    if !again {
-        ctx.error(format!(
+    match &read_error {
+        Some(e) => ctx.error(format!("stream {}: read: {e}", s.stream)),
+        None if !again => ctx.error(format!(
             "stream {}: server closed before response headers",
             s.stream
-        ));
+        )),
+        None => {}
     }
     close_sub(cfg, s, poll, connecting, ctx, again);
     if s.phase == SubPhase::Down {
         s.reconnects += 1;
         ctx.reconnects += 1;
         requeue(s, token, ctx);
-    } else if !again {
+    } else if !again && read_error.is_none() {
         s.failed = true;
         ctx.subscriber_failures += 1;
-    }
-}
-
-/// A subscriber's read failed: as a close by the server, said as an error.
-fn sub_read_failed(
-    cfg: &LoadConfig,
-    s: &mut Sub,
-    poll: &Poll,
-    token: Token,
-    connecting: &mut usize,
-    ctx: &mut Ctx,
-    e: std::io::Error,
-) {
-    ctx.server_closes += 1;
-    ctx.error(format!("stream {}: read: {e}", s.stream));
-    let again = s.phase == SubPhase::Streaming;
-    close_sub(cfg, s, poll, connecting, ctx, again);
-    if s.phase == SubPhase::Down {
-        s.reconnects += 1;
-        ctx.reconnects += 1;
-        requeue(s, token, ctx);
     }
 }
 
