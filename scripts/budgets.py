@@ -1,16 +1,17 @@
 #!/usr/bin/env python3
-"""budgets.py: checks the code budgets of gateway/src, mcp-front/src and auth/src (Rust sources).
+"""budgets.py: checks the code budgets of the workspace crates' Rust sources.
 
-  (a) no non-test .rs file over 650 lines (a file's lines minus its #[cfg(test)] modules,
-      attribute line to closing brace or `mod tests;`; *_tests.rs and tests.rs are test files and are
-      not counted);
-  (b) no fn item over 70 lines (attribute-free `fn` line to closing brace) in the new modules
-      (gateway/src/{uring,proto,streams,core}/, all of mcp-front/src/ and auth/src/), 100 elsewhere;
+  (a) no non-test .rs file over 650 lines in gateway/src, mcp-front/src and auth/src (a file's
+      lines minus its #[cfg(test)] modules, attribute line to closing brace or `mod tests;`;
+      *_tests.rs and tests.rs are test files and are not counted). Not yet applied to the other
+      crates: some files of log-store and bench are over it (--report marks them);
+  (b) no fn item over 70 lines (attribute-free `fn` line to closing brace) in the src/ of every
+      workspace crate (log-store, mcp-front, gateway, bench, auth, cluster);
       functions in #[cfg(test)] modules, in test files and marked #[test] / #[cfg(test)] are
       exempt; body-less declarations (`fn x(&self);`) are not functions;
-  (c) the `unsafe` keyword only under gateway/src/uring/ and in gateway/src/sys.rs (every .rs
-      file is checked, tests included; comments, strings and words like `unsafe_code` do not
-      count).
+  (c) the `unsafe` keyword only under gateway/src/uring/, in gateway/src/sys.rs and in
+      log-store/src/mmap.rs (the src/ of every workspace crate is checked, every .rs file,
+      tests included; comments, strings and words like `unsafe_code` do not count).
 
 It does not compile or expand anything: a small Rust lexer (strings, raw strings, byte and C
 strings, char literals vs lifetimes, nested block comments) feeds a brace matcher. Missing
@@ -31,19 +32,16 @@ import tempfile
 from dataclasses import dataclass
 
 FILE_LINES_MAX = 650
-FN_LINES_MAX_NEW = 70
-FN_LINES_MAX_OLD = 100
-SOURCE_DIRS = ("gateway/src", "mcp-front/src", "auth/src")
-NEW_MODULE_PREFIXES = (
-    "gateway/src/uring/",
-    "gateway/src/proto/",
-    "gateway/src/streams/",
-    "gateway/src/core/",
-    "mcp-front/src/",
-    "auth/src/",
-)
+FN_LINES_MAX = 70
+# Every workspace member's sources (Cargo.toml `members`; fuzz is outside the workspace).
+SOURCE_DIRS = ("log-store/src", "mcp-front/src", "gateway/src", "bench/src", "auth/src", "cluster/src")
+# Rule (a) covers these only, until the larger files of log-store and bench are split.
+FILE_BUDGET_DIRS = ("gateway/src/", "mcp-front/src/", "auth/src/")
 UNSAFE_ALLOWED_PREFIXES = ("gateway/src/uring/",)
-UNSAFE_ALLOWED_FILES = ("gateway/src/sys.rs",)
+# log-store/src/mmap.rs: the mapping of segment files (ARCHITECTURE.md: "all `unsafe` is in
+# mmap.rs"); every other log-store module is #![forbid(unsafe_code)].
+UNSAFE_ALLOWED_FILES = ("gateway/src/sys.rs", "log-store/src/mmap.rs")
+UNSAFE_WHERE = "gateway/src/uring/, gateway/src/sys.rs and log-store/src/mmap.rs"
 REPORT_TOP = 15
 
 
@@ -359,8 +357,8 @@ def is_test_file(rel: str) -> bool:
     return base == "tests.rs" or base.endswith("_tests.rs")
 
 
-def fn_budget(rel: str) -> int:
-    return FN_LINES_MAX_NEW if rel.startswith(NEW_MODULE_PREFIXES) else FN_LINES_MAX_OLD
+def file_budgeted(rel: str) -> bool:
+    return rel.startswith(FILE_BUDGET_DIRS)
 
 
 def unsafe_allowed(rel: str) -> bool:
@@ -385,7 +383,7 @@ def check(root: str, report: bool, out=sys.stdout) -> int:
     files = rust_files(root)
     violations: list[str] = []
     sizes: list[tuple[int, str]] = []
-    fns: list[tuple[int, str, Fn, int]] = []
+    fns: list[tuple[int, str, Fn]] = []
     counts = {"a": 0, "b": 0, "c": 0, "parse": 0}
     for rel in files:
         with open(os.path.join(root, rel), encoding="utf-8") as f:
@@ -399,36 +397,36 @@ def check(root: str, report: bool, out=sys.stdout) -> int:
         if not unsafe_allowed(rel):
             for ln in p.unsafe_lines:
                 violations.append(
-                    f"{rel}:{ln}: `unsafe` outside gateway/src/uring/ and gateway/src/sys.rs (budget: 0 here)"
+                    f"{rel}:{ln}: `unsafe` outside {UNSAFE_WHERE} (budget: 0 here)"
                 )
                 counts["c"] += 1
         if is_test_file(rel):
             continue
         sizes.append((p.non_test_lines, rel))
-        if p.non_test_lines > FILE_LINES_MAX:
+        if file_budgeted(rel) and p.non_test_lines > FILE_LINES_MAX:
             violations.append(
                 f"{rel}:1: file has {p.non_test_lines} non-test lines, budget {FILE_LINES_MAX}"
             )
             counts["a"] += 1
-        budget = fn_budget(rel)
         for fn in p.fns:
             if fn.test:
                 continue
-            fns.append((fn.lines, rel, fn, budget))
-            if fn.lines > budget:
-                violations.append(f"{rel}:{fn.line}: fn {fn.name} is {fn.lines} lines, budget {budget}")
+            fns.append((fn.lines, rel, fn))
+            if fn.lines > FN_LINES_MAX:
+                violations.append(f"{rel}:{fn.line}: fn {fn.name} is {fn.lines} lines, budget {FN_LINES_MAX}")
                 counts["b"] += 1
 
     if report:
         print(f"== {REPORT_TOP} largest non-test files (budget {FILE_LINES_MAX} lines)", file=out)
         for n, rel in sorted(sizes, key=lambda x: (-x[0], x[1]))[:REPORT_TOP]:
-            mark = "  OVER" if n > FILE_LINES_MAX else ""
+            mark = ""
+            if n > FILE_LINES_MAX:
+                mark = "  OVER" if file_budgeted(rel) else "  (over; rule (a) not applied here yet)"
             print(f"{n:6d}  {rel}{mark}", file=out)
-        print(f"== {REPORT_TOP} longest functions (budget {FN_LINES_MAX_NEW} in new modules, "
-              f"{FN_LINES_MAX_OLD} elsewhere)", file=out)
-        for n, rel, fn, budget in sorted(fns, key=lambda x: (-x[0], x[1], x[2].line))[:REPORT_TOP]:
-            mark = "  OVER" if n > budget else ""
-            print(f"{n:6d}  {rel}:{fn.line}  fn {fn.name}  (budget {budget}){mark}", file=out)
+        print(f"== {REPORT_TOP} longest functions (budget {FN_LINES_MAX} lines)", file=out)
+        for n, rel, fn in sorted(fns, key=lambda x: (-x[0], x[1], x[2].line))[:REPORT_TOP]:
+            mark = "  OVER" if n > FN_LINES_MAX else ""
+            print(f"{n:6d}  {rel}:{fn.line}  fn {fn.name}{mark}", file=out)
         print("== violations", file=out)
     for v in violations:
         print(v, file=out)
@@ -650,39 +648,53 @@ def self_test() -> int:
         def long_fn(name: str, lines: int) -> str:
             return f"fn {name}() {{\n" + "    x();\n" * (lines - 2) + "}\n"
 
-        write("gateway/src/ok.rs", long_fn("old_ok", 100) + "#[cfg(test)]\nmod tests {\n"
+        write("gateway/src/ok.rs", long_fn("at_budget", 70) + "#[cfg(test)]\nmod tests {\n"
               + long_fn("long_test_fn", 300) + "}\n")
         write("gateway/src/uring/mod.rs", long_fn("new_ok", 70) + "unsafe fn u() {}\n")
         write("gateway/src/sys.rs", "unsafe impl Send for X {}\n")
+        write("log-store/src/mmap.rs", "unsafe fn map() {}\n")
+        write("bench/src/big.rs", "fn a() {}\n" * 651)  # rule (a) does not cover bench yet
+        write("fuzz/src/lib.rs", long_fn("not_a_member", 200) + "unsafe fn f() {}\n")
         write("gateway/src/big_tests.rs", long_fn("in_test_file", 900) + "unsafe fn t() {}\n")
         write("gateway/src/tests_only.rs", "fn a() {}\n#[cfg(test)]\nmod tests {\n" + "\n" * 900 + "}\n")
         buf = _Capture()
         eq("test files are checked for unsafe: exit 1", check(root, report=False, out=buf), 1)
         eq("clean tree: only the test file's unsafe", buf.lines[:-1],
-           ["gateway/src/big_tests.rs:901: `unsafe` outside gateway/src/uring/ and gateway/src/sys.rs (budget: 0 here)"])
+           ["gateway/src/big_tests.rs:901: `unsafe` outside gateway/src/uring/, gateway/src/sys.rs and "
+            "log-store/src/mmap.rs (budget: 0 here)"])
         os.remove(os.path.join(root, "gateway/src/big_tests.rs"))
         buf = _Capture()
         eq("clean tree after removal: exit 0", check(root, report=False, out=buf), 0)
         eq("clean tree summary", buf.lines[-1].startswith("budgets: ok:"), True)
 
         write("gateway/src/proto/p.rs", long_fn("new_too_long", 71))
-        write("gateway/src/old_long.rs", long_fn("old_too_long", 101))
+        write("gateway/src/old_long.rs", long_fn("old_too_long", 71))
         write("gateway/src/huge.rs", "fn a() {}\n" * 651)
         write("gateway/src/bad_unsafe.rs", "fn a() { unsafe { b() } }\n")
         write("mcp-front/src/lib.rs", long_fn("front_too_long", 71))
+        write("bench/src/load.rs", long_fn("bench_too_long", 71))
+        write("log-store/src/log.rs", long_fn("log_too_long", 71) + "fn b() { unsafe { c() } }\n")
+        write("cluster/src/lib.rs", long_fn("cluster_too_long", 71))
         buf = _Capture()
         eq("violations: exit 1", check(root, report=False, out=buf), 1)
+        unsafe_where = "outside gateway/src/uring/, gateway/src/sys.rs and log-store/src/mmap.rs (budget: 0 here)"
         eq("violation lines", sorted(buf.lines[:-1]), sorted([
-            "gateway/src/bad_unsafe.rs:1: `unsafe` outside gateway/src/uring/ and gateway/src/sys.rs (budget: 0 here)",
+            f"gateway/src/bad_unsafe.rs:1: `unsafe` {unsafe_where}",
             "gateway/src/huge.rs:1: file has 651 non-test lines, budget 650",
-            "gateway/src/old_long.rs:1: fn old_too_long is 101 lines, budget 100",
+            "gateway/src/old_long.rs:1: fn old_too_long is 71 lines, budget 70",
             "gateway/src/proto/p.rs:1: fn new_too_long is 71 lines, budget 70",
             "mcp-front/src/lib.rs:1: fn front_too_long is 71 lines, budget 70",
+            "bench/src/load.rs:1: fn bench_too_long is 71 lines, budget 70",
+            "log-store/src/log.rs:1: fn log_too_long is 71 lines, budget 70",
+            f"log-store/src/log.rs:72: `unsafe` {unsafe_where}",
+            "cluster/src/lib.rs:1: fn cluster_too_long is 71 lines, budget 70",
         ]))
-        eq("violations summary", buf.lines[-1].startswith("budgets: FAILED, 5 violations"), True)
+        eq("violations summary", buf.lines[-1].startswith("budgets: FAILED, 9 violations"), True)
         buf = _Capture()
         eq("--report never fails", check(root, report=True, out=buf), 0)
-        eq("--report lists the largest file first", buf.lines[1].split(), ["651", "gateway/src/huge.rs", "OVER"])
+        eq("--report lists the largest files first; over rule (a) only where it applies",
+           [line.split()[:3] for line in buf.lines[1:3]],
+           [["651", "bench/src/big.rs", "(over;"], ["651", "gateway/src/huge.rs", "OVER"]])
 
     for f in failures:
         print(f"self-test FAILED: {f}")

@@ -96,28 +96,7 @@ impl Dechunker {
                 State::Size { value, digits } => {
                     let b = buf[i];
                     i += 1;
-                    let d = match b {
-                        b'0'..=b'9' => u64::from(b - b'0'),
-                        b'a'..=b'f' => u64::from(b - b'a' + 10),
-                        b'A'..=b'F' => u64::from(b - b'A' + 10),
-                        b';' | b' ' | b'\t' | b'\r' if digits > 0 => {
-                            self.state = State::SizeExt { value };
-                            continue;
-                        }
-                        b'\n' if digits > 0 => {
-                            self.state = Self::after_size(value);
-                            continue;
-                        }
-                        _ => return Err(ChunkError::BadSizeByte(b)),
-                    };
-                    let value = value * 16 + d;
-                    if value > CHUNK_BYTES_MAX {
-                        return Err(ChunkError::SizeTooLarge);
-                    }
-                    self.state = State::Size {
-                        value,
-                        digits: digits + 1,
-                    };
+                    self.state = Self::after_size_byte(value, digits, b)?;
                 }
                 State::SizeExt { value } => match memchr::memchr(b'\n', &buf[i..]) {
                     Some(p) => {
@@ -163,20 +142,47 @@ impl Dechunker {
                 State::Trailer { line_bytes } => {
                     let b = buf[i];
                     i += 1;
-                    self.state = match b {
-                        b'\n' if line_bytes == 0 => State::Done,
-                        b'\n' => State::Trailer { line_bytes: 0 },
-                        b'\r' => State::Trailer { line_bytes },
-                        _ => State::Trailer {
-                            line_bytes: line_bytes + 1,
-                        },
-                    };
+                    self.state = Self::after_trailer_byte(line_bytes, b);
                 }
                 State::Done if i == 0 => return Err(ChunkError::DataAfterEnd),
                 State::Done => return Ok(i),
             }
         }
         Ok(i)
+    }
+
+    /// The state after byte `b` of a size line that holds `value` in `digits` hex digits so
+    /// far.
+    fn after_size_byte(value: u64, digits: u32, b: u8) -> Result<State, ChunkError> {
+        let d = match b {
+            b'0'..=b'9' => u64::from(b - b'0'),
+            b'a'..=b'f' => u64::from(b - b'a' + 10),
+            b'A'..=b'F' => u64::from(b - b'A' + 10),
+            b';' | b' ' | b'\t' | b'\r' if digits > 0 => return Ok(State::SizeExt { value }),
+            b'\n' if digits > 0 => return Ok(Self::after_size(value)),
+            _ => return Err(ChunkError::BadSizeByte(b)),
+        };
+        let value = value * 16 + d;
+        if value > CHUNK_BYTES_MAX {
+            return Err(ChunkError::SizeTooLarge);
+        }
+        Ok(State::Size {
+            value,
+            digits: digits + 1,
+        })
+    }
+
+    /// The state after byte `b` of a trailer line with `line_bytes` bytes so far (an empty
+    /// line ends the body).
+    fn after_trailer_byte(line_bytes: u64, b: u8) -> State {
+        match b {
+            b'\n' if line_bytes == 0 => State::Done,
+            b'\n' => State::Trailer { line_bytes: 0 },
+            b'\r' => State::Trailer { line_bytes },
+            _ => State::Trailer {
+                line_bytes: line_bytes + 1,
+            },
+        }
     }
 
     fn after_size(value: u64) -> State {

@@ -314,6 +314,35 @@ struct Sub {
     up_once: bool,
 }
 
+impl Sub {
+    fn new(stream: u32, slow: bool, now: Instant) -> Self {
+        Sub {
+            stream,
+            slow,
+            sock: None,
+            phase: SubPhase::Down,
+            phase_since: now,
+            req: Vec::new(),
+            req_off: 0,
+            hdr: Vec::new(),
+            chunked: None,
+            sse: SseParser::new(),
+            checker: Checker::new(0),
+            cut_after_bytes: None,
+            resume_started: None,
+            resuming: false,
+            reconnect_at: None,
+            paused_until: None,
+            class: ResumeClass::None,
+            slow_budget_bytes: 0.0,
+            peer_closed: false,
+            reconnects: 0,
+            failed: false,
+            up_once: false,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum RespState {
     Head,
@@ -338,6 +367,27 @@ struct Pub {
     /// The last bytes read and written on this connection, kept when `BENCH_TRACE_DIR` is set
     /// and written there when the response stream stops making sense.
     trace: Option<(ByteTail, ByteTail)>,
+}
+
+impl Pub {
+    /// A connecting publisher for `streams`.
+    fn new(cfg: &LoadConfig, sock: Conn, streams: Vec<u32>) -> Self {
+        Pub {
+            sock,
+            connected: false,
+            streams,
+            rr: 0,
+            wbuf: Vec::with_capacity(cfg.pipeline_depth * (cfg.payload_bytes + 256)),
+            woff: 0,
+            inflight: 0,
+            rbuf: vec![0; PUB_RBUF_BYTES],
+            rlen: 0,
+            resp: RespState::Head,
+            dechunk: Dechunker::new(),
+            status: 0,
+            trace: trace_dir().map(|_| (ByteTail::new(TRACE_BYTES), ByteTail::new(TRACE_BYTES))),
+        }
+    }
 }
 
 /// Counters and histograms shared by all connections of a run.
@@ -366,6 +416,29 @@ struct Ctx {
 }
 
 impl Ctx {
+    fn new(cfg: &LoadConfig, origin: Instant) -> Self {
+        Ctx {
+            origin,
+            id_style: cfg.id_style,
+            latency_fast: new_hist(),
+            latency_slow: new_hist(),
+            resume: new_hist(),
+            resume_headers: new_hist(),
+            by_class: ByClass::new(new_hist),
+            server_closes: 0,
+            reconnects: 0,
+            http_410: 0,
+            subscriber_failures: 0,
+            publish_errors: 0,
+            published: 0,
+            responses: 0,
+            errors: Vec::new(),
+            cuts: 0,
+            reconnect_queue: VecDeque::new(),
+            rng: Rng::new(cfg.seed),
+        }
+    }
+
     fn error(&mut self, msg: String) {
         if self.errors.len() < 16 {
             self.errors.push(msg);
@@ -448,6 +521,19 @@ fn build_publish_head(
 
 /// Run one load phase.
 pub fn run(cfg: &LoadConfig) -> Result<LoadResult, LoadError> {
+    check_config(cfg)?;
+    let mut run = LoadRun::new(cfg)?;
+    let before_connect = sample(&cfg.target_pids)?;
+    let subscribers_up = run.connect_all()?;
+    if let Some(hold) = cfg.idle_hold_secs {
+        return run.hold_idle(hold, before_connect, subscribers_up);
+    }
+    let mut pubs = Publishers::open(cfg, &run.poll, &run.subs.names, run.subs.all.len())?;
+    run.load(&mut pubs, subscribers_up)
+}
+
+/// The flag combinations a run cannot be carried out with.
+fn check_config(cfg: &LoadConfig) -> Result<(), LoadError> {
     if usize::from(cfg.source_addr_first) + usize::from(cfg.source_addrs) > 255
         || cfg.source_addr_first == 0
     {
@@ -489,174 +575,183 @@ pub fn run(cfg: &LoadConfig) -> Result<LoadResult, LoadError> {
             "--publishers and --pipeline-depth must be at least 1".into(),
         ));
     }
-    let origin = Instant::now();
-    let subs_per_stream = cfg.subscribers_per_stream + cfg.slow_subscribers_per_stream;
-    let nsubs = cfg.streams * subs_per_stream;
-    raise_nofile((nsubs + cfg.publishers + 256) as u64);
-    let mut poll = Poll::new()?;
-    let mut events = Events::with_capacity(4096);
-    let mut scratch = vec![0u8; SCRATCH_BYTES];
-    let names: Vec<String> = (0..cfg.streams)
-        .map(|i| stream_name(&cfg.stream_prefix, i))
-        .collect();
-    let mut ctx = Ctx {
-        origin,
-        id_style: cfg.id_style,
-        latency_fast: new_hist(),
-        latency_slow: new_hist(),
-        resume: new_hist(),
-        resume_headers: new_hist(),
-        by_class: ByClass::new(new_hist),
-        server_closes: 0,
-        reconnects: 0,
-        http_410: 0,
-        subscriber_failures: 0,
-        publish_errors: 0,
-        published: 0,
-        responses: 0,
-        errors: Vec::new(),
-        cuts: 0,
-        reconnect_queue: VecDeque::new(),
-        rng: Rng::new(cfg.seed),
-    };
-    let mut subs: Vec<Sub> = (0..nsubs)
-        .map(|i| Sub {
-            stream: (i / subs_per_stream) as u32,
-            slow: i % subs_per_stream >= cfg.subscribers_per_stream,
-            sock: None,
-            phase: SubPhase::Down,
-            phase_since: origin,
-            req: Vec::new(),
-            req_off: 0,
-            hdr: Vec::new(),
-            chunked: None,
-            sse: SseParser::new(),
-            checker: Checker::new(0),
-            cut_after_bytes: None,
-            resume_started: None,
-            resuming: false,
-            reconnect_at: None,
-            paused_until: None,
-            class: ResumeClass::None,
-            slow_budget_bytes: 0.0,
-            peer_closed: false,
-            reconnects: 0,
-            failed: false,
-            up_once: false,
-        })
-        .collect();
-    let mut connect_queue: VecDeque<usize> = (0..nsubs).collect();
-    let mut connecting = 0usize;
-    let sample = |pids: &[u32]| -> Result<Option<ProcSample>, LoadError> {
-        if pids.is_empty() {
-            Ok(None)
-        } else {
-            procstat::sample(pids).map(Some).map_err(LoadError::Proc)
-        }
-    };
-    let before_connect = sample(&cfg.target_pids)?;
+    Ok(())
+}
 
-    // Phase 1: connect every subscriber and wait for its 200 headers.
-    let connect_deadline = origin + Duration::from_secs_f64(cfg.connect_secs_max);
-    loop {
-        start_connects(
+/// The target processes' figures now (`None` without target pids).
+fn sample(pids: &[u32]) -> Result<Option<ProcSample>, LoadError> {
+    if pids.is_empty() {
+        Ok(None)
+    } else {
+        procstat::sample(pids).map(Some).map_err(LoadError::Proc)
+    }
+}
+
+impl ServerFigures {
+    /// The figures between two samples, with the largest RSS sampled in between.
+    fn between(b: ProcSample, e: ProcSample, rss_peak_sampled_kib: u64) -> Self {
+        ServerFigures {
+            cpu_secs: (e.cpu_ticks - b.cpu_ticks) as f64 / procstat::ticks_per_second() as f64,
+            runqueue_wait_secs: e.runqueue_wait_ns.saturating_sub(b.runqueue_wait_ns) as f64 / 1e9,
+            rss_start_kib: b.rss_kib,
+            rss_end_kib: e.rss_kib,
+            rss_peak_sampled_kib,
+            hwm_kib: e.hwm_kib,
+        }
+    }
+}
+
+/// One run's event loop and its subscriber side; the phases are its methods: connect every
+/// subscriber, then either hold them (idle) or publish and drain (load).
+struct LoadRun<'c> {
+    cfg: &'c LoadConfig,
+    poll: Poll,
+    events: Events,
+    ctx: Ctx,
+    subs: Subscribers,
+}
+
+/// Every subscriber of a run, with the connect queue and the shared read buffer.
+#[derive(Debug)]
+struct Subscribers {
+    /// Stream names by index.
+    names: Vec<String>,
+    /// Indexed by token.
+    all: Vec<Sub>,
+    /// First-time connects not started yet.
+    connect_queue: VecDeque<usize>,
+    /// Subscribers connecting, requesting or waiting for their response head.
+    connecting: usize,
+    scratch: Vec<u8>,
+}
+
+impl<'c> LoadRun<'c> {
+    fn new(cfg: &'c LoadConfig) -> Result<Self, LoadError> {
+        let origin = Instant::now();
+        let subs_per_stream = cfg.subscribers_per_stream + cfg.slow_subscribers_per_stream;
+        let nsubs = cfg.streams * subs_per_stream;
+        raise_nofile((nsubs + cfg.publishers + 256) as u64);
+        let poll = Poll::new()?;
+        let events = Events::with_capacity(4096);
+        let scratch = vec![0u8; SCRATCH_BYTES];
+        let names: Vec<String> = (0..cfg.streams)
+            .map(|i| stream_name(&cfg.stream_prefix, i))
+            .collect();
+        let ctx = Ctx::new(cfg, origin);
+        let all: Vec<Sub> = (0..nsubs)
+            .map(|i| {
+                let slow = i % subs_per_stream >= cfg.subscribers_per_stream;
+                Sub::new((i / subs_per_stream) as u32, slow, origin)
+            })
+            .collect();
+        let subs = Subscribers {
+            names,
+            all,
+            connect_queue: (0..nsubs).collect(),
+            connecting: 0,
+            scratch,
+        };
+        Ok(Self {
             cfg,
-            &names,
-            &mut subs,
-            &mut connect_queue,
-            &mut connecting,
-            &poll,
-            &mut ctx,
-            Instant::now(),
-        );
-        let up = subs
-            .iter()
-            .filter(|s| s.phase == SubPhase::Streaming)
-            .count();
-        if up == nsubs {
-            break;
-        }
-        let failed = subs.iter().filter(|s| s.phase == SubPhase::Over).count();
-        let now = Instant::now();
-        if now > connect_deadline
-            || (failed > 0 && cfg.idle_hold_secs.is_none())
-            || (up + failed == nsubs)
-        {
-            if cfg.idle_hold_secs.is_some() {
-                break; // idle reports what it reached
-            }
-            let first_error = ctx
-                .errors
-                .first()
-                .cloned()
-                .unwrap_or_else(|| "timeout".into());
-            return Err(LoadError::ConnectTimeout {
-                up,
-                wanted: nsubs,
-                first_error,
-            });
-        }
-        poll.poll(&mut events, Some(Duration::from_millis(5)))?;
-        let now = Instant::now();
-        for ev in events.iter() {
-            let i = ev.token().0;
-            if i < subs.len() {
-                handle_sub_event(
-                    cfg,
-                    &mut subs[i],
-                    ev,
-                    &poll,
-                    Token(i),
-                    &mut ctx,
-                    &mut scratch,
-                    &mut connecting,
-                    now,
-                    Phase::Connect,
-                );
-            }
-        }
-        check_connect_timeouts(cfg, &mut subs, &mut connecting, &mut ctx, &poll, now);
-    }
-    let subscribers_up = subs
-        .iter()
-        .filter(|s| s.phase == SubPhase::Streaming)
-        .count();
-    let pending = subs
-        .iter()
-        .filter(|s| !matches!(s.phase, SubPhase::Streaming | SubPhase::Over))
-        .count();
-    if pending > 0 {
-        ctx.error(format!(
-            "{pending} subscribers had no response headers after --connect-secs-max {}",
-            cfg.connect_secs_max
-        ));
+            poll,
+            events,
+            ctx,
+            subs,
+        })
     }
 
-    if let Some(hold) = cfg.idle_hold_secs {
+    /// Phase 1: connect every subscriber and wait for its 200 headers; returns how many are
+    /// streaming.
+    fn connect_all(&mut self) -> Result<usize, LoadError> {
+        let cfg = self.cfg;
+        let nsubs = self.subs.all.len();
+        let connect_deadline = self.ctx.origin + Duration::from_secs_f64(cfg.connect_secs_max);
+        loop {
+            self.subs
+                .start_connects(cfg, &self.poll, &mut self.ctx, Instant::now());
+            let up = self.subs.count(SubPhase::Streaming);
+            if up == nsubs {
+                break;
+            }
+            let failed = self.subs.count(SubPhase::Over);
+            let now = Instant::now();
+            if now > connect_deadline
+                || (failed > 0 && cfg.idle_hold_secs.is_none())
+                || (up + failed == nsubs)
+            {
+                if cfg.idle_hold_secs.is_some() {
+                    break; // idle reports what it reached
+                }
+                let first_error = self
+                    .ctx
+                    .errors
+                    .first()
+                    .cloned()
+                    .unwrap_or_else(|| "timeout".into());
+                return Err(LoadError::ConnectTimeout {
+                    up,
+                    wanted: nsubs,
+                    first_error,
+                });
+            }
+            let now = self.poll_once(Duration::from_millis(5), Phase::Connect, None)?;
+            self.subs
+                .check_connect_timeouts(cfg, &mut self.ctx, &self.poll, now);
+        }
+        let subscribers_up = self.subs.count(SubPhase::Streaming);
+        let pending = self
+            .subs
+            .all
+            .iter()
+            .filter(|s| !matches!(s.phase, SubPhase::Streaming | SubPhase::Over))
+            .count();
+        if pending > 0 {
+            self.ctx.error(format!(
+                "{pending} subscribers had no response headers after --connect-secs-max {}",
+                cfg.connect_secs_max
+            ));
+        }
+        Ok(subscribers_up)
+    }
+
+    /// Waits up to `timeout` for readiness and hands every connection its events (publishers
+    /// only once there are any); returns the clock read after the wait.
+    fn poll_once(
+        &mut self,
+        timeout: Duration,
+        phase: Phase,
+        mut pubs: Option<(&mut Publishers, &Window)>,
+    ) -> Result<Instant, LoadError> {
+        self.poll.poll(&mut self.events, Some(timeout))?;
+        let now = Instant::now();
+        let nsubs = self.subs.all.len();
+        for ev in self.events.iter() {
+            let i = ev.token().0;
+            if i < nsubs {
+                self.subs
+                    .handle_event(self.cfg, ev, &self.poll, &mut self.ctx, now, phase);
+            } else if let Some((pubs, w)) = pubs.as_mut() {
+                pubs.handle_event(i - nsubs, ev, self.cfg, &self.poll, &mut self.ctx, w, now)?;
+            }
+        }
+        Ok(now)
+    }
+
+    /// Idle mode: no publishing; hold the connections for `hold` seconds, sampling the
+    /// server's RSS.
+    fn hold_idle(
+        mut self,
+        hold: f64,
+        before_connect: Option<ProcSample>,
+        subscribers_up: usize,
+    ) -> Result<LoadResult, LoadError> {
+        let cfg = self.cfg;
         let after_connect = sample(&cfg.target_pids)?;
         let hold_until = Instant::now() + Duration::from_secs_f64(hold);
         let mut peak = after_connect.map(|s| s.rss_kib).unwrap_or(0);
         let mut last_sample = Instant::now();
         while Instant::now() < hold_until {
-            poll.poll(&mut events, Some(Duration::from_millis(50)))?;
-            let now = Instant::now();
-            for ev in events.iter() {
-                let i = ev.token().0;
-                if i < subs.len() {
-                    handle_sub_event(
-                        cfg,
-                        &mut subs[i],
-                        ev,
-                        &poll,
-                        Token(i),
-                        &mut ctx,
-                        &mut scratch,
-                        &mut connecting,
-                        now,
-                        Phase::Idle,
-                    );
-                }
-            }
+            let now = self.poll_once(Duration::from_millis(50), Phase::Idle, None)?;
             if now.duration_since(last_sample) > Duration::from_millis(250) {
                 last_sample = now;
                 if let Some(s) = sample(&cfg.target_pids)? {
@@ -665,36 +760,25 @@ pub fn run(cfg: &LoadConfig) -> Result<LoadResult, LoadError> {
             }
         }
         let end = sample(&cfg.target_pids)?;
-        let still_up = subs
-            .iter()
-            .filter(|s| s.phase == SubPhase::Streaming)
-            .count();
+        let still_up = self.subs.count(SubPhase::Streaming);
         let mut fast = CheckCounts::default();
-        for s in &subs {
+        for s in &self.subs.all {
             fast.add(s.checker.counts());
         }
-        let server = match (before_connect, end) {
-            (Some(b), Some(e)) => Some(ServerFigures {
-                cpu_secs: (e.cpu_ticks - b.cpu_ticks) as f64 / procstat::ticks_per_second() as f64,
-                runqueue_wait_secs: e.runqueue_wait_ns.saturating_sub(b.runqueue_wait_ns) as f64
-                    / 1e9,
-                rss_start_kib: b.rss_kib,
-                rss_end_kib: e.rss_kib,
-                rss_peak_sampled_kib: peak,
-                hwm_kib: e.hwm_kib,
-            }),
-            _ => None,
-        };
+        let server = before_connect
+            .zip(end)
+            .map(|(b, e)| ServerFigures::between(b, e, peak));
         if still_up < subscribers_up {
-            ctx.error(format!(
+            self.ctx.error(format!(
                 "{} idle subscribers were closed during the hold",
                 subscribers_up - still_up
             ));
         }
-        return Ok(LoadResult {
+        let ctx = self.ctx;
+        Ok(LoadResult {
             fast,
             slow: CheckCounts::default(),
-            subscribers: nsubs,
+            subscribers: self.subs.all.len(),
             subscribers_up: still_up,
             subscriber_failures: ctx.subscriber_failures,
             published: 0,
@@ -716,204 +800,111 @@ pub fn run(cfg: &LoadConfig) -> Result<LoadResult, LoadError> {
             idle_rss_before_kib: before_connect.map(|s| s.rss_kib),
             idle_rss_after_kib: after_connect.map(|s| s.rss_kib),
             errors: ctx.errors,
-        });
+        })
     }
 
-    // Phase 2: publishers.
-    let mut pubs = Vec::with_capacity(cfg.publishers);
-    // Per-stream request heads, built once: "POST <path> HTTP/1.1\r\nHost: ..\r\nContent-Length: ".
-    let (url, content_type): (&UrlTemplate, &[u8]) = match (&cfg.publish_batch, cfg.batch_events) {
-        (Some(b), 2..) => (b, b"application/x-ndjson"),
-        _ => (&cfg.publish, b"application/octet-stream"),
-    };
-    for p in 0..cfg.publishers {
-        let mut sock = connect_from(None, url.addr)
-            .and_then(|s| wrap(cfg, url, s))
-            .map_err(|e| LoadError::Publisher(format!("connect {}: {e}", url.addr)))?;
-        poll.registry().register(
-            &mut sock,
-            Token(nsubs + p),
-            Interest::READABLE | Interest::WRITABLE,
-        )?;
-        let streams: Vec<u32> = (0..cfg.streams as u32)
-            .filter(|s| *s as usize % cfg.publishers == p)
-            .collect();
-        pubs.push(Pub {
-            sock,
-            connected: false,
-            streams,
-            rr: 0,
-            wbuf: Vec::with_capacity(cfg.pipeline_depth * (cfg.payload_bytes + 256)),
-            woff: 0,
-            inflight: 0,
-            rbuf: vec![0; PUB_RBUF_BYTES],
-            rlen: 0,
-            resp: RespState::Head,
-            dechunk: Dechunker::new(),
-            status: 0,
-            trace: trace_dir().map(|_| (ByteTail::new(TRACE_BYTES), ByteTail::new(TRACE_BYTES))),
-        });
+    /// Phase 2: publish while the subscribers read (with cuts, stalls and slow readers as
+    /// configured), then drain; what the window observed.
+    fn load(
+        mut self,
+        pubs: &mut Publishers,
+        subscribers_up: usize,
+    ) -> Result<LoadResult, LoadError> {
+        let cfg = self.cfg;
+        let start_sample = sample(&cfg.target_pids)?;
+        let me = [std::process::id()];
+        let bench_start = procstat::sample(&me).map_err(LoadError::Proc)?;
+        let mut w = Window::new(cfg, start_sample.map(|s| s.rss_kib).unwrap_or(0));
+        let window_end = loop {
+            if let Some(end) = self.load_turn(pubs, &mut w)? {
+                break end;
+            }
+        };
+        let end_sample = sample(&cfg.target_pids)?;
+        let bench_end = procstat::sample(&me).map_err(LoadError::Proc)?;
+        let bench_cpu_secs = (bench_end.cpu_ticks - bench_start.cpu_ticks) as f64
+            / procstat::ticks_per_second() as f64;
+        let (fast, slow, slow_backlog) = self.subs.handle_end(&pubs.counters);
+        let server = start_sample
+            .zip(end_sample)
+            .map(|(b, e)| ServerFigures::between(b, e, w.peak_rss.max(e.rss_kib)));
+        let ctx = self.ctx;
+        Ok(LoadResult {
+            fast,
+            slow,
+            subscribers: self.subs.all.len(),
+            subscribers_up,
+            subscriber_failures: ctx.subscriber_failures,
+            published: ctx.published,
+            publish_errors: ctx.publish_errors,
+            publish_secs: w
+                .publish_end
+                .unwrap_or(window_end)
+                .duration_since(w.start)
+                .as_secs_f64(),
+            window_secs: window_end.duration_since(w.start).as_secs_f64(),
+            slow_backlog_events: slow_backlog,
+            latency_fast_ns: ctx.latency_fast,
+            latency_slow_ns: ctx.latency_slow,
+            resume_ns: ctx.resume,
+            resume_headers_ns: ctx.resume_headers,
+            resume_by_class: ctx.by_class,
+            cuts: ctx.cuts,
+            server_closes: ctx.server_closes,
+            reconnects: ctx.reconnects,
+            http_410: ctx.http_410,
+            server,
+            bench_cpu_secs,
+            idle_rss_before_kib: None,
+            idle_rss_after_kib: None,
+            errors: ctx.errors,
+        })
     }
-    let heads: Vec<Vec<u8>> = names
-        .iter()
-        .map(|n| build_publish_head(url, n, content_type, &cfg.bearer))
-        .collect();
-    let mut counters = vec![0u64; cfg.streams];
-    let start_sample = sample(&cfg.target_pids)?;
-    let me = [std::process::id()];
-    let bench_start = procstat::sample(&me).map_err(LoadError::Proc)?;
-    let mut peak_rss = start_sample.map(|s| s.rss_kib).unwrap_or(0);
-    let window_start = Instant::now();
-    let publish_deadline = window_start + Duration::from_secs_f64(cfg.publish_secs_max);
-    let total_events = cfg.events_per_stream * cfg.streams as u64;
-    let mut publish_end: Option<Instant> = None;
-    let mut drain_deadline: Option<Instant> = None;
-    let mut cuts_scheduled = 0u64;
-    let mut last_slow_tick = window_start;
-    let mut last_sample = window_start;
-    let mut last_done_check = window_start;
-    let slow_bytes_per_sec = if cfg.slow_subscribers_per_stream > 0 {
-        cfg.rate_events_per_sec as f64 / cfg.streams as f64
-            * (cfg.payload_bytes + WIRE_OVERHEAD_BYTES) as f64
-            / f64::from(cfg.slow_rate_divisor.max(1))
-    } else {
-        0.0
-    };
-    let window_end;
-    loop {
+
+    /// One turn of the load loop; `Some(window end)` once the drain is over.
+    fn load_turn(
+        &mut self,
+        pubs: &mut Publishers,
+        w: &mut Window,
+    ) -> Result<Option<Instant>, LoadError> {
+        let cfg = self.cfg;
         let now = Instant::now();
-        let publishing = publish_end.is_none();
-        // Publish: fill pipelines up to depth within the rate budget.
+        let publishing = w.publish_end.is_none();
         if publishing {
-            let stop = now >= publish_deadline || ctx.published >= total_events;
-            // Responses still owed after the drain allowance: stop waiting (and say so).
-            let overdue =
-                now >= publish_deadline + Duration::from_secs_f64(cfg.drain_secs_max.max(1.0));
-            if stop && overdue && pubs.iter().any(|p| p.inflight > 0) {
-                let owed: usize = pubs.iter().map(|p| p.inflight).sum();
-                ctx.error(format!("{owed} publish responses never arrived"));
-                ctx.publish_errors += owed as u64;
-                publish_end = Some(now);
-                drain_deadline = Some(now);
-            } else if stop {
-                if pubs.iter().all(|p| p.inflight == 0) {
-                    publish_end = Some(now);
-                    drain_deadline = Some(now + Duration::from_secs_f64(cfg.drain_secs_max));
-                }
-            } else {
-                let allowed = if cfg.rate_events_per_sec == 0 {
-                    u64::MAX
-                } else {
-                    (now.duration_since(window_start).as_secs_f64()
-                        * cfg.rate_events_per_sec as f64) as u64
-                        + 1
-                };
-                for (pi, p) in pubs.iter_mut().enumerate() {
-                    if !p.connected {
-                        continue;
-                    }
-                    fill_publisher(cfg, p, &heads, &mut counters, &mut ctx, allowed, now);
-                    flush_publisher(p)
-                        .map_err(|e| LoadError::Publisher(format!("publisher {pi} write: {e}")))?;
-                }
-            }
+            self.publish(pubs, w, now)?;
         }
-        // Resume storm: schedule cuts.
         if cfg.cuts_per_sec > 0.0 && publishing {
-            let due = (now.duration_since(window_start).as_secs_f64() * cfg.cuts_per_sec) as u64;
-            let mut tries = 0;
-            while cuts_scheduled < due && tries < 64 {
-                tries += 1;
-                let i = ctx.rng.below(nsubs as u64) as usize;
-                let s = &mut subs[i];
-                if s.phase == SubPhase::Streaming
-                    && s.cut_after_bytes.is_none()
-                    && s.checker.counts().events > 0
-                    && !s.slow
-                {
-                    s.cut_after_bytes = Some(usize::MAX); // decided at the next read (random point)
-                    if cfg.cut_pause_ms > 0 {
-                        s.paused_until = Some(now + Duration::from_millis(cfg.cut_pause_ms));
-                    }
-                    cuts_scheduled += 1;
-                }
-            }
+            self.schedule_cuts(w, now);
         }
-        // Stalled subscribers due for a cut: read again (edge-triggered: nothing else will).
         if cfg.cut_pause_ms > 0 {
-            for (i, s) in subs.iter_mut().enumerate() {
-                if s.paused_until.is_some_and(|t| t <= now) {
-                    s.paused_until = None;
-                    sub_read(
-                        cfg,
-                        s,
-                        &poll,
-                        Token(i),
-                        &mut ctx,
-                        &mut scratch,
-                        &mut connecting,
-                        now,
-                    );
-                }
-            }
+            self.subs.read_unpaused(cfg, &self.poll, &mut self.ctx, now);
         }
         // Slow readers: read their budget on a timer.
-        if slow_bytes_per_sec > 0.0
-            && now.duration_since(last_slow_tick) >= Duration::from_millis(10)
+        if w.slow_bytes_per_sec > 0.0
+            && now.duration_since(w.last_slow_tick) >= Duration::from_millis(10)
         {
-            let dt = now.duration_since(last_slow_tick).as_secs_f64();
-            last_slow_tick = now;
-            for (i, s) in subs.iter_mut().enumerate() {
-                if s.slow && s.phase == SubPhase::Streaming {
-                    s.slow_budget_bytes =
-                        (s.slow_budget_bytes + slow_bytes_per_sec * dt).min(SCRATCH_BYTES as f64);
-                    sub_read(
-                        cfg,
-                        s,
-                        &poll,
-                        Token(i),
-                        &mut ctx,
-                        &mut scratch,
-                        &mut connecting,
-                        now,
-                    );
-                }
-            }
+            let dt = now.duration_since(w.last_slow_tick).as_secs_f64();
+            w.last_slow_tick = now;
+            let added_bytes = w.slow_bytes_per_sec * dt;
+            self.subs
+                .read_slow(cfg, &self.poll, &mut self.ctx, added_bytes, now);
         }
-        start_connects(
-            cfg,
-            &names,
-            &mut subs,
-            &mut connect_queue,
-            &mut connecting,
-            &poll,
-            &mut ctx,
-            now,
-        );
-        if now.duration_since(last_sample) >= Duration::from_millis(200) {
-            last_sample = now;
-            check_connect_timeouts(cfg, &mut subs, &mut connecting, &mut ctx, &poll, now);
+        self.subs
+            .start_connects(cfg, &self.poll, &mut self.ctx, now);
+        if now.duration_since(w.last_sample) >= Duration::from_millis(200) {
+            w.last_sample = now;
+            self.subs
+                .check_connect_timeouts(cfg, &mut self.ctx, &self.poll, now);
             if let Some(s) = sample(&cfg.target_pids)? {
-                peak_rss = peak_rss.max(s.rss_kib);
+                w.peak_rss = w.peak_rss.max(s.rss_kib);
             }
         }
-        // Drain: every fast subscriber has everything that was published (or is over).
-        if let Some(dd) = drain_deadline
-            && now.duration_since(last_done_check) >= Duration::from_millis(5)
+        if let Some(dd) = w.drain_deadline
+            && now.duration_since(w.last_done_check) >= Duration::from_millis(5)
         {
-            last_done_check = now;
-            // Not waited for: slow readers (by design), finished ones, and those the server
-            // explicitly truncated (they may have been moved past the tail; their missing
-            // events are explicit, see `handle_end`).
-            let done = subs.iter().all(|s| {
-                s.slow
-                    || s.phase == SubPhase::Over
-                    || s.checker.counts().explicit_truncations > 0
-                    || s.checker.expected() >= counters[s.stream as usize]
-            });
-            if done || now >= dd {
-                window_end = now;
-                break;
+            w.last_done_check = now;
+            if self.subs.drained(&pubs.counters) || now >= dd {
+                return Ok(Some(now));
             }
         }
         let timeout = if publishing && cfg.rate_events_per_sec > 0 {
@@ -921,127 +912,345 @@ pub fn run(cfg: &LoadConfig) -> Result<LoadResult, LoadError> {
         } else {
             Duration::from_millis(2)
         };
-        poll.poll(&mut events, Some(timeout))?;
-        let now = Instant::now();
-        for ev in events.iter() {
-            let i = ev.token().0;
-            if i < nsubs {
-                handle_sub_event(
-                    cfg,
-                    &mut subs[i],
-                    ev,
-                    &poll,
-                    Token(i),
-                    &mut ctx,
-                    &mut scratch,
-                    &mut connecting,
-                    now,
-                    Phase::Load,
-                );
-            } else {
-                let p = &mut pubs[i - nsubs];
-                if ev.is_writable() && !p.connected {
-                    if let Some(e) = p.sock.take_error()? {
-                        return Err(LoadError::Publisher(format!(
-                            "connect {}: {e}",
-                            cfg.publish.addr
-                        )));
-                    }
-                    if p.sock.peer_addr().is_ok() {
-                        p.connected = true;
-                    }
+        self.poll_once(timeout, Phase::Load, Some((pubs, w)))?;
+        Ok(None)
+    }
+
+    /// Publish: fill the pipelines up to depth within the rate budget; once the deadline or
+    /// the event total is reached, end publishing when every response is in (or overdue).
+    fn publish(
+        &mut self,
+        pubs: &mut Publishers,
+        w: &mut Window,
+        now: Instant,
+    ) -> Result<(), LoadError> {
+        let cfg = self.cfg;
+        let ctx = &mut self.ctx;
+        let stop = now >= w.publish_deadline || ctx.published >= w.total_events;
+        // Responses still owed after the drain allowance: stop waiting (and say so).
+        let overdue =
+            now >= w.publish_deadline + Duration::from_secs_f64(cfg.drain_secs_max.max(1.0));
+        if stop && overdue && pubs.all.iter().any(|p| p.inflight > 0) {
+            let owed: usize = pubs.all.iter().map(|p| p.inflight).sum();
+            ctx.error(format!("{owed} publish responses never arrived"));
+            ctx.publish_errors += owed as u64;
+            w.publish_end = Some(now);
+            w.drain_deadline = Some(now);
+        } else if stop {
+            if pubs.all.iter().all(|p| p.inflight == 0) {
+                w.publish_end = Some(now);
+                w.drain_deadline = Some(now + Duration::from_secs_f64(cfg.drain_secs_max));
+            }
+        } else {
+            let allowed = w.allowed_events(cfg, now);
+            for (pi, p) in pubs.all.iter_mut().enumerate() {
+                if !p.connected {
+                    continue;
                 }
-                if p.connected && ev.is_writable() {
-                    flush_publisher(p).map_err(|e| LoadError::Publisher(format!("write: {e}")))?;
+                fill_publisher(cfg, p, &pubs.heads, &mut pubs.counters, ctx, allowed, now);
+                flush_publisher(p)
+                    .map_err(|e| LoadError::Publisher(format!("publisher {pi} write: {e}")))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Resume storm: schedule the cuts due by now, on random streaming fast subscribers that
+    /// have had an event.
+    fn schedule_cuts(&mut self, w: &mut Window, now: Instant) {
+        let cfg = self.cfg;
+        let nsubs = self.subs.all.len();
+        let due = (now.duration_since(w.start).as_secs_f64() * cfg.cuts_per_sec) as u64;
+        let mut tries = 0;
+        while w.cuts_scheduled < due && tries < 64 {
+            tries += 1;
+            let i = self.ctx.rng.below(nsubs as u64) as usize;
+            let s = &mut self.subs.all[i];
+            if s.phase == SubPhase::Streaming
+                && s.cut_after_bytes.is_none()
+                && s.checker.counts().events > 0
+                && !s.slow
+            {
+                s.cut_after_bytes = Some(usize::MAX); // decided at the next read (random point)
+                if cfg.cut_pause_ms > 0 {
+                    s.paused_until = Some(now + Duration::from_millis(cfg.cut_pause_ms));
                 }
-                if ev.is_readable() || ev.is_read_closed() {
-                    match read_publisher(p, &mut ctx) {
-                        Ok(()) => {}
-                        // Done publishing and nothing owed: a server closing an idle
-                        // keep-alive connection during the drain is not an error.
-                        Err(_) if publish_end.is_some() && p.inflight == 0 => {
-                            let _ = poll.registry().deregister(&mut p.sock);
-                            p.connected = false;
-                            continue;
-                        }
-                        Err(e) => return Err(LoadError::Publisher(e)),
-                    }
-                    if publish_end.is_none() && p.connected {
-                        let allowed = if cfg.rate_events_per_sec == 0 {
-                            u64::MAX
-                        } else {
-                            (now.duration_since(window_start).as_secs_f64()
-                                * cfg.rate_events_per_sec as f64) as u64
-                                + 1
-                        };
-                        if now < publish_deadline {
-                            fill_publisher(cfg, p, &heads, &mut counters, &mut ctx, allowed, now);
-                            flush_publisher(p)
-                                .map_err(|e| LoadError::Publisher(format!("write: {e}")))?;
-                        }
-                    }
-                }
+                w.cuts_scheduled += 1;
             }
         }
     }
-    let end_sample = sample(&cfg.target_pids)?;
-    let bench_end = procstat::sample(&me).map_err(LoadError::Proc)?;
-    let bench_cpu_secs =
-        (bench_end.cpu_ticks - bench_start.cpu_ticks) as f64 / procstat::ticks_per_second() as f64;
-    let mut fast = CheckCounts::default();
-    let mut slow = CheckCounts::default();
-    let mut slow_backlog = 0;
-    for s in subs.iter_mut() {
-        let published = counters[s.stream as usize];
-        let explicit = s.checker.counts().explicit_truncations > 0;
-        s.checker.handle_end(published, s.slow || explicit);
-        if s.slow {
-            slow_backlog += published.saturating_sub(s.checker.expected());
-            slow.add(s.checker.counts());
-        } else {
-            fast.add(s.checker.counts());
+}
+
+impl Subscribers {
+    fn count(&self, phase: SubPhase) -> usize {
+        self.all.iter().filter(|s| s.phase == phase).count()
+    }
+
+    fn start_connects(&mut self, cfg: &LoadConfig, poll: &Poll, ctx: &mut Ctx, now: Instant) {
+        start_connects(
+            cfg,
+            &self.names,
+            &mut self.all,
+            &mut self.connect_queue,
+            &mut self.connecting,
+            poll,
+            ctx,
+            now,
+        );
+    }
+
+    fn check_connect_timeouts(
+        &mut self,
+        cfg: &LoadConfig,
+        ctx: &mut Ctx,
+        poll: &Poll,
+        now: Instant,
+    ) {
+        check_connect_timeouts(cfg, &mut self.all, &mut self.connecting, ctx, poll, now);
+    }
+
+    /// A subscriber's readiness event (its token is its index).
+    fn handle_event(
+        &mut self,
+        cfg: &LoadConfig,
+        ev: &mio::event::Event,
+        poll: &Poll,
+        ctx: &mut Ctx,
+        now: Instant,
+        phase: Phase,
+    ) {
+        let i = ev.token().0;
+        let (s, scratch) = (&mut self.all[i], &mut self.scratch);
+        handle_sub_event(
+            cfg,
+            s,
+            ev,
+            poll,
+            Token(i),
+            ctx,
+            scratch,
+            &mut self.connecting,
+            now,
+            phase,
+        );
+    }
+
+    /// Stalled subscribers due for a cut: read again (edge-triggered: nothing else will).
+    fn read_unpaused(&mut self, cfg: &LoadConfig, poll: &Poll, ctx: &mut Ctx, now: Instant) {
+        for (i, s) in self.all.iter_mut().enumerate() {
+            if s.paused_until.is_some_and(|t| t <= now) {
+                s.paused_until = None;
+                let (scratch, connecting) = (&mut self.scratch, &mut self.connecting);
+                sub_read(cfg, s, poll, Token(i), ctx, scratch, connecting, now);
+            }
         }
     }
-    let server = match (start_sample, end_sample) {
-        (Some(b), Some(e)) => Some(ServerFigures {
-            cpu_secs: (e.cpu_ticks - b.cpu_ticks) as f64 / procstat::ticks_per_second() as f64,
-            runqueue_wait_secs: e.runqueue_wait_ns.saturating_sub(b.runqueue_wait_ns) as f64 / 1e9,
-            rss_start_kib: b.rss_kib,
-            rss_end_kib: e.rss_kib,
-            rss_peak_sampled_kib: peak_rss.max(e.rss_kib),
-            hwm_kib: e.hwm_kib,
-        }),
-        _ => None,
-    };
-    Ok(LoadResult {
-        fast,
-        slow,
-        subscribers: nsubs,
-        subscribers_up,
-        subscriber_failures: ctx.subscriber_failures,
-        published: ctx.published,
-        publish_errors: ctx.publish_errors,
-        publish_secs: publish_end
-            .unwrap_or(window_end)
-            .duration_since(window_start)
-            .as_secs_f64(),
-        window_secs: window_end.duration_since(window_start).as_secs_f64(),
-        slow_backlog_events: slow_backlog,
-        latency_fast_ns: ctx.latency_fast,
-        latency_slow_ns: ctx.latency_slow,
-        resume_ns: ctx.resume,
-        resume_headers_ns: ctx.resume_headers,
-        resume_by_class: ctx.by_class,
-        cuts: ctx.cuts,
-        server_closes: ctx.server_closes,
-        reconnects: ctx.reconnects,
-        http_410: ctx.http_410,
-        server,
-        bench_cpu_secs,
-        idle_rss_before_kib: None,
-        idle_rss_after_kib: None,
-        errors: ctx.errors,
-    })
+
+    /// Slow readers: add `added_bytes` to each streaming one's budget and read within it.
+    fn read_slow(
+        &mut self,
+        cfg: &LoadConfig,
+        poll: &Poll,
+        ctx: &mut Ctx,
+        added_bytes: f64,
+        now: Instant,
+    ) {
+        for (i, s) in self.all.iter_mut().enumerate() {
+            if s.slow && s.phase == SubPhase::Streaming {
+                s.slow_budget_bytes = (s.slow_budget_bytes + added_bytes).min(SCRATCH_BYTES as f64);
+                let (scratch, connecting) = (&mut self.scratch, &mut self.connecting);
+                sub_read(cfg, s, poll, Token(i), ctx, scratch, connecting, now);
+            }
+        }
+    }
+
+    /// Drain: every fast subscriber has everything that was published (or is over). Not
+    /// waited for: slow readers (by design), finished ones, and those the server explicitly
+    /// truncated (they may have been moved past the tail; their missing events are explicit,
+    /// see `handle_end`).
+    fn drained(&self, counters: &[u64]) -> bool {
+        self.all.iter().all(|s| {
+            s.slow
+                || s.phase == SubPhase::Over
+                || s.checker.counts().explicit_truncations > 0
+                || s.checker.expected() >= counters[s.stream as usize]
+        })
+    }
+
+    /// Ends every subscriber's check at its stream's published count: the fast and slow
+    /// subscribers' counts and the events slow readers had not read.
+    fn handle_end(&mut self, counters: &[u64]) -> (CheckCounts, CheckCounts, u64) {
+        let mut fast = CheckCounts::default();
+        let mut slow = CheckCounts::default();
+        let mut slow_backlog = 0;
+        for s in self.all.iter_mut() {
+            let published = counters[s.stream as usize];
+            let explicit = s.checker.counts().explicit_truncations > 0;
+            s.checker.handle_end(published, s.slow || explicit);
+            if s.slow {
+                slow_backlog += published.saturating_sub(s.checker.expected());
+                slow.add(s.checker.counts());
+            } else {
+                fast.add(s.checker.counts());
+            }
+        }
+        (fast, slow, slow_backlog)
+    }
+}
+
+/// The load window's clock and schedule.
+#[derive(Debug)]
+struct Window {
+    start: Instant,
+    publish_deadline: Instant,
+    total_events: u64,
+    publish_end: Option<Instant>,
+    drain_deadline: Option<Instant>,
+    cuts_scheduled: u64,
+    last_slow_tick: Instant,
+    last_sample: Instant,
+    last_done_check: Instant,
+    slow_bytes_per_sec: f64,
+    /// The largest server RSS sampled so far.
+    peak_rss: u64,
+}
+
+impl Window {
+    /// Starts the window now.
+    fn new(cfg: &LoadConfig, peak_rss: u64) -> Self {
+        let start = Instant::now();
+        let slow_bytes_per_sec = if cfg.slow_subscribers_per_stream > 0 {
+            cfg.rate_events_per_sec as f64 / cfg.streams as f64
+                * (cfg.payload_bytes + WIRE_OVERHEAD_BYTES) as f64
+                / f64::from(cfg.slow_rate_divisor.max(1))
+        } else {
+            0.0
+        };
+        Window {
+            start,
+            publish_deadline: start + Duration::from_secs_f64(cfg.publish_secs_max),
+            total_events: cfg.events_per_stream * cfg.streams as u64,
+            publish_end: None,
+            drain_deadline: None,
+            cuts_scheduled: 0,
+            last_slow_tick: start,
+            last_sample: start,
+            last_done_check: start,
+            slow_bytes_per_sec,
+            peak_rss,
+        }
+    }
+
+    /// How many events the rate allows to have been published by `now` (all without a rate).
+    fn allowed_events(&self, cfg: &LoadConfig, now: Instant) -> u64 {
+        if cfg.rate_events_per_sec == 0 {
+            u64::MAX
+        } else {
+            (now.duration_since(self.start).as_secs_f64() * cfg.rate_events_per_sec as f64) as u64
+                + 1
+        }
+    }
+}
+
+/// The publisher side of a run: its connections, each stream's request head and how many
+/// events each stream has been sent.
+#[derive(Debug)]
+struct Publishers {
+    all: Vec<Pub>,
+    heads: Vec<Vec<u8>>,
+    counters: Vec<u64>,
+}
+
+impl Publishers {
+    /// Connects the publishers (tokens from `first_token`) and builds each stream's request
+    /// head once: "POST <path> HTTP/1.1\r\nHost: ..\r\nContent-Length: ".
+    fn open(
+        cfg: &LoadConfig,
+        poll: &Poll,
+        names: &[String],
+        first_token: usize,
+    ) -> Result<Self, LoadError> {
+        let mut all = Vec::with_capacity(cfg.publishers);
+        let (url, content_type): (&UrlTemplate, &[u8]) =
+            match (&cfg.publish_batch, cfg.batch_events) {
+                (Some(b), 2..) => (b, b"application/x-ndjson"),
+                _ => (&cfg.publish, b"application/octet-stream"),
+            };
+        for p in 0..cfg.publishers {
+            let mut sock = connect_from(None, url.addr)
+                .and_then(|s| wrap(cfg, url, s))
+                .map_err(|e| LoadError::Publisher(format!("connect {}: {e}", url.addr)))?;
+            poll.registry().register(
+                &mut sock,
+                Token(first_token + p),
+                Interest::READABLE | Interest::WRITABLE,
+            )?;
+            let streams: Vec<u32> = (0..cfg.streams as u32)
+                .filter(|s| *s as usize % cfg.publishers == p)
+                .collect();
+            all.push(Pub::new(cfg, sock, streams));
+        }
+        let heads: Vec<Vec<u8>> = names
+            .iter()
+            .map(|n| build_publish_head(url, n, content_type, &cfg.bearer))
+            .collect();
+        Ok(Publishers {
+            all,
+            heads,
+            counters: vec![0u64; cfg.streams],
+        })
+    }
+
+    /// Publisher `i`'s readiness: finish connecting, flush, read responses and refill its
+    /// pipeline.
+    #[allow(clippy::too_many_arguments)]
+    fn handle_event(
+        &mut self,
+        i: usize,
+        ev: &mio::event::Event,
+        cfg: &LoadConfig,
+        poll: &Poll,
+        ctx: &mut Ctx,
+        w: &Window,
+        now: Instant,
+    ) -> Result<(), LoadError> {
+        let p = &mut self.all[i];
+        if ev.is_writable() && !p.connected {
+            if let Some(e) = p.sock.take_error()? {
+                return Err(LoadError::Publisher(format!(
+                    "connect {}: {e}",
+                    cfg.publish.addr
+                )));
+            }
+            if p.sock.peer_addr().is_ok() {
+                p.connected = true;
+            }
+        }
+        if p.connected && ev.is_writable() {
+            flush_publisher(p).map_err(|e| LoadError::Publisher(format!("write: {e}")))?;
+        }
+        if ev.is_readable() || ev.is_read_closed() {
+            match read_publisher(p, ctx) {
+                Ok(()) => {}
+                // Done publishing and nothing owed: a server closing an idle
+                // keep-alive connection during the drain is not an error.
+                Err(_) if w.publish_end.is_some() && p.inflight == 0 => {
+                    let _ = poll.registry().deregister(&mut p.sock);
+                    p.connected = false;
+                    return Ok(());
+                }
+                Err(e) => return Err(LoadError::Publisher(e)),
+            }
+            if w.publish_end.is_none() && p.connected {
+                let allowed = w.allowed_events(cfg, now);
+                if now < w.publish_deadline {
+                    fill_publisher(cfg, p, &self.heads, &mut self.counters, ctx, allowed, now);
+                    flush_publisher(p).map_err(|e| LoadError::Publisher(format!("write: {e}")))?;
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1268,33 +1477,13 @@ fn sub_read(
     now: Instant,
 ) {
     loop {
-        let mut want = scratch.len();
-        if s.slow && s.phase == SubPhase::Streaming {
-            want = want.min(s.slow_budget_bytes as usize);
-            if want == 0 {
-                return;
-            }
-        }
+        let Some(want) = read_want(s, scratch.len()) else {
+            return;
+        };
         let Some(sock) = s.sock.as_mut() else { return };
         let n = match sock.read(&mut scratch[..want]) {
             Ok(0) => {
-                ctx.server_closes += 1;
-                let again = s.phase == SubPhase::Streaming;
-                if !again {
-                    ctx.error(format!(
-                        "stream {}: server closed before response headers",
-                        s.stream
-                    ));
-                }
-                close_sub(cfg, s, poll, connecting, ctx, again);
-                if s.phase == SubPhase::Down {
-                    s.reconnects += 1;
-                    ctx.reconnects += 1;
-                    requeue(s, token, ctx);
-                } else if !again {
-                    s.failed = true;
-                    ctx.subscriber_failures += 1;
-                }
+                sub_closed(cfg, s, poll, token, connecting, ctx, None);
                 return;
             }
             Ok(n) => n,
@@ -1306,15 +1495,7 @@ fn sub_read(
             }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => {
-                ctx.server_closes += 1;
-                ctx.error(format!("stream {}: read: {e}", s.stream));
-                let again = s.phase == SubPhase::Streaming;
-                close_sub(cfg, s, poll, connecting, ctx, again);
-                if s.phase == SubPhase::Down {
-                    s.reconnects += 1;
-                    ctx.reconnects += 1;
-                    requeue(s, token, ctx);
-                }
+                sub_closed(cfg, s, poll, token, connecting, ctx, Some(e));
                 return;
             }
         };
@@ -1323,74 +1504,26 @@ fn sub_read(
         }
         let mut body = &scratch[..n];
         if s.phase == SubPhase::Headers {
-            match take_headers(s, body, cfg.header_bytes_max) {
-                HeaderOutcome::Partial => {
+            match sub_headers(cfg, s, body, poll, connecting, ctx, now) {
+                HeadersRead::Partial => {
                     if n < want && !closing(s) {
                         return;
                     }
                     continue;
                 }
-                HeaderOutcome::Ok { consumed, class } => {
-                    s.class = class;
-                    if s.resuming {
-                        ctx.by_class.resumes[class.index()] += 1;
-                    }
-                    if let Some(t0) = s.resume_started {
-                        let ns = now.saturating_duration_since(t0).as_nanos().max(1) as u64;
-                        let _ = ctx.resume_headers.record(ns);
-                    }
-                    if let Some(t0) = s.reconnect_at {
-                        // The clock now, not the poll batch's `now`: sub-ms figures.
-                        let ns = t0.elapsed().as_nanos().max(1) as u64;
-                        let _ = ctx.by_class.to_head_ns[class.index()].record(ns);
-                    }
-                    *connecting -= 1;
-                    s.phase = SubPhase::Streaming;
-                    s.phase_since = now;
-                    s.up_once = true;
-                    body = &body[consumed..];
-                }
-                HeaderOutcome::Gone => {
-                    ctx.http_410 += 1;
-                    s.checker.handle_truncation();
-                    *connecting -= 1;
-                    s.phase = SubPhase::Over;
-                    if let Some(mut sock) = s.sock.take() {
-                        let _ = poll.registry().deregister(&mut sock);
-                    }
-                    return;
-                }
-                HeaderOutcome::Bad(msg) => {
-                    *connecting -= 1;
-                    if let Some(mut sock) = s.sock.take() {
-                        let _ = poll.registry().deregister(&mut sock);
-                    }
-                    fail_sub(s, ctx, format!("stream {}: {msg}", s.stream));
-                    return;
-                }
+                HeadersRead::Streaming { consumed } => body = &body[consumed..],
+                HeadersRead::Ended => return,
             }
         }
-        // Resume storm: cut at a random point inside this read (often mid-event); with
-        // --cut-at-boundary the cut waits for EAGAIN at an event boundary instead (above).
-        let mut cut_now = false;
-        if let Some(left) = s.cut_after_bytes.filter(|_| !cuts_at_eagain(cfg)) {
-            let left = if left == usize::MAX && !body.is_empty() {
-                ctx.rng.below(body.len() as u64) as usize
-            } else {
-                left
-            };
-            if left < body.len() {
-                body = &body[..left];
-                cut_now = true;
-            } else {
-                s.cut_after_bytes = Some(left - body.len());
-            }
+        let cut_at = cut_within(cfg, s, body.len(), &mut ctx.rng);
+        if let Some(left) = cut_at {
+            body = &body[..left];
         }
         process_body(s, body, ctx, now);
         if s.phase == SubPhase::Over {
             return;
         }
-        if cut_now {
+        if cut_at.is_some() {
             cut_sub(cfg, s, poll, token, connecting, ctx);
             return;
         }
@@ -1400,6 +1533,133 @@ fn sub_read(
         if n < want && !(cuts_at_eagain(cfg) && s.cut_after_bytes.is_some()) && !closing(s) {
             return;
         }
+    }
+}
+
+/// How many bytes a subscriber's next read may take: a streaming slow reader's budget caps it
+/// (`None`: the budget is spent).
+fn read_want(s: &Sub, scratch_bytes: usize) -> Option<usize> {
+    if s.slow && s.phase == SubPhase::Streaming {
+        let want = scratch_bytes.min(s.slow_budget_bytes as usize);
+        return (want > 0).then_some(want);
+    }
+    Some(scratch_bytes)
+}
+
+/// The server closed a subscriber's connection (`read_error` `None`) or a read from it failed:
+/// resume a streaming one (within the reconnect budget). A close before the response head
+/// fails the subscriber; a read error is said as an error.
+fn sub_closed(
+    cfg: &LoadConfig,
+    s: &mut Sub,
+    poll: &Poll,
+    token: Token,
+    connecting: &mut usize,
+    ctx: &mut Ctx,
+    read_error: Option<std::io::Error>,
+) {
+    ctx.server_closes += 1;
+    let again = s.phase == SubPhase::Streaming;
+    match &read_error {
+        Some(e) => ctx.error(format!("stream {}: read: {e}", s.stream)),
+        None if !again => ctx.error(format!(
+            "stream {}: server closed before response headers",
+            s.stream
+        )),
+        None => {}
+    }
+    close_sub(cfg, s, poll, connecting, ctx, again);
+    if s.phase == SubPhase::Down {
+        s.reconnects += 1;
+        ctx.reconnects += 1;
+        requeue(s, token, ctx);
+    } else if !again && read_error.is_none() {
+        s.failed = true;
+        ctx.subscriber_failures += 1;
+    }
+}
+
+/// What reading a subscriber's response head came to.
+enum HeadersRead {
+    /// Not complete yet.
+    Partial,
+    /// A 200: the subscriber streams; the body starts `consumed` bytes into the read.
+    Streaming { consumed: usize },
+    /// A 410 or a bad answer: the subscriber is over.
+    Ended,
+}
+
+/// Feeds `bytes` to a subscriber's response head and acts on a complete one: a 200 starts the
+/// stream (recording resume-to-head latencies), a 410 is an explicit truncation, anything
+/// else fails the subscriber.
+fn sub_headers(
+    cfg: &LoadConfig,
+    s: &mut Sub,
+    bytes: &[u8],
+    poll: &Poll,
+    connecting: &mut usize,
+    ctx: &mut Ctx,
+    now: Instant,
+) -> HeadersRead {
+    match take_headers(s, bytes, cfg.header_bytes_max) {
+        HeaderOutcome::Partial => HeadersRead::Partial,
+        HeaderOutcome::Ok { consumed, class } => {
+            s.class = class;
+            if s.resuming {
+                ctx.by_class.resumes[class.index()] += 1;
+            }
+            if let Some(t0) = s.resume_started {
+                let ns = now.saturating_duration_since(t0).as_nanos().max(1) as u64;
+                let _ = ctx.resume_headers.record(ns);
+            }
+            if let Some(t0) = s.reconnect_at {
+                // The clock now, not the poll batch's `now`: sub-ms figures.
+                let ns = t0.elapsed().as_nanos().max(1) as u64;
+                let _ = ctx.by_class.to_head_ns[class.index()].record(ns);
+            }
+            *connecting -= 1;
+            s.phase = SubPhase::Streaming;
+            s.phase_since = now;
+            s.up_once = true;
+            HeadersRead::Streaming { consumed }
+        }
+        HeaderOutcome::Gone => {
+            ctx.http_410 += 1;
+            s.checker.handle_truncation();
+            *connecting -= 1;
+            s.phase = SubPhase::Over;
+            if let Some(mut sock) = s.sock.take() {
+                let _ = poll.registry().deregister(&mut sock);
+            }
+            HeadersRead::Ended
+        }
+        HeaderOutcome::Bad(msg) => {
+            *connecting -= 1;
+            if let Some(mut sock) = s.sock.take() {
+                let _ = poll.registry().deregister(&mut sock);
+            }
+            fail_sub(s, ctx, format!("stream {}: {msg}", s.stream));
+            HeadersRead::Ended
+        }
+    }
+}
+
+/// Resume storm: where a due cut falls inside this read's `body_len` body bytes (a random
+/// point, often mid-event), if it does; otherwise the bytes left before it are counted down.
+/// With --cut-at-eagain / --cut-at-boundary the cut waits for EAGAIN instead
+/// (`boundary_cut_due`).
+fn cut_within(cfg: &LoadConfig, s: &mut Sub, body_len: usize, rng: &mut Rng) -> Option<usize> {
+    let left = s.cut_after_bytes.filter(|_| !cuts_at_eagain(cfg))?;
+    let left = if left == usize::MAX && body_len > 0 {
+        rng.below(body_len as u64) as usize
+    } else {
+        left
+    };
+    if left < body_len {
+        Some(left)
+    } else {
+        s.cut_after_bytes = Some(left - body_len);
+        None
     }
 }
 
@@ -1669,82 +1929,96 @@ fn read_publisher(p: &mut Pub, ctx: &mut Ctx) -> Result<(), String> {
             r.push(&p.rbuf[p.rlen..p.rlen + n]);
         }
         p.rlen += n;
-        let mut pos = 0;
-        loop {
-            match p.resp {
-                RespState::Head => {
-                    let mut headers = [httparse::EMPTY_HEADER; 32];
-                    let mut resp = httparse::Response::new(&mut headers);
-                    match resp.parse(&p.rbuf[pos..p.rlen]) {
-                        Ok(httparse::Status::Complete(len)) => {
-                            p.status = resp.code.unwrap_or(0);
-                            let mut cl = 0usize;
-                            let mut chunked = false;
-                            for h in resp.headers.iter() {
-                                if h.name.eq_ignore_ascii_case("content-length") {
-                                    cl = std::str::from_utf8(h.value)
-                                        .ok()
-                                        .and_then(|v| v.trim().parse().ok())
-                                        .ok_or("bad Content-Length in publish response")?;
-                                } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
-                                    chunked = true;
-                                }
-                            }
-                            pos += len;
-                            p.resp = if chunked {
-                                p.dechunk = Dechunker::new();
-                                RespState::Chunked
-                            } else {
-                                RespState::Body(cl)
-                            };
-                        }
-                        Ok(httparse::Status::Partial) => break,
-                        Err(e) => {
-                            let at = &p.rbuf[pos..p.rlen.min(pos + 160)];
-                            return Err(format!(
-                                "bad publish response: {e} (at byte {pos} of {} buffered, {} \
-                                 responses awaited): {:?}{}",
-                                p.rlen,
-                                p.inflight,
-                                String::from_utf8_lossy(at),
-                                dump_trace(p)
-                            ));
-                        }
-                    }
+        let pos = take_responses(p, ctx)?;
+        p.rbuf.copy_within(pos..p.rlen, 0);
+        p.rlen -= pos;
+    }
+}
+
+/// Accounts the responses buffered in `p.rbuf[..p.rlen]` as far as they go; returns the bytes
+/// taken.
+fn take_responses(p: &mut Pub, ctx: &mut Ctx) -> Result<usize, String> {
+    let mut pos = 0;
+    loop {
+        match p.resp {
+            RespState::Head => match take_response_head(p, pos)? {
+                Some(len) => pos += len,
+                None => break,
+            },
+            RespState::Body(left) => {
+                let take = left.min(p.rlen - pos);
+                if p.status / 100 != 2 && ctx.errors.len() < 16 {
+                    let body =
+                        String::from_utf8_lossy(&p.rbuf[pos..pos + take.min(200)]).into_owned();
+                    ctx.error(format!("publish answered HTTP {}: {body}", p.status));
                 }
-                RespState::Body(left) => {
-                    let take = left.min(p.rlen - pos);
-                    if p.status / 100 != 2 && ctx.errors.len() < 16 {
-                        let body =
-                            String::from_utf8_lossy(&p.rbuf[pos..pos + take.min(200)]).into_owned();
-                        ctx.error(format!("publish answered HTTP {}: {body}", p.status));
-                    }
-                    pos += take;
-                    if take < left {
-                        p.resp = RespState::Body(left - take);
-                        break;
-                    }
+                pos += take;
+                if take < left {
+                    p.resp = RespState::Body(left - take);
+                    break;
+                }
+                complete_response(p, ctx)?;
+            }
+            RespState::Chunked => {
+                if pos == p.rlen {
+                    break;
+                }
+                let used = p
+                    .dechunk
+                    .feed(&p.rbuf[pos..p.rlen], &mut |_| {})
+                    .map_err(|e| format!("publish response: {e}"))?;
+                pos += used;
+                if p.dechunk.is_done() {
                     complete_response(p, ctx)?;
-                }
-                RespState::Chunked => {
-                    if pos == p.rlen {
-                        break;
-                    }
-                    let used = p
-                        .dechunk
-                        .feed(&p.rbuf[pos..p.rlen], &mut |_| {})
-                        .map_err(|e| format!("publish response: {e}"))?;
-                    pos += used;
-                    if p.dechunk.is_done() {
-                        complete_response(p, ctx)?;
-                    } else {
-                        break;
-                    }
+                } else {
+                    break;
                 }
             }
         }
-        p.rbuf.copy_within(pos..p.rlen, 0);
-        p.rlen -= pos;
+    }
+    Ok(pos)
+}
+
+/// Parses the response head buffered at `pos`: once complete its length (status and body
+/// framing taken), `None` while partial.
+fn take_response_head(p: &mut Pub, pos: usize) -> Result<Option<usize>, String> {
+    let mut headers = [httparse::EMPTY_HEADER; 32];
+    let mut resp = httparse::Response::new(&mut headers);
+    match resp.parse(&p.rbuf[pos..p.rlen]) {
+        Ok(httparse::Status::Complete(len)) => {
+            p.status = resp.code.unwrap_or(0);
+            let mut cl = 0usize;
+            let mut chunked = false;
+            for h in resp.headers.iter() {
+                if h.name.eq_ignore_ascii_case("content-length") {
+                    cl = std::str::from_utf8(h.value)
+                        .ok()
+                        .and_then(|v| v.trim().parse().ok())
+                        .ok_or("bad Content-Length in publish response")?;
+                } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+                    chunked = true;
+                }
+            }
+            p.resp = if chunked {
+                p.dechunk = Dechunker::new();
+                RespState::Chunked
+            } else {
+                RespState::Body(cl)
+            };
+            Ok(Some(len))
+        }
+        Ok(httparse::Status::Partial) => Ok(None),
+        Err(e) => {
+            let at = &p.rbuf[pos..p.rlen.min(pos + 160)];
+            Err(format!(
+                "bad publish response: {e} (at byte {pos} of {} buffered, {} \
+                 responses awaited): {:?}{}",
+                p.rlen,
+                p.inflight,
+                String::from_utf8_lossy(at),
+                dump_trace(p)
+            ))
+        }
     }
 }
 

@@ -111,129 +111,145 @@ enum Cmd {
     /// M MCP sessions (gateway's MCP front, --upstream-cmd running mcp-fixture) calling
     /// `progress_stream`; each call's SSE response is cut at random byte offsets and resumed
     /// with GET + Last-Event-ID; progress must be exactly 1..count, in order, then the result.
-    Mcp {
-        /// The gateway's MCP endpoint.
-        #[arg(long, default_value = "http://127.0.0.1:8080/mcp")]
-        mcp_url: String,
-        /// Concurrent MCP sessions (one thread each).
-        #[arg(long, default_value_t = 10)]
-        sessions: usize,
-        /// Tool calls per session, one after another.
-        #[arg(long, default_value_t = 3)]
-        calls_per_session: usize,
-        /// Progress notifications per call.
-        #[arg(long, default_value_t = 200)]
-        progress_count: u64,
-        /// Milliseconds between progress notifications.
-        #[arg(long, default_value_t = 2)]
-        interval_ms: u64,
-        /// Cuts (each followed by a resume) per call.
-        #[arg(long, default_value_t = 3)]
-        cuts_per_call: u32,
-        /// A cut happens up to this many bytes (uniformly drawn) into a connection's body,
-        /// after the first 128 bytes.
-        #[arg(long, default_value_t = 2000)]
-        cut_bytes_max: usize,
-        /// Timeout per call.
-        #[arg(long, default_value_t = 30.0)]
-        timeout_secs: f64,
-        /// Label for the report.
-        #[arg(long, default_value = "gateway")]
-        label: String,
-        /// Print JSON instead of a table.
-        #[arg(long)]
-        json: bool,
-        /// Seed for cut offsets.
-        #[arg(long, default_value_t = 1)]
-        seed: u64,
-    },
+    Mcp(McpArgs),
     /// What a durable publish costs: the raw fdatasync of the data filesystem, then 1 and 64
     /// (or --publishers) sequential publishers, one POST in flight each: publish latency
     /// p50/p99 and acknowledged events/s (and server CPU per event with --target-pid).
-    Durable {
-        /// Publish URL template with `{stream}` (e.g. http://127.0.0.1:8080/v1/streams/{stream}/events).
-        #[arg(long)]
-        publish_url: String,
-        /// A directory on the server's data filesystem for the raw fdatasync probe.
-        #[arg(long)]
-        fsync_probe_dir: Option<PathBuf>,
-        /// Raw fdatasync probes.
-        #[arg(long, default_value_t = 2000)]
-        fsync_probes: usize,
-        /// Run the probe once on each of these CPUs (comma-separated; default: once, where the
-        /// bench runs). A sync's cost depends on the CPU: its completion interrupt may be on
-        /// another one; probe on the server's CPU for the like-for-like floor.
-        #[arg(long, value_delimiter = ',')]
-        fsync_probe_cpus: Vec<usize>,
-        /// Publisher counts, comma-separated: one run each.
-        #[arg(long, default_value = "1,64", value_delimiter = ',')]
-        publishers: Vec<usize>,
-        #[arg(long, default_value_t = 300)]
-        payload_bytes: usize,
-        /// Seconds each publisher count runs.
-        #[arg(long, default_value_t = 5.0)]
-        secs_per_run: f64,
-        #[arg(long, default_value = "durable-")]
-        stream_prefix: String,
-        /// The server's pid, for its CPU per event.
-        #[arg(long)]
-        target_pid: Option<u32>,
-        /// A file holding a token (e.g. a JWT), sent as `Authorization: Bearer <token>` on
-        /// every publish. Without it no Authorization header is sent.
-        #[arg(long, value_name = "PATH")]
-        bearer_token_file: Option<PathBuf>,
-        #[arg(long)]
-        json: bool,
-    },
+    Durable(DurableArgs),
     /// The kernel's floor for a delivery: one send() of --payload-bytes per subscriber per
     /// event over loopback, writer and reader threads pinned to different cores; the writer's
     /// CPU per send.
-    Floor {
-        #[arg(long, default_value_t = 100)]
-        subscribers: usize,
-        #[arg(long, default_value_t = 300)]
-        payload_bytes: usize,
-        #[arg(long, default_value_t = 5.0)]
-        secs: f64,
-        #[arg(long, default_value_t = 0)]
-        writer_cpu: usize,
-        #[arg(long, default_value_t = 1)]
-        reader_cpu: usize,
-        /// How the reader waits: `epoll` sleeps when idle (as `bench fanout`'s subscribers
-        /// do, so the writer also pays their wake-ups), `spin` never sleeps.
-        #[arg(long, value_enum, default_value = "epoll")]
-        reader: floor::ReaderMode,
-        /// Pace the writer to this many events per second (one send per subscriber each),
-        /// e.g. a fan-out run's published events/s; 0: as fast as it can.
-        #[arg(long, default_value_t = 0.0)]
-        events_per_sec: f64,
-        #[arg(long)]
-        json: bool,
-    },
+    Floor(FloorArgs),
     /// Publish N events, then resume from an early (possibly no longer retained) ID and report
     /// whether the server answers explicitly (410 / `event: truncated`) or skips silently.
-    GapProbe {
-        #[command(flatten)]
-        common: Common,
-        /// Events to publish before resuming.
-        #[arg(long, default_value_t = 200)]
-        events: u64,
-        /// Payload bytes per event.
-        #[arg(long, default_value_t = 256)]
-        payload_bytes: usize,
-        /// Resume with the ID of this event (0-based publish counter).
-        #[arg(long, default_value_t = 0)]
-        resume_after_counter: u64,
-        /// Extra query for the resume request, e.g. `on_truncated=earliest`.
-        #[arg(long)]
-        resume_query: Option<String>,
-        /// Per-step timeout.
-        #[arg(long, default_value_t = 5.0)]
-        timeout_secs: f64,
-        /// Seconds between the last publish and the resume (lets retention run).
-        #[arg(long, default_value_t = 1.5)]
-        settle_secs: f64,
-    },
+    GapProbe(GapProbeArgs),
+}
+
+// The flags of `bench gap-probe` (the variant's doc comment is the command's help).
+#[derive(Debug, Args)]
+struct GapProbeArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Events to publish before resuming.
+    #[arg(long, default_value_t = 200)]
+    events: u64,
+    /// Payload bytes per event.
+    #[arg(long, default_value_t = 256)]
+    payload_bytes: usize,
+    /// Resume with the ID of this event (0-based publish counter).
+    #[arg(long, default_value_t = 0)]
+    resume_after_counter: u64,
+    /// Extra query for the resume request, e.g. `on_truncated=earliest`.
+    #[arg(long)]
+    resume_query: Option<String>,
+    /// Per-step timeout.
+    #[arg(long, default_value_t = 5.0)]
+    timeout_secs: f64,
+    /// Seconds between the last publish and the resume (lets retention run).
+    #[arg(long, default_value_t = 1.5)]
+    settle_secs: f64,
+}
+
+// The flags of `bench mcp`.
+#[derive(Debug, Args)]
+struct McpArgs {
+    /// The gateway's MCP endpoint.
+    #[arg(long, default_value = "http://127.0.0.1:8080/mcp")]
+    mcp_url: String,
+    /// Concurrent MCP sessions (one thread each).
+    #[arg(long, default_value_t = 10)]
+    sessions: usize,
+    /// Tool calls per session, one after another.
+    #[arg(long, default_value_t = 3)]
+    calls_per_session: usize,
+    /// Progress notifications per call.
+    #[arg(long, default_value_t = 200)]
+    progress_count: u64,
+    /// Milliseconds between progress notifications.
+    #[arg(long, default_value_t = 2)]
+    interval_ms: u64,
+    /// Cuts (each followed by a resume) per call.
+    #[arg(long, default_value_t = 3)]
+    cuts_per_call: u32,
+    /// A cut happens up to this many bytes (uniformly drawn) into a connection's body,
+    /// after the first 128 bytes.
+    #[arg(long, default_value_t = 2000)]
+    cut_bytes_max: usize,
+    /// Timeout per call.
+    #[arg(long, default_value_t = 30.0)]
+    timeout_secs: f64,
+    /// Label for the report.
+    #[arg(long, default_value = "gateway")]
+    label: String,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Seed for cut offsets.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+}
+
+// The flags of `bench durable`.
+#[derive(Debug, Args)]
+struct DurableArgs {
+    /// Publish URL template with `{stream}` (e.g. http://127.0.0.1:8080/v1/streams/{stream}/events).
+    #[arg(long)]
+    publish_url: String,
+    /// A directory on the server's data filesystem for the raw fdatasync probe.
+    #[arg(long)]
+    fsync_probe_dir: Option<PathBuf>,
+    /// Raw fdatasync probes.
+    #[arg(long, default_value_t = 2000)]
+    fsync_probes: usize,
+    /// Run the probe once on each of these CPUs (comma-separated; default: once, where the
+    /// bench runs). A sync's cost depends on the CPU: its completion interrupt may be on
+    /// another one; probe on the server's CPU for the like-for-like floor.
+    #[arg(long, value_delimiter = ',')]
+    fsync_probe_cpus: Vec<usize>,
+    /// Publisher counts, comma-separated: one run each.
+    #[arg(long, default_value = "1,64", value_delimiter = ',')]
+    publishers: Vec<usize>,
+    #[arg(long, default_value_t = 300)]
+    payload_bytes: usize,
+    /// Seconds each publisher count runs.
+    #[arg(long, default_value_t = 5.0)]
+    secs_per_run: f64,
+    #[arg(long, default_value = "durable-")]
+    stream_prefix: String,
+    /// The server's pid, for its CPU per event.
+    #[arg(long)]
+    target_pid: Option<u32>,
+    /// A file holding a token (e.g. a JWT), sent as `Authorization: Bearer <token>` on
+    /// every publish. Without it no Authorization header is sent.
+    #[arg(long, value_name = "PATH")]
+    bearer_token_file: Option<PathBuf>,
+    #[arg(long)]
+    json: bool,
+}
+
+// The flags of `bench floor`.
+#[derive(Debug, Args)]
+struct FloorArgs {
+    #[arg(long, default_value_t = 100)]
+    subscribers: usize,
+    #[arg(long, default_value_t = 300)]
+    payload_bytes: usize,
+    #[arg(long, default_value_t = 5.0)]
+    secs: f64,
+    #[arg(long, default_value_t = 0)]
+    writer_cpu: usize,
+    #[arg(long, default_value_t = 1)]
+    reader_cpu: usize,
+    /// How the reader waits: `epoll` sleeps when idle (as `bench fanout`'s subscribers
+    /// do, so the writer also pays their wake-ups), `spin` never sleeps.
+    #[arg(long, value_enum, default_value = "epoll")]
+    reader: floor::ReaderMode,
+    /// Pace the writer to this many events per second (one send per subscriber each),
+    /// e.g. a fan-out run's published events/s; 0: as fast as it can.
+    #[arg(long, default_value_t = 0.0)]
+    events_per_sec: f64,
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -468,23 +484,11 @@ enum Outcome {
 }
 
 fn run(cmd: &Cmd) -> Result<(Outcome, bool), String> {
-    let one = |scenario: &str, common: &Common, cfg: &LoadConfig| -> Result<Report, String> {
-        let before = scrape_metrics(common)?;
-        let r = load::run(cfg).map_err(|e| e.to_string())?;
-        let mut report = Report::new(scenario, &common.label, &r);
-        if let (Some(b), Some(a)) = (before, scrape_metrics(common)?) {
-            for (k, v) in scrape::delta(&b, &a) {
-                let key = format!("{}{{{}={k}}}", common.metrics_family, common.metrics_label);
-                report.server_metrics.insert(key, v);
-            }
-        }
-        Ok(report)
-    };
     match cmd {
         Cmd::Fanout { common, load } => {
             let cfg = with_load(base_config(common)?, load);
             Ok((
-                Outcome::Reports(vec![one("fanout", common, &cfg)?], None),
+                Outcome::Reports(vec![run_load("fanout", common, &cfg)?], None),
                 common.json,
             ))
         }
@@ -502,7 +506,7 @@ fn run(cmd: &Cmd) -> Result<(Outcome, bool), String> {
             cfg.cut_at_eagain = *cut_at_eagain;
             cfg.cut_pause_ms = *cut_pause_ms;
             Ok((
-                Outcome::Reports(vec![one("resume-storm", common, &cfg)?], None),
+                Outcome::Reports(vec![run_load("resume-storm", common, &cfg)?], None),
                 common.json,
             ))
         }
@@ -514,26 +518,8 @@ fn run(cmd: &Cmd) -> Result<(Outcome, bool), String> {
             no_baseline,
         } => {
             let base = with_load(base_config(common)?, load);
-            let mut reports = Vec::new();
-            if !no_baseline {
-                let mut b = base.clone();
-                b.stream_prefix.push('a');
-                reports.push(one("slow-baseline", common, &b)?);
-            }
-            let mut s = base;
-            s.stream_prefix.push('b');
-            s.slow_subscribers_per_stream = *slow_subscribers_per_stream;
-            s.slow_rate_divisor = *slow_rate_divisor;
-            reports.push(one("slow", common, &s)?);
-            let note = (reports.len() == 2 && reports[0].latency.p99_us > 0.0).then(|| {
-                format!(
-                    "fast subscribers' p99 with slow ones / without: {:.0} us / {:.0} us = {:.2}",
-                    reports[1].latency.p99_us,
-                    reports[0].latency.p99_us,
-                    reports[1].latency.p99_us / reports[0].latency.p99_us
-                )
-            });
-            Ok((Outcome::Reports(reports, note), common.json))
+            let slow = (*slow_subscribers_per_stream, *slow_rate_divisor);
+            run_slow(common, base, slow, *no_baseline)
         }
         Cmd::Idle {
             common,
@@ -542,154 +528,185 @@ fn run(cmd: &Cmd) -> Result<(Outcome, bool), String> {
             hold_secs,
             source_addrs,
             source_addr_first,
-        } => {
-            let mut cfg = base_config(common)?;
-            // Each connection is one descriptor here: without CAP_SYS_RESOURCE the hard
-            // RLIMIT_NOFILE caps what one process can hold, so cap (and say so) rather than
-            // fail half-way with EMFILE.
-            let limit = load::raise_nofile((*connections + IDLE_FDS_SPARE) as u64) as usize;
-            let mut note = None;
-            let connections = if limit < *connections + IDLE_FDS_SPARE {
-                let capped = limit.saturating_sub(IDLE_FDS_SPARE).max(1);
-                let msg = format!(
-                    "asked for {connections} idle connections; capped at {capped} by RLIMIT_NOFILE \
-                     {limit} (raising the hard limit needs CAP_SYS_RESOURCE)"
-                );
-                eprintln!("warning: {msg}");
-                note = Some(msg);
-                capped
-            } else {
-                *connections
-            };
-            let streams = (*streams).clamp(1, connections.max(1));
-            cfg.streams = streams;
-            cfg.subscribers_per_stream = connections / streams;
-            cfg.idle_hold_secs = Some(*hold_secs);
-            cfg.source_addr_first = *source_addr_first;
-            cfg.source_addrs = if *source_addrs == 0 {
-                u8::try_from(connections.div_ceil(20_000))
-                    .unwrap_or(u8::MAX)
-                    .max(1)
-            } else {
-                *source_addrs
-            };
-            let mut report = one("idle", common, &cfg)?;
-            if let Some(n) = note {
-                report.errors.insert(0, n);
-            }
-            Ok((Outcome::Reports(vec![report], None), common.json))
-        }
-        Cmd::Mcp {
-            mcp_url,
-            sessions,
-            calls_per_session,
-            progress_count,
-            interval_ms,
-            cuts_per_call,
-            cut_bytes_max,
-            timeout_secs,
-            label,
-            json,
-            seed,
-        } => {
-            let cfg = mcp::McpConfig {
-                url: UrlTemplate::parse(mcp_url)
-                    .map_err(|e| format!("--mcp-url: {e}"))
-                    .and_then(|u| plain_only(&u, "--mcp-url").map(|()| u))?,
-                sessions: *sessions,
-                calls_per_session: *calls_per_session,
-                progress_count: *progress_count,
-                interval_ms: *interval_ms,
-                cuts_per_call: *cuts_per_call,
-                cut_bytes_max: (*cut_bytes_max).max(1),
-                timeout_secs: *timeout_secs,
-                seed: *seed,
-            };
-            Ok((
-                Outcome::Mcp(mcp::run(&cfg, label).map_err(|e| e.to_string())?),
-                *json,
-            ))
-        }
-        Cmd::Durable {
-            publish_url,
-            fsync_probe_dir,
-            fsync_probes,
-            fsync_probe_cpus,
-            publishers,
-            payload_bytes,
-            secs_per_run,
-            stream_prefix,
-            target_pid,
-            bearer_token_file,
-            json,
-        } => {
-            let cfg = durable::DurableConfig {
-                publish: UrlTemplate::parse(publish_url)
-                    .map_err(|e| format!("--publish-url: {e}"))
-                    .and_then(|u| plain_only(&u, "--publish-url").map(|()| u))?,
-                stream_prefix: stream_prefix.clone(),
-                publishers: publishers.clone(),
-                payload_bytes: *payload_bytes,
-                secs_per_run: *secs_per_run,
-                fsync_probe_dir: fsync_probe_dir.clone(),
-                fsync_probes: *fsync_probes,
-                fsync_probe_cpus: fsync_probe_cpus.clone(),
-                target_pid: *target_pid,
-                bearer: Bearer::from_file(bearer_token_file.as_deref())?,
-            };
-            Ok((Outcome::Durable(durable::run(&cfg)?), *json))
-        }
-        Cmd::Floor {
-            subscribers,
-            payload_bytes,
-            secs,
-            writer_cpu,
-            reader_cpu,
-            reader,
-            events_per_sec,
-            json,
-        } => {
-            let cfg = floor::FloorConfig {
-                reader: *reader,
-                events_per_sec: *events_per_sec,
-                subscribers: *subscribers,
-                payload_bytes: *payload_bytes,
-                secs: *secs,
-                writer_cpu: *writer_cpu,
-                reader_cpu: *reader_cpu,
-            };
-            Ok((Outcome::Floor(floor::run(&cfg)?), *json))
-        }
-        Cmd::GapProbe {
+        } => run_idle(
             common,
-            events,
-            payload_bytes,
-            resume_after_counter,
-            resume_query,
-            timeout_secs,
-            settle_secs,
-        } => {
-            let base = base_config(common)?;
-            plain_only(&base.publish, "--publish-url")?;
-            plain_only(&base.subscribe, "--subscribe-url")?;
-            let cfg = ProbeConfig {
-                publish: base.publish,
-                subscribe: base.subscribe,
-                stream: format!("{}probe", base.stream_prefix),
-                events: *events,
-                payload_bytes: *payload_bytes,
-                resume_after_counter: *resume_after_counter,
-                timeout_secs: *timeout_secs,
-                settle_secs: *settle_secs,
-                resume_query: resume_query.clone(),
-                bearer: base.bearer,
-            };
-            Ok((
-                Outcome::Probe(probe::run(&cfg, &common.label).map_err(|e| e.to_string())?),
-                common.json,
-            ))
+            *connections,
+            *streams,
+            *hold_secs,
+            (*source_addrs, *source_addr_first),
+        ),
+        Cmd::Mcp(a) => run_mcp(a),
+        Cmd::Durable(a) => run_durable(a),
+        Cmd::Floor(a) => run_floor(a),
+        Cmd::GapProbe(a) => run_gap_probe(a),
+    }
+}
+
+/// One load run, with the server metrics' change over it when `--metrics-url` is given.
+fn run_load(scenario: &str, common: &Common, cfg: &LoadConfig) -> Result<Report, String> {
+    let before = scrape_metrics(common)?;
+    let r = load::run(cfg).map_err(|e| e.to_string())?;
+    let mut report = Report::new(scenario, &common.label, &r);
+    if let (Some(b), Some(a)) = (before, scrape_metrics(common)?) {
+        for (k, v) in scrape::delta(&b, &a) {
+            let key = format!("{}{{{}={k}}}", common.metrics_family, common.metrics_label);
+            report.server_metrics.insert(key, v);
         }
     }
+    Ok(report)
+}
+
+/// `bench slow`: a baseline run of `base` (unless `no_baseline`), then one with `slow`
+/// (slow subscribers per stream, rate divisor), and the fast subscribers' p99 of one over the
+/// other.
+fn run_slow(
+    common: &Common,
+    base: LoadConfig,
+    (slow_subscribers_per_stream, slow_rate_divisor): (usize, u32),
+    no_baseline: bool,
+) -> Result<(Outcome, bool), String> {
+    let mut reports = Vec::new();
+    if !no_baseline {
+        let mut b = base.clone();
+        b.stream_prefix.push('a');
+        reports.push(run_load("slow-baseline", common, &b)?);
+    }
+    let mut s = base;
+    s.stream_prefix.push('b');
+    s.slow_subscribers_per_stream = slow_subscribers_per_stream;
+    s.slow_rate_divisor = slow_rate_divisor;
+    reports.push(run_load("slow", common, &s)?);
+    let note = (reports.len() == 2 && reports[0].latency.p99_us > 0.0).then(|| {
+        format!(
+            "fast subscribers' p99 with slow ones / without: {:.0} us / {:.0} us = {:.2}",
+            reports[1].latency.p99_us,
+            reports[0].latency.p99_us,
+            reports[1].latency.p99_us / reports[0].latency.p99_us
+        )
+    });
+    Ok((Outcome::Reports(reports, note), common.json))
+}
+
+/// `bench idle`: `connections` subscribers (capped by RLIMIT_NOFILE, with a note saying so)
+/// over `streams` streams, held `hold_secs`; `(source addresses, first one)` as the flags.
+fn run_idle(
+    common: &Common,
+    connections: usize,
+    streams: usize,
+    hold_secs: f64,
+    (source_addrs, source_addr_first): (u8, u8),
+) -> Result<(Outcome, bool), String> {
+    let mut cfg = base_config(common)?;
+    // Each connection is one descriptor here: without CAP_SYS_RESOURCE the hard
+    // RLIMIT_NOFILE caps what one process can hold, so cap (and say so) rather than
+    // fail half-way with EMFILE.
+    let limit = load::raise_nofile((connections + IDLE_FDS_SPARE) as u64) as usize;
+    let mut note = None;
+    let connections = if limit < connections + IDLE_FDS_SPARE {
+        let capped = limit.saturating_sub(IDLE_FDS_SPARE).max(1);
+        let msg = format!(
+            "asked for {connections} idle connections; capped at {capped} by RLIMIT_NOFILE \
+             {limit} (raising the hard limit needs CAP_SYS_RESOURCE)"
+        );
+        eprintln!("warning: {msg}");
+        note = Some(msg);
+        capped
+    } else {
+        connections
+    };
+    let streams = streams.clamp(1, connections.max(1));
+    cfg.streams = streams;
+    cfg.subscribers_per_stream = connections / streams;
+    cfg.idle_hold_secs = Some(hold_secs);
+    cfg.source_addr_first = source_addr_first;
+    cfg.source_addrs = if source_addrs == 0 {
+        u8::try_from(connections.div_ceil(20_000))
+            .unwrap_or(u8::MAX)
+            .max(1)
+    } else {
+        source_addrs
+    };
+    let mut report = run_load("idle", common, &cfg)?;
+    if let Some(n) = note {
+        report.errors.insert(0, n);
+    }
+    Ok((Outcome::Reports(vec![report], None), common.json))
+}
+
+/// A URL template that must be plain HTTP (`flag` names it in errors).
+fn plain_url(url: &str, flag: &str) -> Result<UrlTemplate, String> {
+    UrlTemplate::parse(url)
+        .map_err(|e| format!("{flag}: {e}"))
+        .and_then(|u| plain_only(&u, flag).map(|()| u))
+}
+
+fn run_gap_probe(a: &GapProbeArgs) -> Result<(Outcome, bool), String> {
+    let base = base_config(&a.common)?;
+    plain_only(&base.publish, "--publish-url")?;
+    plain_only(&base.subscribe, "--subscribe-url")?;
+    let cfg = ProbeConfig {
+        publish: base.publish,
+        subscribe: base.subscribe,
+        stream: format!("{}probe", base.stream_prefix),
+        events: a.events,
+        payload_bytes: a.payload_bytes,
+        resume_after_counter: a.resume_after_counter,
+        timeout_secs: a.timeout_secs,
+        settle_secs: a.settle_secs,
+        resume_query: a.resume_query.clone(),
+        bearer: base.bearer,
+    };
+    Ok((
+        Outcome::Probe(probe::run(&cfg, &a.common.label).map_err(|e| e.to_string())?),
+        a.common.json,
+    ))
+}
+
+fn run_mcp(a: &McpArgs) -> Result<(Outcome, bool), String> {
+    let cfg = mcp::McpConfig {
+        url: plain_url(&a.mcp_url, "--mcp-url")?,
+        sessions: a.sessions,
+        calls_per_session: a.calls_per_session,
+        progress_count: a.progress_count,
+        interval_ms: a.interval_ms,
+        cuts_per_call: a.cuts_per_call,
+        cut_bytes_max: a.cut_bytes_max.max(1),
+        timeout_secs: a.timeout_secs,
+        seed: a.seed,
+    };
+    Ok((
+        Outcome::Mcp(mcp::run(&cfg, &a.label).map_err(|e| e.to_string())?),
+        a.json,
+    ))
+}
+
+fn run_durable(a: &DurableArgs) -> Result<(Outcome, bool), String> {
+    let cfg = durable::DurableConfig {
+        publish: plain_url(&a.publish_url, "--publish-url")?,
+        stream_prefix: a.stream_prefix.clone(),
+        publishers: a.publishers.clone(),
+        payload_bytes: a.payload_bytes,
+        secs_per_run: a.secs_per_run,
+        fsync_probe_dir: a.fsync_probe_dir.clone(),
+        fsync_probes: a.fsync_probes,
+        fsync_probe_cpus: a.fsync_probe_cpus.clone(),
+        target_pid: a.target_pid,
+        bearer: Bearer::from_file(a.bearer_token_file.as_deref())?,
+    };
+    Ok((Outcome::Durable(durable::run(&cfg)?), a.json))
+}
+
+fn run_floor(a: &FloorArgs) -> Result<(Outcome, bool), String> {
+    let cfg = floor::FloorConfig {
+        reader: a.reader,
+        events_per_sec: a.events_per_sec,
+        subscribers: a.subscribers,
+        payload_bytes: a.payload_bytes,
+        secs: a.secs,
+        writer_cpu: a.writer_cpu,
+        reader_cpu: a.reader_cpu,
+    };
+    Ok((Outcome::Floor(floor::run(&cfg)?), a.json))
 }
 
 fn main() -> ExitCode {
@@ -702,28 +719,7 @@ fn main() -> ExitCode {
         }
     };
     match outcome {
-        Outcome::Reports(reports, note) => {
-            let violations: u64 = reports.iter().map(|r| r.violations).sum();
-            if json {
-                let v = serde_json::json!({ "reports": reports, "note": note });
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&v).expect("reports serialise")
-                );
-            } else {
-                for r in &reports {
-                    print!("{}", r.table());
-                }
-                if let Some(n) = note {
-                    println!("{n}");
-                }
-            }
-            if violations > 0 {
-                eprintln!("bench: {violations} invariant violation(s)");
-                return ExitCode::from(1);
-            }
-            ExitCode::SUCCESS
-        }
+        Outcome::Reports(reports, note) => print_reports(&reports, note, json),
         Outcome::Floor(r) => {
             emit(json, &r, || r.table());
             ExitCode::SUCCESS
@@ -744,45 +740,73 @@ fn main() -> ExitCode {
             }
             ExitCode::SUCCESS
         }
-        Outcome::Probe(p) => {
-            if json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&p).expect("probe report serialises")
-                );
-            } else {
-                println!("== gap-probe [{}]", p.label);
-                println!(
-                    "  published {} events; resumed with the ID of event {} ({})",
-                    p.published, p.resume_after_counter, p.resume_id
-                );
-                let verdict = match &p.outcome {
-                    probe::ProbeOutcome::Gone { body } => format!("EXPLICIT: HTTP 410 {body}"),
-                    probe::ProbeOutcome::TruncatedEvent { data, next_counter } => {
-                        format!("EXPLICIT: event: truncated {data} then event {next_counter:?}")
-                    }
-                    probe::ProbeOutcome::Contiguous => {
-                        "contiguous: the next event followed (history still retained)".into()
-                    }
-                    probe::ProbeOutcome::SilentGap {
-                        expected_counter,
-                        first_counter,
-                        missing,
-                    } => {
-                        format!(
-                            "SILENT GAP: expected event {expected_counter}, got {first_counter} with no notice ({missing} events skipped)"
-                        )
-                    }
-                    probe::ProbeOutcome::Other(s) => format!("other: {s}"),
-                };
-                println!("  outcome: {verdict}");
-            }
-            if p.outcome.is_ok() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::from(1)
-            }
+        Outcome::Probe(p) => print_probe(&p, json),
+    }
+}
+
+/// Prints load reports (JSON or tables, then the note); exit status 1 on any violation.
+fn print_reports(reports: &[Report], note: Option<String>, json: bool) -> ExitCode {
+    let violations: u64 = reports.iter().map(|r| r.violations).sum();
+    if json {
+        let v = serde_json::json!({ "reports": reports, "note": note });
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&v).expect("reports serialise")
+        );
+    } else {
+        for r in reports {
+            print!("{}", r.table());
         }
+        if let Some(n) = note {
+            println!("{n}");
+        }
+    }
+    if violations > 0 {
+        eprintln!("bench: {violations} invariant violation(s)");
+        return ExitCode::from(1);
+    }
+    ExitCode::SUCCESS
+}
+
+/// Prints the gap probe's report (JSON or its verdict); exit status 1 unless the answer was
+/// explicit or contiguous.
+fn print_probe(p: &probe::ProbeReport, json: bool) -> ExitCode {
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(p).expect("probe report serialises")
+        );
+    } else {
+        println!("== gap-probe [{}]", p.label);
+        println!(
+            "  published {} events; resumed with the ID of event {} ({})",
+            p.published, p.resume_after_counter, p.resume_id
+        );
+        let verdict = match &p.outcome {
+            probe::ProbeOutcome::Gone { body } => format!("EXPLICIT: HTTP 410 {body}"),
+            probe::ProbeOutcome::TruncatedEvent { data, next_counter } => {
+                format!("EXPLICIT: event: truncated {data} then event {next_counter:?}")
+            }
+            probe::ProbeOutcome::Contiguous => {
+                "contiguous: the next event followed (history still retained)".into()
+            }
+            probe::ProbeOutcome::SilentGap {
+                expected_counter,
+                first_counter,
+                missing,
+            } => {
+                format!(
+                    "SILENT GAP: expected event {expected_counter}, got {first_counter} with no notice ({missing} events skipped)"
+                )
+            }
+            probe::ProbeOutcome::Other(s) => format!("other: {s}"),
+        };
+        println!("  outcome: {verdict}");
+    }
+    if p.outcome.is_ok() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
     }
 }
 

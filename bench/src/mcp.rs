@@ -286,6 +286,21 @@ fn request(
     sock.set_read_timeout(Some(timeout))
         .map_err(|err| McpError::Io { step: method, err })?;
     let _ = sock.set_nodelay(true);
+    let req = build_request(cfg, method, session, last_id, body);
+    sock.write_all(&req)
+        .map_err(|err| McpError::Io { step: method, err })?;
+    read_head(sock, method)
+}
+
+/// The request's bytes: `method` on the MCP URL, the session's headers, `Last-Event-ID` when
+/// resuming, the JSON body if any.
+fn build_request(
+    cfg: &McpConfig,
+    method: &'static str,
+    session: Option<&str>,
+    last_id: Option<&[u8]>,
+    body: Option<&str>,
+) -> Vec<u8> {
     let mut req = format!("{method} ").into_bytes();
     cfg.url.render_path("", &mut req);
     req.extend_from_slice(
@@ -316,8 +331,11 @@ fn request(
         ),
         None => req.extend_from_slice(b"\r\n"),
     }
-    sock.write_all(&req)
-        .map_err(|err| McpError::Io { step: method, err })?;
+    req
+}
+
+/// Reads a response head (and the body bytes that came with it) for the request `method`.
+fn read_head(mut sock: TcpStream, method: &'static str) -> Result<Resp, McpError> {
     let mut buf = Vec::new();
     let mut tmp = [0u8; 8192];
     loop {
@@ -503,57 +521,19 @@ fn one_call(
             status: r.status,
         });
     }
-    // Progress k is the k-th event; the checker wants 0-based counters.
-    let mut checker = Checker::new(0);
+    let mut check = CallCheck::new(call);
     let mut sse = SseParser::with_data_keep_bytes(MCP_DATA_KEEP_BYTES);
-    let mut result: Option<serde_json::Value> = None;
-    let mut explicit = 0u64;
     let mut cuts_left = cfg.cuts_per_call;
     let mut cuts = 0u64;
     let mut resumes = 0u64;
-    let mut resume_started: Option<Instant> = None;
-    let mut resume_ns = Vec::new();
     loop {
         // Past the `retry:` line and the priming event, so there is an ID to resume from.
         let cut_at =
             (cuts_left > 0).then(|| CUT_BYTES_MIN + rng.below(cfg.cut_bytes_max as u64) as usize);
         let cut = read_sse(&mut r, &mut sse, cut_at, deadline, &mut |id, ty, data| {
-            if let Some(t0) = resume_started.take() {
-                resume_ns.push(t0.elapsed().as_nanos() as u64);
-            }
-            if data.is_empty() {
-                return false; // priming event
-            }
-            let Ok(v) = serde_json::from_slice::<serde_json::Value>(data) else {
-                checker.handle_malformed();
-                return false;
-            };
-            if ty == b"truncated" {
-                checker.handle_truncation();
-                explicit += 1;
-                return false;
-            }
-            if v.get("method").and_then(|m| m.as_str()) == Some("notifications/progress") {
-                let p = v.pointer("/params/progress").and_then(|p| p.as_u64());
-                match p {
-                    Some(p) if p >= 1 => {
-                        let seq = gateway_seq(id).ok();
-                        if seq.is_none() {
-                            checker.handle_bad_id();
-                        }
-                        checker.handle_event(p - 1, seq);
-                    }
-                    _ => checker.handle_malformed(),
-                }
-                return false;
-            }
-            if v.get("id").and_then(|i| i.as_u64()) == Some(call) {
-                result = Some(v);
-                return true;
-            }
-            false
+            check.handle_event(id, ty, data)
         })?;
-        if result.is_some() {
+        if check.result.is_some() {
             break;
         }
         if !cut {
@@ -569,13 +549,13 @@ fn one_call(
             return Err(McpError::NoEventId);
         }
         drop(r);
-        resume_started = Some(Instant::now());
+        check.resume_started = Some(Instant::now());
         sse.reset();
         r = request(cfg, "GET", Some(sid), Some(sse.last_id()), None)?;
         resumes += 1;
         if r.status == 410 {
-            explicit += 1;
-            checker.handle_truncation();
+            check.explicit += 1;
+            check.checker.handle_truncation();
             break;
         }
         if r.status != 200 || !r.sse {
@@ -585,28 +565,105 @@ fn one_call(
             });
         }
     }
-    let mut bad = 0;
-    match &result {
-        Some(v)
-            if v.pointer("/result/structuredContent/sent")
-                .and_then(|s| s.as_u64())
-                == Some(cfg.progress_count) => {}
-        Some(v) if v.get("error").is_some() => explicit += 1,
-        _ if explicit > 0 => {}
-        _ => bad = 1,
-    }
-    checker.handle_end(cfg.progress_count, explicit > 0);
-    let mut sh = shared.lock().expect("lock");
-    sh.counts.add(checker.counts());
-    sh.cuts += cuts;
-    sh.resumes += resumes;
-    sh.explicit += explicit;
-    sh.bad_results += bad;
-    let _ = sh
-        .call_ns
-        .record(started.elapsed().as_nanos().max(1) as u64);
-    for ns in resume_ns {
-        let _ = sh.resume_ns.record(ns.max(1));
-    }
+    check.finish(cfg, started, (cuts, resumes), shared);
     Ok(())
+}
+
+/// What one tool call's events showed: its progress checked in order, its result, explicit
+/// truncations, and how long each resume took to its first event.
+struct CallCheck {
+    call: u64,
+    /// Progress k is the k-th event; the checker wants 0-based counters.
+    checker: Checker,
+    result: Option<serde_json::Value>,
+    explicit: u64,
+    resume_started: Option<Instant>,
+    resume_ns: Vec<u64>,
+}
+
+impl CallCheck {
+    fn new(call: u64) -> Self {
+        CallCheck {
+            call,
+            checker: Checker::new(0),
+            result: None,
+            explicit: 0,
+            resume_started: None,
+            resume_ns: Vec::new(),
+        }
+    }
+
+    /// One event of the call's stream (id, event type, data); true once it is the result.
+    fn handle_event(&mut self, id: &[u8], ty: &[u8], data: &[u8]) -> bool {
+        let checker = &mut self.checker;
+        if let Some(t0) = self.resume_started.take() {
+            self.resume_ns.push(t0.elapsed().as_nanos() as u64);
+        }
+        if data.is_empty() {
+            return false; // priming event
+        }
+        let Ok(v) = serde_json::from_slice::<serde_json::Value>(data) else {
+            checker.handle_malformed();
+            return false;
+        };
+        if ty == b"truncated" {
+            checker.handle_truncation();
+            self.explicit += 1;
+            return false;
+        }
+        if v.get("method").and_then(|m| m.as_str()) == Some("notifications/progress") {
+            let p = v.pointer("/params/progress").and_then(|p| p.as_u64());
+            match p {
+                Some(p) if p >= 1 => {
+                    let seq = gateway_seq(id).ok();
+                    if seq.is_none() {
+                        checker.handle_bad_id();
+                    }
+                    checker.handle_event(p - 1, seq);
+                }
+                _ => checker.handle_malformed(),
+            }
+            return false;
+        }
+        if v.get("id").and_then(|i| i.as_u64()) == Some(self.call) {
+            self.result = Some(v);
+            return true;
+        }
+        false
+    }
+
+    /// Judges the result, ends the check and adds the call's figures (with its `(cuts,
+    /// resumes)`) to the shared totals.
+    fn finish(
+        mut self,
+        cfg: &McpConfig,
+        started: Instant,
+        (cuts, resumes): (u64, u64),
+        shared: &Mutex<Shared>,
+    ) {
+        let mut bad = 0;
+        match &self.result {
+            Some(v)
+                if v.pointer("/result/structuredContent/sent")
+                    .and_then(|s| s.as_u64())
+                    == Some(cfg.progress_count) => {}
+            Some(v) if v.get("error").is_some() => self.explicit += 1,
+            _ if self.explicit > 0 => {}
+            _ => bad = 1,
+        }
+        let explicit = self.explicit;
+        self.checker.handle_end(cfg.progress_count, explicit > 0);
+        let mut sh = shared.lock().expect("lock");
+        sh.counts.add(self.checker.counts());
+        sh.cuts += cuts;
+        sh.resumes += resumes;
+        sh.explicit += explicit;
+        sh.bad_results += bad;
+        let _ = sh
+            .call_ns
+            .record(started.elapsed().as_nanos().max(1) as u64);
+        for ns in self.resume_ns {
+            let _ = sh.resume_ns.record(ns.max(1));
+        }
+    }
 }

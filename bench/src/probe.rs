@@ -176,6 +176,20 @@ fn subscribe(
         })?;
     sock.set_read_timeout(Some(Duration::from_millis(200)))
         .map_err(|err| ProbeError::Io { step: STEP, err })?;
+    let req = subscribe_request(url, bearer, stream, last_id, query);
+    sock.write_all(&req)
+        .map_err(|err| ProbeError::Io { step: STEP, err })?;
+    read_sub_head(sock, timeout)
+}
+
+/// A subscribe request, with `Last-Event-ID` and an extra query when given.
+fn subscribe_request(
+    url: &UrlTemplate,
+    bearer: &Bearer,
+    stream: &str,
+    last_id: Option<&str>,
+    query: Option<&str>,
+) -> Vec<u8> {
     let mut req = b"GET ".to_vec();
     url.render_path(stream, &mut req);
     if let Some(q) = query {
@@ -194,8 +208,12 @@ fn subscribe(
         req.extend_from_slice(format!("Last-Event-ID: {id}\r\n").as_bytes());
     }
     req.extend_from_slice(b"\r\n");
-    sock.write_all(&req)
-        .map_err(|err| ProbeError::Io { step: STEP, err })?;
+    req
+}
+
+/// Reads a subscribe response's head within `timeout`; the body bytes read with it are kept.
+fn read_sub_head(mut sock: TcpStream, timeout: Duration) -> Result<Sub, ProbeError> {
+    const STEP: &str = "subscribe";
     let deadline = Instant::now() + timeout;
     let mut buf = Vec::new();
     let mut tmp = [0u8; 4096];
@@ -389,7 +407,31 @@ pub fn run(cfg: &ProbeConfig, label: &str) -> Result<ProbeReport, ProbeError> {
         ));
     }
     let timeout = Duration::from_secs_f64(cfg.timeout_secs);
-    // 1. A recorder subscribed before the first publish sees every event and its ID.
+    let resume_id = publish_recorded(cfg, timeout)?;
+    // Step 2: resume from that early ID.
+    let mut sub = subscribe(
+        &cfg.subscribe,
+        &cfg.bearer,
+        &cfg.stream,
+        Some(&resume_id),
+        cfg.resume_query.as_deref(),
+        timeout,
+    )?;
+    let outcome = resume_outcome(cfg, &mut sub, timeout)?;
+    Ok(ProbeReport {
+        label: label.into(),
+        stream: cfg.stream.clone(),
+        published: cfg.events,
+        resume_after_counter: cfg.resume_after_counter,
+        resume_id,
+        outcome,
+    })
+}
+
+/// Step 1 of the probe: a recorder subscribed before the first publish sees every event and
+/// its ID. Publishes the events, lets the server apply its retention, and returns the ID of
+/// the event to resume after.
+fn publish_recorded(cfg: &ProbeConfig, timeout: Duration) -> Result<String, ProbeError> {
     let mut rec = subscribe(
         &cfg.subscribe,
         &cfg.bearer,
@@ -435,69 +477,64 @@ pub fn run(cfg: &ProbeConfig, label: &str) -> Result<ProbeReport, ProbeError> {
     drop(rec);
     // Let the server apply its retention (the gateway enforces it about once a second).
     std::thread::sleep(Duration::from_secs_f64(cfg.settle_secs));
-    let resume_id = resume_id.ok_or(ProbeError::RecorderMissed {
+    resume_id.ok_or(ProbeError::RecorderMissed {
         counter: cfg.resume_after_counter,
         seen,
         events: cfg.events,
-    })?;
-    // 2. Resume from that early ID.
-    let mut sub = subscribe(
-        &cfg.subscribe,
-        &cfg.bearer,
-        &cfg.stream,
-        Some(&resume_id),
-        cfg.resume_query.as_deref(),
-        timeout,
-    )?;
-    let outcome = if sub.status == 410 {
+    })
+}
+
+/// What the resume's answer shows: a 410, another status, or what its first event (and with
+/// `event: truncated`, the one after it) says.
+fn resume_outcome(
+    cfg: &ProbeConfig,
+    sub: &mut Sub,
+    timeout: Duration,
+) -> Result<ProbeOutcome, ProbeError> {
+    if sub.status == 410 {
         let mut body = std::mem::take(&mut sub.body_start);
         let mut tmp = [0u8; 4096];
         if let Ok(n) = sub.sock.read(&mut tmp) {
             body.extend_from_slice(&tmp[..n]);
         }
-        ProbeOutcome::Gone {
+        return Ok(ProbeOutcome::Gone {
             body: String::from_utf8_lossy(&body).trim().to_string(),
+        });
+    }
+    if sub.status != 200 {
+        return Ok(ProbeOutcome::Other(format!(
+            "resume answered HTTP {}",
+            sub.status
+        )));
+    }
+    let expected = cfg.resume_after_counter + 1;
+    let mut first: Option<(Vec<u8>, Vec<u8>)> = None;
+    let mut after_truncated: Option<u64> = None;
+    read_events(sub, Instant::now() + timeout, &mut |_, ty, data| {
+        if first.is_none() {
+            first = Some((ty.to_vec(), data.to_vec()));
+            return ty != b"truncated";
         }
-    } else if sub.status != 200 {
-        ProbeOutcome::Other(format!("resume answered HTTP {}", sub.status))
-    } else {
-        let expected = cfg.resume_after_counter + 1;
-        let mut first: Option<(Vec<u8>, Vec<u8>)> = None;
-        let mut after_truncated: Option<u64> = None;
-        read_events(&mut sub, Instant::now() + timeout, &mut |_, ty, data| {
-            if first.is_none() {
-                first = Some((ty.to_vec(), data.to_vec()));
-                return ty != b"truncated";
+        after_truncated = parse_payload(data).ok().map(|(c, _)| c);
+        true
+    })?;
+    Ok(match first {
+        None => ProbeOutcome::Other("no event after the resume before the timeout".into()),
+        Some((ty, data)) if ty == b"truncated" => ProbeOutcome::TruncatedEvent {
+            data: String::from_utf8_lossy(&data).into_owned(),
+            next_counter: after_truncated,
+        },
+        Some((_, data)) => match parse_payload(&data) {
+            Ok((c, _)) if c == expected => ProbeOutcome::Contiguous,
+            Ok((c, _)) if c > expected => ProbeOutcome::SilentGap {
+                expected_counter: expected,
+                first_counter: c,
+                missing: c - expected,
+            },
+            Ok((c, _)) => {
+                ProbeOutcome::Other(format!("resume repeated event {c} (expected {expected})"))
             }
-            after_truncated = parse_payload(data).ok().map(|(c, _)| c);
-            true
-        })?;
-        match first {
-            None => ProbeOutcome::Other("no event after the resume before the timeout".into()),
-            Some((ty, data)) if ty == b"truncated" => ProbeOutcome::TruncatedEvent {
-                data: String::from_utf8_lossy(&data).into_owned(),
-                next_counter: after_truncated,
-            },
-            Some((_, data)) => match parse_payload(&data) {
-                Ok((c, _)) if c == expected => ProbeOutcome::Contiguous,
-                Ok((c, _)) if c > expected => ProbeOutcome::SilentGap {
-                    expected_counter: expected,
-                    first_counter: c,
-                    missing: c - expected,
-                },
-                Ok((c, _)) => {
-                    ProbeOutcome::Other(format!("resume repeated event {c} (expected {expected})"))
-                }
-                Err(e) => ProbeOutcome::Other(format!("foreign payload: {e:?}")),
-            },
-        }
-    };
-    Ok(ProbeReport {
-        label: label.into(),
-        stream: cfg.stream.clone(),
-        published: cfg.events,
-        resume_after_counter: cfg.resume_after_counter,
-        resume_id,
-        outcome,
+            Err(e) => ProbeOutcome::Other(format!("foreign payload: {e:?}")),
+        },
     })
 }

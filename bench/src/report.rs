@@ -176,9 +176,21 @@ impl Report {
         use std::fmt::Write;
         let mut o = String::new();
         let _ = writeln!(o, "== {} [{}]", self.scenario, self.label);
-        let mut row = |k: &str, v: String| {
-            let _ = writeln!(o, "  {k:<34} {v}");
-        };
+        let mut rows = Rows(o);
+        self.delivery_rows(&mut rows);
+        self.resume_rows(&mut rows);
+        self.server_rows(&mut rows);
+        self.check_rows(&mut rows);
+        let mut o = rows.0;
+        for e in &self.errors {
+            let _ = writeln!(o, "  error: {e}");
+        }
+        o
+    }
+
+    /// Subscribers, throughput and latencies (fast and slow readers).
+    fn delivery_rows(&self, rows: &mut Rows) {
+        let mut row = |k: &str, v: String| rows.row(k, v);
         row(
             "subscribers up / wanted",
             format!("{} / {}", self.subscribers_up, self.subscribers),
@@ -213,6 +225,11 @@ impl Report {
                 self.slow_backlog_events.to_string(),
             );
         }
+    }
+
+    /// Cuts, resume latencies, and per resume class.
+    fn resume_rows(&self, rows: &mut Rows) {
+        let mut row = |k: &str, v: String| rows.row(k, v);
         if self.cuts > 0 || self.resume.count > 0 {
             let r = &self.resume;
             row(
@@ -247,6 +264,11 @@ impl Report {
                 format!("{:.0} / {:.0} / {:.0}", f.p50_us, f.p99_us, f.max_us),
             );
         }
+    }
+
+    /// The server's CPU and memory, the bench's own CPU, the server metrics that moved.
+    fn server_rows(&self, rows: &mut Rows) {
+        let mut row = |k: &str, v: String| rows.row(k, v);
         if let Some(s) = &self.server {
             row("server cpu s", format!("{:.2}", s.raw.cpu_secs));
             row(
@@ -284,6 +306,11 @@ impl Report {
         if let Some(b) = self.idle_bytes_per_connection {
             row("server bytes per idle connection", format!("{b:.0}"));
         }
+    }
+
+    /// The checker's counts (fast and slow subscribers summed), closes and failures.
+    fn check_rows(&self, rows: &mut Rows) {
+        let mut row = |k: &str, v: String| rows.row(k, v);
         let c = &self.check;
         row(
             "check events/gaps/missing/dups/reord",
@@ -322,9 +349,15 @@ impl Report {
             format!("{} / {}", self.subscriber_failures, self.publish_errors),
         );
         row("VIOLATIONS", self.violations.to_string());
-        for e in &self.errors {
-            let _ = writeln!(o, "  error: {e}");
-        }
-        o
+    }
+}
+
+/// A report table's rows: the key in a 34-wide column, then the value.
+struct Rows(String);
+
+impl Rows {
+    fn row(&mut self, k: &str, v: String) {
+        use std::fmt::Write;
+        let _ = writeln!(self.0, "  {k:<34} {v}");
     }
 }

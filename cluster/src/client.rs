@@ -146,27 +146,7 @@ impl Thread {
         shard: u32,
         deadline: tokio::time::Instant,
     ) -> Result<ShardStream, String> {
-        let config = stream::Config {
-            name: names::stream_name(shard),
-            subjects: vec![names::subject(shard)],
-            storage: stream::StorageType::File,
-            num_replicas: self.cfg.replicas,
-            duplicate_window: Duration::from_secs(120),
-            deny_delete: true,
-            deny_purge: true,
-            max_messages: if self.cfg.stream_messages_max > 0 {
-                self.cfg.stream_messages_max
-            } else {
-                -1
-            },
-            max_bytes: if self.cfg.stream_bytes_max > 0 {
-                self.cfg.stream_bytes_max
-            } else {
-                -1
-            },
-            metadata: HashMap::from([(META_SHARDS.to_string(), self.cfg.shards.to_string())]),
-            ..Default::default()
-        };
+        let config = self.shard_stream_config(shard);
         let mut s = loop {
             match self.js.get_or_create_stream(config.clone()).await {
                 Ok(s) => break s,
@@ -216,6 +196,32 @@ impl Thread {
         };
         self.streams.insert(shard, s);
         Ok(out)
+    }
+
+    /// Shard `shard`'s JetStream stream: replicated file storage, deduplicated by message ID,
+    /// no deletes or purges, the limits of the configuration, the shard count in its metadata.
+    fn shard_stream_config(&self, shard: u32) -> stream::Config {
+        stream::Config {
+            name: names::stream_name(shard),
+            subjects: vec![names::subject(shard)],
+            storage: stream::StorageType::File,
+            num_replicas: self.cfg.replicas,
+            duplicate_window: Duration::from_secs(120),
+            deny_delete: true,
+            deny_purge: true,
+            max_messages: if self.cfg.stream_messages_max > 0 {
+                self.cfg.stream_messages_max
+            } else {
+                -1
+            },
+            max_bytes: if self.cfg.stream_bytes_max > 0 {
+                self.cfg.stream_bytes_max
+            } else {
+                -1
+            },
+            metadata: HashMap::from([(META_SHARDS.to_string(), self.cfg.shards.to_string())]),
+            ..Default::default()
+        }
     }
 
     /// The snapshots the bucket keeps for `shard` (its history), decoded: every whole one, and

@@ -173,6 +173,30 @@ pub fn applied(log: &log_store::Log) -> u64 {
     log.streams().map(|(_, _, b)| b.tail).sum()
 }
 
+/// The newest snapshot of the shard's epoch that reaches JetStream's first message from a log
+/// ending at message `have`. Not the oldest usable one, though it would hold more history:
+/// JetStream keeps dropping its head while the follower starts, and a snapshot right at the
+/// head would lose that race (the first message delivered would not be the next: the node
+/// stops).
+fn newest_snapshot(js: &ShardStream, have: u64) -> Result<&cluster::Snapshot, String> {
+    let snap = js
+        .snapshots
+        .iter()
+        .filter(|s| s.epoch == js.epoch && s.seq + 1 >= js.first_seq && s.seq >= have)
+        .max_by_key(|s| s.seq);
+    snap.ok_or_else(|| {
+        format!(
+            "shard {}: the local log ends at message {have} but JetStream's stream {} now \
+             starts at {} and no snapshot reaches it: this node cannot number what follows \
+             (keep the nodes' --cluster-snapshot-interval-secs well below the time \
+             JetStream's limits take to drop a shard's head)",
+            js.shard,
+            cluster::names::stream_name(js.shard),
+            js.first_seq
+        )
+    })
+}
+
 /// Opens shard `shard`'s local log under the cluster's epoch: a log of another incarnation of
 /// the JetStream stream (it was deleted and recreated) is removed and rebuilt. Refuses a log
 /// that holds more than JetStream (acknowledged messages lost there) or that JetStream can no
@@ -201,26 +225,8 @@ pub fn open_log(
     }
     let mut have = applied(&log);
     if js.last_seq > have && js.first_seq > have + 1 {
-        // JetStream dropped what follows this log: start over from the newest snapshot. Not
-        // the oldest usable one, though it would hold more history: JetStream keeps dropping
-        // its head while the follower starts, and a snapshot right at the head would lose
-        // that race (the first message delivered would not be the next: the node stops).
-        let snap = js
-            .snapshots
-            .iter()
-            .filter(|s| s.epoch == js.epoch && s.seq + 1 >= js.first_seq && s.seq >= have)
-            .max_by_key(|s| s.seq);
-        let Some(snap) = snap else {
-            return Err(format!(
-                "shard {}: the local log ends at message {have} but JetStream's stream {} now \
-                 starts at {} and no snapshot reaches it: this node cannot number what follows \
-                 (keep the nodes' --cluster-snapshot-interval-secs well below the time \
-                 JetStream's limits take to drop a shard's head)",
-                js.shard,
-                cluster::names::stream_name(js.shard),
-                js.first_seq
-            ));
-        };
+        // JetStream dropped what follows this log: start over from the newest snapshot.
+        let snap = newest_snapshot(js, have)?;
         if have > 0 || log.stream_count() > 0 {
             drop(log);
             std::fs::remove_dir_all(dir).map_err(|e| format!("removing {}: {e}", dir.display()))?;

@@ -53,14 +53,7 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
     } else {
         cfg.cores
     };
-    // munmap/unlink of retired segments happen on a background thread, not on a reactor.
-    if let Err(e) = log_store::retire_in_background() {
-        eprintln!("gateway: warning: no segment-retirement thread ({e}); reactors retire");
-    }
-    // Next-segment preparation and retention checkpoints off the reactors (before open_logs).
-    if let Err(e) = log_store::prepare_in_background() {
-        eprintln!("gateway: warning: no log-prepare thread ({e}); reactors create segments");
-    }
+    start_log_threads();
     let shard_count = shard_count(&cfg)?;
     let (txs, rxs, eventfds) = handoff_channels(cores)?;
     let (logs_per_core, epochs, clustered, follow_from) =
@@ -80,7 +73,7 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
         (Some(c), Some(k)) => Some(tls::Certs::load(c, k)?),
         _ => None,
     };
-    let (cluster, mut inboxes) = match clustered {
+    let (cluster, inboxes) = match clustered {
         Some(c) => (Some(c.cluster), c.inboxes.into_iter().map(Some).collect()),
         None => (None, (0..cores).map(|_| None).collect::<Vec<_>>()),
     };
@@ -106,9 +99,39 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
         body_budget: Arc::new(proto::conn::BodyBudget::new(cfg.request_buffer_bytes_max)),
         ktls_refused: std::sync::atomic::AtomicU8::new(0),
     });
+    let setups = core_setups(&cfg, &cpus, cores, rxs, logs_per_core, listeners, inboxes);
+    let threads = start_cores(setups, &shared)?;
+    if let Some(c) = &cluster {
+        for (shard, from) in follow_from {
+            c.follow(shard, from);
+        }
+    }
+    admin::spawn(admin_listener, shared.clone()).map_err(|e| format!("admin thread: {e}"))?;
+    let ktls = cfg.tls_kernel == config::TlsKernel::Auto;
+    if shared.certs.is_some() {
+        show_tls_paths(&shared, ktls);
+    }
+    announce(addr, admin_addr, shared.certs.is_some().then_some(ktls));
+    let sig = wait_for_stop(&signals, &shared);
+    eprintln!("gateway: signal {sig}: shutting down");
+    stop_cores(&shared, threads);
+    Ok(())
+}
+
+/// Each core's setup: its CPU (round-robin over the allowed CPUs, unless more cores than CPUs
+/// were asked for), a listener for each of the first cores, its handoff receiver, its logs and
+/// its cluster inbox.
+fn core_setups(
+    cfg: &config::Config,
+    cpus: &[usize],
+    cores: usize,
+    rxs: Vec<crossbeam::channel::Receiver<core::Handoff>>,
+    logs_per_core: Vec<Vec<(u32, log_store::Log)>>,
+    listeners: Vec<OwnedFd>,
+    mut inboxes: Vec<Option<::cluster::Inbox>>,
+) -> Vec<core::CoreSetup> {
     let mut listeners = listeners.into_iter();
-    let setups = rxs
-        .into_iter()
+    rxs.into_iter()
         .zip(logs_per_core)
         .enumerate()
         .map(|(id, (rx, logs))| core::CoreSetup {
@@ -119,25 +142,34 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
             logs,
             inbox: inboxes[id].take(),
         })
-        .collect();
-    let threads = start_cores(setups, &shared)?;
-    if let Some(c) = &cluster {
-        for (shard, from) in follow_from {
-            c.follow(shard, from);
-        }
+        .collect()
+}
+
+/// The log's background threads: segment retirement and next-segment preparation. Without
+/// them the reactors do that work themselves (said as a warning).
+fn start_log_threads() {
+    // munmap/unlink of retired segments happen on a background thread, not on a reactor.
+    if let Err(e) = log_store::retire_in_background() {
+        eprintln!("gateway: warning: no segment-retirement thread ({e}); reactors retire");
     }
-    admin::spawn(admin_listener, shared.clone()).map_err(|e| format!("admin thread: {e}"))?;
-    let ktls = cfg.tls_kernel == config::TlsKernel::Auto;
-    if shared.certs.is_some() {
-        for m in &shared.metrics {
-            m.tls_userspace.store(1, Relaxed);
-            m.tls_kernel
-                .store(u64::from(ktls && tls::ktls_available()), Relaxed);
-        }
+    // Next-segment preparation and retention checkpoints off the reactors (before open_logs).
+    if let Err(e) = log_store::prepare_in_background() {
+        eprintln!("gateway: warning: no log-prepare thread ({e}); reactors create segments");
     }
-    announce(addr, admin_addr, shared.certs.is_some().then_some(ktls));
-    let sig = wait_for_stop(&signals, &shared);
-    eprintln!("gateway: signal {sig}: shutting down");
+}
+
+/// Every core's gauges of the TLS paths on offer: the record layer always, kernel TLS with
+/// `--tls-kernel auto` where the kernel has it.
+fn show_tls_paths(shared: &core::Shared, ktls: bool) {
+    for m in &shared.metrics {
+        m.tls_userspace.store(1, Relaxed);
+        m.tls_kernel
+            .store(u64::from(ktls && tls::ktls_available()), Relaxed);
+    }
+}
+
+/// Tells every core to stop, wakes each, and waits for their threads.
+fn stop_cores(shared: &core::Shared, threads: Vec<std::thread::JoinHandle<()>>) {
     shared.shutdown.store(true, Relaxed);
     for fd in &shared.eventfds {
         sys::eventfd_wake(fd.as_fd());
@@ -145,7 +177,6 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
     for t in threads {
         let _ = t.join();
     }
-    Ok(())
 }
 
 /// Each core's handoff channel and eventfd.

@@ -753,16 +753,7 @@ impl Log {
             Lookup::Removed { .. } => return Err(AppendError::StreamRemoved(stream)),
             Lookup::Unknown => return Err(AppendError::UnknownStream(stream)),
         };
-        if let Some(t) = event_type
-            && t.bytes().any(|b| b == b'\r' || b == b'\n')
-        {
-            return Err(AppendError::EventTypeHasLineBreak);
-        }
-        if let Err(e) = std::str::from_utf8(data) {
-            return Err(AppendError::DataNotUtf8 {
-                valid_up_to: e.valid_up_to(),
-            });
-        }
+        check_event(event_type, data)?;
         // Sequences stop below u64::MAX (recovery refuses it), so `tail + 1` never overflows.
         if st.tail >= u64::MAX - 1 {
             return Err(AppendError::SequenceExhausted(stream));
@@ -1026,6 +1017,21 @@ impl Log {
             len: len as u32,
         }
     }
+}
+
+/// An event's type may not break its `event:` line, and its data must be UTF-8 (SSE is text).
+fn check_event(event_type: Option<&str>, data: &[u8]) -> Result<(), AppendError> {
+    if let Some(t) = event_type
+        && t.bytes().any(|b| b == b'\r' || b == b'\n')
+    {
+        return Err(AppendError::EventTypeHasLineBreak);
+    }
+    if let Err(e) = std::str::from_utf8(data) {
+        return Err(AppendError::DataNotUtf8 {
+            valid_up_to: e.valid_up_to(),
+        });
+    }
+    Ok(())
 }
 
 fn validate_stream_name(name: &str) -> Result<(), AppendError> {

@@ -23,14 +23,7 @@ pub(super) fn open(dir: &Path, opts: LogOptions, exec: Option<Executor>) -> Resu
         }
         return create_new(dir, opts, lock, report, exec);
     }
-    if numbers[0] != first_live {
-        return Err(OpenError::MissingSegment { number: first_live });
-    }
-    for w in numbers.windows(2) {
-        if w[1] != w[0] + 1 {
-            return Err(OpenError::MissingSegment { number: w[0] + 1 });
-        }
-    }
+    check_contiguous(&numbers, first_live)?;
 
     let mut scan = Scan::new(ckpt.as_ref(), &ckpt_path, Arc::clone(&lock), report)?;
 
@@ -77,6 +70,26 @@ pub(super) fn open(dir: &Path, opts: LogOptions, exec: Option<Executor>) -> Resu
         recovery: RecoveryReport::default(),
         lock,
     };
+    settle_recovered(&mut log, dir, sealed_last)?;
+    log.recovery = report;
+    Ok(log)
+}
+
+/// The live segments are numbered `first_live`, `first_live + 1`, ... without a hole.
+fn check_contiguous(numbers: &[u64], first_live: u64) -> Result<(), OpenError> {
+    if numbers[0] != first_live {
+        return Err(OpenError::MissingSegment { number: first_live });
+    }
+    for w in numbers.windows(2) {
+        if w[1] != w[0] + 1 {
+            return Err(OpenError::MissingSegment { number: w[0] + 1 });
+        }
+    }
+    Ok(())
+}
+
+/// Makes a recovered log durable and, if its last segment is sealed, rolls to a new one.
+fn settle_recovered(log: &mut Log, dir: &Path, sealed_last: bool) -> Result<(), OpenError> {
     // Whatever recovery found is made durable now, so it may be shown to readers at once.
     log.sync_now().map_err(|e| match e {
         SyncError::Io(source) => OpenError::Io {
@@ -97,8 +110,7 @@ pub(super) fn open(dir: &Path, opts: LogOptions, exec: Option<Executor>) -> Resu
             Err(e) => return Err(append_to_open(dir, e)),
         }
     }
-    log.recovery = report;
-    Ok(log)
+    Ok(())
 }
 
 /// Locks this process still holds through a dropped `Log`: the log is gone, but a segment
@@ -357,15 +369,57 @@ impl Scan {
             return Err(OpenError::BadSegmentSize { path, bytes });
         }
         let (map, mut tok) = SharedMap::map(&file, bytes as usize).map_err(io_err(&path))?;
-        let header_bytes = map.read_private(&tok, 0, HEADER_BYTES);
+        let (version, chain) = self.header(&map, &tok, &path, number, bytes)?;
+        map.freeze(&mut tok, HEADER_BYTES);
+
+        let mut es = Entries::new(number, last, version, bytes as usize, chain);
+        self.report.segments_scanned += 1;
+        self.entries(&mut es, &map, &tok, &path)?;
+        if !last && !es.sealed {
+            let offset =
+                es.len
+                    .saturating_sub(ENTRY_BYTES * (es.entries as usize + 1)) as u64;
+            return Err(OpenError::Corrupt {
+                path,
+                offset,
+                reason: CorruptReason::NotSealed,
+            });
+        }
+        if let Some(torn) = es.torn_at {
+            zero_torn_tail(&map, &mut tok, torn, es.data_end);
+            map.flush().map_err(io_err(&path))?;
+            self.report.torn_tail_offset = Some(torn as u64);
+        }
+        map.freeze(&mut tok, es.data_end);
+        let seg = Arc::new(Segment::new(
+            number,
+            path,
+            map,
+            file,
+            Arc::clone(&self.lock),
+        ));
+        Ok(es.finish(seg, bytes, tok))
+    }
+
+    /// Decodes a segment's header and checks it against the segment's number and size and
+    /// the epoch of the segments before (the first one sets it); returns the format version
+    /// and the header's CRC, where the entries' chain starts.
+    fn header(
+        &mut self,
+        map: &SharedMap,
+        tok: &WriteToken,
+        path: &Path,
+        number: u64,
+        bytes: u64,
+    ) -> Result<(u32, u32), OpenError> {
+        let header_bytes = map.read_private(tok, 0, HEADER_BYTES);
         let header = Header::decode(header_bytes).map_err(|reason| OpenError::BadHeader {
-            path: path.clone(),
+            path: path.to_owned(),
             reason,
         })?;
-        let mut chain = Header::crc(header_bytes);
-        let version = header.version;
+        let chain = Header::crc(header_bytes);
         let mismatch = |field, expected: u64, found: u64| OpenError::HeaderMismatch {
-            path: path.clone(),
+            path: path.to_owned(),
             field,
             expected,
             found,
@@ -380,152 +434,81 @@ impl Scan {
             Some(e) if e != header.epoch => return Err(mismatch("epoch", e.0, header.epoch.0)),
             _ => self.epoch = Some(header.epoch),
         }
-        map.freeze(&mut tok, HEADER_BYTES);
+        Ok((header.version, chain))
+    }
 
-        let len = bytes as usize;
-        let mut data_end = HEADER_BYTES;
-        let mut entries: u64 = 0;
-        let mut sealed = false;
-        let mut torn_at = None;
-        let mut newest_ts_ms = 0;
-        let mut seg_streams = Vec::new();
-        self.report.segments_scanned += 1;
-        loop {
-            let slot = match len.checked_sub(ENTRY_BYTES * (entries as usize + 1)) {
-                Some(s) if s >= data_end => s,
-                _ => break,
-            };
-            let eb: [u8; ENTRY_BYTES] = map
-                .read_private(&tok, slot, ENTRY_BYTES)
-                .try_into()
-                .expect("entry size");
-            if eb.iter().all(|&b| b == 0) {
-                break;
-            }
-            let checked = (|| {
-                let e = Entry::decode_fields(&eb, version).map_err(CorruptReason::Entry)?;
-                if e.data_off as usize != data_end {
-                    return Err(CorruptReason::DataOffset {
-                        expected: data_end as u32,
-                        found: e.data_off,
-                    });
-                }
-                if data_end + e.len as usize > slot {
-                    return Err(CorruptReason::OutOfBounds {
-                        data_off: e.data_off,
-                        len: e.len,
-                    });
-                }
-                let payload = map.read_private(&tok, data_end, e.len as usize);
-                Entry::verify(&eb, chain, payload).map_err(CorruptReason::Entry)?;
-                Ok(e)
-            })();
+    /// Walks a segment's entries, top down, until an all-zero slot, the seal, or the records
+    /// below; a bad entry is damage, except in the last segment, where it is the torn tail.
+    fn entries(
+        &mut self,
+        es: &mut Entries,
+        map: &SharedMap,
+        tok: &WriteToken,
+        path: &Path,
+    ) -> Result<(), OpenError> {
+        while let Some((slot, eb)) = es.next_entry(map, tok) {
             let corrupt = |reason| OpenError::Corrupt {
-                path: path.clone(),
+                path: path.to_owned(),
                 offset: slot as u64,
                 reason,
             };
-            let e = match checked {
+            let e = match es.check(map, tok, &eb, slot) {
                 Ok(e) => e,
-                Err(_) if last => {
-                    torn_at = Some(slot);
+                Err(_) if es.last => {
+                    es.torn_at = Some(slot);
                     break;
                 }
                 Err(reason) => return Err(corrupt(reason)),
             };
             let payload_len = e.len as usize;
-            match e.kind {
-                Kind::Event => self.event(&e, number, &mut seg_streams).map_err(corrupt)?,
-                Kind::StreamName | Kind::StreamRemoved => {
-                    let payload = map.read_private(&tok, data_end, payload_len);
-                    let name = std::str::from_utf8(payload)
-                        .ok()
-                        .filter(|n| validate_stream_name(n).is_ok())
-                        .ok_or(corrupt(CorruptReason::StreamNameInvalid))?;
-                    if e.kind == Kind::StreamName {
-                        self.stream_name(e.stream, name, e.seq)
-                    } else {
-                        self.stream_removed(e.stream, name)
-                    }
-                    .map_err(corrupt)?;
-                }
-                Kind::Seal => {
-                    if e.seq != entries || e.len != 0 {
-                        return Err(corrupt(CorruptReason::BadSeal {
-                            expected: entries,
-                            found: e.seq,
-                        }));
-                    }
-                    sealed = true;
-                }
-            }
+            self.apply(&e, es, map, tok).map_err(corrupt)?;
             if e.kind != Kind::Seal {
-                newest_ts_ms = newest_ts_ms.max(e.timestamp_ms);
+                es.newest_ts_ms = es.newest_ts_ms.max(e.timestamp_ms);
             }
-            chain = Entry::crc(&eb);
-            data_end += payload_len;
-            entries += 1;
+            es.chain = Entry::crc(&eb);
+            es.data_end += payload_len;
+            es.entries += 1;
             self.report.bytes_scanned += (payload_len + ENTRY_BYTES) as u64;
-            if sealed {
+            if es.sealed {
                 break;
             }
         }
-        if !last && !sealed {
-            let offset = len.saturating_sub(ENTRY_BYTES * (entries as usize + 1)) as u64;
-            return Err(OpenError::Corrupt {
-                path,
-                offset,
-                reason: CorruptReason::NotSealed,
-            });
-        }
-        let entry_low = len - ENTRY_BYTES * entries as usize;
-        if let Some(torn) = torn_at {
-            // Zero the torn entry and any run of non-zero slots right below it, so the next
-            // open sees a clean end there. (Stale entries further down can never validate: the
-            // CRC chain ties each entry to its predecessor.)
-            let mut slot = torn;
-            loop {
-                let bytes = map.private_mut(&mut tok, slot, ENTRY_BYTES);
-                if bytes.iter().all(|&b| b == 0) {
-                    break;
-                }
-                bytes.fill(0);
-                match slot.checked_sub(ENTRY_BYTES) {
-                    Some(s) if s >= data_end => slot = s,
-                    _ => break,
-                }
+        Ok(())
+    }
+
+    /// Applies one checked entry: an event, a stream's name or removal, or the seal.
+    fn apply(
+        &mut self,
+        e: &Entry,
+        es: &mut Entries,
+        map: &SharedMap,
+        tok: &WriteToken,
+    ) -> Result<(), CorruptReason> {
+        match e.kind {
+            Kind::Event => self.event(e, es.number, &mut es.seg_streams)?,
+            Kind::StreamName | Kind::StreamRemoved => {
+                let payload = map.read_private(tok, es.data_end, e.len as usize);
+                let name = std::str::from_utf8(payload)
+                    .ok()
+                    .filter(|n| validate_stream_name(n).is_ok())
+                    .ok_or(CorruptReason::StreamNameInvalid)?;
+                if e.kind == Kind::StreamName {
+                    self.stream_name(e.stream, name, e.seq)
+                } else {
+                    self.stream_removed(e.stream, name)
+                }?;
             }
-            map.flush().map_err(io_err(&path))?;
-            self.report.torn_tail_offset = Some(torn as u64);
+            Kind::Seal => {
+                if e.seq != es.entries || e.len != 0 {
+                    return Err(CorruptReason::BadSeal {
+                        expected: es.entries,
+                        found: e.seq,
+                    });
+                }
+                es.sealed = true;
+            }
         }
-        map.freeze(&mut tok, data_end);
-        let seg = Arc::new(Segment::new(
-            number,
-            path,
-            map,
-            file,
-            Arc::clone(&self.lock),
-        ));
-        let meta = SegMeta {
-            seg,
-            bytes,
-            newest_ts_ms,
-            streams: seg_streams,
-        };
-        let active = Active {
-            tok,
-            data_end,
-            entry_low,
-            entries,
-            sealed,
-            version,
-            chain,
-            populated_high: data_end,
-            populated_low: entry_low,
-            header: HeaderState::Durable,
-            prepare_below: len / 2,
-        };
-        Ok((meta, (active, sealed)))
+        Ok(())
     }
 
     /// An event: the next sequence of a live stream, or a record of a stream the checkpoint
@@ -639,6 +622,133 @@ impl Scan {
             Ok(())
         } else {
             Err(CorruptReason::StreamRemoved(id))
+        }
+    }
+}
+
+/// One segment's entries as the scan walks them: the entry table grows down from the end of
+/// the file, the records it describes up from the header.
+struct Entries {
+    number: u64,
+    /// The last (active) segment: a bad entry there is its torn tail, not damage.
+    last: bool,
+    version: u32,
+    len: usize,
+    /// CRC of the last entry checked (the header's before the first).
+    chain: u32,
+    data_end: usize,
+    entries: u64,
+    sealed: bool,
+    torn_at: Option<usize>,
+    newest_ts_ms: u64,
+    seg_streams: Vec<StreamId>,
+}
+
+impl Entries {
+    fn new(number: u64, last: bool, version: u32, len: usize, chain: u32) -> Self {
+        Entries {
+            number,
+            last,
+            version,
+            len,
+            chain,
+            data_end: HEADER_BYTES,
+            entries: 0,
+            sealed: false,
+            torn_at: None,
+            newest_ts_ms: 0,
+            seg_streams: Vec::new(),
+        }
+    }
+
+    /// The next entry's slot and bytes; `None` where the table would meet the records or at
+    /// an all-zero slot.
+    fn next_entry(&self, map: &SharedMap, tok: &WriteToken) -> Option<(usize, [u8; ENTRY_BYTES])> {
+        let slot = match self
+            .len
+            .checked_sub(ENTRY_BYTES * (self.entries as usize + 1))
+        {
+            Some(s) if s >= self.data_end => s,
+            _ => return None,
+        };
+        let eb: [u8; ENTRY_BYTES] = map
+            .read_private(tok, slot, ENTRY_BYTES)
+            .try_into()
+            .expect("entry size");
+        if eb.iter().all(|&b| b == 0) {
+            return None;
+        }
+        Some((slot, eb))
+    }
+
+    /// Decodes the entry at `slot` and checks it: its record starts where the last one ended,
+    /// ends below the entry, and its CRC chains to the previous entry's.
+    fn check(
+        &self,
+        map: &SharedMap,
+        tok: &WriteToken,
+        eb: &[u8; ENTRY_BYTES],
+        slot: usize,
+    ) -> Result<Entry, CorruptReason> {
+        let data_end = self.data_end;
+        let e = Entry::decode_fields(eb, self.version).map_err(CorruptReason::Entry)?;
+        if e.data_off as usize != data_end {
+            return Err(CorruptReason::DataOffset {
+                expected: data_end as u32,
+                found: e.data_off,
+            });
+        }
+        if data_end + e.len as usize > slot {
+            return Err(CorruptReason::OutOfBounds {
+                data_off: e.data_off,
+                len: e.len,
+            });
+        }
+        let payload = map.read_private(tok, data_end, e.len as usize);
+        Entry::verify(eb, self.chain, payload).map_err(CorruptReason::Entry)?;
+        Ok(e)
+    }
+
+    /// The scanned segment's metadata and write state (+ whether it is sealed).
+    fn finish(self, seg: Arc<Segment>, bytes: u64, tok: WriteToken) -> (SegMeta, (Active, bool)) {
+        let meta = SegMeta {
+            seg,
+            bytes,
+            newest_ts_ms: self.newest_ts_ms,
+            streams: self.seg_streams,
+        };
+        let entry_low = self.len - ENTRY_BYTES * self.entries as usize;
+        let active = Active {
+            tok,
+            data_end: self.data_end,
+            entry_low,
+            entries: self.entries,
+            sealed: self.sealed,
+            version: self.version,
+            chain: self.chain,
+            populated_high: self.data_end,
+            populated_low: entry_low,
+            header: HeaderState::Durable,
+            prepare_below: self.len / 2,
+        };
+        (meta, (active, self.sealed))
+    }
+}
+
+/// Zeroes the torn entry at `torn` and any run of non-zero slots right below it, so the next
+/// open sees a clean end there. (Stale entries further down can never validate: the CRC
+/// chain ties each entry to its predecessor.)
+fn zero_torn_tail(map: &SharedMap, tok: &mut WriteToken, torn: usize, data_end: usize) {
+    let mut slot = torn;
+    loop {
+        let bytes = map.private_mut(tok, slot, ENTRY_BYTES);
+        if bytes.iter().all(|&b| b == 0) {
+            break;
+        }
+        bytes.fill(0);
+        match slot.checked_sub(ENTRY_BYTES) {
+            Some(s) if s >= data_end => slot = s,
+            _ => break,
         }
     }
 }
