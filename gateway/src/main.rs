@@ -58,10 +58,8 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
     let (txs, rxs, eventfds) = handoff_channels(cores)?;
     let (logs_per_core, epochs, clustered, follow_from) =
         logs_and_cluster(&cfg, cores, shard_count, &eventfds)?;
-    let quota = StreamQuota::new(
-        cfg.streams_max,
-        logs_per_core.iter().flatten().map(|(_, log)| log),
-    );
+    let all_logs = logs_per_core.iter().flatten().map(|(_, log)| log);
+    let quota = StreamQuota::new(cfg.streams_max, all_logs);
     raise_fd_limit(&cfg, shard_count);
     let signals = sys::block_shutdown_signals();
     let (listeners, addr) = bind_listeners(&cfg, cores)?;

@@ -10,6 +10,7 @@
 mod bounds;
 mod close;
 mod cluster;
+mod cluster_state;
 mod conns;
 mod counts;
 mod dispatch;
@@ -158,7 +159,7 @@ struct Core {
     /// Retrying deferred receives (a re-deferral is not counted again).
     retrying: bool,
     /// Cluster mode (`--nats-url`).
-    cluster: Option<Box<cluster::ClusterCore>>,
+    cluster: Option<Box<cluster_state::ClusterCore>>,
 }
 
 fn limits(cfg: &Config) -> Limits {
@@ -217,7 +218,7 @@ pub fn run_core(setup: CoreSetup, shared: Arc<Shared>, ready: impl FnOnce(Result
         auth::Auth::new(shared.verifier.clone()),
     );
     let clustered = match (setup.inbox, &shared.cluster) {
-        (Some(inbox), Some(handle)) => Some(Box::new(cluster::ClusterCore::new(
+        (Some(inbox), Some(handle)) => Some(Box::new(cluster_state::ClusterCore::new(
             inbox,
             handle.clone(),
             &setup.logs,
