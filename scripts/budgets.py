@@ -9,6 +9,10 @@
       workspace crate (log-store, mcp-front, gateway, bench, auth, cluster);
       functions in #[cfg(test)] modules, in test files and marked #[test] / #[cfg(test)] are
       exempt; body-less declarations (`fn x(&self);`) are not functions;
+  (d) no type in gateway/src with more than 800 lines of non-test functions in all its inherent
+      `impl` blocks together, whatever files hold them (`Core`, being divided, has a ceiling
+      of its own in TYPE_METHOD_LINES_CEILING that may only go down; --report lists every
+      crate's largest types);
   (c) the `unsafe` keyword only under gateway/src/uring/, in gateway/src/sys.rs and in
       log-store/src/mmap.rs (the src/ of every workspace crate is checked, every .rs file,
       tests included; comments, strings and words like `unsafe_code` do not count).
@@ -33,6 +37,15 @@ from dataclasses import dataclass
 
 FILE_LINES_MAX = 650
 FN_LINES_MAX = 70
+# (d) Lines of non-test functions in all the inherent `impl` blocks of one type (per crate,
+# over all its files): a type that does everything is one type however many files hold it.
+TYPE_METHOD_LINES_MAX = 800
+# Where (d) applies (the issue's target is the gateway's types; --report lists every crate's).
+TYPE_BUDGET_DIRS = ("gateway/src",)
+# Types over (d) while they are being divided: today's count is the ceiling, lowered as parts
+# leave them; they may not grow. gateway's `Core` (issue 22: connections, stream catalog,
+# appender, subscribers and the driver become parts of their own).
+TYPE_METHOD_LINES_CEILING = {("gateway", "Core"): 2430}
 # Every workspace member's sources (Cargo.toml `members`; fuzz is outside the workspace).
 SOURCE_DIRS = ("log-store/src", "mcp-front/src", "gateway/src", "bench/src", "auth/src", "cluster/src")
 # Rule (a) covers these only, until the larger files of log-store and bench are split.
@@ -266,6 +279,7 @@ class Fn:
     line: int  # line of the `fn` keyword
     end_line: int  # line of the closing brace
     test: bool  # exempt: in a test module or marked as a test
+    owner: str | None = None  # the type of the inherent `impl` block it is in, if any
 
     @property
     def lines(self) -> int:
@@ -282,6 +296,41 @@ class Parsed:
     @property
     def non_test_lines(self) -> int:
         return self.total_lines - self.test_module_lines
+
+
+def inherent_impls(toks: list[Tok], pairs: dict[int, int]) -> list[tuple[int, int, str]]:
+    """The inherent `impl` blocks (not `impl Trait for T`): (opening brace, closing brace, the
+    type's last path segment)."""
+    out = []
+    for k, t in enumerate(toks):
+        if not (t.kind == "ident" and t.text == "impl"):
+            continue
+        j, angle, name, trait, where = k + 1, 0, None, False, False
+        while j < len(toks):
+            s = toks[j].text
+            if s == "<":
+                angle += 1
+            elif s == ">":
+                angle = max(0, angle - 1)
+            elif s in ("(", "["):
+                j = pairs[j]
+            elif s == "{" and angle == 0:
+                break
+            elif s == ";" or s == "}":
+                j = None
+                break
+            elif angle == 0 and toks[j].kind == "ident" and not where:
+                if s == "for":
+                    trait = True
+                elif s == "where":
+                    where = True
+                elif s not in ("dyn", "mut", "const", "unsafe"):
+                    name = s
+            j += 1
+        if j is None or j >= len(toks) or trait or name is None:
+            continue
+        out.append((j, pairs[j], name))
+    return out
 
 
 def parse(src: str) -> Parsed:
@@ -309,6 +358,7 @@ def parse(src: str) -> Parsed:
     for a, b in test_ranges:
         test_lines.update(range(toks[a].line, toks[b].line + 1))
 
+    impls = inherent_impls(toks, pairs)
     fns: list[Fn] = []
     for k, t in enumerate(toks):
         if not (t.kind == "ident" and t.text == "fn" and k + 1 < len(toks) and toks[k + 1].kind == "ident"):
@@ -342,7 +392,8 @@ def parse(src: str) -> Parsed:
         test = in_test_module(k) or any(is_test_attr(a) for a in attrs)
         if test:  # fns nested in a test fn come later in token order: exempt them too
             test_ranges.append((k, pairs[body]))
-        fns.append(Fn(toks[k + 1].text, t.line, toks[pairs[body]].line, test))
+        owner = next((name for a, b, name in impls if a < k < b), None)
+        fns.append(Fn(toks[k + 1].text, t.line, toks[pairs[body]].line, test, owner))
 
     unsafe_lines = sorted({t.line for t in toks if t.kind == "ident" and t.text == "unsafe"})
     return Parsed(len(src.splitlines()), len(test_lines), fns, unsafe_lines)
@@ -384,7 +435,8 @@ def check(root: str, report: bool, out=sys.stdout) -> int:
     violations: list[str] = []
     sizes: list[tuple[int, str]] = []
     fns: list[tuple[int, str, Fn]] = []
-    counts = {"a": 0, "b": 0, "c": 0, "parse": 0}
+    counts = {"a": 0, "b": 0, "c": 0, "d": 0, "parse": 0}
+    type_lines: dict[tuple[str, str], int] = {}
     for rel in files:
         with open(os.path.join(root, rel), encoding="utf-8") as f:
             src = f.read()
@@ -412,11 +464,28 @@ def check(root: str, report: bool, out=sys.stdout) -> int:
             if fn.test:
                 continue
             fns.append((fn.lines, rel, fn))
+            if fn.owner is not None and (report or rel.startswith(TYPE_BUDGET_DIRS)):
+                key = (rel.split("/")[0], fn.owner)
+                type_lines[key] = type_lines.get(key, 0) + fn.lines
             if fn.lines > FN_LINES_MAX:
                 violations.append(f"{rel}:{fn.line}: fn {fn.name} is {fn.lines} lines, budget {FN_LINES_MAX}")
                 counts["b"] += 1
 
+    for (crate, name), n in sorted(type_lines.items()):
+        budget = TYPE_METHOD_LINES_CEILING.get((crate, name), TYPE_METHOD_LINES_MAX)
+        if n > budget and f"{crate}/src".startswith(TYPE_BUDGET_DIRS):
+            violations.append(f"{crate}: type {name} has {n} lines of inherent methods, budget {budget}")
+            counts["d"] += 1
+        elif (crate, name) in TYPE_METHOD_LINES_CEILING and n < budget - 50:
+            print(f"budgets: note: {crate} {name} is at {n} lines of inherent methods: lower its "
+                  f"ceiling ({budget}) in TYPE_METHOD_LINES_CEILING", file=out)
+
     if report:
+        print(f"== {REPORT_TOP} types with the most lines of inherent methods "
+              f"(budget {TYPE_METHOD_LINES_MAX})", file=out)
+        for (crate, name), n in sorted(type_lines.items(), key=lambda x: -x[1])[:REPORT_TOP]:
+            mark = "  OVER" if n > TYPE_METHOD_LINES_MAX else ""
+            print(f"{n:6d}  {crate} {name}{mark}", file=out)
         print(f"== {REPORT_TOP} largest non-test files (budget {FILE_LINES_MAX} lines)", file=out)
         for n, rel in sorted(sizes, key=lambda x: (-x[0], x[1]))[:REPORT_TOP]:
             mark = ""
@@ -432,7 +501,7 @@ def check(root: str, report: bool, out=sys.stdout) -> int:
         print(v, file=out)
     summary = (f"{len(files)} files, {len(fns)} non-test functions checked; "
                f"{counts['a']} over-long files, {counts['b']} over-long functions, "
-               f"{counts['c']} misplaced unsafe" + (f", {counts['parse']} unparsable" if counts["parse"] else ""))
+               f"{counts['c']} misplaced unsafe, {counts['d']} types over their method budget" + (f", {counts['parse']} unparsable" if counts["parse"] else ""))
     if violations:
         print(f"budgets: FAILED, {len(violations)} violations: {summary}", file=out)
         return 0 if report else 1
@@ -588,6 +657,23 @@ mod tests;
 '''
 
 
+SAMPLE_IMPLS = '''\
+impl Core {
+    fn a(&self) {}
+}
+impl<'a> crate::core::Core {
+    fn b(&self) {}
+}
+impl std::fmt::Debug for Core {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result { Ok(()) }
+}
+impl<T: Into<u8>> Wrap<T> where T: Clone {
+    fn c(&self) {}
+}
+fn free() {}
+'''
+
+
 def self_test() -> int:
     failures: list[str] = []
 
@@ -628,6 +714,9 @@ def self_test() -> int:
     eq("nested cfg(test) module lines", p.non_test_lines, 14 - 4)
     p = parse_or_fail("out-of-line", SAMPLE_OUT_OF_LINE)
     eq("out-of-line cfg(test) mod", (p.total_lines, p.non_test_lines), (4, 1))
+    eq("the inherent impl each fn is in (trait impls and free fns: none)",
+       [(f.name, f.owner) for f in parse_or_fail("impl owners", SAMPLE_IMPLS).fns],
+       [("a", "Core"), ("b", "Core"), ("fmt", None), ("c", "Wrap"), ("free", None)])
 
     # Lexer failures must be loud, not silently mismatched.
     for bad in ('fn a() { let s = "open; }', "fn a() { /* open }", "fn a() {"):
@@ -692,8 +781,9 @@ def self_test() -> int:
         eq("violations summary", buf.lines[-1].startswith("budgets: FAILED, 9 violations"), True)
         buf = _Capture()
         eq("--report never fails", check(root, report=True, out=buf), 0)
+        files_at = next(i for i, line in enumerate(buf.lines) if "largest non-test files" in line)
         eq("--report lists the largest files first; over rule (a) only where it applies",
-           [line.split()[:3] for line in buf.lines[1:3]],
+           [line.split()[:3] for line in buf.lines[files_at + 1:files_at + 3]],
            [["651", "bench/src/big.rs", "(over;"], ["651", "gateway/src/huge.rs", "OVER"]])
 
     for f in failures:
