@@ -4,7 +4,7 @@
 
 use jsonwebtoken::DecodingKey;
 
-use crate::verifier::KeyAlg;
+use crate::alg::KeyAlg;
 
 /// Bytes an HS256 secret must have at least (RFC 7518 §3.2: a key of the hash's size).
 pub const SECRET_BYTES_MIN: usize = 32;

@@ -53,6 +53,7 @@
 use std::fmt;
 use std::sync::Arc;
 
+mod alg;
 mod cache;
 mod denied;
 mod keyfile;
@@ -61,12 +62,13 @@ mod source;
 mod token;
 mod verifier;
 
+pub use alg::KeyAlg;
 pub use denied::{Denied, Invalid};
 pub use keyfile::{RSA_MODULUS_BITS_MIN, SECRET_BYTES_MIN};
 pub use pattern::{PATTERN_BYTES_MAX, PATTERNS_MAX, pattern_matches};
 pub use source::TOKEN_BYTES_MAX;
 pub use verifier::{
-    AuthSettings, CACHE_ENTRIES_MAX_DEFAULT, KEYS_MAX, KeyAlg, KeySpec, LoadError, Verifier,
+    AuthSettings, CACHE_ENTRIES_MAX_DEFAULT, KEYS_MAX, KeySpec, LoadError, Verifier,
 };
 
 use cache::TokenCache;

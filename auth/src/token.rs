@@ -7,9 +7,10 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use jsonwebtoken::errors::ErrorKind;
 use serde::Deserialize;
 
+use crate::alg::KeyAlg;
 use crate::denied::{Denied, Invalid};
 use crate::pattern::{Grants, PatternError, check_patterns};
-use crate::verifier::{KeyAlg, Verifier};
+use crate::verifier::Verifier;
 use crate::{Access, Action};
 
 /// What a valid token says: who, until when, and what it grants.
