@@ -284,26 +284,17 @@ impl Core {
             })
             .collect();
         let (bytes, wait) = if ids.len() == p.tickets.len() {
-            let last = ids.last().expect("a publish has an event");
-            let wait = Wait::Durable {
-                shard: p.shard,
-                stream: last.stream.0,
-                seq: last.seq,
-            };
-            (http::created_response(&ids, p.batch, p.close), Some(wait))
+            // Applied here; durable once the local log's group commit covers the last one.
+            publish::stored_answer(p.shard, &ids, false, p.batch, p.close)
         } else {
             self.m().cluster_unconfirmed_total.fetch_add(1, Relaxed);
-            let appended: Vec<String> = ids.iter().map(EventId::to_string).collect();
-            let body = serde_json::json!({
-                "error": "publish_unconfirmed",
-                "message": format!(
-                    "JetStream did not confirm every event ({}); the ones not listed in \
-                     appended_ids may or may not have been stored",
-                    p.reason.as_deref().unwrap_or("no reason given")
-                ),
-                "appended_ids": appended,
-            });
-            (http::json_response(503, &body, p.close), None)
+            let msg = format!(
+                "JetStream did not confirm every event ({}); the ones not listed in \
+                 appended_ids may or may not have been stored",
+                p.reason.as_deref().unwrap_or("no reason given")
+            );
+            let b = publish::refused_answer(503, "publish_unconfirmed", &msg, &ids, p.close);
+            (b, None)
         };
         let Some(c) = self.conn_at(p.conn).filter(|c| !c.closing) else {
             return;

@@ -121,26 +121,51 @@ pub fn append(
             }
             Err(e) => {
                 let (status, code) = append_status(&e);
-                let appended: Vec<String> = ids.iter().map(EventId::to_string).collect();
-                let body = serde_json::json!({
-                    "error": code, "message": e.to_string(), "appended_ids": appended,
-                });
                 return Published {
-                    answer: http::json_response(status, &body, close),
+                    answer: refused_answer(status, code, &e.to_string(), &ids, close),
                     wait: None,
                     appended: ids.len(),
                 };
             }
         }
     }
-    let wait = ids.last().filter(|_| !all_durable).map(|id| Wait::Durable {
-        shard,
-        stream: sid.0,
-        seq: id.seq,
-    });
+    let (answer, wait) = stored_answer(shard, &ids, all_durable, batch, close);
     Published {
-        answer: http::created_response(&ids, batch, close),
+        answer,
         wait,
         appended: ids.len(),
     }
+}
+
+/// The answer to a publish whose events were all stored, local or through the cluster: their
+/// IDs (201), held until the last one is durable unless `durable` already.
+pub fn stored_answer(
+    shard: u32,
+    ids: &[EventId],
+    durable: bool,
+    batch: bool,
+    close: bool,
+) -> (Vec<u8>, Option<Wait>) {
+    let wait = ids.last().filter(|_| !durable).map(|id| Wait::Durable {
+        shard,
+        stream: id.stream.0,
+        seq: id.seq,
+    });
+    (http::created_response(ids, batch, close), wait)
+}
+
+/// The answer to a publish that stopped part-way: the error, and `appended_ids` naming the
+/// events that were stored before it (the client must not resend those).
+pub fn refused_answer(
+    status: u16,
+    code: &str,
+    message: &str,
+    stored: &[EventId],
+    close: bool,
+) -> Vec<u8> {
+    let appended: Vec<String> = stored.iter().map(EventId::to_string).collect();
+    let body = serde_json::json!({
+        "error": code, "message": message, "appended_ids": appended,
+    });
+    http::json_response(status, &body, close)
 }
