@@ -35,6 +35,11 @@ echo "== supply chain (cargo deny: licenses, bans, sources; advisories only with
 # checked (no copy of the RustSec database here: it is fetched from github.com).
 bash scripts/deny.sh
 
+echo "== fuzz (every cargo-fuzz target 20 s from its committed seeds; fails on a crash)"
+# Installs cargo-fuzz into .tools/ on first use and builds the targets (-O -a, ASan); each
+# target prints `<target>: N execs in S s` (fuzz/README.md, "In CI").
+bash scripts/fuzz.sh --ci 20
+
 echo "== tests"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
