@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 
-use super::retention::{retire_segment, write_checkpoint};
+use super::retention::{Retiring, retire_segment, write_checkpoint};
 use super::segfile::{self, SegFile};
 use super::*;
 
@@ -288,13 +288,6 @@ pub(crate) enum Take {
 // Retention's checkpoint, then the deletions it allows
 // ---------------------------------------------------------------------------------------------
 
-/// A segment retention took out of the log, deleted once the checkpoint is durable.
-#[derive(Debug)]
-pub(crate) struct Retiring {
-    pub(crate) seg: Arc<Segment>,
-    pub(crate) bytes: u64,
-}
-
 /// A failed checkpoint hands its segments back: the next retention pass retries.
 type CheckpointDone = Result<(), (RetentionError, Vec<Retiring>)>;
 
@@ -339,14 +332,6 @@ impl Log {
     #[doc(hidden)]
     pub fn simulate_crash(mut self) {
         self.abandon = true;
-    }
-
-    /// Test hook: opens the log in background mode with jobs queued instead of run; they run
-    /// only in [`Log::run_background_jobs`] (or never: a crash at that point).
-    #[doc(hidden)]
-    pub fn open_with_manual_background(dir: &Path, opts: LogOptions) -> Result<Log, OpenError> {
-        opts.validate().map_err(OpenError::Options)?;
-        crate::log::recover::open(dir, opts, Some(background::Executor::manual()))
     }
 
     /// Test hook: runs this log's queued background jobs (manual mode, see

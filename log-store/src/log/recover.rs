@@ -10,6 +10,16 @@ use super::streams::Lookup;
 use super::*;
 use crate::options::{SEGMENT_BYTES_MAX, SEGMENT_BYTES_MIN};
 
+impl Log {
+    /// Test hook: opens the log in background mode with jobs queued instead of run; they run
+    /// only in [`Log::run_background_jobs`] (or never: a crash at that point).
+    #[doc(hidden)]
+    pub fn open_with_manual_background(dir: &Path, opts: LogOptions) -> Result<Log, OpenError> {
+        opts.validate().map_err(OpenError::Options)?;
+        open(dir, opts, Some(Executor::manual()))
+    }
+}
+
 pub(super) fn open(dir: &Path, opts: LogOptions, exec: Option<Executor>) -> Result<Log, OpenError> {
     let lock = lock_dir(dir)?;
     let mut report = RecoveryReport::default();

@@ -4,8 +4,14 @@
 //! while the floors move at once.
 #![forbid(unsafe_code)]
 
-use super::background::Retiring;
 use super::*;
+
+/// A segment retention took out of the log, deleted once the checkpoint is durable.
+#[derive(Debug)]
+pub(crate) struct Retiring {
+    pub(crate) seg: Arc<Segment>,
+    pub(crate) bytes: u64,
+}
 
 impl Log {
     /// Deletes whole sealed segments, oldest first, while the log exceeds `retain_bytes` or the
