@@ -13,6 +13,7 @@
 //! - [`log`]: [`Log`] — open/recover, create/remove streams, append, group-commit sync, read,
 //!   retention.
 //! - [`resume`]: the pure resume planner (decision table), no I/O.
+//! - `sim` (feature `sim` only): the simulator's hook on flushes and preallocations.
 //!
 //! # Example
 //! ```
@@ -44,6 +45,8 @@ pub mod log;
 mod mmap;
 pub mod options;
 pub mod resume;
+#[cfg(feature = "sim")]
+pub mod sim;
 
 pub use event_id::{EVENT_ID_BYTES_MAX, Epoch, EventId, EventIdError, Seq, StreamId};
 pub use log::prepare_in_background;

@@ -33,6 +33,9 @@ pub(crate) struct SharedMap {
     len: usize,
     frozen: AtomicUsize,
     id: u64,
+    /// The mapped file's inode, named to the simulator's hook at each flush.
+    #[cfg(feature = "sim")]
+    ino: u64,
 }
 
 /// The unique right to read and write the private (unfrozen) part of one [`SharedMap`].
@@ -55,6 +58,8 @@ impl SharedMap {
                 len,
                 frozen: AtomicUsize::new(0),
                 id,
+                #[cfg(feature = "sim")]
+                ino: std::os::unix::fs::MetadataExt::ino(&file.metadata()?),
             },
             WriteToken { id },
         ))
@@ -150,11 +155,21 @@ impl SharedMap {
 
     /// Writes dirty pages of the mapping to the file and waits (`msync(MS_SYNC)`).
     pub(crate) fn flush(&self) -> io::Result<()> {
+        #[cfg(feature = "sim")]
+        crate::sim::at(crate::sim::Point::Flush {
+            ino: self.ino,
+            range: None,
+        })?;
         self.raw.flush()
     }
 
     /// Like [`SharedMap::flush`], for the pages covering `[off, off + len)` only.
     pub(crate) fn flush_range(&self, off: usize, len: usize) -> io::Result<()> {
+        #[cfg(feature = "sim")]
+        crate::sim::at(crate::sim::Point::Flush {
+            ino: self.ino,
+            range: Some((off, len)),
+        })?;
         self.raw.flush_range(off, len)
     }
 
@@ -172,6 +187,8 @@ impl SharedMap {
 /// Allocates blocks for `[0, len)` of `file` (extending it), so writes through a mapping never
 /// hit ENOSPC as SIGBUS. Returns the OS error (`ENOSPC` on a full disk).
 pub(crate) fn fallocate(file: &File, len: u64) -> io::Result<()> {
+    #[cfg(feature = "sim")]
+    crate::sim::at(crate::sim::Point::Allocate { bytes: len })?;
     let len =
         libc::off_t::try_from(len).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
     // SAFETY: plain syscall wrapper on a valid, open descriptor borrowed from `file` for the
