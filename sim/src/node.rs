@@ -222,10 +222,12 @@ impl Node {
         Ok(())
     }
 
-    /// Whether event `seq` of `sid` is in the disk's durable image.
+    /// Whether event `seq` of `sid` is in the disk's durable image (or retention deleted it
+    /// already, which it does only to durable records: nothing left to check).
     pub fn is_durable(&self, disk: &Disk, sid: StreamId, seq: Seq) -> bool {
         match self.log().record(sid, seq) {
             Ok(s) => disk.is_durable(s.segment_number(), s.file_offset(), s.as_bytes()),
+            Err(log_store::ReadError::Truncated { .. }) => true,
             Err(_) => false,
         }
     }
