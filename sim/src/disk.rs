@@ -136,9 +136,6 @@ impl Disk {
     pub fn commit(&self, snaps: Vec<Snapshot>) {
         let mut st = self.state.borrow_mut();
         for s in snaps {
-            if std::env::var_os("SIM_DEBUG").is_some() {
-                eprintln!("commit ino {} gen {} now {:?}", s.ino, s.flushes, st.flushes.get(&s.ino));
-            }
             if st.flushes.get(&s.ino).copied().unwrap_or(0) == s.flushes {
                 st.durable.insert(s.ino, s.bytes);
             }
@@ -156,12 +153,7 @@ impl Disk {
             return false;
         };
         let off = off as usize;
-        let ok = img.get(off..off + bytes.len()) == Some(bytes);
-        if !ok && std::env::var_os("SIM_DEBUG").is_some() {
-            let first_diff = (0..bytes.len()).find(|&i| img.get(off + i) != Some(&bytes[i]));
-            eprintln!("not durable: seg {number} ino {} off {off} len {} first diff {first_diff:?} flushes {:?}", meta.ino(), bytes.len(), st.flushes.get(&meta.ino()));
-        }
-        ok
+        img.get(off..off + bytes.len()) == Some(bytes)
     }
 
     /// The directory as a crash leaves it, computed now (before the log is dropped): every
@@ -263,9 +255,6 @@ impl State {
         };
         let cur = fs::read(path).expect("read a flushed file");
         *self.flushes.entry(ino).or_insert(0) += 1;
-        if std::env::var_os("SIM_DEBUG").is_some() {
-            eprintln!("hook flush ino {ino} {range:?}");
-        }
         let img = self
             .durable
             .entry(ino)
