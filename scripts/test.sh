@@ -40,6 +40,12 @@ echo "== fuzz (every cargo-fuzz target 20 s from its committed seeds; fails on a
 # target prints `<target>: N execs in S s` (fuzz/README.md, "In CI").
 bash scripts/fuzz.sh --ci 20
 
+echo "== simulator (sim/: the log, group commit, crashes with torn pages and resuming subscribers, from seeds)"
+# About 120 s of seeds from a start that changes every day (a violation prints its seed and the
+# command that replays it); any violation fails the run.
+cargo build --release --locked --quiet -p sim
+./target/release/sim --secs 120 --seed "$(( $(date +%s) / 86400 * 100000 ))"
+
 echo "== tests"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
