@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """budgets.py: checks the code budgets of the workspace crates' Rust sources.
 
-  (a) no non-test .rs file over 650 lines in gateway/src, mcp-front/src and auth/src (a file's
+  (a) no non-test .rs file over 650 lines in gateway/src, mcp-front/src, auth/src and sim/src (a file's
       lines minus its #[cfg(test)] modules, attribute line to closing brace or `mod tests;`;
       *_tests.rs and tests.rs are test files and are not counted). Not yet applied to the other
       crates: some files of log-store and bench are over it (--report marks them);
   (b) no fn item over 70 lines (attribute-free `fn` line to closing brace) in the src/ of every
-      workspace crate (log-store, mcp-front, gateway, bench, auth, cluster);
+      workspace crate (log-store, mcp-front, gateway, bench, auth, cluster, sim);
       functions in #[cfg(test)] modules, in test files and marked #[test] / #[cfg(test)] are
       exempt; body-less declarations (`fn x(&self);`) are not functions;
   (d) no type in gateway/src with more than 800 lines of non-test functions in all its inherent
@@ -47,9 +47,11 @@ TYPE_BUDGET_DIRS = ("gateway/src",)
 # appender, subscribers and the driver become parts of their own).
 TYPE_METHOD_LINES_CEILING = {("gateway", "Core"): 2430}
 # Every workspace member's sources (Cargo.toml `members`; fuzz is outside the workspace).
-SOURCE_DIRS = ("log-store/src", "mcp-front/src", "gateway/src", "bench/src", "auth/src", "cluster/src")
+SOURCE_DIRS = (
+    "log-store/src", "mcp-front/src", "gateway/src", "bench/src", "auth/src", "cluster/src", "sim/src",
+)
 # Rule (a) covers these only, until the larger files of log-store and bench are split.
-FILE_BUDGET_DIRS = ("gateway/src/", "mcp-front/src/", "auth/src/")
+FILE_BUDGET_DIRS = ("gateway/src/", "mcp-front/src/", "auth/src/", "sim/src/")
 UNSAFE_ALLOWED_PREFIXES = ("gateway/src/uring/",)
 # log-store/src/mmap.rs: the mapping of segment files (ARCHITECTURE.md: "all `unsafe` is in
 # mmap.rs"); every other log-store module is #![forbid(unsafe_code)].
