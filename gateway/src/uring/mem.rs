@@ -84,8 +84,8 @@ impl Vectored {
         self.runs.is_empty()
     }
 
-    /// Whether the send asks for a TX ACK timestamp.
-    #[cfg(test)]
+    /// Whether the send asks for a TX ACK timestamp (the simulator's kernel reports one only
+    /// for such sends, as the real one does).
     pub fn asks_tx_ack(&self) -> bool {
         self.ask_tx_ack
     }
