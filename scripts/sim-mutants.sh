@@ -47,7 +47,7 @@ mutant() {
 mutant resume-off-by-one log-store/src/resume.rs \
   's/| Case::ReplayWindowBehind => ResumePlan::Replay { from: n + 1 },/| Case::ReplayWindowBehind => ResumePlan::Replay { from: n },/'
 # 2. The send window releases what a send completion reports, not what the peer ACKed.
-mutant window-release-on-send sim/src/window.rs \
+mutant window-release-on-send gateway/src/streams/window.rs \
   's/let hint = self.ack_hint;/let hint = self.sent;/'
 # 3. A read returns events past the visible (durable) tail: shown before their fsync.
 mutant shown-before-fsync log-store/src/log.rs \
@@ -55,11 +55,12 @@ mutant shown-before-fsync log-store/src/log.rs \
 # 4. Recovery keeps a record whose CRC does not match (a torn write is taken for data).
 mutant recovery-keeps-bad-crc log-store/src/format.rs \
   's/if crc == u32_at(b, 0) {/if crc == u32_at(b, 0) || !payload.is_empty() {/'
-# 5. A resume is shown the parked window of whichever stream has one, not its own.
-mutant parked-wrong-stream sim/src/parked.rs \
-  's/let list = self.by_stream.get_mut(&stream)?;/let list = self.by_stream.values_mut().find(|l| !l.is_empty())?;/'
+# 5. Windows are parked under one stream's key whatever their stream: a resume of that stream
+#    may be served another stream's events.
+mutant parked-wrong-stream gateway/src/streams/parked.rs \
+  's/let list = self.by_stream.entry(key).or_default();/let list = self.by_stream.entry((key.0, log_store::StreamId(0))).or_default();/'
 # 6. A batch is answered once its first event is durable, not its last.
-mutant batch-answered-early sim/src/node.rs \
-  's/            wait: last,/            wait: first,/'
+mutant batch-answered-early gateway/src/streams/publish.rs \
+  's/let wait = ids.last()/let wait = ids.first()/'
 
 exit $failed

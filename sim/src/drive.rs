@@ -1,10 +1,12 @@
-//! The world's client steps (pump, receive, ACKs, cuts, reconnects) and the crash: the steps
-//! that cross between the node and its subscribers.
+//! The world's connection steps (pump, receive, ACKs, ticks, cuts, reconnects) and the crash:
+//! the steps that cross between the node and its subscribers.
 #![forbid(unsafe_code)]
 
+use gateway::proto::route::{From, SubscribeQuery};
 use log_store::{Epoch, EventId, StreamId};
 
-use crate::clients::{Client, Conn, Expect, expect_for};
+use crate::clients::{Client, Expect, expect_for};
+use crate::conn::Conn;
 use crate::node::{Check, Node};
 use crate::world::World;
 
@@ -17,17 +19,38 @@ impl World {
         (!live.is_empty()).then(|| live[self.rng.below(live.len() as u64) as usize])
     }
 
-    /// The node feeds one connection from the log and the kernel takes some of its bytes.
+    /// Subscriber `k` receives `n` bytes from its wire.
+    fn receive_bytes(&mut self, k: usize, n: usize) -> Check {
+        let sub = &mut self.subs[k];
+        let i = sub.stream;
+        let mut client = Client {
+            log: self.node.log(),
+            sid: self.node.streams[i],
+            truth: &mut self.truths[i],
+            lag_events_max: self.cfg.limits.sub.lag_events_max,
+        };
+        client.receive(sub, n, &mut self.trace)
+    }
+
+    /// The node's turn for one connection: a send completes, or it refills and sends.
     pub(crate) fn pump(&mut self) -> Check {
         let Some(k) = self.connected() else {
             return Ok(());
         };
-        let sid = self.node.streams[self.subs[k].stream];
-        let lim = self.cfg.limits;
+        let now = self.node.now(self.step);
         let conn = self.subs[k].conn.as_mut().expect("connected");
-        conn.refill(&self.node, &self.disk, sid, lim)?;
-        let max = if self.rng.chance(200) { 64 } else { 1 << 16 };
-        conn.send(&mut self.rng, max, &mut self.trace)
+        let (rng, lim) = (&mut self.rng, &self.cfg.limits);
+        conn.pump(&self.node, &self.disk, now, rng, lim, &mut self.trace)
+    }
+
+    /// A tick of the node for one connection (`SIOCOUTQ`, keep-alives).
+    pub(crate) fn tick(&mut self) -> Check {
+        let Some(k) = self.connected() else {
+            return Ok(());
+        };
+        let now = self.node.now(self.step);
+        let conn = self.subs[k].conn.as_mut().expect("connected");
+        conn.tick(now, &self.cfg.limits.sub)
     }
 
     /// One client receives some of the bytes in flight (a slow one, a few), and ACKs.
@@ -35,34 +58,30 @@ impl World {
         let Some(k) = self.connected() else {
             return Ok(());
         };
-        let sub = &mut self.subs[k];
-        let conn = sub.conn.as_mut().expect("connected");
+        let slow = self.subs[k].slow;
+        let conn = self.subs[k].conn.as_mut().expect("connected");
         if conn.wire.is_empty() {
-            if conn.finished() {
-                return self.closed(k);
-            }
-            return Ok(());
+            return if conn.finished() {
+                self.closed(k)
+            } else {
+                Ok(())
+            };
         }
-        let cap = if sub.slow { 64 } else { 1 << 16 };
+        let cap = if slow { 64 } else { 1 << 16 };
         let n = self.rng.range(1, (conn.wire.len() as u64).min(cap)) as usize;
-        let i = sub.stream;
-        let mut client = Client {
-            log: self.node.log(),
-            sid: self.node.streams[i],
-            truth: &mut self.truths[i],
-        };
-        client.receive(sub, n, &mut self.trace)?;
-        let conn = sub.conn.as_mut().expect("connected");
-        if !sub.slow || self.rng.chance(300) {
+        self.receive_bytes(k, n)?;
+        let ack = !slow || self.rng.chance(300);
+        let conn = self.subs[k].conn.as_mut().expect("connected");
+        if ack {
             conn.acks.push_back(conn.received);
         }
-        if conn.expect == Expect::Done && conn.finished() {
+        if conn.finished() {
             return self.closed(k);
         }
         Ok(())
     }
 
-    /// The node closed after an explicit error and the client read it: it must have seen one.
+    /// The node closed and the client read everything: it must have seen an explicit error.
     fn closed(&mut self, k: usize) -> Check {
         let sub = &mut self.subs[k];
         let conn = sub.conn.take().expect("connected");
@@ -85,7 +104,7 @@ impl World {
     }
 
     /// A reset at any byte: what was in flight is lost; the node may or may not learn the
-    /// final ACK (SIOCOUTQ), then parks what is unconfirmed.
+    /// final ACKs, then parks what is unconfirmed.
     pub(crate) fn cut(&mut self) -> Check {
         let Some(k) = self.connected() else {
             return Ok(());
@@ -93,31 +112,21 @@ impl World {
         let in_flight = self.subs[k].conn.as_ref().expect("connected").wire.len() as u64;
         let n = self.rng.below(in_flight + 1) as usize;
         if n > 0 {
-            let i = self.subs[k].stream;
-            let mut client = Client {
-                log: self.node.log(),
-                sid: self.node.streams[i],
-                truth: &mut self.truths[i],
-            };
-            client.receive(&mut self.subs[k], n, &mut self.trace)?;
+            self.receive_bytes(k, n)?;
         }
         self.trace.fault("reset", &[k as u64, n as u64]);
+        let final_acks = self.rng.chance(500);
+        if !final_acks {
+            self.trace.fault("acks_lost", &[]);
+        }
+        let now = self.node.now(self.step);
         let sub = &mut self.subs[k];
         let mut conn = sub.conn.take().expect("connected");
-        if self.rng.chance(500) {
-            conn.confirmed = conn.confirmed.max(conn.received);
-            conn.win.on_acked(conn.received);
-            conn.check_released()?;
-        } else {
-            self.trace.fault("acks_lost", &[conn.acks.len() as u64]);
-        }
-        if !conn.closing {
-            let sid = self.node.streams[sub.stream];
-            let evs = conn.win.take_events();
-            self.node.parking.park(sid, evs, self.step);
-        }
+        let parked = conn.close(now, &self.cfg.limits.sub, final_acks)?;
+        let lim = self.node.park_limits;
+        self.node.parking.park(conn.key, parked, now, lim);
         sub.away_until = self.step + self.rng.range(1, 30);
-        let parked_max = self.node.parking.per_stream_max * self.cfg.streams;
+        let parked_max = lim.per_stream_max * self.cfg.streams;
         if self.node.parking.count() > parked_max {
             return Err(format!("{} windows parked", self.node.parking.count()));
         }
@@ -141,10 +150,16 @@ impl World {
             self.subs[k].last_id.clone()
         };
         let sid = self.node.streams[i];
-        let expect = expect_for(self.node.log(), sid, raw.as_deref());
-        let started = self.node.subscribe(i, raw.as_deref(), self.step);
-        self.trace.note(started.class, &[k as u64, started.cursor]);
-        self.subs[k].conn = Some(Conn::new(started, expect));
+        let (on, ack) = (self.subs[k].on_truncated, self.subs[k].ack);
+        let q = SubscribeQuery {
+            from: From::Earliest,
+            last_event_id: raw.clone(),
+            on_truncated: on,
+        };
+        let expect = expect_for(self.node.log(), sid, raw.as_deref(), on);
+        let (sub, refused, class) = self.node.subscribe(i, &q, ack, self.step);
+        self.trace.note(class, &[k as u64]);
+        self.subs[k].conn = Some(Conn::new((0, sid), sub, refused, expect));
         Ok(())
     }
 
@@ -224,7 +239,6 @@ impl World {
                 }
             }
             t.truncate(b.tail);
-            t.observed = t.observed.min(b.tail);
         }
         Ok(())
     }

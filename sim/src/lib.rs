@@ -11,25 +11,25 @@
 //! - [`disk`]: the directory under `/dev/shm`, durable images, torn pages at a crash, and the
 //!   `log_store::sim` hook (flushes seen; EIO and ENOSPC injected).
 //! - [`truth`]: the oracle: every event appended, acknowledged and observed.
-//! - [`node`]: the gateway's use of the log: publishes and their answers, the group commit,
-//!   retention, background jobs, where a subscription starts.
-//! - [`window`], [`parked`]: models of the gateway's send window and parked windows (until
-//!   the gateway is a library).
+//! - [`node`]: the gateway's use of the log: publishes (`gateway::streams::publish`) and their
+//!   answers, the group commit, retention, background jobs, where a subscription starts
+//!   (`gateway::streams::resume::start` over `gateway::streams::parked`).
+//! - [`conn`]: the node's side of a connection — the gateway's own `streams::sub::Sub` (send
+//!   window, refill, sends, ACK confirmations, parking) over a simulated kernel and network.
 //! - [`sse`]: the client's parser.
-//! - [`clients`]: subscribers, their connections and the network between.
+//! - [`clients`]: subscribers, what each must observe, and the checks of what it reads.
 //! - [`world`], `drive`: one seed's world and its steps.
 #![forbid(unsafe_code)]
 
 pub mod clients;
+pub mod conn;
 pub mod disk;
 mod drive;
 pub mod node;
-pub mod parked;
 pub mod rng;
 pub mod sse;
 pub mod trace;
 pub mod truth;
-pub mod window;
 pub mod world;
 
 use std::cell::RefCell;

@@ -9,14 +9,18 @@
 use std::io;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use log_store::{EventId, Log, LogOptions, ResumeInput, ResumeOutcome, Seq, StreamId, SyncJob};
+use gateway::proto::route::SubscribeQuery;
+use gateway::streams::StreamKey;
+use gateway::streams::parked::{ParkLimits, ParkedWindows};
+use gateway::streams::publish;
+use gateway::streams::resume::{self, Ask, Start};
+use gateway::streams::sub::{AckMode, Sub};
+use log_store::{Log, LogOptions, Seq, StreamId, SyncJob};
 
 use crate::disk::{Disk, Snapshot};
-use crate::parked::Parking;
 use crate::rng::Rng;
 use crate::trace::Trace;
 use crate::truth::{Rec, Truth};
-use crate::window::SendWin;
 
 pub type Check = Result<(), String>;
 
@@ -37,16 +41,6 @@ struct InFlight {
     snaps: Vec<Snapshot>,
 }
 
-/// How a subscription starts (the gateway's `streams::resume::start`).
-#[derive(Debug)]
-pub struct Started {
-    pub win: SendWin,
-    pub cursor: Seq,
-    /// An explicit error was queued: close once it is sent.
-    pub closing: bool,
-    pub class: &'static str,
-}
-
 /// The node's state.
 #[derive(Debug)]
 pub struct Node {
@@ -56,14 +50,13 @@ pub struct Node {
     pub streams: Vec<StreamId>,
     sync: Option<InFlight>,
     pub pending: Vec<Pending>,
-    pub parking: Parking,
+    pub parking: ParkedWindows,
+    pub park_limits: ParkLimits,
     pub poisoned: bool,
-    /// Handed to `sync_due`; `group` ignores it (no wall clock in any decision).
+    /// The origin of the simulated clock (`now`), also handed to `sync_due`, which ignores it
+    /// under `group`: no wall clock in any decision.
     t0: Instant,
 }
-
-pub const HEAD_OK: &[u8] =
-    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\nretry: 1000\n\n";
 
 impl Node {
     pub fn open(dir: &std::path::Path, opts: LogOptions, background: bool) -> Result<Log, String> {
@@ -83,7 +76,11 @@ impl Node {
             streams,
             sync: None,
             pending: Vec::new(),
-            parking: Parking::new(300, 2),
+            parking: ParkedWindows::default(),
+            park_limits: ParkLimits {
+                grace: Duration::from_millis(300),
+                per_stream_max: 2,
+            },
             poisoned: false,
             t0: Instant::now(),
         }
@@ -97,48 +94,65 @@ impl Node {
         self.log.as_mut().expect("log open")
     }
 
-    /// Appends `events` to stream `i` (the gateway's `publish::append`): all or up to the
-    /// first refused one; the answer waits for the last one's durability.
+    /// Publishes `events` to stream `i` through the gateway's own `streams::publish`: checked,
+    /// appended all or up to the first refused one, answered `201` once the answer's `Wait`
+    /// (the batch's last event) is visible, or an explicit error.
     pub fn publish(
         &mut self,
         i: usize,
-        events: Vec<Rec>,
+        recs: Vec<Rec>,
         truth: &mut Truth,
+        disk: &Disk,
         trace: &mut Trace,
     ) -> Check {
         let sid = self.streams[i];
-        let mut seqs = Vec::with_capacity(events.len());
-        for rec in events {
-            match self.log_mut().append(sid, rec.event.as_deref(), &rec.data) {
-                Ok(a) => {
-                    if a.durable {
-                        return Err("an append under fsync=group was durable at once".into());
-                    }
-                    truth.appended(a.id.seq, rec)?;
-                    seqs.push(a.id.seq);
-                    trace.events += 1;
+        let events: Vec<publish::Event> = recs
+            .iter()
+            .map(|r| (r.event.clone(), r.data.clone()))
+            .collect();
+        let log = self.log.as_mut().expect("log open");
+        let before = log.bounds(sid).expect("stream exists").tail;
+        if before != truth.tail() {
+            return Err(format!(
+                "{sid}: log tail {before}, appended {}",
+                truth.tail()
+            ));
+        }
+        if publish::check_events(&events)
+            .and_then(|()| publish::check_framed(log, sid, &events))
+            .is_err()
+        {
+            trace.note("publish_refused", &[i as u64]);
+            return Ok(());
+        }
+        let p = publish::append(log, 0, sid, &events, events.len() > 1, false);
+        for (k, rec) in recs.into_iter().take(p.appended).enumerate() {
+            truth.appended(before + 1 + k as u64, rec)?;
+            trace.events += 1;
+        }
+        let (first, last) = (before + 1, before + p.appended as u64);
+        let status = &p.answer[9..12];
+        match (status, p.wait) {
+            (b"201", Some(w)) => {
+                trace.note("published", &[i as u64, first, last, w.seq]);
+                self.pending.push(Pending {
+                    stream: i,
+                    first,
+                    last,
+                    wait: w.seq,
+                });
+                Ok(())
+            }
+            // Answered at once: every event must be durable already.
+            (b"201", None) => self.acknowledge(disk, sid, (first, last), truth, trace),
+            _ => {
+                trace.note("append_refused", &[i as u64, p.appended as u64]);
+                if p.answer.windows(10).any(|w| w == b"log_failed") {
+                    self.fail_log(trace);
                 }
-                Err(e) => {
-                    // An explicit error answer: nothing of this publish is acknowledged.
-                    trace.note("append_refused", &[i as u64, seqs.len() as u64]);
-                    if matches!(e, log_store::AppendError::Poisoned) {
-                        self.fail_log(trace);
-                    }
-                    return Ok(());
-                }
+                Ok(())
             }
         }
-        let (Some(&first), Some(&last)) = (seqs.first(), seqs.last()) else {
-            return Ok(());
-        };
-        trace.note("published", &[i as u64, first, last]);
-        self.pending.push(Pending {
-            stream: i,
-            first,
-            last,
-            wait: last,
-        });
-        Ok(())
     }
 
     /// The reactor's end of turn for the log: begin a group commit when one is due, or carry
@@ -206,19 +220,30 @@ impl Node {
                 keep.push(p);
                 continue;
             }
-            for seq in p.first..=p.last {
-                if !self.is_durable(disk, sid, seq) {
-                    return Err(format!(
-                        "publish of {sid} {}..={} answered while event {seq} is not durable",
-                        p.first, p.last
-                    ));
-                }
-            }
-            let t = &mut truths[p.stream];
-            t.acked = t.acked.max(p.last);
-            trace.note("answered", &[p.stream as u64, p.last]);
+            self.acknowledge(disk, sid, (p.first, p.last), &mut truths[p.stream], trace)?;
         }
         self.pending = keep;
+        Ok(())
+    }
+
+    /// A publisher got its `201` for events `first..=last`: each must be durable.
+    fn acknowledge(
+        &self,
+        disk: &Disk,
+        sid: StreamId,
+        (first, last): (Seq, Seq),
+        truth: &mut Truth,
+        trace: &mut Trace,
+    ) -> Check {
+        for seq in first..=last {
+            if !self.is_durable(disk, sid, seq) {
+                return Err(format!(
+                    "publish of {sid} {first}..={last} answered while event {seq} is not durable"
+                ));
+            }
+        }
+        truth.acked = truth.acked.max(last);
+        trace.note("answered", &[u64::from(sid.0), last]);
         Ok(())
     }
 
@@ -253,66 +278,56 @@ impl Node {
     pub fn crash(&mut self) -> Log {
         self.sync = None;
         self.pending.clear();
-        self.parking.clear();
+        self.parking = ParkedWindows::default();
         self.poisoned = false;
         self.log.take().expect("log open")
     }
 
-    /// Where a subscription to stream `i` starts (the gateway's `streams::resume::start`):
-    /// without an ID at the floor; with one, as the resume planner decides.
-    pub fn subscribe(&mut self, i: usize, last_event_id: Option<&str>, step: u64) -> Started {
-        let sid = self.streams[i];
-        let log = self.log.as_ref().expect("log open");
-        let bounds = log.bounds(sid).expect("stream exists");
-        let mut win = SendWin::default();
-        let Some(raw) = last_event_id else {
-            win.push_bytes(HEAD_OK);
-            return started(win, bounds.floor, false, "fresh");
-        };
-        let requested: EventId = match raw.parse() {
-            Ok(id) => id,
-            Err(_) => return refused(win, 400, "bad_last_event_id"),
-        };
-        let epoch = log.epoch();
-        let window = self.parking.view(sid, epoch, requested.seq, step);
-        let plan = log_store::plan_resume(&ResumeInput {
-            log_epoch: epoch,
-            stream: sid,
-            bounds,
-            requested,
-            window,
+    /// The simulated clock: one millisecond per step from an arbitrary origin (only
+    /// differences are ever taken).
+    pub fn now(&self, step: u64) -> Instant {
+        self.t0 + Duration::from_millis(step)
+    }
+
+    /// Where a subscription to stream `i` starts, by the gateway's own
+    /// `streams::resume::start` (the planner over the parked windows): a `Sub` whose window
+    /// starts with the head (and an aligned resume's parked events), or one that only sends
+    /// the explicit error and closes. Returns it, whether it was refused, and its class.
+    pub fn subscribe(
+        &mut self,
+        i: usize,
+        q: &SubscribeQuery,
+        ack: AckMode,
+        step: u64,
+    ) -> (Sub, bool, &'static str) {
+        let key: StreamKey = (0, self.streams[i]);
+        let now = self.now(step);
+        let ask = Ask {
+            key,
+            q,
+            retry_ms: 1000,
             known_epochs: &[],
-        });
-        match plan.outcome() {
-            ResumeOutcome::Serve {
-                class,
-                from,
+            now,
+        };
+        let log = self.log.as_ref().expect("log open");
+        let (start, class) = resume::start(log, &mut self.parking, &ask);
+        let label = class.map_or("fresh", |c| c.label());
+        match start {
+            Start::Serve {
+                cursor,
+                preamble,
                 aligned,
-            } => {
-                win.push_bytes(HEAD_OK);
-                if let Some((head, last)) = aligned {
-                    win.push_parked(self.parking.take(sid, head, last));
-                }
-                started(win, from, false, class.label())
+            } => (
+                Sub::new(key, cursor, ack, preamble, aligned, now),
+                false,
+                label,
+            ),
+            Start::Refuse(answer) => {
+                let mut sub = Sub::new(key, 1, ack, answer, None, now);
+                sub.end_after(0);
+                sub.never_park();
+                (sub, true, "refused")
             }
-            ResumeOutcome::Gone { .. } => refused(win, 410, "truncated"),
-            ResumeOutcome::Refused(r) => refused(win, 400, r.code),
         }
     }
-}
-
-fn started(win: SendWin, cursor: Seq, closing: bool, class: &'static str) -> Started {
-    Started {
-        win,
-        cursor,
-        closing,
-        class,
-    }
-}
-
-fn refused(mut win: SendWin, status: u16, code: &'static str) -> Started {
-    let head = format!("HTTP/1.1 {status} Refused\r\ncontent-type: application/json\r\n\r\n");
-    win.push_bytes(head.as_bytes());
-    win.push_bytes(format!("{{\"error\":\"{code}\"}}").as_bytes());
-    started(win, 0, true, code)
 }

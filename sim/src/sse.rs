@@ -13,8 +13,9 @@ pub enum Item {
         event: Option<String>,
         data: Vec<u8>,
     },
-    /// `event: truncated` (the stream fell below the retained floor): an explicit error.
-    Truncated,
+    /// `event: truncated` (below the retained floor, or lagging): an explicit error; its
+    /// data is the JSON that says which.
+    Truncated { data: String },
     /// A comment, `retry:` or keep-alive.
     Other,
 }
@@ -79,7 +80,9 @@ pub fn parse_block(block: &[u8]) -> Result<Item, String> {
         }
     }
     match (id, event.as_deref()) {
-        (None, Some("truncated")) => Ok(Item::Truncated),
+        (None, Some("truncated")) => Ok(Item::Truncated {
+            data: String::from_utf8_lossy(&data.unwrap_or_default()).into_owned(),
+        }),
         (None, _) => Ok(Item::Other),
         (Some(id), _) => Ok(Item::Event {
             id,

@@ -2,9 +2,14 @@
 //! `run` takes steps chosen by the seed until the step budget is spent or a check fails.
 #![forbid(unsafe_code)]
 
+use std::time::Duration;
+
+use gateway::proto::route::OnTruncated;
+use gateway::streams::sub::{AckMode, SubLimits};
 use log_store::{Epoch, FsyncPolicy, LogOptions};
 
-use crate::clients::{ConnLimits, Sub};
+use crate::clients::Subscriber;
+use crate::conn::ConnLimits;
 use crate::disk::{Disk, DiskFaults, DiskNote};
 use crate::node::{Check, Node};
 use crate::rng::Rng;
@@ -42,7 +47,13 @@ impl SeedConfig {
             page_bytes: if rng.chance(500) { 4096 } else { 512 },
             retain_segments: rng.chance(600).then(|| rng.range(2, 4)),
             limits: ConnLimits {
-                window_bytes_max: rng.range(2, 16) * 1024,
+                sub: SubLimits {
+                    lag_events_max: rng.range(50, 2000),
+                    send_bytes_max: rng.range(1, 16) as usize * 1024,
+                    tx_ack_interval: Duration::from_millis(rng.range(0, 20)),
+                    keepalive: Duration::from_millis(rng.range(50, 500)),
+                },
+                sndbuf_bytes: rng.range(1, 64) * 1024,
                 record_bytes_max: u64::from(RECORD_BYTES_MAX),
             },
             data_bytes_max: if rng.chance(300) { 3000 } else { 300 },
@@ -66,7 +77,7 @@ pub struct World {
     pub cfg: SeedConfig,
     pub disk: Disk,
     pub node: Node,
-    pub subs: Vec<Sub>,
+    pub subs: Vec<Subscriber>,
     pub truths: Vec<Truth>,
     pub step: u64,
     counter: u64,
@@ -99,10 +110,20 @@ impl World {
         log.sync_now().map_err(|e| format!("sync_now: {e}"))?;
         disk.pause_faults(false);
         let subs = (0..cfg.subs)
-            .map(|k| Sub {
+            .map(|k| Subscriber {
                 stream: k % cfg.streams,
                 last_id: None,
                 slow: rng.chance(300),
+                ack: if rng.chance(500) {
+                    AckMode::TxTimestamps
+                } else {
+                    AckMode::Outq
+                },
+                on_truncated: match rng.below(3) {
+                    0 => OnTruncated::Error,
+                    1 => OnTruncated::Earliest,
+                    _ => OnTruncated::Latest,
+                },
                 away_until: rng.range(0, 20),
                 conn: None,
             })
@@ -133,7 +154,7 @@ impl World {
 
     fn one_step(&mut self) -> Check {
         let c = self.cfg.crash_weight + if self.node.poisoned { 40 } else { 0 };
-        let weights = [20, 6, 18, 25, 20, 10, 3, 6, 2, 3, c];
+        let weights = [20, 6, 18, 25, 20, 10, 3, 6, 2, 3, 8, c];
         match self.rng.weighted(&weights) {
             0 => self.publish(1),
             1 => {
@@ -155,6 +176,7 @@ impl World {
                 self.node.background_jobs(&mut self.trace);
                 Ok(())
             }
+            10 => self.tick(),
             _ => self.crash(),
         }
     }
@@ -177,7 +199,7 @@ impl World {
         let i = self.rng.below(self.cfg.streams as u64) as usize;
         let events = (0..n).map(|_| self.event()).collect();
         self.node
-            .publish(i, events, &mut self.truths[i], &mut self.trace)
+            .publish(i, events, &mut self.truths[i], &self.disk, &mut self.trace)
     }
 
     fn event(&mut self) -> Rec {
