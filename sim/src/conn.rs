@@ -56,9 +56,8 @@ pub struct Conn {
     pub refused: bool,
     /// A send the kernel took `n` bytes of, whose completion is not processed yet.
     inflight: Option<(Box<Vectored>, u64)>,
-    /// Bytes the kernel took (completions processed) and bytes the window released.
+    /// Bytes the kernel took (completions processed).
     sent: u64,
-    released: u64,
     /// Ends of sends that asked for an ACK timestamp, not reported yet.
     ts_awaited: VecDeque<u64>,
     /// The node closed the connection (`Next::Close`).
@@ -83,7 +82,6 @@ impl Conn {
             refused,
             inflight: None,
             sent: 0,
-            released: 0,
             ts_awaited: VecDeque::new(),
             closed: false,
             wire: VecDeque::new(),
@@ -165,24 +163,26 @@ impl Conn {
             .sub
             .outq_due(now, lim)
             .then(|| self.sent + n - self.tcp_acked);
-        let s = self.sub.on_sent(v, n, outq);
+        self.sub.on_sent(v, n, outq);
         self.sent += n;
         if outq.is_some() {
             self.confirmed = self.confirmed.max(self.tcp_acked);
         }
-        self.released += s.bytes_confirmed;
         if asked && n > 0 {
             self.ts_awaited.push_back(self.sent);
         }
         self.check_released()
     }
 
-    /// The window released nothing the peer has not confirmed.
+    /// The window released nothing the peer has not confirmed: its confirmed offset
+    /// (`sent - unconfirmed`, read from the window itself, not from what the calls report)
+    /// is within the highest confirmation it was handed.
     pub fn check_released(&self) -> Check {
-        if self.released > self.confirmed {
+        let released = self.sent - self.sub.unconfirmed_bytes();
+        if released > self.confirmed {
             return Err(format!(
-                "window released {} bytes but the peer confirmed only {}",
-                self.released, self.confirmed
+                "window released {released} bytes but the peer confirmed only {}",
+                self.confirmed
             ));
         }
         Ok(())
@@ -217,10 +217,7 @@ impl Conn {
                 ((end - 1) as u32) as i32
             };
             match self.sub.on_tx_timestamp(res, TS_ACK_FLAGS) {
-                TxReport::Ack(c) => {
-                    self.confirmed = self.confirmed.max(end);
-                    self.released += c.bytes;
-                }
+                TxReport::Ack(_) => self.confirmed = self.confirmed.max(end),
                 TxReport::Fallback => trace.fault("tx_timestamp_fallback", &[]),
                 TxReport::Other => {}
             }
@@ -234,9 +231,8 @@ impl Conn {
             return Ok(());
         }
         if self.sub.wants_outq_poll(now) {
-            let c = self.sub.confirm_outq(self.sent - self.tcp_acked);
+            self.sub.confirm_outq(self.sent - self.tcp_acked);
             self.confirmed = self.confirmed.max(self.tcp_acked);
-            self.released += c.bytes;
         }
         self.sub.keepalive(now, lim);
         self.check_released()
@@ -255,9 +251,8 @@ impl Conn {
             if let Some(v) = self.acks.drain(..).max() {
                 self.tcp_acked = self.tcp_acked.max(v);
             }
-            let c = self.sub.confirm_outq(self.sent - self.tcp_acked);
+            self.sub.confirm_outq(self.sent - self.tcp_acked);
             self.confirmed = self.confirmed.max(self.tcp_acked);
-            self.released += c.bytes;
             self.check_released()?;
         }
         Ok(self.sub.take_parkable())
