@@ -9,6 +9,7 @@
 use std::io;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use gateway::proto::conn::Wait;
 use gateway::proto::route::SubscribeQuery;
 use gateway::streams::StreamKey;
 use gateway::streams::parked::{ParkLimits, ParkedWindows};
@@ -133,13 +134,13 @@ impl Node {
         let (first, last) = (before + 1, before + p.appended as u64);
         let status = &p.answer[9..12];
         match (status, p.wait) {
-            (b"201", Some(w)) => {
-                trace.note("published", &[i as u64, first, last, w.seq]);
+            (b"201", Some(Wait::Durable { seq, .. })) => {
+                trace.note("published", &[i as u64, first, last, seq]);
                 self.pending.push(Pending {
                     stream: i,
                     first,
                     last,
-                    wait: w.seq,
+                    wait: seq,
                 });
                 Ok(())
             }
