@@ -61,8 +61,8 @@ impl SeedConfig {
             sync_eio_per_mille: if faulty { rng.range(0, 20) as u32 } else { 0 },
             odd_id_per_mille: rng.range(0, 400) as u32,
             faults: DiskFaults {
-                flush_eio_per_mille: if faulty { rng.range(0, 10) as u32 } else { 0 },
-                enospc_per_mille: if faulty { rng.range(0, 100) as u32 } else { 0 },
+                flush_eio_per_mille: if faulty { rng.range(0, 40) as u32 } else { 0 },
+                enospc_per_mille: if faulty { rng.range(0, 300) as u32 } else { 0 },
             },
         }
     }
