@@ -234,9 +234,8 @@ impl Core {
         let substitute = a.expect_seq.and_then(|e| {
             let log = self.hub.log(key.0);
             let next = log.bounds(key.1).map_or(1, |b| b.tail + 1);
-            let record_max = log.options().record_bytes_max as usize;
-            (e != next)
-                .then(|| super::mcp_cluster::seq_mismatch_record(&a.data, e, next, record_max))
+            let limit = publish::RecordLimit::of(log);
+            (e != next).then(|| super::mcp_cluster::seq_mismatch_record(&a.data, e, next, limit))
         });
         let (event, data) = match &substitute {
             Some((t, d)) => (*t, d.as_slice()),

@@ -24,13 +24,13 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
-use log_store::{EVENT_ID_BYTES_MAX, EventId, Seq};
+use log_store::{EventId, Seq};
 
 use super::Core;
 use crate::mcp::core::{parse_stream_name, redact_stream_name as redacted, subject_tag};
 use crate::mcp::jsonrpc;
-use crate::proto::sse;
 use crate::streams::hub::SubRef;
+use crate::streams::publish::RecordLimit;
 
 /// One MCP record waiting for its turn.
 #[derive(Debug)]
@@ -118,14 +118,14 @@ pub(super) fn seq_mismatch_record(
     data: &[u8],
     expected: Seq,
     got: Seq,
-    record_max: usize,
+    limit: RecordLimit,
 ) -> (Option<&'static str>, Vec<u8>) {
     let why = format!(
         "its publisher expected seq {expected}, JetStream's order gave {got} (a record before \
          it was lost, or it overtook one): the stream is broken from here"
     );
     let (t, d) = jsonrpc::not_stored_substitute(data, &why);
-    if sse::framed_event_bytes(EVENT_ID_BYTES_MAX, t, &d) <= record_max {
+    if limit.overflow_any_id(t, &d).is_none() {
         return (t, d);
     }
     let body = serde_json::json!({ "error": why, "code": jsonrpc::NOT_STORED });
@@ -169,9 +169,9 @@ impl Core {
         // Every node must be able to apply it: a record over the limit becomes an explicit
         // error record at the same seq (as in single-node mode).
         let (mut event_type, mut data) = (event_type, data);
-        let record_max = self.hub.log(shard).options().record_bytes_max as usize;
-        let framed = sse::framed_event_bytes(EVENT_ID_BYTES_MAX, event_type, &data);
-        if framed > record_max {
+        let limit = RecordLimit::of(self.hub.log(shard));
+        if let Some(framed) = limit.overflow_any_id(event_type, &data) {
+            let record_max = limit.record_bytes_max;
             let why = format!("a {framed}-byte record exceeds the record limit {record_max}");
             self.mcp_cluster_note(&stream, &why);
             self.mcp.as_mut().expect("MCP core").records_refused += 1;
@@ -179,8 +179,7 @@ impl Core {
             // The substitute repeats the message's JSON-RPC id, which may itself be too large:
             // then nothing can stand at this seq, and the stream breaks (as in single-node
             // mode). Every node must be able to apply what is sent.
-            let framed = sse::framed_event_bytes(EVENT_ID_BYTES_MAX, event_type, &data);
-            if framed > record_max {
+            if let Some(framed) = limit.overflow_any_id(event_type, &data) {
                 let why = format!("{why}; its {framed}-byte error record too");
                 return self.mcp_break_stream(stream, why);
             }
@@ -451,7 +450,7 @@ impl Core {
 
 #[cfg(test)]
 mod tests {
-    use super::{Order, Queued};
+    use super::{Order, Queued, RecordLimit};
 
     fn queued(seq: u64) -> Queued {
         Queued {
@@ -461,10 +460,14 @@ mod tests {
         }
     }
 
+    fn limit(record_bytes_max: usize) -> RecordLimit {
+        RecordLimit { record_bytes_max }
+    }
+
     #[test]
     fn a_mispredicted_record_becomes_an_explicit_error_that_always_fits() {
         let resp = br#"{"jsonrpc":"2.0","id":7,"result":{}}"#;
-        let (t, d) = super::seq_mismatch_record(resp, 5, 4, 135_168);
+        let (t, d) = super::seq_mismatch_record(resp, 5, 4, limit(135_168));
         let v: serde_json::Value = serde_json::from_slice(&d).unwrap();
         assert_eq!(
             (t, v["id"].clone()),
@@ -482,7 +485,7 @@ mod tests {
             r#"{{"jsonrpc":"2.0","id":"{}","result":{{}}}}"#,
             "x".repeat(300)
         );
-        let (t, d) = super::seq_mismatch_record(huge.as_bytes(), 5, 4, 256);
+        let (t, d) = super::seq_mismatch_record(huge.as_bytes(), 5, 4, limit(256));
         assert_eq!(t, Some("error"));
         assert!(d.len() < 256 && !String::from_utf8(d).unwrap().contains("xxx"));
     }

@@ -21,6 +21,38 @@ pub struct Published {
     pub appended: usize,
 }
 
+/// The log's record limit as a publisher sees it, the one place that decides whether an
+/// event's framed record fits: the API's checks, a cluster publish checked before it is sent,
+/// an MCP record (or its error-record substitute) that every node must be able to apply.
+#[derive(Debug, Clone, Copy)]
+pub struct RecordLimit {
+    /// `--record-bytes-max` of the log: a framed record's bytes at most.
+    pub record_bytes_max: usize,
+}
+
+impl RecordLimit {
+    pub fn of(log: &Log) -> RecordLimit {
+        RecordLimit {
+            record_bytes_max: log.options().record_bytes_max as usize,
+        }
+    }
+
+    /// The framed size of an event whose ID is `id_len` bytes, if it is over the limit.
+    pub fn overflow(&self, id_len: usize, event: Option<&str>, data: &[u8]) -> Option<usize> {
+        if sse::framed_event_bytes_bound(id_len, event, data.len()) <= self.record_bytes_max {
+            return None; // fits however its lines break: no need to scan it
+        }
+        let framed = sse::framed_event_bytes(id_len, event, data);
+        (framed > self.record_bytes_max).then_some(framed)
+    }
+
+    /// [`RecordLimit::overflow`] with the longest ID any event can have (a stream that may
+    /// not exist yet, a seq not known yet: every node must be able to apply it).
+    pub fn overflow_any_id(&self, event: Option<&str>, data: &[u8]) -> Option<usize> {
+        self.overflow(log_store::EVENT_ID_BYTES_MAX, event, data)
+    }
+}
+
 /// Status and code for a failed append or stream creation.
 pub fn append_status(e: &AppendError) -> (u16, &'static str) {
     use log_store::AppendError as E;
@@ -60,7 +92,7 @@ pub fn check_framed(
 ) -> Result<(), (u16, &'static str, String)> {
     // Data within --event-bytes-max can still frame larger than a record may be (each line
     // break costs a `data: ` prefix): the log would refuse it mid-batch.
-    let record_max = log.options().record_bytes_max as usize;
+    let limit = RecordLimit::of(log);
     let (tail, epoch) = (log.bounds(sid).expect("stream exists").tail, log.epoch());
     for (i, (ev, data)) in events.iter().enumerate() {
         let id = EventId {
@@ -68,15 +100,11 @@ pub fn check_framed(
             stream: sid,
             seq: tail.saturating_add(1 + i as u64),
         };
-        let (id_len, ev) = (id.encoded_len(), ev.as_deref());
-        if sse::framed_event_bytes_bound(id_len, ev, data.len()) <= record_max {
-            continue; // fits however its lines break: no need to scan it
-        }
-        let framed = sse::framed_event_bytes(id_len, ev, data);
-        if framed > record_max {
+        if let Some(framed) = limit.overflow(id.encoded_len(), ev.as_deref(), data) {
             let msg = format!(
                 "event {i}: framed record of {framed} bytes exceeds the record limit \
-                 {record_max} (each line of data costs a `data: ` prefix)"
+                 {} (each line of data costs a `data: ` prefix)",
+                limit.record_bytes_max
             );
             return Err((413, "event_too_large", msg));
         }
@@ -87,13 +115,13 @@ pub fn check_framed(
 /// [`check_framed`] for a stream that may not exist yet (cluster mode: it is created where the
 /// event is applied), with the longest ID any event of it can have.
 pub fn check_framed_worst(log: &Log, events: &[Event]) -> Result<(), (u16, &'static str, String)> {
-    let record_max = log.options().record_bytes_max as usize;
+    let limit = RecordLimit::of(log);
     for (i, (ev, data)) in events.iter().enumerate() {
-        let framed = sse::framed_event_bytes(log_store::EVENT_ID_BYTES_MAX, ev.as_deref(), data);
-        if framed > record_max {
+        if let Some(framed) = limit.overflow_any_id(ev.as_deref(), data) {
             let msg = format!(
                 "event {i}: framed record of up to {framed} bytes exceeds the record limit \
-                 {record_max} (each line of data costs a `data: ` prefix)"
+                 {} (each line of data costs a `data: ` prefix)",
+                limit.record_bytes_max
             );
             return Err((413, "event_too_large", msg));
         }
