@@ -1,7 +1,7 @@
 //! Shared code of the fuzz targets: the gateway's pure protocol modules compiled in by
-//! `#[path]` (the gateway is a binary crate with no library target; including the files keeps
-//! the binary untouched), and an independent minimal SSE parser used as the oracle for the
-//! framing targets. No I/O here.
+//! `#[path]` (the gateway has a library target now, but linking it would build io_uring, TLS and
+//! the cluster client into every fuzz target: the three pure files are enough), and an
+//! independent minimal SSE parser used as the oracle for the framing targets. No I/O here.
 //!
 //! The included files are the gateway's own, unmodified: `http` (request head), `route`
 //! (router + batch bodies), `sse` (subscription head, `event: truncated`).
