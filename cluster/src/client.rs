@@ -91,6 +91,30 @@ pub(crate) fn spawn(
         .map_err(|_| "the nats thread ended during start".to_string())?
 }
 
+/// The client's connection events, as log lines (async-nats's own lines are filtered to
+/// warnings by default: `GATEWAY_LOG=async_nats=debug` shows them).
+fn log_event(e: async_nats::Event) {
+    use async_nats::Event;
+    match e {
+        Event::Connected => tracing::info!("NATS connected"),
+        Event::Disconnected => tracing::warn!("NATS disconnected; reconnecting"),
+        Event::LameDuckMode => tracing::warn!("NATS server entered lame duck mode"),
+        Event::SlowConsumer(sid) => tracing::warn!(sid, "NATS slow consumer: messages dropped"),
+        Event::Draining => tracing::info!("NATS connection draining"),
+        Event::Closed => tracing::warn!("NATS connection closed"),
+        Event::ServerError(err) => tracing::warn!("NATS server error: {err}"),
+        Event::ClientError(err) => {
+            // Repeats at every reconnect attempt while a server is down: once a minute.
+            static LAST: std::sync::Mutex<Option<std::time::Instant>> = std::sync::Mutex::new(None);
+            let mut last = LAST.lock().unwrap_or_else(|p| p.into_inner());
+            if last.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
+                *last = Some(std::time::Instant::now());
+                tracing::warn!("NATS client error: {err} (repeats are not logged for a minute)");
+            }
+        }
+    }
+}
+
 impl Thread {
     async fn start(
         cfg: Config,
@@ -100,7 +124,8 @@ impl Thread {
     ) -> Result<(Thread, Vec<ShardStream>), String> {
         let opts = async_nats::ConnectOptions::new()
             .name("gateway")
-            .retry_on_initial_connect();
+            .retry_on_initial_connect()
+            .event_callback(|e| async move { log_event(e) });
         let connect = async_nats::connect_with_options(cfg.urls.clone(), opts);
         // URLs may carry credentials (user:password@): only their redacted form is printed.
         let shown: Vec<String> = cfg.urls.iter().map(|u| names::redact_url(u)).collect();
@@ -278,8 +303,8 @@ impl Thread {
                     done_epochs.push(m.epoch);
                     out.push(snap);
                 }
-                None => eprintln!(
-                    "cluster: shard {shard}: the chunks of the snapshot at message {} are gone \
+                None => tracing::warn!(
+                    "shard {shard}: the chunks of the snapshot at message {} are gone \
                      or damaged; trying an older one",
                     m.seq
                 ),
@@ -306,7 +331,7 @@ impl Thread {
                                 };
                                 outs[out].send(m).await;
                             }
-                            Err(e) => eprintln!("cluster: storing shard {shard}'s snapshot: {e}"),
+                            Err(e) => tracing::warn!("storing shard {shard}'s snapshot: {e}"),
                         }
                     });
                 }
@@ -358,7 +383,7 @@ impl Thread {
                     Ok(n) => next = n,
                     Err((n, e)) => {
                         next = n;
-                        eprintln!("cluster: following shard {shard} from {next}: {e}; retrying");
+                        tracing::warn!("following shard {shard} from {next}: {e}; retrying");
                     }
                 }
                 tokio::time::sleep(Duration::from_millis(250)).await;

@@ -29,7 +29,7 @@ pub fn spawn(listener: TcpListener, shared: Arc<Shared>) -> std::io::Result<()> 
                 match conn {
                     Ok(s) => serve(s, &shared),
                     Err(e) => {
-                        eprintln!("gateway: admin accept: {e}");
+                        crate::warn_limited!("admin accept: {e}");
                         std::thread::sleep(Duration::from_millis(100));
                     }
                 }

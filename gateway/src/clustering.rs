@@ -213,8 +213,8 @@ pub fn open_log(
     };
     let mut log = open(opts.clone())?;
     if log.epoch() != epoch {
-        eprintln!(
-            "gateway: shard {}: the local log belongs to an earlier JetStream stream {}; \
+        tracing::warn!(
+            "shard {}: the local log belongs to an earlier JetStream stream {}; \
              rebuilding it from JetStream",
             js.shard,
             cluster::names::stream_name(js.shard)
@@ -232,8 +232,8 @@ pub fn open_log(
             std::fs::remove_dir_all(dir).map_err(|e| format!("removing {}: {e}", dir.display()))?;
             log = open(opts.clone())?;
         }
-        eprintln!(
-            "gateway: shard {}: starting from the snapshot at message {} ({} streams)",
+        tracing::info!(
+            "shard {}: starting from the snapshot at message {} ({} streams)",
             js.shard,
             snap.seq,
             snap.streams.len()

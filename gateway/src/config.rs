@@ -10,7 +10,7 @@ use clap::Parser;
 
 /// io_uring thread-per-core SSE publish/subscribe gateway with gap-free resumption.
 #[derive(Debug, Clone, Parser)]
-#[command(name = "gateway", version, about)]
+#[command(name = "gateway", version = crate::LONG_VERSION, about)]
 pub struct Config {
     /// Address to listen on (each core binds its own SO_REUSEPORT listener). Port 0 picks an
     /// ephemeral port; the chosen address is printed as "listening on <addr>".
@@ -217,6 +217,23 @@ pub struct Config {
     /// wake-ups and system calls.
     #[arg(long, default_value_t = 20)]
     pub tx_ack_interval_ms: u64,
+
+    #[command(flatten)]
+    pub log: LogArgs,
+}
+
+/// Logging flags (`logging.rs`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct LogArgs {
+    /// Least severe level written (to stderr). `GATEWAY_LOG` adds `RUST_LOG`-style directives
+    /// that refine it per target, e.g. `GATEWAY_LOG=async_nats=debug`.
+    #[arg(long, value_enum, default_value_t = crate::logging::LogLevel::Info)]
+    pub log_level: crate::logging::LogLevel,
+
+    /// `text` (one human-readable line per event) or `json` (one object per line with
+    /// `timestamp`, `level`, `target`, `message` and the event's fields).
+    #[arg(long, value_enum, default_value_t = crate::logging::LogFormat::Text)]
+    pub log_format: crate::logging::LogFormat,
 }
 
 /// Authentication flags (the `auth` crate verifies; `log-store`-style units in names).

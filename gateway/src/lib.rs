@@ -19,6 +19,7 @@ pub mod admin;
 pub mod clustering;
 pub mod config;
 pub mod core;
+pub mod logging;
 pub mod mcp;
 pub mod metrics;
 pub mod probe;
@@ -28,3 +29,14 @@ pub mod streams;
 pub mod sys;
 pub mod tls;
 pub mod uring;
+
+/// The version and the commit the binary was built from (`build.rs`).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+pub const COMMIT: &str = env!("GATEWAY_COMMIT");
+/// `--version`: the version, the commit and what this build can serve.
+pub const LONG_VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("GATEWAY_COMMIT"),
+    "; io_uring, TLS (rustls; kernel TLS when the kernel has it), JWT, MCP front, NATS JetStream cluster)"
+);

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use clap::Parser;
 
 use gateway::streams::catalog::StreamQuota;
-use gateway::{admin, clustering, config, core, metrics, probe, proto, shards, sys, tls};
+use gateway::{admin, clustering, config, core, logging, metrics, probe, proto, shards, sys, tls};
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -22,14 +22,18 @@ const SHARDS_DEFAULT: u32 = 8;
 
 fn main() {
     let cfg = config::Config::parse();
-    if let Err(e) = cfg.validate() {
+    if let Err(e) = logging::init(cfg.log.log_level, cfg.log.log_format) {
         eprintln!("gateway: {e}");
+        std::process::exit(2);
+    }
+    if let Err(e) = cfg.validate() {
+        tracing::error!("{e}");
         std::process::exit(2);
     }
     let features = match probe::probe() {
         Ok(f) => f,
         Err(e) => {
-            eprintln!("gateway: {e}");
+            tracing::error!("{e}");
             std::process::exit(1);
         }
     };
@@ -40,18 +44,20 @@ fn main() {
         std::process::abort();
     }));
     if let Err(e) = run(cfg, features) {
-        eprintln!("gateway: {e}");
+        tracing::error!("{e}");
         std::process::exit(1);
     }
 }
 
 /// Starts every core, prints `listening on <addr>`, waits for SIGINT/SIGTERM, stops.
 fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
+    // Before any thread starts (they inherit the mask): a process-directed SIGTERM goes to a
+    // thread that does not block it, and one that did not would die of it (1 stop in 10 did).
+    let signals = sys::block_shutdown_signals();
     let cpus = sys::allowed_cpus();
-    let cores = if cfg.cores == 0 {
-        cpus.len().max(1)
-    } else {
-        cfg.cores
+    let cores = match cfg.cores {
+        0 => cpus.len().max(1),
+        n => n,
     };
     start_log_threads();
     let shard_count = shard_count(&cfg)?;
@@ -61,7 +67,6 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
     let all_logs = logs_per_core.iter().flatten().map(|(_, log)| log);
     let quota = StreamQuota::new(cfg.streams_max, all_logs);
     raise_fd_limit(&cfg, shard_count);
-    let signals = sys::block_shutdown_signals();
     let (listeners, addr) = bind_listeners(&cfg, cores)?;
     let admin_listener = std::net::TcpListener::bind(cfg.admin_listen)
         .map_err(|e| format!("bind --admin-listen {}: {e}", cfg.admin_listen))?;
@@ -105,15 +110,67 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
         }
     }
     admin::spawn(admin_listener, shared.clone()).map_err(|e| format!("admin thread: {e}"))?;
-    let ktls = cfg.tls_kernel == config::TlsKernel::Auto;
-    if shared.certs.is_some() {
-        show_tls_paths(&shared, ktls);
-    }
-    announce(addr, admin_addr, shared.certs.is_some().then_some(ktls));
+    announce(&cfg, &shared, addr, admin_addr);
     let sig = wait_for_stop(&signals, &shared);
-    eprintln!("gateway: signal {sig}: shutting down");
+    tracing::info!(signal = sig, "shutting down");
     stop_cores(&shared, threads);
     Ok(())
+}
+
+/// The start line: what this process is and how it is configured (no secret: NATS URLs lose
+/// their user information).
+fn log_start(cfg: &config::Config, shared: &core::Shared, addr: std::net::SocketAddr, ktls: bool) {
+    let auth = match (&cfg.auth, cfg.auth.configured()) {
+        (_, false) => "none",
+        (a, true) if a.jwt_hs256_secret_files.is_empty() && a.jwt_public_key_files.is_empty() => {
+            "anonymous patterns only"
+        }
+        _ => "jwt",
+    };
+    let tls = match (shared.certs.is_some(), ktls && tls::ktls_available()) {
+        (false, _) => "off",
+        (true, true) => "kernel records, userspace handshakes",
+        (true, false) => "userspace",
+    };
+    let upstream = match (&cfg.mcp.upstream_cmd, &cfg.mcp.upstream_url) {
+        (Some(_), _) => "stdio",
+        (None, Some(_)) => "http",
+        (None, None) => "off",
+    };
+    let nats: Vec<String> = cfg
+        .cluster
+        .nats_urls
+        .iter()
+        .map(|u| cluster::names::redact_url(u))
+        .collect();
+    tracing::info!(
+        version = gateway::VERSION,
+        commit = gateway::COMMIT,
+        %addr,
+        cores = shared.cores,
+        shards = shared.shards,
+        fsync = ?cfg.fsync_policy(),
+        auth,
+        tls,
+        cluster = %nats.join(","),
+        mcp_upstream = upstream,
+        "gateway started"
+    );
+}
+
+/// The last line: what the process did, as fields.
+fn log_stop(shared: &core::Shared, started: std::time::Instant) {
+    let sum = |f: fn(&metrics::CoreMetrics) -> &std::sync::atomic::AtomicU64| -> u64 {
+        shared.metrics.iter().map(|m| f(m).load(Relaxed)).sum()
+    };
+    tracing::info!(
+        stop_ms = started.elapsed().as_millis() as u64,
+        requests = sum(|m| &m.requests_total),
+        events_appended = sum(|m| &m.events_appended_total),
+        events_sent = sum(|m| &m.events_sent_total),
+        connections_accepted = sum(|m| &m.accepted_total),
+        "gateway stopped"
+    );
 }
 
 /// Each core's setup: its CPU (round-robin over the allowed CPUs, unless more cores than CPUs
@@ -148,11 +205,11 @@ fn core_setups(
 fn start_log_threads() {
     // munmap/unlink of retired segments happen on a background thread, not on a reactor.
     if let Err(e) = log_store::retire_in_background() {
-        eprintln!("gateway: warning: no segment-retirement thread ({e}); reactors retire");
+        tracing::warn!("no segment-retirement thread ({e}); reactors retire");
     }
     // Next-segment preparation and retention checkpoints off the reactors (before open_logs).
     if let Err(e) = log_store::prepare_in_background() {
-        eprintln!("gateway: warning: no log-prepare thread ({e}); reactors create segments");
+        tracing::warn!("no log-prepare thread ({e}); reactors create segments");
     }
 }
 
@@ -168,6 +225,7 @@ fn show_tls_paths(shared: &core::Shared, ktls: bool) {
 
 /// Tells every core to stop, wakes each, and waits for their threads.
 fn stop_cores(shared: &core::Shared, threads: Vec<std::thread::JoinHandle<()>>) {
+    let started = std::time::Instant::now();
     shared.shutdown.store(true, Relaxed);
     for fd in &shared.eventfds {
         sys::eventfd_wake(fd.as_fd());
@@ -175,6 +233,7 @@ fn stop_cores(shared: &core::Shared, threads: Vec<std::thread::JoinHandle<()>>) 
     for t in threads {
         let _ = t.join();
     }
+    log_stop(shared, started);
 }
 
 /// Each core's handoff channel and eventfd.
@@ -197,18 +256,35 @@ fn handoff_channels(cores: usize) -> Result<Channels, String> {
     Ok((txs, rxs, eventfds))
 }
 
-/// `listening on <addr>` and `admin listener on <addr>` on stdout (what scripts wait for), and
-/// which TLS path serves on stderr (`tls`: `Some(--tls-kernel auto)` when TLS is on).
-fn announce(addr: std::net::SocketAddr, admin_addr: std::net::SocketAddr, tls: Option<bool>) {
+/// `listening on <addr>` and `admin listener on <addr>` on stdout (what scripts wait for), then
+/// the start line and which TLS path serves in the log.
+fn announce(
+    cfg: &config::Config,
+    shared: &core::Shared,
+    addr: std::net::SocketAddr,
+    admin_addr: std::net::SocketAddr,
+) {
+    let ktls = cfg.tls_kernel == config::TlsKernel::Auto;
+    if shared.certs.is_some() {
+        show_tls_paths(shared, ktls);
+    }
+    announce_addrs(addr, admin_addr);
+    log_start(cfg, shared, addr, ktls);
+    if shared.certs.is_some() {
+        log_tls_path(addr, ktls);
+    }
+}
+
+fn announce_addrs(addr: std::net::SocketAddr, admin_addr: std::net::SocketAddr) {
     // Errors ignored: a supervisor that closed our stdout must not stop the gateway.
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "listening on {addr}");
     let _ = writeln!(out, "admin listener on {admin_addr}");
     let _ = out.flush();
-    drop(out);
-    let Some(ktls) = tls else {
-        return;
-    };
+}
+
+/// Which TLS path serves (`ktls`: `--tls-kernel auto`).
+fn log_tls_path(addr: std::net::SocketAddr, ktls: bool) {
     let records = match (ktls, tls::ktls_available()) {
         (false, _) => "the gateway's record layer (--tls-kernel off)",
         (true, true) => "the kernel (tls is in /proc/sys/net/ipv4/tcp_available_ulp)",
@@ -217,8 +293,8 @@ fn announce(addr: std::net::SocketAddr, admin_addr: std::net::SocketAddr, tls: O
              else the gateway's record layer"
         }
     };
-    eprintln!(
-        "gateway: TLS on {addr}: handshakes and answers in userspace (rustls); subscribers' \
+    tracing::info!(
+        "TLS on {addr}: handshakes and answers in userspace (rustls); subscribers' \
          records sealed by {records}"
     );
 }
@@ -233,10 +309,10 @@ fn wait_for_stop(signals: &libc::sigset_t, shared: &core::Shared) -> i32 {
         }
         match &shared.certs {
             Some(c) => match c.reload() {
-                Ok(()) => eprintln!("gateway: SIGHUP: TLS certificate and key reloaded"),
-                Err(e) => eprintln!("gateway: SIGHUP: reload failed, keeping the old pair: {e}"),
+                Ok(()) => tracing::info!("SIGHUP: TLS certificate and key reloaded"),
+                Err(e) => tracing::error!("SIGHUP: reload failed, keeping the old pair: {e}"),
             },
-            None => eprintln!("gateway: SIGHUP: no TLS configured; nothing to reload"),
+            None => tracing::info!("SIGHUP: no TLS configured; nothing to reload"),
         }
     }
 }
@@ -285,7 +361,8 @@ fn shard_count(cfg: &config::Config) -> Result<u32, String> {
     } else {
         cfg.shards_on_create
     };
-    shards::load_or_create(&cfg.data_dir, on_create).map_err(|e| e.to_string())
+    shards::load_or_create(&cfg.data_dir, on_create)
+        .map_err(|e| format!("--data-dir {}: {e}", cfg.data_dir.display()))
 }
 
 /// Opens (recovering) every shard's log; in cluster mode under the shard's cluster epoch.
@@ -332,12 +409,12 @@ fn open_logs(
 fn raise_fd_limit(cfg: &config::Config, shard_count: u32) {
     let fds_wanted = cfg.connections_max as u64 + 256 + u64::from(shard_count) * 8;
     match sys::raise_nofile(fds_wanted) {
-        Ok(n) if n < fds_wanted => eprintln!(
-            "gateway: warning: RLIMIT_NOFILE is {n}, below --connections-max plus overhead \
+        Ok(n) if n < fds_wanted => tracing::warn!(
+            "RLIMIT_NOFILE is {n}, below --connections-max plus overhead \
              ({fds_wanted}); accepts will fail with EMFILE before the limit"
         ),
         Ok(_) => {}
-        Err(e) => eprintln!("gateway: warning: cannot raise RLIMIT_NOFILE: {e}"),
+        Err(e) => tracing::warn!("cannot raise RLIMIT_NOFILE: {e}"),
     }
 }
 

@@ -48,9 +48,10 @@ fn log_stderr(id: UpstreamId, stderr: ChildStderr) {
     let mut r = BufReader::new(stderr);
     let mut line = Vec::new();
     while matches!(r.by_ref().take(64 * 1024).read_until(b'\n', &mut line), Ok(n) if n > 0) {
-        eprintln!(
-            "mcp upstream {}: {}",
-            id.0,
+        // The child's own stderr, one event per line (target `mcp_front::upstream`).
+        tracing::info!(
+            upstream = id.0,
+            "{}",
             String::from_utf8_lossy(&line).trim_end()
         );
         line.clear();

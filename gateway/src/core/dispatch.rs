@@ -72,7 +72,7 @@ impl Core {
             Err(res) => {
                 if self.shutting_down.is_none() {
                     let e = std::io::Error::from_raw_os_error(-res);
-                    eprintln!("core {}: accept: {e} (re-armed at the next tick)", self.id);
+                    crate::warn_limited!(core = self.id, "accept: {e} (re-armed at the next tick)");
                     // EMFILE/ENFILE/ENOMEM persist while the backlog is non-empty: re-arming
                     // now would spin. The tick re-arms; a multishot accept ended any other way
                     // is re-armed the same way (a listener without an armed accept leaves
@@ -108,7 +108,7 @@ impl Core {
             Some(c) => match TlsConn::new(c.current(), self.now) {
                 Ok(t) => Some(Box::new(t)),
                 Err(e) => {
-                    eprintln!("core {}: TLS session: {e}", self.id);
+                    crate::warn_limited!(core = self.id, "TLS session: {e}");
                     self.shared.connections.fetch_sub(1, Relaxed);
                     self.release_peer(peer);
                     return;
@@ -150,7 +150,7 @@ impl Core {
 
     fn on_eventfd(&mut self, res: i32) {
         if res < 0 && res != -libc::EAGAIN {
-            eprintln!("core {}: eventfd read: {res}", self.id);
+            tracing::error!(core = self.id, "eventfd read: {res}");
         }
         if self.shared.shutdown.load(Relaxed) {
             self.begin_shutdown();

@@ -115,7 +115,7 @@ impl Core {
                 Ok(_) => {
                     self.m().streams_expired_total.fetch_add(1, Relaxed);
                 }
-                Err(e) => eprintln!("core {}: idle stream expiry: {e}", self.id),
+                Err(e) => tracing::error!(core = self.id, "idle stream expiry: {e}"),
             }
         }
     }

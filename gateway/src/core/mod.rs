@@ -199,7 +199,10 @@ pub fn run_core(setup: CoreSetup, shared: Arc<Shared>, ready: impl FnOnce(Result
         && let Err(e) = sys::pin_to_cpu(cpu)
     {
         let id = setup.id;
-        eprintln!("core {id}: cannot pin to cpu {cpu}: {e} (continuing unpinned)");
+        tracing::warn!(
+            core = id,
+            "cannot pin to cpu {cpu}: {e} (continuing unpinned)"
+        );
     }
     let io = match Driver::new(shared.cfg.connections_max) {
         Ok(d) => d,

@@ -376,8 +376,8 @@ impl Core {
             for m in &self.shared.metrics {
                 m.tls_kernel.store(0, Relaxed);
             }
-            eprintln!(
-                "gateway: the kernel has no TLS (TCP_ULP \"tls\": ENOENT): TLS subscribers' \
+            tracing::warn!(
+                "the kernel has no TLS (TCP_ULP \"tls\": ENOENT): TLS subscribers' \
                  records are sealed by the gateway's record layer"
             );
         }

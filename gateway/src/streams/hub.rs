@@ -215,7 +215,7 @@ impl Hub {
         match self.log_mut(shard).finish_sync(p.job, outcome) {
             Ok(r) => self.note_synced(shard, &r),
             Err(e) => {
-                eprintln!("core {core}: group commit of shard {shard} failed, log poisoned: {e}");
+                tracing::error!(core, shard, "group commit failed, log poisoned: {e}");
                 self.failed.push(shard);
             }
         }
@@ -232,7 +232,7 @@ impl Hub {
         for s in shards {
             match self.log_mut(s).sync_now() {
                 Ok(r) => self.note_synced(s, &r),
-                Err(e) => eprintln!("core {core}: sync of shard {s} failed: {e:?}"),
+                Err(e) => tracing::error!(core, shard = s, "sync failed: {e:?}"),
             }
         }
         self.take_touched()
@@ -287,7 +287,7 @@ impl Hub {
     pub fn enforce_retention(&mut self, wall: SystemTime, core: usize) {
         for (s, log) in self.logs.iter_mut() {
             if let Err(e) = log.enforce_retention(wall) {
-                eprintln!("core {core}: retention on shard {s}: {e:?}");
+                tracing::error!(core, shard = s, "retention: {e:?}");
             }
         }
     }

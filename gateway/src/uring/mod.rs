@@ -469,7 +469,9 @@ impl Driver {
             if self.lap.is_stale(cqe) {
                 self.unmatched.stale_slot += 1;
                 if self.unmatched.stale_slot <= 10 {
-                    eprintln!("dropped a stale last-slot completion {cqe:?} (kernel CQE32 skip)");
+                    tracing::warn!(
+                        "dropped a stale last-slot completion {cqe:?} (kernel CQE32 skip)"
+                    );
                 }
                 continue;
             }
@@ -553,10 +555,12 @@ impl Driver {
             Unmatched::Unknown => self.unmatched.unknown += 1,
         }
         if n < 10 {
-            eprintln!(
+            tracing::warn!(
                 "ignored an unmatched completion ({kind:?}) on slot {}: {:?}, serial {}, \
                  result {res}, flags {flags:#x}",
-                ud.slot, ud.op, ud.serial
+                ud.slot,
+                ud.op,
+                ud.serial
             );
         }
     }

@@ -19,6 +19,8 @@ pub struct Gateway {
     /// The admin listener (`/metrics`, `/healthz`).
     pub admin_addr: SocketAddr,
     pub data_dir: PathBuf,
+    /// Its stderr lines, when started with [`Gateway::start_logged`] (else stderr is the test's).
+    pub stderr: Option<std::sync::Arc<std::sync::Mutex<Vec<String>>>>,
     _tmp: Option<tempfile::TempDir>,
 }
 
@@ -32,8 +34,34 @@ impl Gateway {
         g
     }
 
+    /// Starts a gateway with a fresh data directory, keeping its stderr lines in `stderr`.
+    pub fn start_logged(args: &[&str]) -> Gateway {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mut g = Gateway::spawn(tmp.path(), args, true);
+        g._tmp = Some(tmp);
+        g
+    }
+
+    /// All stderr lines so far (after [`Gateway::start_logged`]; waits for the process to end
+    /// first if it was stopped, so nothing is missed).
+    pub fn stderr_lines(&mut self) -> Vec<String> {
+        let lines = self.stderr.as_ref().expect("started with start_logged");
+        if self.child.try_wait().ok().flatten().is_some() {
+            // The reader thread ends at EOF: give it a bounded moment to take the last lines.
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while std::sync::Arc::strong_count(lines) > 1 && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        lines.lock().unwrap().clone()
+    }
+
     /// Starts a gateway on an existing data directory (for restarts).
     pub fn start_in(dir: &Path, args: &[&str]) -> Gateway {
+        Gateway::spawn(dir, args, false)
+    }
+
+    fn spawn(dir: &Path, args: &[&str], keep_stderr: bool) -> Gateway {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_gateway"));
         if !args.contains(&"--segment-bytes") {
             // Small segments keep test data directories small.
@@ -47,8 +75,22 @@ impl Gateway {
             .args(["--listen", "127.0.0.1:0"])
             .args(args)
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
+            .stderr(if keep_stderr {
+                Stdio::piped()
+            } else {
+                Stdio::inherit()
+            });
         let mut child = cmd.spawn().expect("spawn gateway");
+        let stderr = child.stderr.take().map(|e| {
+            let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+            let keep = lines.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(e).lines().map_while(Result::ok) {
+                    keep.lock().unwrap().push(line);
+                }
+            });
+            lines
+        });
         let stdout = child.stdout.take().expect("stdout");
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
@@ -80,6 +122,7 @@ impl Gateway {
             addr,
             admin_addr: admin,
             data_dir: dir.to_path_buf(),
+            stderr,
             _tmp: None,
         }
     }

@@ -144,7 +144,7 @@ fn refused(status: u16, body: &mut impl BufRead, auth: Option<&Credential>) -> S
 fn settle(sh: &Shared, request_id: Option<&Value>, answered: bool, failure: Option<String>) {
     let Some(id) = request_id else {
         if let Some(f) = failure {
-            eprintln!("mcp upstream {}: {f}", sh.id.0);
+            tracing::warn!(upstream = sh.id.0, "{f}");
         }
         return;
     };

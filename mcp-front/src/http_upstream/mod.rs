@@ -442,9 +442,10 @@ fn open_get(sh: &Arc<Shared>) {
             read_sse(sh, &mut Body::new(c, &head), None);
         }
         Ok(head) if head.status != 405 => {
-            eprintln!(
-                "mcp upstream {}: GET stream answered {}",
-                sh.id.0, head.status
+            tracing::warn!(
+                upstream = sh.id.0,
+                status = head.status,
+                "the upstream's GET stream was refused"
             );
         }
         _ => {}

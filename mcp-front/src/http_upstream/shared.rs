@@ -49,9 +49,11 @@ impl Shared {
     pub(super) fn die(&self, why: &str) {
         if !self.dead.swap(true, Ordering::SeqCst) {
             let t = &self.ep.target;
-            eprintln!(
-                "mcp upstream {} ({}{}): {why}",
-                self.id.0, t.authority, t.path
+            tracing::warn!(
+                upstream = self.id.0,
+                "upstream {}{} failed: {why}",
+                t.authority,
+                t.path
             );
             self.emit(UpstreamEvent::Failed(self.id, why.to_owned()));
         }
