@@ -376,7 +376,10 @@ fn metrics_only_on_the_admin_listener() {
     assert!(String::from_utf8_lossy(&body).contains("--admin-listen"));
     let (st, _, body) = request(g.admin_addr, "GET", "/metrics", &[], b"");
     assert_eq!(st, 200);
-    assert!(String::from_utf8_lossy(&body).contains("gateway_auth_refusals_total"));
+    assert!(
+        String::from_utf8_lossy(&body)
+            .contains("gateway_refusals_total{core=\"0\",reason=\"auth\"}")
+    );
     for a in [g.addr, g.admin_addr] {
         assert_eq!(request(a, "GET", "/healthz", &[], b"").0, 200);
     }

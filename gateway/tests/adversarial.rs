@@ -289,7 +289,7 @@ fn handoff_of_a_request_read_in_pieces_with_more_behind_it() {
     // And one more on each: sequence 2, so nothing was appended twice.
     assert_eq!(seq_of(&publish(g.addr, &remote, "x")), 2);
     assert_eq!(seq_of(&publish(g.addr, &local, "x")), 2);
-    assert!(g.metric("gateway_handoffs_in_total", "") >= 2);
+    assert!(g.metric("gateway_handoffs_total", "direction=\"in\"") >= 2);
 }
 
 /// `Last-Event-ID` with sequence 0 means "before the first event": the whole stream from 1,
@@ -731,7 +731,7 @@ fn a_client_that_pipelines_without_reading_is_pushed_back() {
     let mut most = 0;
     for _ in 0..15 {
         std::thread::sleep(Duration::from_millis(100));
-        most = most.max(g.metric("gateway_answer_bytes_queued", ""));
+        most = most.max(g.metric("gateway_queued_answer_bytes", ""));
     }
     let appended = g.metric("gateway_events_appended_total", "");
     assert!(

@@ -124,7 +124,7 @@ fn stream_creation_flood_past_streams_max_keeps_rss_flat() {
     let id = publish(g.addr, "flood-0", "still here");
     assert_eq!(common::seq_of(&id), 2);
     assert_eq!(
-        g.metric("gateway_streams_exhausted_total", ""),
+        g.metric("gateway_refusals_total", "reason=\"streams_exhausted\""),
         (ATTEMPTS - MAX) as u64
     );
 }
@@ -149,7 +149,10 @@ fn deleted_stream_never_accepts_its_old_ids() {
     let mut s = common::Sse::open(g.addr, "/v1/streams/d?from=earliest", None);
     assert_eq!(s.status, 200);
     assert_eq!(s.next_event().unwrap().data, "new0");
-    assert_eq!(g.metric("gateway_streams_deleted_total", ""), 1);
+    assert_eq!(
+        g.metric("gateway_streams_removed_total", "reason=\"deleted\""),
+        1
+    );
 }
 
 /// Subscribers of a deleted stream are closed (they learn it by reconnecting), not fed.
@@ -174,7 +177,7 @@ fn idle_streams_expire() {
     publish(g.addr, "busy", "kept");
     drop(common::Sse::open(g.addr, "/v1/streams/idle", None)); // creates it, then leaves
     let deadline = Instant::now() + Duration::from_secs(15);
-    while g.metric("gateway_streams_expired_total", "") < 1 {
+    while g.metric("gateway_streams_removed_total", "reason=\"expired\"") < 1 {
         assert!(Instant::now() < deadline, "the idle stream never expired");
         std::thread::sleep(Duration::from_millis(100));
     }

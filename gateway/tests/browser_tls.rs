@@ -146,7 +146,7 @@ fn eventsource_over_https_decrypts_every_record_and_resumes_exactly_once_across_
     assert_eq!(r["ok"], true, "{context}");
     // The browser read records the gateway's own record layer sealed.
     assert!(
-        gw.metric("gateway_tls_record_layer_subscribers_total", "") >= RECONNECTS_MIN,
+        gw.metric("gateway_tls_subscribers_total", "sealer=\"record_layer\"") >= RECONNECTS_MIN,
         "{context}"
     );
 }

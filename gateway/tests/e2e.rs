@@ -422,7 +422,7 @@ fn cross_core_handoff() {
         let e = s.next_event().unwrap();
         assert_eq!((e.id.unwrap(), e.data.as_str()), (id, name.as_str()));
     }
-    assert!(g.metric("gateway_handoffs_in_total", "core=\"1\"") > 0);
+    assert!(g.metric("gateway_handoffs_total", "core=\"1\",direction=\"in\"") > 0);
     assert_eq!(g.metric("gateway_accepted_total", "core=\"1\""), 0);
 }
 
@@ -754,7 +754,7 @@ fn subscriber_overtaken_by_retention_is_told() {
     assert_eq!(v["requested"].as_u64(), Some(last + 1));
     assert!(v["floor"].as_u64().unwrap() > last + 1);
     assert!(s.next_event().is_none(), "closed after the notice");
-    assert!(g.metric("gateway_truncated_closes_total", "") >= 1);
+    assert!(g.metric("gateway_subscriber_closes_total", "reason=\"truncated\"") >= 1);
 }
 
 /// Sampled TX ACK requests: with an interval longer than the test, only a subscriber's first

@@ -275,12 +275,15 @@ fn publish_subscribe_and_resume_across_mid_record_cuts_exactly_once() {
     let (g, cuts) = cuts_exactly_once("off");
     // Every subscription sealed its records with the gateway's own record layer (the keys
     // leave rustls when a connection becomes a subscriber), and the client read them all.
-    let sealed = g.metric("gateway_tls_record_layer_subscribers_total", "");
+    let sealed = g.metric("gateway_tls_subscribers_total", "sealer=\"record_layer\"");
     assert!(
         sealed >= cuts as u64,
         "subscribers on the gateway's record layer: {sealed} of {cuts}"
     );
-    assert_eq!(g.metric("gateway_tls_kernel_subscribers_total", ""), 0);
+    assert_eq!(
+        g.metric("gateway_tls_subscribers_total", "sealer=\"kernel\""),
+        0
+    );
     assert_eq!(g.metric("gateway_tls_kernel_refusals_total", ""), 0);
 }
 
@@ -292,8 +295,8 @@ fn publish_subscribe_and_resume_across_mid_record_cuts_exactly_once() {
 #[test]
 fn kernel_tls_where_the_kernel_has_it_else_one_refusal_and_the_record_layer() {
     let (g, cuts) = cuts_exactly_once("auto");
-    let kernel = g.metric("gateway_tls_kernel_subscribers_total", "");
-    let sealed = g.metric("gateway_tls_record_layer_subscribers_total", "");
+    let kernel = g.metric("gateway_tls_subscribers_total", "sealer=\"kernel\"");
+    let sealed = g.metric("gateway_tls_subscribers_total", "sealer=\"record_layer\"");
     let refusals = g.metric("gateway_tls_kernel_refusals_total", "");
     if kernel > 0 || ktls_listed() {
         assert!(

@@ -22,7 +22,8 @@ impl Core {
             Completion::EventFd { res } => return self.on_eventfd(res),
             Completion::Fsync { shard, res } => {
                 self.m().log_fsyncs_total.fetch_add(1, Relaxed);
-                return self.hub.on_fsync(shard, res, self.id);
+                let took = self.hub.on_fsync(shard, res, self.id, self.now);
+                return self.m().fsync_duration.observe(took);
             }
             Completion::Recv { slot, .. }
             | Completion::Send { slot, .. }

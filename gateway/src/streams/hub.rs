@@ -47,6 +47,8 @@ struct Pending {
     job: SyncJob,
     left: usize,
     error: Option<std::io::Error>,
+    /// The turn its `fdatasync`s were started in.
+    started: Instant,
 }
 
 impl Hub {
@@ -189,6 +191,7 @@ impl Hub {
                     job,
                     left,
                     error: None,
+                    started: now,
                 },
             );
         }
@@ -197,18 +200,20 @@ impl Hub {
 
     /// One `fdatasync` of `shard`'s group commit completed (`res` 0 or -errno). When it was
     /// the last, the commit ends: its streams become visible, or — any error — the log is
-    /// poisoned and the shard is reported by [`Hub::take_failed`].
-    pub fn on_fsync(&mut self, shard: u32, res: i32, core: usize) {
+    /// poisoned and the shard is reported by [`Hub::take_failed`]. Returns how long this
+    /// `fdatasync` took, from the turn it was started in to `now`.
+    pub fn on_fsync(&mut self, shard: u32, res: i32, core: usize, now: Instant) -> Duration {
         let p = self
             .syncs
             .get_mut(&shard)
             .expect("an fsync completion names a group commit in flight");
+        let took = now.saturating_duration_since(p.started);
         if res < 0 && p.error.is_none() {
             p.error = Some(std::io::Error::from_raw_os_error(-res));
         }
         p.left -= 1;
         if p.left > 0 {
-            return;
+            return took;
         }
         let p = self.syncs.remove(&shard).expect("present");
         let outcome = p.error.map_or(Ok(()), Err);
@@ -219,6 +224,7 @@ impl Hub {
                 self.failed.push(shard);
             }
         }
+        took
     }
 
     /// Shards whose group commit failed since the last call.

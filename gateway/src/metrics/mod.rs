@@ -10,6 +10,12 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use log_store::ResumeClass;
 
+mod families;
+mod histogram;
+mod process;
+
+pub use histogram::{Histogram, PUBLISH_ROUTES};
+
 /// The resume classes counted in `/metrics` (the resume planner's classes, shared with the
 /// MCP front), in the order of a core's counters.
 const RESUME_CLASSES: [ResumeClass; 7] = [
@@ -123,6 +129,9 @@ pub struct CoreMetrics {
     /// Receives deferred because `--request-buffer-bytes-max` was reached.
     pub request_buffer_waits_total: AtomicU64,
     pub resumes: [AtomicU64; 7],
+    /// `gateway_publish_duration_seconds`, by [`PUBLISH_ROUTES`].
+    pub publish_duration: [Histogram; 2],
+    pub fsync_duration: Histogram,
     /// Pre-rendered `gateway_stream_*` lines for this core's streams.
     pub streams_snapshot: Mutex<String>,
     /// Pre-rendered `gateway_mcp_*` lines (only the MCP owner core writes them).
@@ -139,155 +148,33 @@ impl CoreMetrics {
     }
 }
 
-/// Selects one counter of a core's block.
-type Field = fn(&CoreMetrics) -> &AtomicU64;
+/// Writes a family's `# HELP` and `# TYPE` lines.
+pub fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
 
-/// Every per-core scalar: name, Prometheus type, the counter.
-const SCALARS: [(&str, &str, Field); 50] = [
-    ("gateway_connections", "gauge", |m| &m.connections),
-    ("gateway_subscribers", "gauge", |m| &m.subscribers),
-    ("gateway_accepted_total", "counter", |m| &m.accepted_total),
-    ("gateway_handoffs_out_total", "counter", |m| {
-        &m.handoffs_out_total
-    }),
-    ("gateway_handoffs_in_total", "counter", |m| {
-        &m.handoffs_in_total
-    }),
-    ("gateway_requests_total", "counter", |m| &m.requests_total),
-    ("gateway_events_appended_total", "counter", |m| {
-        &m.events_appended_total
-    }),
-    ("gateway_cluster_publishes_total", "counter", |m| {
-        &m.cluster_publishes_total
-    }),
-    ("gateway_cluster_applied_total", "counter", |m| {
-        &m.cluster_applied_total
-    }),
-    ("gateway_cluster_unconfirmed_total", "counter", |m| {
-        &m.cluster_unconfirmed_total
-    }),
-    ("gateway_cluster_apply_stalls_total", "counter", |m| {
-        &m.cluster_apply_stalls_total
-    }),
-    ("gateway_cluster_catchup_waits_total", "counter", |m| {
-        &m.cluster_catchup_waits_total
-    }),
-    ("gateway_cluster_catchup_timeouts_total", "counter", |m| {
-        &m.cluster_catchup_timeouts_total
-    }),
-    ("gateway_cluster_snapshot_messages", "gauge", |m| {
-        &m.cluster_snapshot_messages
-    }),
-    ("gateway_cluster_snapshot_chunks_total", "counter", |m| {
-        &m.cluster_snapshot_chunks_total
-    }),
-    ("gateway_cluster_seq_mismatches_total", "counter", |m| {
-        &m.cluster_seq_mismatches_total
-    }),
-    ("gateway_events_sent_total", "counter", |m| {
-        &m.events_sent_total
-    }),
-    ("gateway_events_confirmed_total", "counter", |m| {
-        &m.events_confirmed_total
-    }),
-    ("gateway_bytes_sent_total", "counter", |m| {
-        &m.bytes_sent_total
-    }),
-    ("gateway_bytes_confirmed_total", "counter", |m| {
-        &m.bytes_confirmed_total
-    }),
-    ("gateway_truncated_closes_total", "counter", |m| {
-        &m.truncated_closes_total
-    }),
-    ("gateway_lagging_closes_total", "counter", |m| {
-        &m.lagging_closes_total
-    }),
-    ("gateway_inflight_bytes", "gauge", |m| &m.inflight_bytes),
-    ("gateway_lag_events_max", "gauge", |m| &m.lag_events_max),
-    ("gateway_parked_windows", "gauge", |m| &m.parked_windows),
-    ("gateway_answer_bytes_queued", "gauge", |m| {
-        &m.answer_bytes_queued
-    }),
-    ("gateway_unmatched_completions_total", "counter", |m| {
-        &m.unmatched_completions_total
-    }),
-    ("gateway_log_fsyncs_total", "counter", |m| {
-        &m.log_fsyncs_total
-    }),
-    ("gateway_streams", "gauge", |m| &m.streams),
-    ("gateway_prefetches_total", "counter", |m| {
-        &m.prefetches_total
-    }),
-    ("gateway_log_sync_failures_total", "counter", |m| {
-        &m.log_sync_failures_total
-    }),
-    ("gateway_cq_stale_slots_total", "counter", |m| {
-        &m.cq_stale_slots_total
-    }),
-    ("gateway_tx_ack_timestamps_total", "counter", |m| {
-        &m.tx_ack_timestamps_total
-    }),
-    ("gateway_outq_fallbacks_total", "counter", |m| {
-        &m.outq_fallbacks_total
-    }),
-    ("gateway_token_expired_closes_total", "counter", |m| {
-        &m.token_expired_closes_total
-    }),
-    ("gateway_auth_refusals_total", "counter", |m| {
-        &m.auth_refusals_total
-    }),
-    ("gateway_origin_refusals_total", "counter", |m| {
-        &m.origin_refusals_total
-    }),
-    ("gateway_streams_deleted_total", "counter", |m| {
-        &m.streams_deleted_total
-    }),
-    ("gateway_streams_expired_total", "counter", |m| {
-        &m.streams_expired_total
-    }),
-    ("gateway_streams_exhausted_total", "counter", |m| {
-        &m.streams_exhausted_total
-    }),
-    ("gateway_per_ip_refusals_total", "counter", |m| {
-        &m.per_ip_refusals_total
-    }),
-    ("gateway_tls_userspace", "gauge", |m| &m.tls_userspace),
-    ("gateway_tls_kernel", "gauge", |m| &m.tls_kernel),
-    ("gateway_tls_kernel_subscribers_total", "counter", |m| {
-        &m.tls_kernel_subscribers_total
-    }),
-    ("gateway_tls_kernel_refusals_total", "counter", |m| {
-        &m.tls_kernel_refusals_total
-    }),
-    ("gateway_tls_handshakes_total", "counter", |m| {
-        &m.tls_handshakes_total
-    }),
-    ("gateway_tls_handshake_failures_total", "counter", |m| {
-        &m.tls_handshake_failures_total
-    }),
-    (
-        "gateway_tls_record_layer_subscribers_total",
-        "counter",
-        |m| &m.tls_record_layer_subscribers_total,
-    ),
-    ("gateway_tls_key_exhausted_closes_total", "counter", |m| {
-        &m.tls_key_exhausted_closes_total
-    }),
-    ("gateway_request_buffer_waits_total", "counter", |m| {
-        &m.request_buffer_waits_total
-    }),
-];
-
-/// Renders all cores' counters as Prometheus text exposition format.
+/// Renders all cores' counters as Prometheus text exposition format (0.0.4): every family
+/// with `# HELP` and `# TYPE`, none without a sample.
 pub fn render(cores: &[CoreMetrics]) -> String {
-    let mut out = String::with_capacity(4096);
-    for (name, kind, get) in SCALARS {
-        let _ = writeln!(out, "# TYPE {name} {kind}");
-        for (c, m) in cores.iter().enumerate() {
-            let _ = writeln!(out, "{name}{{core=\"{c}\"}} {}", get(m).load(Relaxed));
+    let mut out = String::with_capacity(16 * 1024);
+    process::build_and_process(&mut out);
+    for f in families::FAMILIES {
+        family(&mut out, f.name, f.kind, f.help);
+        for (labels, get) in f.series {
+            let sep = if labels.is_empty() { "" } else { "," };
+            for (c, m) in cores.iter().enumerate() {
+                let v = get(m).load(Relaxed);
+                let _ = writeln!(out, "{}{{core=\"{c}\"{sep}{labels}}} {v}", f.name);
+            }
         }
     }
-    let _ = writeln!(out, "# TYPE gateway_resumes_total counter");
+    family(
+        &mut out,
+        "gateway_resumes_total",
+        "counter",
+        "Subscribes with Last-Event-ID, by the resume planner's class.",
+    );
     for (c, m) in cores.iter().enumerate() {
         for (i, class) in RESUME_CLASSES.iter().enumerate() {
             let _ = writeln!(
@@ -298,16 +185,44 @@ pub fn render(cores: &[CoreMetrics]) -> String {
             );
         }
     }
-    let _ = writeln!(out, "# TYPE gateway_stream_floor gauge");
-    let _ = writeln!(out, "# TYPE gateway_stream_tail gauge");
-    let _ = writeln!(out, "# TYPE gateway_stream_visible_tail gauge");
-    for m in cores {
-        out.push_str(&m.streams_snapshot.lock().expect("metrics lock"));
-    }
+    histogram::histograms(&mut out, cores);
+    per_stream(&mut out, cores);
     for m in cores {
         out.push_str(&m.mcp_snapshot.lock().expect("metrics lock"));
     }
     out
+}
+
+/// `gateway_stream_*`, only when some core exported streams (`--metrics-per-stream`).
+fn per_stream(out: &mut String, cores: &[CoreMetrics]) {
+    let snaps: Vec<String> = cores
+        .iter()
+        .map(|m| m.streams_snapshot.lock().expect("metrics lock").clone())
+        .collect();
+    if snaps.iter().all(String::is_empty) {
+        return;
+    }
+    for (name, what) in [
+        ("gateway_stream_floor", "first retained"),
+        ("gateway_stream_tail", "last appended"),
+        ("gateway_stream_visible_tail", "last visible (durable)"),
+    ] {
+        family(
+            out,
+            name,
+            "gauge",
+            &format!("The {what} sequence number of a stream (--metrics-per-stream)."),
+        );
+        for s in &snaps {
+            for l in s
+                .lines()
+                .filter(|l| l.starts_with(name) && l[name.len()..].starts_with('{'))
+            {
+                out.push_str(l);
+                out.push('\n');
+            }
+        }
+    }
 }
 
 /// One stream's bounds as snapshot lines.
@@ -340,8 +255,59 @@ mod tests {
         );
         let t = render(&cores);
         assert!(t.contains("gateway_events_appended_total{core=\"1\"} 5\n"));
+        assert!(t.contains("gateway_subscriber_closes_total{core=\"0\",reason=\"lagging\"} 0\n"));
         assert!(t.contains("gateway_resumes_total{core=\"0\",class=\"aligned\"} 1\n"));
         assert!(t.contains("gateway_resumes_total{core=\"1\",class=\"other_stream\"} 0\n"));
         assert!(t.contains("gateway_stream_tail{shard=\"3\",stream=\"s\"} 9\n"));
+    }
+
+    /// Every `# TYPE` has a `# HELP` just before it and at least one sample after it.
+    #[test]
+    fn every_family_has_help_and_a_sample() {
+        let cores: Vec<CoreMetrics> = (0..2).map(|_| CoreMetrics::default()).collect();
+        let t = render(&cores);
+        let lines: Vec<&str> = t.lines().collect();
+        let mut families = 0;
+        for (i, l) in lines.iter().enumerate() {
+            let Some(rest) = l.strip_prefix("# TYPE ") else {
+                continue;
+            };
+            families += 1;
+            let name = rest.split(' ').next().unwrap();
+            assert!(
+                i > 0 && lines[i - 1].starts_with(&format!("# HELP {name} ")),
+                "{name}: no HELP"
+            );
+            let next = lines.get(i + 1).copied().unwrap_or("");
+            assert!(
+                next.starts_with(name) && !next.starts_with('#'),
+                "{name}: no sample (next line {next:?})"
+            );
+        }
+        assert!(families >= 45, "{families}");
+        // No per-stream families when no stream is exported.
+        assert!(!t.contains("gateway_stream_tail"));
+    }
+
+    #[test]
+    fn histograms_are_cumulative_and_summed_over_cores() {
+        let cores: Vec<CoreMetrics> = (0..2).map(|_| CoreMetrics::default()).collect();
+        let ms = std::time::Duration::from_millis;
+        cores[0].fsync_duration.observe(ms(0)); // le 50 µs
+        cores[1].fsync_duration.observe(ms(3)); // le 5 ms
+        cores[1].fsync_duration.observe(ms(9_000)); // +Inf
+        let t = render(&cores);
+        for want in [
+            "gateway_fsync_duration_seconds_bucket{le=\"0.00005\"} 1\n",
+            "gateway_fsync_duration_seconds_bucket{le=\"0.0025\"} 1\n",
+            "gateway_fsync_duration_seconds_bucket{le=\"0.005\"} 2\n",
+            "gateway_fsync_duration_seconds_bucket{le=\"5\"} 2\n",
+            "gateway_fsync_duration_seconds_bucket{le=\"+Inf\"} 3\n",
+            "gateway_fsync_duration_seconds_sum 9.003\n",
+            "gateway_fsync_duration_seconds_count 3\n",
+            "gateway_publish_duration_seconds_count{route=\"batch\"} 0\n",
+        ] {
+            assert!(t.contains(want), "{want} in\n{t}");
+        }
     }
 }

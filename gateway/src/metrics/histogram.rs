@@ -1,0 +1,92 @@
+//! Latency histograms: fixed buckets of one core, summed over the cores at export.
+#![forbid(unsafe_code)]
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use super::{CoreMetrics, bump_own, family};
+
+/// Upper bounds of the latency buckets, in microseconds: 50 µs to 5 s (the last bucket,
+/// `+Inf`, is implicit).
+const LATENCY_BOUNDS_US: [u64; 15] = [
+    50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000,
+    1_000_000, 5_000_000,
+];
+
+/// A latency histogram of one core, written only by that core ([`bump_own`]); `/metrics`
+/// sums the cores' buckets into one series per label set.
+#[derive(Debug, Default)]
+pub struct Histogram {
+    /// Observations per bucket (not cumulative); the last is `+Inf`.
+    buckets: [AtomicU64; LATENCY_BOUNDS_US.len() + 1],
+    sum_us: AtomicU64,
+}
+
+impl Histogram {
+    /// Records one duration (on the owning core's thread).
+    pub fn observe(&self, d: std::time::Duration) {
+        let us = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        let i = LATENCY_BOUNDS_US.partition_point(|b| *b < us);
+        bump_own(&self.buckets[i], 1);
+        bump_own(&self.sum_us, us);
+    }
+}
+
+/// The route classes of `gateway_publish_duration_seconds`.
+pub const PUBLISH_ROUTES: [&str; 2] = ["publish", "batch"];
+
+/// Selects one histogram of a core's block.
+type HistField = fn(&CoreMetrics) -> &Histogram;
+
+/// A histogram family: name, help, and per label set the core's histogram.
+struct HistFamily {
+    name: &'static str,
+    help: &'static str,
+    series: &'static [(&'static str, HistField)],
+}
+
+const HISTOGRAMS: &[HistFamily] = &[
+    HistFamily {
+        name: "gateway_publish_duration_seconds",
+        help: "Publish requests from their head's first byte to the answer queued (after durability under --fsync group/interval/always), by route class.",
+        series: &[
+            ("route=\"publish\"", |m| &m.publish_duration[0]),
+            ("route=\"batch\"", |m| &m.publish_duration[1]),
+        ],
+    },
+    HistFamily {
+        name: "gateway_fsync_duration_seconds",
+        help: "One fdatasync of a group commit, submitted to completed.",
+        series: &[("", |m| &m.fsync_duration)],
+    },
+];
+
+/// Every histogram family, each series with cumulative `_bucket`s, `_sum` and `_count`.
+pub(super) fn histograms(out: &mut String, cores: &[CoreMetrics]) {
+    for HistFamily { name, help, series } in HISTOGRAMS {
+        family(out, name, "histogram", help);
+        for (labels, get) in *series {
+            let sep = if labels.is_empty() { "" } else { "," };
+            let mut cumulative = 0;
+            for (i, bound) in LATENCY_BOUNDS_US.iter().map(Some).chain([None]).enumerate() {
+                cumulative += cores
+                    .iter()
+                    .map(|m| get(m).buckets[i].load(Relaxed))
+                    .sum::<u64>();
+                let le = bound.map_or("+Inf".to_string(), |b| format!("{}", *b as f64 / 1e6));
+                let _ = writeln!(
+                    out,
+                    "{name}_bucket{{{labels}{sep}le=\"{le}\"}} {cumulative}"
+                );
+            }
+            let sum_us: u64 = cores.iter().map(|m| get(m).sum_us.load(Relaxed)).sum();
+            let braces = if labels.is_empty() {
+                String::new()
+            } else {
+                format!("{{{labels}}}")
+            };
+            let _ = writeln!(out, "{name}_sum{braces} {}", sum_us as f64 / 1e6);
+            let _ = writeln!(out, "{name}_count{braces} {cumulative}");
+        }
+    }
+}
