@@ -18,6 +18,7 @@
 pub mod admin;
 pub mod clustering;
 pub mod config;
+pub mod config_file;
 pub mod core;
 pub mod logging;
 pub mod mcp;

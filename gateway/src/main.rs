@@ -9,10 +9,10 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 
-use clap::Parser;
-
 use gateway::streams::catalog::StreamQuota;
-use gateway::{admin, clustering, config, core, logging, metrics, probe, proto, shards, sys, tls};
+use gateway::{
+    admin, clustering, config, config_file, core, logging, metrics, probe, proto, shards, sys, tls,
+};
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -21,7 +21,25 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 const SHARDS_DEFAULT: u32 = 8;
 
 fn main() {
-    let cfg = config::Config::parse();
+    let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let check_only = args.get(1).is_some_and(|a| a == "check-config");
+    if check_only {
+        args.remove(1);
+    }
+    let loaded = match config_file::load(args) {
+        Ok(l) => l,
+        Err(config_file::Failure::Clap(e)) => e.exit(),
+        Err(config_file::Failure::File(errors)) => {
+            for e in errors {
+                eprintln!("gateway: {e}");
+            }
+            std::process::exit(2);
+        }
+    };
+    if check_only {
+        check_config(&loaded);
+    }
+    let cfg = loaded.cfg;
     if let Err(e) = logging::init(cfg.log.log_level, cfg.log.log_format) {
         eprintln!("gateway: {e}");
         std::process::exit(2);
@@ -46,6 +64,21 @@ fn main() {
     if let Err(e) = run(cfg, features) {
         tracing::error!("{e}");
         std::process::exit(1);
+    }
+}
+
+/// `gateway check-config`: validates without starting; prints the effective configuration and
+/// exits 0, or prints the errors and exits 2.
+fn check_config(loaded: &config_file::Loaded) -> ! {
+    match loaded.cfg.validate() {
+        Ok(()) => {
+            print!("{}", config_file::describe(loaded));
+            std::process::exit(0)
+        }
+        Err(e) => {
+            eprintln!("gateway: {e}");
+            std::process::exit(2)
+        }
     }
 }
 
