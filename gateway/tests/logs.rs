@@ -173,3 +173,68 @@ fn every_sigterm_stops_gracefully() {
         );
     }
 }
+
+/// Under systemd's `Type=notify`: `READY=1` once listening, `WATCHDOG=1` while the reactors
+/// turn, `RELOADING=1` + `READY=1` around SIGHUP, `STOPPING=1` at SIGTERM — read from a
+/// datagram socket standing in for `$NOTIFY_SOCKET`.
+#[test]
+fn systemd_notifications_follow_the_lifecycle() {
+    use std::os::unix::net::UnixDatagram;
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("notify.sock");
+    let sock = UnixDatagram::bind(&path).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_gateway"))
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+            "--log-level",
+            "warn",
+        ])
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .env("NOTIFY_SOCKET", &path)
+        .env("WATCHDOG_USEC", "400000")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut buf = [0u8; 512];
+    let mut next = || {
+        let n = sock.recv(&mut buf).expect("a notification within 20 s");
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    };
+    assert!(next().starts_with("READY=1"));
+    // At least two pings (every 200 ms), bounded by the read timeout.
+    let mut pings = 0;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while pings < 2 && Instant::now() < deadline {
+        let m = next();
+        assert_eq!(m, "WATCHDOG=1");
+        pings += 1;
+    }
+    let kill = |sig: &str| {
+        std::process::Command::new("kill")
+            .args([sig, &child.id().to_string()])
+            .status()
+            .unwrap()
+    };
+    kill("-HUP");
+    let mut seen = Vec::new();
+    while !seen.iter().any(|m: &String| m == "READY=1") {
+        seen.push(next());
+    }
+    let reloading = seen
+        .iter()
+        .position(|m| m.starts_with("RELOADING=1\nMONOTONIC_USEC="));
+    assert!(reloading.is_some(), "{seen:?}");
+    kill("-TERM");
+    let mut seen = Vec::new();
+    while !seen.iter().any(|m: &String| m == "STOPPING=1") {
+        seen.push(next());
+    }
+    assert!(child.wait().unwrap().success());
+}

@@ -123,6 +123,24 @@ impl std::fmt::Debug for UpstreamSet {
     }
 }
 
+/// `sh -c cmd` with piped stdio, `MCP_GATEWAY_SESSION` when there is a session, and without the
+/// service manager's variables (its sockets are the gateway's, not its children's).
+fn child_command(cmd: &str, session: Option<&str>) -> Command {
+    let mut c = Command::new("sh");
+    c.arg("-c")
+        .arg(cmd)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .env_remove("NOTIFY_SOCKET")
+        .env_remove("WATCHDOG_USEC")
+        .env_remove("WATCHDOG_PID");
+    if let Some(s) = session {
+        c.env("MCP_GATEWAY_SESSION", s);
+    }
+    c
+}
+
 impl UpstreamSet {
     /// `wake` is called from reader threads after each event (the core's eventfd).
     pub fn new(
@@ -177,16 +195,7 @@ impl UpstreamSet {
             self.http.insert(id, (h, None));
             return Ok(());
         }
-        let mut cmd = Command::new("sh");
-        cmd.arg("-c")
-            .arg(&self.cmd)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        if let Some(s) = session {
-            cmd.env("MCP_GATEWAY_SESSION", s);
-        }
-        let mut child = cmd
+        let mut child = child_command(&self.cmd, session)
             .spawn()
             .map_err(|e| format!("cannot start upstream `{}`: {e}", self.cmd))?;
         let stdout = child.stdout.take().expect("piped");

@@ -31,6 +31,7 @@ impl Core {
         }
         let (to_close, to_flush, to_pump, g) = self.tick_connections(now);
         let m = &self.shared.metrics[self.id];
+        crate::metrics::bump_own(&m.ticks, 1);
         m.inflight_bytes.store(g.inflight_bytes, Relaxed);
         m.answer_bytes_queued.store(g.answers, Relaxed);
         m.lag_events_max.store(g.lag_max, Relaxed);

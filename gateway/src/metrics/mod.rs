@@ -132,6 +132,8 @@ pub struct CoreMetrics {
     /// `gateway_publish_duration_seconds`, by [`PUBLISH_ROUTES`].
     pub publish_duration: [Histogram; 2],
     pub fsync_duration: Histogram,
+    /// Ticks this core ran (not exported: the systemd watchdog's proof the reactor turns).
+    pub ticks: AtomicU64,
     /// Pre-rendered `gateway_stream_*` lines for this core's streams.
     pub streams_snapshot: Mutex<String>,
     /// Pre-rendered `gateway_mcp_*` lines (only the MCP owner core writes them).
@@ -154,11 +156,36 @@ pub fn family(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# TYPE {name} {kind}");
 }
 
+/// The configured limits exported as `gateway_limit{limit}` (set once at start), so alerts can
+/// compare a gauge with its limit without knowing the flags.
+static LIMITS: std::sync::OnceLock<Vec<(&'static str, u64)>> = std::sync::OnceLock::new();
+
+/// Sets the limits `/metrics` exports (the first call wins).
+pub fn set_limits(limits: Vec<(&'static str, u64)>) {
+    let _ = LIMITS.set(limits);
+}
+
+fn limits(out: &mut String) {
+    let Some(l) = LIMITS.get().filter(|l| !l.is_empty()) else {
+        return;
+    };
+    family(
+        out,
+        "gateway_limit",
+        "gauge",
+        "A configured limit (the flag's value), by name.",
+    );
+    for (name, v) in l {
+        let _ = writeln!(out, "gateway_limit{{limit=\"{name}\"}} {v}");
+    }
+}
+
 /// Renders all cores' counters as Prometheus text exposition format (0.0.4): every family
 /// with `# HELP` and `# TYPE`, none without a sample.
 pub fn render(cores: &[CoreMetrics]) -> String {
     let mut out = String::with_capacity(16 * 1024);
     process::build_and_process(&mut out);
+    limits(&mut out);
     for f in families::FAMILIES {
         family(&mut out, f.name, f.kind, f.help);
         for (labels, get) in f.series {
