@@ -234,6 +234,18 @@ pub struct LogArgs {
     /// `timestamp`, `level`, `target`, `message` and the event's fields).
     #[arg(long, value_enum, default_value_t = crate::logging::LogFormat::Text)]
     pub log_format: crate::logging::LogFormat,
+
+    /// One line per request (target `access`, message `request`; a subscription's when it
+    /// ends), written by a thread of its own: request ID, method, route class, status, bytes
+    /// in and out, duration, resume class, peer, subject fingerprint. `on` also lets those
+    /// lines through a `--log-level` above `info` (`GATEWAY_LOG=access=off` silences them).
+    #[arg(long, value_enum, default_value_t = crate::access_log::Switch::On)]
+    pub access_log: crate::access_log::Switch,
+
+    /// Access-log lines queued for the writer thread; beyond it lines are dropped (counted in
+    /// `gateway_access_log_dropped_total`), never waited for.
+    #[arg(long, default_value_t = 65_536)]
+    pub access_log_queue_lines_max: usize,
 }
 
 /// Authentication flags (the `auth` crate verifies; `log-store`-style units in names).

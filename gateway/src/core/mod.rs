@@ -19,6 +19,7 @@ mod lifecycle;
 mod mcp;
 mod mcp_apply;
 mod mcp_cluster;
+mod requests;
 mod subs;
 mod tick;
 mod tls;
@@ -85,6 +86,8 @@ pub struct Shared {
     /// them once it refused the `tls` ULP (it has no kernel TLS): their subscribers go to the
     /// record layer without asking again (`--tls-kernel`).
     pub ktls_refused: std::sync::atomic::AtomicU8,
+    /// Where finished requests go (`--access-log`).
+    pub access_log: crate::access_log::Sink,
 }
 
 /// A connection moving to the core that owns its stream: the fd and the bytes read so far.

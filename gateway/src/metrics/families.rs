@@ -62,10 +62,10 @@ pub(super) const FAMILIES: &[Family] = &[
         ],
     ),
     one(
-        "gateway_requests_total",
+        "gateway_access_log_dropped_total",
         "counter",
-        "HTTP requests parsed (API and MCP).",
-        &[("", |m| &m.requests_total)],
+        "Access-log lines dropped because the writer thread's queue (--access-log-queue-lines-max) was full.",
+        &[("", |m| &m.access_log_dropped_total)],
     ),
     one(
         "gateway_events_appended_total",

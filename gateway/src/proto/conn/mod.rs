@@ -20,6 +20,7 @@ pub use budget::BodyBudget;
 
 use super::access::{Admission, Gate};
 use super::http::{self, Head, HeadLimits};
+use super::request_log::{Finished, Record, fingerprint};
 use super::route::{self, Route};
 
 /// The smallest receive buffer (and what it shrinks back to after a large body).
@@ -121,6 +122,8 @@ struct Outgoing {
     close: bool,
     /// The request's extra header lines (CORS), for an answer rewritten by `fail_waits`.
     headers: String,
+    /// The access-log record of the request this answer is the final one of.
+    record: Option<Box<Record>>,
 }
 
 /// What the header / idle deadlines decided at a tick.
@@ -164,6 +167,10 @@ pub struct HttpConn {
     budget: Option<Arc<BodyBudget>>,
     counted: u64,
     starved: bool,
+    /// The access-log record of the head being handled, until its final answer is queued
+    /// (or a subscriber takes it); then the answered ones, until the core takes them.
+    record: Option<Box<Record>>,
+    finished: Vec<Finished>,
 }
 
 /// Where a parsed head goes next (internal to [`HttpConn::poll`]).
@@ -210,6 +217,8 @@ impl HttpConn {
             budget: None,
             counted: 0,
             starved: false,
+            record: None,
+            finished: Vec::new(),
         }
     }
 
@@ -239,11 +248,16 @@ impl HttpConn {
                 Err(e) => {
                     let (status, code, msg) = e.status();
                     self.headers.clear();
+                    let started = self.head_started.unwrap_or(now);
+                    self.record = Some(Box::new(Record::unparsed(self.rlen - self.rpos, started)));
                     self.error(status, code, &msg, true);
                     return Step::Wait;
                 }
             };
             self.headers.clear();
+            let mcp_path = lim.mcp.as_ref().map(|(p, _)| p.as_str());
+            let started = self.head_started.unwrap_or(now);
+            self.record = Some(Box::new(Record::of(&head, mcp_path, started)));
             match self.on_head(head, busy, now, lim, remote, gate) {
                 Parsed::Step(s) => return s,
                 Parsed::Again => continue,
@@ -301,7 +315,7 @@ impl HttpConn {
             close: head.close,
             body,
             access,
-            headers: self.headers.clone(),
+            headers: self.answer_headers(),
         }))
     }
 
@@ -324,6 +338,7 @@ impl HttpConn {
                 match gate.admit(head, &route, std::mem::take(&mut self.headers)) {
                     Admission::Admit { headers, access } => {
                         self.headers = headers;
+                        self.note_subject(&access);
                         return Ok((route, access));
                     }
                     other => other,
@@ -375,7 +390,10 @@ impl HttpConn {
             return Step::Wait;
         }
         let access = match gate.admit_mcp(&head) {
-            Admission::Admit { access, .. } => access,
+            Admission::Admit { access, .. } => {
+                self.note_subject(&access);
+                access
+            }
             Admission::Refuse {
                 status,
                 code,
@@ -488,6 +506,7 @@ impl HttpConn {
 
     fn hand_off(&mut self, owner: usize) -> Step {
         self.compact();
+        self.record = None; // the owner core parses the head again and records it
         let mut bytes = self.rbuf.take().expect("held");
         bytes.truncate(self.rlen);
         Step::HandOff { owner, bytes }
@@ -551,6 +570,7 @@ impl HttpConn {
             && !self.awaiting_body
             && now.duration_since(t) >= lim.header_timeout
         {
+            self.record = Some(Box::new(Record::unparsed(self.rlen - self.rpos, t)));
             self.error(
                 408,
                 "request_timeout",
@@ -565,6 +585,42 @@ impl HttpConn {
             return Deadline::Idle;
         }
         Deadline::None
+    }
+}
+
+impl HttpConn {
+    /// Records who asked (a fingerprint of the verified subject).
+    fn note_subject(&mut self, access: &auth::Access) {
+        if let (Some(r), Some(s)) = (&mut self.record, &access.subject) {
+            r.subject = Some(fingerprint(s));
+        }
+    }
+
+    /// The extra header lines of every answer to the request being handled: the gate's (CORS)
+    /// and its `X-Request-Id`.
+    fn answer_headers(&self) -> String {
+        match &self.record {
+            Some(r) => format!("{}{}", self.headers, r.header_line()),
+            None => self.headers.clone(),
+        }
+    }
+
+    /// Takes the record of the request being handled (a subscription, whose line is written
+    /// when it ends).
+    pub fn take_record(&mut self) -> Option<Box<Record>> {
+        self.record.take()
+    }
+
+    /// Puts a resume's class on the record of the request being handled.
+    pub fn note_resume(&mut self, class: &'static str) {
+        if let Some(r) = &mut self.record {
+            r.resume = Some(class);
+        }
+    }
+
+    /// Hands every request whose final answer left the outbox to `f`.
+    pub fn drain_finished(&mut self, f: impl FnMut(Finished)) {
+        self.finished.drain(..).for_each(f);
     }
 }
 
