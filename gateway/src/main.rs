@@ -103,7 +103,7 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
     raise_fd_limit(&cfg, shard_count);
     let (listeners, addr) = bind_listeners(&cfg, cores)?;
     let (admin_listener, admin_addr) = bind_admin(cfg.admin_listen)?;
-    let verifier = auth::Verifier::load(&cfg.auth.settings()).map_err(|e| e.to_string())?;
+    let verifier = Arc::new(auth::Verifier::load(&cfg.auth.settings()).map_err(|e| e.to_string())?);
     let certs = match (&cfg.tls_cert_file, &cfg.tls_key_file) {
         (Some(c), Some(k)) => Some(tls::Certs::load(c, k)?),
         _ => None,
@@ -128,7 +128,8 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
         shutdown: AtomicBool::new(false),
         epochs,
         uring_cmd: features.uring_cmd,
-        verifier: Arc::new(verifier),
+        keys: Arc::new(auth::Keys::new(verifier.clone())),
+        verifier,
         certs,
         origins: cfg.cors_allow_origins.clone().into(),
         quota,
@@ -387,8 +388,18 @@ fn wait_for_stop(
     }
 }
 
-/// SIGHUP: the TLS certificate and key are read again.
+/// SIGHUP: the JWT key files and the TLS certificate and key are read again; a file that no
+/// longer loads keeps what was loaded before (and says so). Connections stay up.
 fn reload(shared: &core::Shared) {
+    if shared.verifier.keys_configured() {
+        match auth::Verifier::load(&shared.cfg.auth.settings()) {
+            Ok(v) => {
+                shared.keys.replace(Arc::new(v));
+                tracing::info!("SIGHUP: JWT keys reloaded");
+            }
+            Err(e) => tracing::error!("SIGHUP: JWT key reload failed, keeping the old keys: {e}"),
+        }
+    }
     match &shared.certs {
         Some(c) => match c.reload() {
             Ok(()) => tracing::info!("SIGHUP: TLS certificate and key reloaded"),

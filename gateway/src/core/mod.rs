@@ -69,6 +69,8 @@ pub struct Shared {
     pub uring_cmd: bool,
     /// JWT keys and anonymous patterns (each core has its own token cache over it).
     pub verifier: Arc<auth::Verifier>,
+    /// The verifier as reloaded on SIGHUP (each core's gate takes it up at its next check).
+    pub keys: Arc<auth::Keys>,
     /// `--cors-allow-origin`.
     pub origins: Arc<[String]>,
     /// Live API streams across all shards (`--streams-max`).
@@ -221,7 +223,7 @@ pub fn run_core(setup: CoreSetup, shared: Arc<Shared>, ready: impl FnOnce(Result
     let shared_efd = shared.eventfds[setup.id].as_raw_fd();
     let gate = Gate::new(
         shared.origins.clone(),
-        auth::Auth::new(shared.verifier.clone()),
+        auth::Auth::following(shared.keys.clone()),
     );
     let clustered = match (setup.inbox, &shared.cluster) {
         (Some(inbox), Some(handle)) => Some(Box::new(cluster_state::ClusterCore::new(
