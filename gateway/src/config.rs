@@ -87,6 +87,12 @@ pub struct Config {
     #[arg(long, default_value_t = 10)]
     pub header_timeout_secs: u64,
 
+    /// Seconds a client has to send the whole body of an API request (publish, batch) once its
+    /// head is complete, however it trickles it in; past it: 408 and the connection closes.
+    /// (`/mcp` bodies keep the header timeout.)
+    #[arg(long, default_value_t = 30)]
+    pub body_timeout_secs: u64,
+
     /// Seconds a disconnected subscriber's unconfirmed send window is kept for an aligned resume.
     #[arg(long, default_value_t = 30)]
     pub resume_grace_secs: u64,
@@ -388,6 +394,7 @@ impl Config {
             (self.batch_bytes_max as u64, "--batch-bytes-max"),
             (self.idle_timeout_secs, "--idle-timeout-secs"),
             (self.header_timeout_secs, "--header-timeout-secs"),
+            (self.body_timeout_secs, "--body-timeout-secs"),
             (self.keepalive_secs, "--keepalive-secs"),
             (self.lag_events_max, "--lag-events-max"),
             (self.send_bytes_max as u64, "--send-bytes-max"),

@@ -184,6 +184,7 @@ fn limits(cfg: &Config) -> Limits {
                 .then(|| (cfg.mcp.mcp_path.clone(), cfg.mcp.mcp_body_bytes_max)),
             header_timeout: Duration::from_secs(cfg.header_timeout_secs),
             idle_timeout: Duration::from_secs(cfg.idle_timeout_secs),
+            body_timeout: Duration::from_secs(cfg.body_timeout_secs),
         },
         sub: SubLimits {
             lag_events_max: cfg.lag_events_max,

@@ -213,6 +213,15 @@ pub(super) const FAMILIES: &[Family] = &[
         &[("", |m| &m.request_buffer_waits_total)],
     ),
     one(
+        "gateway_request_timeouts_total",
+        "counter",
+        "Requests answered 408 and closed, by the phase that was too slow (head: --header-timeout-secs; body: --body-timeout-secs, the whole body of an API request).",
+        &[
+            ("phase=\"head\"", |m| &m.head_timeouts_total),
+            ("phase=\"body\"", |m| &m.body_timeouts_total),
+        ],
+    ),
+    one(
         "gateway_tls_userspace",
         "gauge",
         "1 when the listener serves TLS (handshakes and answers in rustls).",

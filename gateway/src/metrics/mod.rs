@@ -133,6 +133,9 @@ pub struct CoreMetrics {
     pub tls_key_exhausted_closes_total: AtomicU64,
     /// Receives deferred because `--request-buffer-bytes-max` was reached.
     pub request_buffer_waits_total: AtomicU64,
+    /// Requests answered 408 because their head, or an API request's whole body, took too long.
+    pub head_timeouts_total: AtomicU64,
+    pub body_timeouts_total: AtomicU64,
     pub resumes: [AtomicU64; 7],
     /// `gateway_publish_duration_seconds`, by [`PUBLISH_ROUTES`].
     pub publish_duration: [Histogram; 2],

@@ -1,6 +1,6 @@
 //! The sans-IO HTTP/1.1 connection machine: the request buffer, parse → route → limits, the
 //! ordered outbox of answers (a publish's answer waits there until durable), pipelining with
-//! its answer-bytes cap, `100 Continue`, and the header / idle deadlines. It never touches a
+//! its answer-bytes cap, `100 Continue`, and the header / body / idle deadlines. It never touches a
 //! socket or a clock: the core feeds it received bytes, send results and the time, and it
 //! answers with a [`Step`] (arm a receive, a complete request, hand the connection over,
 //! nothing to do) or the bytes to transmit. Its buffers are moved out while an operation uses
@@ -45,6 +45,8 @@ pub struct ConnLimits {
     pub mcp: Option<(String, usize)>,
     pub header_timeout: Duration,
     pub idle_timeout: Duration,
+    /// `--body-timeout-secs`: the whole body of an API request, from its head on.
+    pub body_timeout: Duration,
 }
 
 /// What a request is for, decided by its path (the core decides where it runs).
@@ -132,6 +134,9 @@ pub enum Deadline {
     None,
     /// The head did not complete in time: a 408 was queued (the connection closes after it).
     TimedOut,
+    /// An API request's body did not complete within `--body-timeout-secs`: a 408 was queued
+    /// (the connection closes after it).
+    BodyTimedOut,
     /// Idle too long: close now.
     Idle,
 }
@@ -156,7 +161,9 @@ pub struct HttpConn {
     close_requested: bool,
     sent_continue: bool,
     idle_since: Instant,
-    head_started: Option<Instant>,
+    /// When the part of a request being received began: its head's first byte, or, while an
+    /// API body is awaited, the head's completion (`--body-timeout-secs` runs from it).
+    started: Option<Instant>,
     /// The head is complete and the body is being received: the idle timeout applies.
     awaiting_body: bool,
     /// Extra header lines for the answers to the request being handled (the gate's CORS
@@ -211,7 +218,7 @@ impl HttpConn {
             close_requested: false,
             sent_continue: false,
             idle_since: now,
-            head_started: (rlen > 0).then_some(now),
+            started: (rlen > 0).then_some(now),
             awaiting_body: false,
             headers: String::new(),
             budget: None,
@@ -238,7 +245,7 @@ impl HttpConn {
             if busy && self.answer_bytes() >= lim.answer_bytes_max {
                 // Backpressure on pipelining: read no further request until the client takes
                 // some answers. The header timer must not run while the gateway refuses to read.
-                self.head_started = None;
+                self.started = None;
                 return Step::Wait;
             }
             let rbuf = self.rbuf.as_ref().expect("checked");
@@ -248,7 +255,7 @@ impl HttpConn {
                 Err(e) => {
                     let (status, code, msg) = e.status();
                     self.headers.clear();
-                    let started = self.head_started.unwrap_or(now);
+                    let started = self.started.unwrap_or(now);
                     self.record = Some(Box::new(Record::unparsed(self.rlen - self.rpos, started)));
                     self.error(status, code, &msg, true);
                     return Step::Wait;
@@ -256,7 +263,7 @@ impl HttpConn {
             };
             self.headers.clear();
             let mcp_path = lim.mcp.as_ref().map(|(p, _)| p.as_str());
-            let started = self.head_started.unwrap_or(now);
+            let started = self.started.unwrap_or(now);
             self.record = Some(Box::new(Record::of(&head, mcp_path, started)));
             match self.on_head(head, busy, now, lim, remote, gate) {
                 Parsed::Step(s) => return s,
@@ -293,6 +300,9 @@ impl HttpConn {
         }
         let total = head.head_len + head.content_length as usize;
         if self.rlen - self.rpos < total {
+            if !self.awaiting_body || self.started.is_none() {
+                self.started = Some(now); // the body's deadline starts with its head complete
+            }
             return Parsed::Step(self.await_body(&head, total, true));
         }
         let owner = route.stream().and_then(|s| remote(Target::Stream(s)));
@@ -456,7 +466,7 @@ impl HttpConn {
     fn await_head(&mut self, lim: &ConnLimits) -> Step {
         self.compact();
         if self.rlen == 0 {
-            self.head_started = None;
+            self.started = None;
         }
         let rbuf = self.rbuf.as_mut().expect("held");
         if rbuf.len() < lim.head.header_bytes_max {
@@ -520,7 +530,7 @@ impl HttpConn {
         self.consume(total);
         self.sent_continue = false;
         self.awaiting_body = false;
-        self.head_started = (self.rlen > self.rpos).then_some(now);
+        self.started = (self.rlen > self.rpos).then_some(now);
         // A body grew the buffer: give the memory (and its budget) back.
         let rbuf = self.rbuf.as_mut().expect("held");
         if rbuf.len() > RECV_BYTES_KEEP_MAX && self.rlen - self.rpos <= RECV_BYTES_MIN {
@@ -558,15 +568,29 @@ impl HttpConn {
         self.rbuf = Some(buf);
         self.rlen += n;
         self.idle_since = now;
-        self.head_started.get_or_insert(now);
+        self.started.get_or_insert(now);
     }
 
-    /// The header and idle deadlines at a tick (none while answers are pending).
+    /// The header, body and idle deadlines at a tick (the header and idle ones wait while
+    /// answers are pending; the body's runs regardless: it bounds the whole body).
     pub fn on_tick(&mut self, now: Instant, lim: &ConnLimits) -> Deadline {
+        if let Some(t) = self.started
+            && self.awaiting_body
+            && !self.close_requested
+            && now.duration_since(t) >= lim.body_timeout
+        {
+            self.error(
+                408,
+                "request_timeout",
+                "request body not completed within --body-timeout-secs",
+                true,
+            );
+            return Deadline::BodyTimedOut;
+        }
         if self.busy() {
             return Deadline::None;
         }
-        if let Some(t) = self.head_started
+        if let Some(t) = self.started
             && !self.awaiting_body
             && now.duration_since(t) >= lim.header_timeout
         {
@@ -579,7 +603,7 @@ impl HttpConn {
             );
             return Deadline::TimedOut;
         }
-        if (self.head_started.is_none() || self.awaiting_body)
+        if (self.started.is_none() || self.awaiting_body)
             && now.duration_since(self.idle_since) >= lim.idle_timeout
         {
             return Deadline::Idle;
