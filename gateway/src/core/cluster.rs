@@ -18,11 +18,8 @@ use crate::proto::conn::Wait;
 use crate::proto::http;
 use crate::proto::route::SubscribeQuery;
 use crate::proto::sse;
-use crate::streams::StreamKey;
 use crate::streams::catalog::StreamsExhausted;
-use crate::streams::hub::SubRef;
 use crate::streams::publish::{self, Event};
-use crate::streams::sub::PENDING_STREAM;
 
 /// Messages taken from the inbox per turn (the rest wait for the next turn).
 const DRAIN_PER_TURN: usize = 4096;
@@ -346,62 +343,6 @@ impl Core {
         let preamble = sse::subscribe_head(self.shared.cfg.retry_ms);
         let preamble = crate::proto::access::with_headers(preamble, headers);
         self.subscribe_unborn_at(slot, stream, 1, preamble, |s| s.expire_at(expires));
-    }
-
-    /// A subscriber of a stream that does not exist here yet, reading from `cursor` once it
-    /// is created ([`Core::adopt_unborn`]).
-    pub(super) fn subscribe_unborn_at(
-        &mut self,
-        slot: u32,
-        stream: &str,
-        cursor: u64,
-        preamble: Vec<u8>,
-        setup: impl FnOnce(&mut crate::streams::sub::Sub),
-    ) {
-        let key = (self.hub.shard_of(stream), PENDING_STREAM);
-        let r = (slot, self.io.generation(slot));
-        let cc = self.cluster.as_mut().expect("cluster mode");
-        let list = cc.unborn.entry(stream.to_owned()).or_default();
-        list.retain(|&(s, g)| (s, g) != r);
-        list.push(r);
-        cc.unborn_of.insert(r, stream.to_owned());
-        self.become_subscriber(slot, key, cursor, preamble, None, setup);
-    }
-
-    /// An unborn subscriber's connection closed: it waits no more.
-    pub(super) fn unborn_closed(&mut self, r: SubRef) {
-        if let Some(cc) = self.cluster.as_mut() {
-            cc.forget_unborn(r);
-        }
-    }
-
-    /// The connections waiting for stream `stream` to be created here.
-    pub(super) fn unborn_subs(&self, stream: &str) -> Vec<SubRef> {
-        let cc = self.cluster.as_ref();
-        cc.map(|c| c.unborn_subs(stream)).unwrap_or_default()
-    }
-
-    /// The stream `name` was just created as `key`: its waiting subscribers move to it.
-    fn adopt_unborn(&mut self, name: &str, key: StreamKey) {
-        let Some(subs) = self.cluster.as_mut().and_then(|c| c.unborn.remove(name)) else {
-            return;
-        };
-        let pending = (key.0, PENDING_STREAM);
-        for r in subs {
-            self.cluster.as_mut().expect("cluster").unborn_of.remove(&r);
-            let Some(c) = self.conn_at(r).filter(|c| !c.closing) else {
-                continue;
-            };
-            let State::Sub(sub) = &mut c.state else {
-                continue;
-            };
-            if sub.key != pending {
-                continue;
-            }
-            sub.key = key;
-            self.hub.unsubscribe(pending, r.0);
-            self.hub.subscribe(key, r);
-        }
     }
 
     /// Whether this node has applied what the subscribe names: the stream, and the event of

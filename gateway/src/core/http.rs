@@ -13,6 +13,7 @@ use crate::proto::route::{self, Route};
 use crate::shards;
 use crate::streams::publish::{self, Event};
 use crate::streams::resume::{self, Ask, Start};
+use crate::streams::sub::{PENDING_STREAM, Sub};
 use crate::sys;
 
 /// The answer to a publish whose group commit failed.
@@ -284,13 +285,14 @@ impl Core {
         if let Err((status, code, msg)) = publish::check_events(&events) {
             return self.error(slot, status, code, &msg, close);
         }
+        let key = self.hub.stream_key(stream);
+        let (shard, sid) = key.unwrap_or((self.hub.shard_of(stream), PENDING_STREAM));
+        if let Err((status, code, msg)) = publish::check_framed(self.hub.log(shard), sid, &events) {
+            return self.error(slot, status, code, &msg, close);
+        }
         let Some(key) = self.open_stream(slot, stream, close) else {
             return;
         };
-        if let Err((status, code, msg)) = publish::check_framed(self.hub.log(key.0), key.1, &events)
-        {
-            return self.error(slot, status, code, &msg, close);
-        }
         let p = publish::append(self.hub.log_mut(key.0), key.0, key.1, &events, batch, close);
         self.hub.record_appends(key, p.appended);
         self.m()
@@ -320,10 +322,10 @@ impl Core {
         if self.cluster_hold(slot, stream, q, headers, expires) {
             return;
         }
-        // Subscribing creates the stream: subscribers commonly connect before the first publish.
-        let Some(key) = self.open_stream(slot, stream, true) else {
-            return self.flush(slot);
-        };
+        // A stream not created yet is subscribed to as unborn: nothing is created (and no
+        // place taken under the quotas) until its first publish; a refusal creates nothing.
+        let key = self.hub.stream_key(stream);
+        let key = key.unwrap_or((self.hub.shard_of(stream), PENDING_STREAM));
         let ask = Ask {
             key,
             q,
@@ -343,9 +345,11 @@ impl Core {
                 aligned,
             } => {
                 let preamble = access::with_headers(preamble, headers);
-                self.become_subscriber(slot, key, cursor, preamble, aligned, |s| {
-                    s.expire_at(expires)
-                })
+                let setup = |s: &mut Sub| s.expire_at(expires);
+                if key.1 == PENDING_STREAM {
+                    return self.subscribe_unborn_at(slot, stream, cursor, preamble, setup);
+                }
+                self.become_subscriber(slot, key, cursor, preamble, aligned, setup)
             }
             Start::Refuse(answer) => self.respond(slot, answer, true),
         }

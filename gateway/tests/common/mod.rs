@@ -357,6 +357,9 @@ pub fn start_for_parked_window(extra: &[&str]) -> Gateway {
     Gateway::start(&args)
 }
 
+/// Flags for a log whose retention soon deletes events: 64 KiB segments, 64 KiB kept per shard.
+pub const SMALL_RETENTION: [&str; 4] = ["--segment-bytes", "65536", "--retain-bytes", "65536"];
+
 /// The sequence number of an event ID `{epoch}-{stream}-{seq}`.
 pub fn seq_of(id: &str) -> u64 {
     id.rsplit('-').next().unwrap().parse().unwrap()
