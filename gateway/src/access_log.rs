@@ -122,6 +122,7 @@ fn write(line: &Line) {
         bytes_out = f.bytes_out,
         duration_us = line.duration.as_micros() as u64,
         resume = r.resume.unwrap_or("-"),
+        first_send_us = r.first_send.map_or(0, |d| d.as_micros() as u64),
         peer = %peer,
         subject = r.subject.as_deref().unwrap_or("-"),
         "request"

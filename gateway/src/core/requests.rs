@@ -6,9 +6,11 @@ use std::time::Instant;
 
 use super::Shared;
 use super::conns::{Conn, State};
+use super::counts::count_sent;
 use crate::access_log;
 use crate::metrics::{CoreMetrics, bump_own};
 use crate::proto::request_log::{Finished, RouteClass};
+use crate::streams::sub::Sent;
 use log_store::ResumeClass;
 
 /// Every request whose final answer left `conn`'s outbox.
@@ -36,6 +38,18 @@ pub(super) fn resumed(m: &CoreMetrics, conn: &mut Conn, class: Option<ResumeClas
     if let (Some(class), State::Http(h)) = (class, &mut conn.state) {
         m.resume(class);
         h.note_resume(class.label());
+    }
+}
+
+/// A subscriber's send completed: counted, and its first one timed from the request's head
+/// (`gateway_subscribe_first_send_seconds`, and `first_send_us` on its access line).
+pub(super) fn sent(shared: &Shared, core: usize, conn: &mut Conn, sent: Sent, now: Instant) {
+    let m = &shared.metrics[core];
+    count_sent(m, sent);
+    if let Some(r) = conn.record.as_mut().filter(|r| r.first_send.is_none()) {
+        let d = now.saturating_duration_since(r.started);
+        r.first_send = Some(d);
+        m.first_send[usize::from(r.resume.is_some())].observe(d);
     }
 }
 

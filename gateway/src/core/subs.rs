@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use log_store::Seq;
 
-use super::counts::{count_confirmed, count_sent};
+use super::counts::count_confirmed;
 use super::{Core, State};
 use crate::streams::StreamKey;
 use crate::streams::sub::{AckMode, Ended, Next, Sub, TxReport};
@@ -141,7 +141,7 @@ impl Core {
         if res < 0 {
             return self.close_conn(slot);
         }
-        count_sent(&self.shared.metrics[self.id], sent);
+        super::requests::sent(&self.shared, self.id, self.conns.live(slot), sent, now);
         if sent.partial {
             // The socket is above TCP_NOTSENT_LOWAT: wait until it drains below it; the rest
             // of the backlog stays in the log meanwhile.

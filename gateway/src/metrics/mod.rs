@@ -140,6 +140,8 @@ pub struct CoreMetrics {
     /// `gateway_publish_duration_seconds`, by [`PUBLISH_ROUTES`].
     pub publish_duration: [Histogram; 2],
     pub fsync_duration: Histogram,
+    /// `gateway_subscribe_first_send_seconds`: without, with `Last-Event-ID`.
+    pub first_send: [Histogram; 2],
     /// Ticks this core ran (not exported: the systemd watchdog's proof the reactor turns).
     pub ticks: AtomicU64,
     /// Pre-rendered `gateway_stream_*` lines for this core's streams.

@@ -7,7 +7,7 @@
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 #[cfg(test)]
 use super::http::sane_request_id;
@@ -112,6 +112,8 @@ pub struct Record {
     pub subject: Option<String>,
     /// The resume planner's class, for a subscribe with `Last-Event-ID`.
     pub resume: Option<&'static str>,
+    /// A subscription: from the head to its first send's completion.
+    pub first_send: Option<Duration>,
 }
 
 impl Record {
@@ -125,6 +127,7 @@ impl Record {
             bytes_in: head.head_len as u64 + head.content_length,
             subject: None,
             resume: None,
+            first_send: None,
         }
     }
 
@@ -138,6 +141,7 @@ impl Record {
             bytes_in: bytes_in as u64,
             subject: None,
             resume: None,
+            first_send: None,
         }
     }
 
