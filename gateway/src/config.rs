@@ -242,9 +242,9 @@ pub struct LogArgs {
     pub log_format: crate::logging::LogFormat,
 
     /// One line per request (target `access`, message `request`; a subscription's when it
-    /// ends), written by a thread of its own: request ID, method, route class, status, bytes
-    /// in and out, duration, resume class, peer, subject fingerprint. `on` also lets those
-    /// lines through a `--log-level` above `info` (`GATEWAY_LOG=access=off` silences them).
+    /// ends), in `--log-format`, written by a thread of its own: request ID, method, route
+    /// class, status, bytes in and out, duration, resume class, peer, subject fingerprint.
+    /// Independent of `--log-level`.
     #[arg(long, value_enum, default_value_t = crate::access_log::Switch::On)]
     pub access_log: crate::access_log::Switch,
 
