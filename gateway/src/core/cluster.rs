@@ -77,23 +77,6 @@ impl Core {
         }
     }
 
-    /// Sends one event through JetStream (its outcome comes back to this core by the
-    /// returned ticket).
-    pub(super) fn cluster_send(
-        &mut self,
-        shard: u32,
-        stream: String,
-        event: Option<&str>,
-        data: Vec<u8>,
-        expect_seq: Option<u64>,
-    ) -> u64 {
-        let cc = self.cluster.as_mut().expect("cluster mode");
-        let event = event.map(str::to_owned);
-        let ticket = cc.publish(shard, stream, event, data, expect_seq);
-        self.m().cluster_publishes_total.fetch_add(1, Relaxed);
-        ticket
-    }
-
     /// What a publish is checked for before anything is sent: a valid name, room for a new
     /// stream (`--streams-max`), every event within the record limit.
     fn check_cluster_publish(
@@ -373,12 +356,6 @@ impl Core {
         if let Some(cc) = self.cluster.as_mut() {
             cc.forget_unborn(r);
         }
-    }
-
-    /// The connections waiting for stream `stream` to be created here.
-    pub(super) fn unborn_subs(&self, stream: &str) -> Vec<SubRef> {
-        let cc = self.cluster.as_ref();
-        cc.map(|c| c.unborn_subs(stream)).unwrap_or_default()
     }
 
     /// The stream `name` was just created as `key`: its waiting subscribers move to it.

@@ -19,6 +19,8 @@ mod lifecycle;
 mod mcp;
 mod mcp_apply;
 mod mcp_cluster;
+mod mcp_drive;
+mod mcp_metrics;
 mod subs;
 mod tick;
 mod tls;
