@@ -21,6 +21,8 @@ mod mcp_apply;
 mod mcp_cluster;
 mod mcp_drive;
 mod mcp_metrics;
+#[cfg(test)]
+mod mcp_tests;
 mod subs;
 mod tick;
 mod tls;
