@@ -87,6 +87,12 @@ pub struct Config {
     #[arg(long, default_value_t = 10)]
     pub header_timeout_secs: u64,
 
+    /// Seconds a client has to send the whole body of an API request (publish, batch) once its
+    /// head is complete, however it trickles it in; past it: 408 and the connection closes.
+    /// (`/mcp` bodies keep the header timeout.)
+    #[arg(long, default_value_t = 30)]
+    pub body_timeout_secs: u64,
+
     /// Seconds a disconnected subscriber's unconfirmed send window is kept for an aligned resume.
     #[arg(long, default_value_t = 30)]
     pub resume_grace_secs: u64,
@@ -234,6 +240,18 @@ pub struct LogArgs {
     /// `timestamp`, `level`, `target`, `message` and the event's fields).
     #[arg(long, value_enum, default_value_t = crate::logging::LogFormat::Text)]
     pub log_format: crate::logging::LogFormat,
+
+    /// One line per request (target `access`, message `request`; a subscription's when it
+    /// ends), written by a thread of its own: request ID, method, route class, status, bytes
+    /// in and out, duration, resume class, peer, subject fingerprint. `on` also lets those
+    /// lines through a `--log-level` above `info` (`GATEWAY_LOG=access=off` silences them).
+    #[arg(long, value_enum, default_value_t = crate::access_log::Switch::On)]
+    pub access_log: crate::access_log::Switch,
+
+    /// Access-log lines queued for the writer thread; beyond it lines are dropped (counted in
+    /// `gateway_access_log_dropped_total`), never waited for.
+    #[arg(long, default_value_t = 65_536)]
+    pub access_log_queue_lines_max: usize,
 }
 
 /// Authentication flags (the `auth` crate verifies; `log-store`-style units in names).
@@ -376,6 +394,7 @@ impl Config {
             (self.batch_bytes_max as u64, "--batch-bytes-max"),
             (self.idle_timeout_secs, "--idle-timeout-secs"),
             (self.header_timeout_secs, "--header-timeout-secs"),
+            (self.body_timeout_secs, "--body-timeout-secs"),
             (self.keepalive_secs, "--keepalive-secs"),
             (self.lag_events_max, "--lag-events-max"),
             (self.send_bytes_max as u64, "--send-bytes-max"),

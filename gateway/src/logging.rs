@@ -58,8 +58,12 @@ impl LogLevel {
 
 /// The filter: `level` for every target, then the directives of `GATEWAY_LOG` (`env`), which
 /// win where they are more specific. A directive that does not parse is an error naming it.
-pub fn filter(level: LogLevel, env: Option<&str>) -> Result<EnvFilter, String> {
+/// With the access log on, its lines (target `access`) pass whatever the level.
+pub fn filter(level: LogLevel, access: bool, env: Option<&str>) -> Result<EnvFilter, String> {
     let mut spec = level.directive().to_string();
+    if access {
+        spec.push_str(",access=info");
+    }
     // async-nats logs each connection event at info itself; the cluster client logs them
     // once, in the gateway's words.
     if level > LogLevel::Warn {
@@ -75,9 +79,11 @@ pub fn filter(level: LogLevel, env: Option<&str>) -> Result<EnvFilter, String> {
 
 /// Installs the process's subscriber (once; later calls are ignored, as in tests that start
 /// several gateways in one process). Also routes `log` records (rustls) into it.
-pub fn init(level: LogLevel, format: LogFormat) -> Result<(), String> {
+pub fn init(log: &crate::config::LogArgs) -> Result<(), String> {
+    let (level, format) = (log.log_level, log.log_format);
+    let access = log.access_log == crate::access_log::Switch::On;
     let env = std::env::var(DIRECTIVES_ENV).ok();
-    let filter = filter(level, env.as_deref())?;
+    let filter = filter(level, access, env.as_deref())?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -173,14 +179,14 @@ mod tests {
 
     #[test]
     fn directives_refine_the_level_and_bad_ones_name_the_flag() {
-        let f = filter(LogLevel::Warn, Some("gateway::core=debug")).unwrap();
+        let f = filter(LogLevel::Warn, false, Some("gateway::core=debug")).unwrap();
         let s = f.to_string();
         assert!(
             s.contains("gateway::core=debug") && s.contains("warn"),
             "{s}"
         );
-        let e = filter(LogLevel::Info, Some("gateway=loud")).unwrap_err();
+        let e = filter(LogLevel::Info, false, Some("gateway=loud")).unwrap_err();
         assert!(e.contains("GATEWAY_LOG"), "{e}");
-        assert!(filter(LogLevel::Info, Some("  ")).is_ok());
+        assert!(filter(LogLevel::Info, false, Some("  ")).is_ok());
     }
 }

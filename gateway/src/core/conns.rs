@@ -13,6 +13,9 @@ use crate::streams::sub::Sub;
 use super::tls;
 
 /// What a connection is doing.
+// Most connections are HTTP ones for most of their life: boxing that variant would allocate
+// per connection to save a few hundred bytes per table slot.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub(super) enum State {
     Http(HttpConn),
@@ -30,6 +33,8 @@ pub(super) struct Conn {
     pub(super) peer: Option<IpAddr>,
     /// TLS on this connection (`--tls-cert-file`).
     pub(super) tls: Option<Box<tls::Tls>>,
+    /// A subscription's access-log record, written when it ends.
+    pub(super) record: Option<Box<crate::proto::request_log::Record>>,
 }
 
 /// The connections of a core, by slot.

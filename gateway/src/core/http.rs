@@ -44,7 +44,6 @@ impl Core {
                     break;
                 }
                 Step::HandOff { owner, bytes } => {
-                    self.m().requests_total.fetch_add(1, Relaxed);
                     if let Some(t) = self.conn(slot).tls.as_mut()
                         && t.s.sending()
                     {
@@ -56,7 +55,6 @@ impl Core {
                     return self.hand_off(slot, owner, bytes);
                 }
                 Step::Request(r) => {
-                    self.m().requests_total.fetch_add(1, Relaxed);
                     if !self.carry_out(slot, r) {
                         return;
                     }
@@ -187,14 +185,13 @@ impl Core {
             return;
         }
         if c.tls.is_some() {
-            return self.tls_flush(slot);
-        }
-        let State::Http(h) = &mut c.state else {
-            return;
-        };
-        if let Some((buf, from)) = h.poll_transmit() {
+            self.tls_flush(slot);
+        } else if let State::Http(h) = &mut c.state
+            && let Some((buf, from)) = h.poll_transmit()
+        {
             self.io.send(slot, fd, buf, from);
         }
+        super::requests::answered(&self.shared, self.id, self.now, self.conns.live(slot));
     }
 
     pub(super) fn on_http_sent(&mut self, slot: u32, res: i32, buf: Vec<u8>) {
@@ -335,9 +332,7 @@ impl Core {
             now: self.now,
         };
         let (start, class) = resume::start(self.hub.log(key.0), &mut self.parked, &ask);
-        if let Some(class) = class {
-            self.m().resume(class);
-        }
+        super::requests::resumed(&self.shared.metrics[self.id], self.conns.live(slot), class);
         self.m()
             .parked_windows
             .store(self.parked.count() as u64, Relaxed);

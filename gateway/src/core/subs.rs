@@ -45,6 +45,7 @@ impl Core {
         };
         let mut sub = Box::new(Sub::new(key, cursor, ack, preamble, aligned, now));
         setup(&mut sub);
+        super::requests::keep_for_subscription(conn);
         conn.state = State::Sub(sub);
         if let Some(t) = &mut conn.tls {
             t.stop_reading(); // a subscriber reads nothing more: its receive buffer goes

@@ -6,5 +6,6 @@
 pub mod access;
 pub mod conn;
 pub mod http;
+pub mod request_log;
 pub mod route;
 pub mod sse;

@@ -145,6 +145,15 @@ impl Gateway {
         }
     }
 
+    /// Sends the gateway signal `sig` (`"HUP"`, `"TERM"`…).
+    pub fn signal(&self, sig: &str) {
+        let pid = self.child.id().to_string();
+        let st = Command::new("kill")
+            .args([&format!("-{sig}"), &pid])
+            .status();
+        assert!(st.unwrap().success(), "kill -{sig} {pid}");
+    }
+
     /// Resident set size of the gateway process in KiB.
     pub fn rss_kib(&self) -> u64 {
         let s = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();

@@ -1,6 +1,6 @@
 //! The sans-IO HTTP/1.1 connection machine: the request buffer, parse → route → limits, the
 //! ordered outbox of answers (a publish's answer waits there until durable), pipelining with
-//! its answer-bytes cap, `100 Continue`, and the header / idle deadlines. It never touches a
+//! its answer-bytes cap, `100 Continue`, and the header / body / idle deadlines. It never touches a
 //! socket or a clock: the core feeds it received bytes, send results and the time, and it
 //! answers with a [`Step`] (arm a receive, a complete request, hand the connection over,
 //! nothing to do) or the bytes to transmit. Its buffers are moved out while an operation uses
@@ -20,6 +20,7 @@ pub use budget::BodyBudget;
 
 use super::access::{Admission, Gate};
 use super::http::{self, Head, HeadLimits};
+use super::request_log::{Finished, Record, fingerprint};
 use super::route::{self, Route};
 
 /// The smallest receive buffer (and what it shrinks back to after a large body).
@@ -44,6 +45,8 @@ pub struct ConnLimits {
     pub mcp: Option<(String, usize)>,
     pub header_timeout: Duration,
     pub idle_timeout: Duration,
+    /// `--body-timeout-secs`: the whole body of an API request, from its head on.
+    pub body_timeout: Duration,
 }
 
 /// What a request is for, decided by its path (the core decides where it runs).
@@ -121,6 +124,8 @@ struct Outgoing {
     close: bool,
     /// The request's extra header lines (CORS), for an answer rewritten by `fail_waits`.
     headers: String,
+    /// The access-log record of the request this answer is the final one of.
+    record: Option<Box<Record>>,
 }
 
 /// What the header / idle deadlines decided at a tick.
@@ -129,6 +134,9 @@ pub enum Deadline {
     None,
     /// The head did not complete in time: a 408 was queued (the connection closes after it).
     TimedOut,
+    /// An API request's body did not complete within `--body-timeout-secs`: a 408 was queued
+    /// (the connection closes after it).
+    BodyTimedOut,
     /// Idle too long: close now.
     Idle,
 }
@@ -153,7 +161,9 @@ pub struct HttpConn {
     close_requested: bool,
     sent_continue: bool,
     idle_since: Instant,
-    head_started: Option<Instant>,
+    /// When the part of a request being received began: its head's first byte, or, while an
+    /// API body is awaited, the head's completion (`--body-timeout-secs` runs from it).
+    started: Option<Instant>,
     /// The head is complete and the body is being received: the idle timeout applies.
     awaiting_body: bool,
     /// Extra header lines for the answers to the request being handled (the gate's CORS
@@ -164,6 +174,10 @@ pub struct HttpConn {
     budget: Option<Arc<BodyBudget>>,
     counted: u64,
     starved: bool,
+    /// The access-log record of the head being handled, until its final answer is queued
+    /// (or a subscriber takes it); then the answered ones, until the core takes them.
+    record: Option<Box<Record>>,
+    finished: Vec<Finished>,
 }
 
 /// Where a parsed head goes next (internal to [`HttpConn::poll`]).
@@ -204,12 +218,14 @@ impl HttpConn {
             close_requested: false,
             sent_continue: false,
             idle_since: now,
-            head_started: (rlen > 0).then_some(now),
+            started: (rlen > 0).then_some(now),
             awaiting_body: false,
             headers: String::new(),
             budget: None,
             counted: 0,
             starved: false,
+            record: None,
+            finished: Vec::new(),
         }
     }
 
@@ -229,7 +245,7 @@ impl HttpConn {
             if busy && self.answer_bytes() >= lim.answer_bytes_max {
                 // Backpressure on pipelining: read no further request until the client takes
                 // some answers. The header timer must not run while the gateway refuses to read.
-                self.head_started = None;
+                self.started = None;
                 return Step::Wait;
             }
             let rbuf = self.rbuf.as_ref().expect("checked");
@@ -239,11 +255,16 @@ impl HttpConn {
                 Err(e) => {
                     let (status, code, msg) = e.status();
                     self.headers.clear();
+                    let started = self.started.unwrap_or(now);
+                    self.record = Some(Box::new(Record::unparsed(self.rlen - self.rpos, started)));
                     self.error(status, code, &msg, true);
                     return Step::Wait;
                 }
             };
             self.headers.clear();
+            let mcp_path = lim.mcp.as_ref().map(|(p, _)| p.as_str());
+            let started = self.started.unwrap_or(now);
+            self.record = Some(Box::new(Record::of(&head, mcp_path, started)));
             match self.on_head(head, busy, now, lim, remote, gate) {
                 Parsed::Step(s) => return s,
                 Parsed::Again => continue,
@@ -279,6 +300,9 @@ impl HttpConn {
         }
         let total = head.head_len + head.content_length as usize;
         if self.rlen - self.rpos < total {
+            if !self.awaiting_body || self.started.is_none() {
+                self.started = Some(now); // the body's deadline starts with its head complete
+            }
             return Parsed::Step(self.await_body(&head, total, true));
         }
         let owner = route.stream().and_then(|s| remote(Target::Stream(s)));
@@ -301,7 +325,7 @@ impl HttpConn {
             close: head.close,
             body,
             access,
-            headers: self.headers.clone(),
+            headers: self.answer_headers(),
         }))
     }
 
@@ -324,6 +348,7 @@ impl HttpConn {
                 match gate.admit(head, &route, std::mem::take(&mut self.headers)) {
                     Admission::Admit { headers, access } => {
                         self.headers = headers;
+                        self.note_subject(&access);
                         return Ok((route, access));
                     }
                     other => other,
@@ -375,7 +400,10 @@ impl HttpConn {
             return Step::Wait;
         }
         let access = match gate.admit_mcp(&head) {
-            Admission::Admit { access, .. } => access,
+            Admission::Admit { access, .. } => {
+                self.note_subject(&access);
+                access
+            }
             Admission::Refuse {
                 status,
                 code,
@@ -438,7 +466,7 @@ impl HttpConn {
     fn await_head(&mut self, lim: &ConnLimits) -> Step {
         self.compact();
         if self.rlen == 0 {
-            self.head_started = None;
+            self.started = None;
         }
         let rbuf = self.rbuf.as_mut().expect("held");
         if rbuf.len() < lim.head.header_bytes_max {
@@ -488,6 +516,7 @@ impl HttpConn {
 
     fn hand_off(&mut self, owner: usize) -> Step {
         self.compact();
+        self.record = None; // the owner core parses the head again and records it
         let mut bytes = self.rbuf.take().expect("held");
         bytes.truncate(self.rlen);
         Step::HandOff { owner, bytes }
@@ -501,7 +530,7 @@ impl HttpConn {
         self.consume(total);
         self.sent_continue = false;
         self.awaiting_body = false;
-        self.head_started = (self.rlen > self.rpos).then_some(now);
+        self.started = (self.rlen > self.rpos).then_some(now);
         // A body grew the buffer: give the memory (and its budget) back.
         let rbuf = self.rbuf.as_mut().expect("held");
         if rbuf.len() > RECV_BYTES_KEEP_MAX && self.rlen - self.rpos <= RECV_BYTES_MIN {
@@ -539,18 +568,33 @@ impl HttpConn {
         self.rbuf = Some(buf);
         self.rlen += n;
         self.idle_since = now;
-        self.head_started.get_or_insert(now);
+        self.started.get_or_insert(now);
     }
 
-    /// The header and idle deadlines at a tick (none while answers are pending).
+    /// The header, body and idle deadlines at a tick (the header and idle ones wait while
+    /// answers are pending; the body's runs regardless: it bounds the whole body).
     pub fn on_tick(&mut self, now: Instant, lim: &ConnLimits) -> Deadline {
+        if let Some(t) = self.started
+            && self.awaiting_body
+            && !self.close_requested
+            && now.duration_since(t) >= lim.body_timeout
+        {
+            self.error(
+                408,
+                "request_timeout",
+                "request body not completed within --body-timeout-secs",
+                true,
+            );
+            return Deadline::BodyTimedOut;
+        }
         if self.busy() {
             return Deadline::None;
         }
-        if let Some(t) = self.head_started
+        if let Some(t) = self.started
             && !self.awaiting_body
             && now.duration_since(t) >= lim.header_timeout
         {
+            self.record = Some(Box::new(Record::unparsed(self.rlen - self.rpos, t)));
             self.error(
                 408,
                 "request_timeout",
@@ -559,12 +603,48 @@ impl HttpConn {
             );
             return Deadline::TimedOut;
         }
-        if (self.head_started.is_none() || self.awaiting_body)
+        if (self.started.is_none() || self.awaiting_body)
             && now.duration_since(self.idle_since) >= lim.idle_timeout
         {
             return Deadline::Idle;
         }
         Deadline::None
+    }
+}
+
+impl HttpConn {
+    /// Records who asked (a fingerprint of the verified subject).
+    fn note_subject(&mut self, access: &auth::Access) {
+        if let (Some(r), Some(s)) = (&mut self.record, &access.subject) {
+            r.subject = Some(fingerprint(s));
+        }
+    }
+
+    /// The extra header lines of every answer to the request being handled: the gate's (CORS)
+    /// and its `X-Request-Id`.
+    fn answer_headers(&self) -> String {
+        match &self.record {
+            Some(r) => format!("{}{}", self.headers, r.header_line()),
+            None => self.headers.clone(),
+        }
+    }
+
+    /// Takes the record of the request being handled (a subscription, whose line is written
+    /// when it ends).
+    pub fn take_record(&mut self) -> Option<Box<Record>> {
+        self.record.take()
+    }
+
+    /// Puts a resume's class on the record of the request being handled.
+    pub fn note_resume(&mut self, class: &'static str) {
+        if let Some(r) = &mut self.record {
+            r.resume = Some(class);
+        }
+    }
+
+    /// Hands every request whose final answer left the outbox to `f`.
+    pub fn drain_finished(&mut self, f: impl FnMut(Finished)) {
+        self.finished.drain(..).for_each(f);
     }
 }
 

@@ -15,6 +15,7 @@ fn limits() -> ConnLimits {
         mcp: Some(("/mcp".into(), 4096)),
         header_timeout: Duration::from_secs(10),
         idle_timeout: Duration::from_secs(60),
+        body_timeout: Duration::from_secs(30),
     }
 }
 
@@ -194,7 +195,8 @@ fn an_incomplete_head_times_out_with_408_exactly_at_the_deadline() {
 
 #[test]
 fn a_body_in_progress_is_under_the_idle_timeout_not_the_header_timeout() {
-    let (lim, t0) = (limits(), Instant::now());
+    let (mut lim, t0) = (limits(), Instant::now());
+    lim.body_timeout = lim.idle_timeout * 2;
     let mut c = HttpConn::new(Vec::new(), t0);
     feed(
         &mut c,
@@ -205,6 +207,67 @@ fn a_body_in_progress_is_under_the_idle_timeout_not_the_header_timeout() {
     let _recv = c.poll(t0, &lim, &local, &mut open_gate());
     assert_eq!(c.on_tick(t0 + lim.header_timeout * 2, &lim), Deadline::None);
     assert_eq!(c.on_tick(t0 + lim.idle_timeout, &lim), Deadline::Idle);
+}
+
+/// Polls for the receive step (the machine holds no buffer until it is completed).
+fn recv_step(c: &mut HttpConn, now: Instant, lim: &ConnLimits) -> (Vec<u8>, usize) {
+    match c.poll(now, lim, &local, &mut open_gate()) {
+        Step::Recv { buf, from } => (buf, from),
+        other => panic!("expected a receive step, got {other:?}"),
+    }
+}
+
+/// Completes the receive `r` with `bytes`.
+fn complete(c: &mut HttpConn, r: (Vec<u8>, usize), bytes: &[u8], now: Instant) {
+    let (mut buf, from) = r;
+    buf[from..from + bytes.len()].copy_from_slice(bytes);
+    c.on_recv(buf, bytes.len(), now);
+}
+
+#[test]
+fn a_trickled_body_gets_408_at_the_body_deadline_however_often_bytes_arrive() {
+    let (lim, t0) = (limits(), Instant::now());
+    let mut c = HttpConn::new(Vec::new(), t0);
+    let head = b"POST /v1/streams/a/events HTTP/1.1\r\nContent-Length: 100\r\n\r\n";
+    feed(&mut c, head, t0, &lim);
+    let mut r = recv_step(&mut c, t0, &lim);
+    // One byte a second: every receive restarts the idle timer, never the body's.
+    for i in 1..lim.body_timeout.as_secs() {
+        let t = t0 + Duration::from_secs(i);
+        complete(&mut c, r, b"x", t);
+        r = recv_step(&mut c, t, &lim);
+        assert_eq!(c.on_tick(t, &lim), Deadline::None, "at {i} s");
+    }
+    let t_end = t0 + lim.body_timeout;
+    assert_eq!(c.on_tick(t_end, &lim), Deadline::BodyTimedOut);
+    assert_eq!(c.on_tick(t_end, &lim), Deadline::None, "counted once");
+    drop(r);
+    let out = drain(&mut c, t_end);
+    let text = String::from_utf8_lossy(&out);
+    assert!(out.starts_with(b"HTTP/1.1 408 "), "{text}");
+    assert!(text.contains("--body-timeout-secs"), "{text}");
+    assert!(c.done(false));
+}
+
+#[test]
+fn the_body_deadline_is_per_request_on_a_keep_alive_connection() {
+    let (lim, t0) = (limits(), Instant::now());
+    let mut c = HttpConn::new(Vec::new(), t0);
+    let head = "POST /v1/streams/a/events HTTP/1.1\r\nContent-Length: 2\r\n\r\n";
+    feed(&mut c, format!("{head}x").as_bytes(), t0, &lim);
+    let r = recv_step(&mut c, t0, &lim);
+    let t1 = t0 + lim.body_timeout - Duration::from_secs(1);
+    complete(&mut c, r, b"y", t1);
+    assert_eq!(request(&mut c, t1, &lim).body, b"xy");
+    // The next request's body starts its own deadline.
+    let t2 = t1 + Duration::from_secs(1);
+    feed(&mut c, head.as_bytes(), t2, &lim);
+    let _r = recv_step(&mut c, t2, &lim);
+    assert_eq!(c.on_tick(t0 + lim.body_timeout, &lim), Deadline::None);
+    assert_eq!(
+        c.on_tick(t2 + lim.body_timeout, &lim),
+        Deadline::BodyTimedOut
+    );
 }
 
 #[test]
