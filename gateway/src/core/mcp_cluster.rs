@@ -13,7 +13,7 @@
 //! - **Streams are born with their first applied message** (as every stream in cluster
 //!   mode): an SSE response opened before that waits as an unborn subscriber.
 //! - **Other nodes' sessions** are recovered into this node's MCP core when a client resumes
-//!   them with their session ID (`mcp_cluster_recover`), replay only; new requests get 404
+//!   them with their session ID (`Mcp::cluster_recover`), replay only; new requests get 404
 //!   (their upstream is elsewhere). Session IDs this process mints start with its own 4
 //!   random bytes, so it never recovers its own (ended) sessions.
 //! - **Catch-up.** A resume naming what this node has not applied yet (or a complete stream
