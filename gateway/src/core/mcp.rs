@@ -345,7 +345,7 @@ impl Mcp {
             UpstreamEvent::LineTooLong(id, n) => {
                 // Dropping the line could hide a response: end the upstream explicitly.
                 let why = format!("upstream wrote a {n}-byte line, over --event-bytes-max");
-                tracing::warn!(
+                crate::warn_limited!(
                     core = self.core_id,
                     upstream = id.0,
                     line_bytes = n,

@@ -57,7 +57,12 @@ impl Mcp {
             Action::CreateStream { stream } => {
                 if let Err(e) = cx.hub.log_mut(self.shard).create_stream(&stream) {
                     let stream = redacted(&stream);
-                    tracing::warn!(core = self.core_id, %stream, error = %e, "MCP stream cannot be created");
+                    crate::warn_limited!(
+                        core = self.core_id,
+                        %stream,
+                        error = %e,
+                        "MCP stream cannot be created",
+                    );
                 }
             }
             Action::Append {
@@ -99,7 +104,12 @@ impl Mcp {
     ) {
         if self.broken.contains_key(&stream) {
             let stream = redacted(&stream);
-            tracing::warn!(core = self.core_id, %stream, seq, "MCP message for a broken stream not stored");
+            crate::warn_limited!(
+                core = self.core_id,
+                %stream,
+                seq,
+                "MCP message for a broken stream not stored",
+            );
             return;
         }
         if cx.cluster.is_some() {
@@ -118,7 +128,12 @@ impl Mcp {
             *refused += 1;
             let why = e.to_string();
             let name = redacted(&stream);
-            tracing::warn!(core = core_id, stream = %name, error = %why, "MCP append failed; storing an error record instead");
+            crate::warn_limited!(
+                core = core_id,
+                stream = %name,
+                error = %why,
+                "MCP append failed; storing an error record instead",
+            );
             let (t, sub) = jsonrpc::not_stored_substitute(&data, &why);
             log.append(sid, t, &sub)
                 .map_err(|e2| format!("{why}; then {e2}"))
@@ -200,7 +215,12 @@ impl Mcp {
 
     fn spawn(&mut self, upstream: UpstreamId, session: Option<&str>, cx: &McpCx<'_>) {
         if let Err(e) = self.ups.spawn(upstream, session) {
-            tracing::warn!(core = self.core_id, upstream = upstream.0, error = %e, "MCP upstream cannot start");
+            crate::warn_limited!(
+                core = self.core_id,
+                upstream = upstream.0,
+                error = %e,
+                "MCP upstream cannot start",
+            );
             self.core
                 .handle_upstream_exit(self.now_ms(cx.now), upstream, &e);
         }
@@ -270,7 +290,12 @@ impl Mcp {
         out: &mut Vec<Effect>,
     ) {
         let name = redacted(&stream);
-        tracing::warn!(core = self.core_id, stream = %name, reason = %why, "MCP stream broken (no record could be stored)");
+        crate::warn_limited!(
+            core = self.core_id,
+            stream = %name,
+            reason = %why,
+            "MCP stream broken (no record could be stored)",
+        );
         self.cluster_forget(&stream);
         let subs = self.stream_subs(&stream, cx);
         let max = cx.cfg.mcp.mcp_sessions_max * BROKEN_PER_SESSION_MAX;

@@ -422,7 +422,7 @@ impl Mcp {
     /// Logs a broken MCP stream's cause without its session ID.
     pub(super) fn cluster_note(&self, stream: &str, why: &str) {
         let stream = redacted(stream);
-        tracing::warn!(core = self.core_id, %stream, reason = %why, "MCP record not stored");
+        crate::warn_limited!(core = self.core_id, %stream, reason = %why, "MCP record not stored");
     }
 }
 
