@@ -19,6 +19,10 @@ mod lifecycle;
 mod mcp;
 mod mcp_apply;
 mod mcp_cluster;
+mod mcp_drive;
+mod mcp_metrics;
+#[cfg(test)]
+mod mcp_tests;
 mod requests;
 mod subs;
 mod tick;
