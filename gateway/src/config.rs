@@ -151,6 +151,15 @@ pub struct Config {
     #[arg(long, default_value = "127.0.0.1:9090")]
     pub admin_listen: SocketAddr,
 
+    /// Admin connections served at once (a thread each); above it a new one is closed at once.
+    #[arg(long, default_value_t = 64)]
+    pub admin_connections_max: usize,
+
+    /// Seconds an admin client has, in total, to send its request head and take the answer,
+    /// however it trickles its bytes; past it the connection is closed.
+    #[arg(long, default_value_t = 5)]
+    pub admin_timeout_secs: u64,
+
     /// Allow a `--listen` address other than loopback with no authentication configured (no
     /// JWT key and no anonymous pattern). Without it such a start is refused.
     #[arg(long)]
@@ -383,6 +392,8 @@ impl Config {
             (self.idle_timeout_secs, "--idle-timeout-secs"),
             (self.header_timeout_secs, "--header-timeout-secs"),
             (self.body_timeout_secs, "--body-timeout-secs"),
+            (self.admin_connections_max as u64, "--admin-connections-max"),
+            (self.admin_timeout_secs, "--admin-timeout-secs"),
             (self.keepalive_secs, "--keepalive-secs"),
             (self.lag_events_max, "--lag-events-max"),
             (self.send_bytes_max as u64, "--send-bytes-max"),
