@@ -364,7 +364,8 @@ impl std::fmt::Display for ConfigError {
             ConfigError::RequestBufferBelowBody(b) => write!(
                 f,
                 "--request-buffer-bytes-max must be at least the largest request body \
-                 (--batch-bytes-max / --mcp-body-bytes-max): {b}"
+                 (--batch-bytes-max plus 2 × --header-bytes-max for a chunked body's head and \
+                 framing, or --mcp-body-bytes-max): {b}"
             ),
             ConfigError::BadOrigin(o) => write!(
                 f,
@@ -424,7 +425,10 @@ impl Config {
         } else {
             0
         };
-        let body_max = self.batch_bytes_max.max(self.event_bytes_max).max(mcp_body) as u64;
+        // A chunked API body's buffer holds its head, the body and one line of framing
+        // (`proto::conn::chunked_body`): both bounded by --header-bytes-max.
+        let api_body = self.batch_bytes_max.max(self.event_bytes_max) + 2 * self.header_bytes_max;
+        let body_max = api_body.max(mcp_body) as u64;
         if self.request_buffer_bytes_max < body_max {
             return Err(ConfigError::RequestBufferBelowBody(body_max));
         }

@@ -15,7 +15,7 @@ use super::tls;
 /// What a connection is doing.
 #[derive(Debug)]
 pub(super) enum State {
-    Http(HttpConn),
+    Http(Box<HttpConn>),
     Sub(Box<Sub>),
 }
 

@@ -12,6 +12,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 mod budget;
+mod chunked_body;
 mod outbox;
 
 use std::sync::Arc;
@@ -19,6 +20,7 @@ use std::sync::Arc;
 pub use budget::BodyBudget;
 
 use super::access::{Admission, Gate};
+use super::chunked::Decoder;
 use super::http::{self, Head, HeadLimits};
 use super::route::{self, Route};
 
@@ -171,6 +173,9 @@ pub struct HttpConn {
     budget: Option<Arc<BodyBudget>>,
     counted: u64,
     starved: bool,
+    /// The chunked body being decoded (in place, after its head), once it is known to be
+    /// served here.
+    chunked: Option<Box<Decoder>>,
 }
 
 /// Where a parsed head goes next (internal to [`HttpConn::poll`]).
@@ -217,6 +222,7 @@ impl HttpConn {
             budget: None,
             counted: 0,
             starved: false,
+            chunked: None,
         }
     }
 
@@ -284,11 +290,13 @@ impl HttpConn {
         if let Some(step) = self.refuse_body(&head, body_max) {
             return Parsed::Step(step);
         }
+        if head.chunked {
+            let ctx = chunked_body::Ctx { busy, now, lim };
+            return Parsed::Step(self.on_chunked(head, route, access, body_max, ctx, remote));
+        }
         let total = head.head_len + head.content_length as usize;
         if self.rlen - self.rpos < total {
-            if !self.awaiting_body || self.started.is_none() {
-                self.started = Some(now); // the body's deadline starts with its head complete
-            }
+            self.start_body_deadline(now);
             return Parsed::Step(self.await_body(&head, total, true));
         }
         let owner = route.stream().and_then(|s| remote(Target::Stream(s)));
@@ -303,7 +311,12 @@ impl HttpConn {
             self.compact(); // a subscribe: nothing is read after it
         }
         let body = self.take_request(head.head_len, total, now);
-        Parsed::Step(Step::Request(Request {
+        Parsed::Step(self.api_request(head, route, body, access))
+    }
+
+    /// The complete API request of `head` with its `body`.
+    fn api_request(&self, head: Head, route: Route, body: Vec<u8>, access: auth::Access) -> Step {
+        Step::Request(Request {
             kind: Kind::Api {
                 route,
                 event_type: head.event_type,
@@ -312,7 +325,7 @@ impl HttpConn {
             body,
             access,
             headers: self.headers.clone(),
-        }))
+        })
     }
 
     /// Routes an API head and asks the gate (origin, then grants): the route and who asked,
@@ -362,7 +375,7 @@ impl HttpConn {
     /// Refuses a head with a JSON error. Its body (if any) was not read, so the connection is
     /// kept only if there is none.
     fn refuse_head(&mut self, head: &Head, status: u16, code: &str, msg: &str) -> Parsed {
-        let close = head.close || status == 411 || head.content_length > 0;
+        let close = head.close || status == 411 || head.content_length > 0 || head.chunked;
         if !close {
             self.consume(head.head_len);
         }
@@ -398,6 +411,11 @@ impl HttpConn {
             }
             Admission::Preflight { .. } => unreachable!("admit_mcp answers no preflight"),
         };
+        if head.chunked {
+            let msg = "send /mcp bodies with a Content-Length";
+            self.error(411, "length_required", msg, true);
+            return Step::Wait;
+        }
         if head.content_length > body_max as u64 {
             let msg = format!(
                 "body of {} bytes exceeds --mcp-body-bytes-max {body_max}",
@@ -426,7 +444,7 @@ impl HttpConn {
 
     /// A 413 for a body over `body_max` (0: the route takes none).
     fn refuse_body(&mut self, head: &Head, body_max: usize) -> Option<Step> {
-        if head.content_length <= body_max as u64 {
+        if head.content_length <= body_max as u64 && !(head.chunked && body_max == 0) {
             return None;
         }
         let (code, msg) = if body_max == 0 {
