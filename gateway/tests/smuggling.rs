@@ -192,3 +192,30 @@ fn a_chunked_body_without_its_final_chunk_times_out() {
         1
     );
 }
+
+/// A chunked publish for a stream of another core, read in pieces (the head, then part of a
+/// chunk), with a publish of the accepting core and a `/healthz` pipelined behind it: the
+/// connection moves with the raw bytes before any is decoded, the owner decodes the body as
+/// the rest arrives, and every answer comes back in order.
+#[test]
+fn a_chunked_publish_handed_to_its_owner_core_in_pieces() {
+    let g = Gateway::start(&["--cores", "2", "--listen-cores-max", "1"]);
+    let remote = common::stream_on_core(1, "remote");
+    let local = common::stream_on_core(0, "local");
+    let head = format!("POST /v1/streams/{remote}/events HTTP/1.1\r\nHost: t\r\n{CHUNKED}\r\n");
+    let tail = format!(
+        "lo\r\n0\r\n\r\nPOST /v1/streams/{local}/events HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\n\r\nlocalGET /healthz HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+    );
+    let mut s = connect(g.addr);
+    s.set_nodelay(true).unwrap();
+    for piece in [head.as_str(), "5\r\nhel", tail.as_str()] {
+        s.write_all(piece.as_bytes()).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(30)); // separate receives
+    }
+    let mut r = BufReader::new(s);
+    let statuses: Vec<u16> = (0..3).map(|_| read_response(&mut r).0).collect();
+    assert_eq!(statuses, [201, 201, 200]);
+    let mut sse = Sse::open(g.addr, &format!("/v1/streams/{remote}?from=earliest"), None);
+    assert_eq!(sse.next_event().expect("the event").data, "hello");
+    assert!(g.metric("gateway_handoffs_total", "direction=\"in\"") >= 1);
+}
