@@ -151,6 +151,15 @@ pub struct Config {
     #[arg(long, default_value = "127.0.0.1:9090")]
     pub admin_listen: SocketAddr,
 
+    /// Admin connections served at once (a thread each); above it a new one is closed at once.
+    #[arg(long, default_value_t = 64)]
+    pub admin_connections_max: usize,
+
+    /// Seconds an admin client has, in total, to send its request head and take the answer,
+    /// however it trickles its bytes; past it the connection is closed.
+    #[arg(long, default_value_t = 5)]
+    pub admin_timeout_secs: u64,
+
     /// Allow a `--listen` address other than loopback with no authentication configured (no
     /// JWT key and no anonymous pattern). Without it such a start is refused.
     #[arg(long)]
@@ -367,7 +376,8 @@ impl std::fmt::Display for ConfigError {
             ConfigError::RequestBufferBelowBody(b) => write!(
                 f,
                 "--request-buffer-bytes-max must be at least the largest request body \
-                 (--batch-bytes-max / --mcp-body-bytes-max): {b}"
+                 (--batch-bytes-max plus 2 × --header-bytes-max for a chunked body's head and \
+                 framing, or --mcp-body-bytes-max): {b}"
             ),
             ConfigError::BadOrigin(o) => write!(
                 f,
@@ -395,6 +405,8 @@ impl Config {
             (self.idle_timeout_secs, "--idle-timeout-secs"),
             (self.header_timeout_secs, "--header-timeout-secs"),
             (self.body_timeout_secs, "--body-timeout-secs"),
+            (self.admin_connections_max as u64, "--admin-connections-max"),
+            (self.admin_timeout_secs, "--admin-timeout-secs"),
             (self.keepalive_secs, "--keepalive-secs"),
             (self.lag_events_max, "--lag-events-max"),
             (self.send_bytes_max as u64, "--send-bytes-max"),
@@ -425,7 +437,10 @@ impl Config {
         } else {
             0
         };
-        let body_max = self.batch_bytes_max.max(self.event_bytes_max).max(mcp_body) as u64;
+        // A chunked API body's buffer holds its head, the body and one line of framing
+        // (`proto::conn::chunked_body`): both bounded by --header-bytes-max.
+        let api_body = self.batch_bytes_max.max(self.event_bytes_max) + 2 * self.header_bytes_max;
+        let body_max = api_body.max(mcp_body) as u64;
         if self.request_buffer_bytes_max < body_max {
             return Err(ConfigError::RequestBufferBelowBody(body_max));
         }

@@ -127,3 +127,108 @@ fn trickling_bodies_free_their_slots_at_the_body_deadline() {
     assert_eq!(got, Some(201), "a normal client never got a slot back");
     assert!(g.metric("gateway_request_timeouts_total", "phase=\"body\"") >= 4);
 }
+
+/// A `GET /healthz` on the admin listener: its status, or `None` if no answer came within
+/// `wait` (the connection was closed, or the listener did not serve it in time).
+fn healthz(admin: SocketAddr, wait: Duration) -> Option<u16> {
+    let mut s = TcpStream::connect_timeout(&admin, wait).ok()?;
+    s.set_read_timeout(Some(wait)).ok()?;
+    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
+        .ok()?;
+    let mut all = Vec::new();
+    let _ = s.read_to_end(&mut all);
+    let line = std::str::from_utf8(all.split(|&b| b == b'\r').next()?).ok()?;
+    line.split(' ').nth(1)?.parse().ok()
+}
+
+/// Keeps one admin connection trickling a head that never ends (one byte every 300 ms),
+/// reconnecting whenever the listener closes it, until `stop`.
+fn admin_trickler(admin: SocketAddr, stop: Arc<AtomicBool>) {
+    while !stop.load(Relaxed) {
+        let Ok(s) = TcpStream::connect_timeout(&admin, Duration::from_secs(5)) else {
+            std::thread::sleep(Duration::from_millis(100));
+            continue;
+        };
+        let _ = s.set_write_timeout(Some(Duration::from_secs(5)));
+        trickle(
+            s,
+            b"GET /healthz HTTP/1.1\r\nX-Slow: ",
+            Duration::from_millis(300),
+            stop.clone(),
+        );
+    }
+}
+
+/// 50 clients trickle heads at the admin listener, never finishing one: `/healthz` is still
+/// answered, again and again, each time within the probe's own wait (5 s, the admin deadline).
+/// The old listener served one connection at a time and restarted its timeout on every byte.
+#[test]
+fn healthz_answers_while_fifty_clients_trickle_at_the_admin_listener() {
+    let g = Gateway::start(&["--cores", "1"]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let tricklers: Vec<_> = (0..50)
+        .map(|_| {
+            let (admin, stop) = (g.admin_addr, stop.clone());
+            std::thread::spawn(move || admin_trickler(admin, stop))
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs(1)); // every trickler connected and sending
+    let answers: Vec<_> = (0..10)
+        .map(|_| {
+            let a = healthz(g.admin_addr, Duration::from_secs(5));
+            std::thread::sleep(Duration::from_millis(300));
+            a
+        })
+        .collect();
+    stop.store(true, Relaxed);
+    for t in tricklers {
+        t.join().unwrap();
+    }
+    assert_eq!(answers, vec![Some(200); 10]);
+}
+
+/// `--admin-timeout-secs 1`: a client trickling a head is closed once its total deadline
+/// passed, however often its bytes arrive; over `--admin-connections-max` a connection is
+/// closed at once while the others are served.
+#[test]
+fn admin_connections_have_a_total_deadline_and_a_cap() {
+    let g = Gateway::start(&[
+        "--cores",
+        "1",
+        "--admin-timeout-secs",
+        "1",
+        "--admin-connections-max",
+        "2",
+    ]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let s = connect(g.admin_addr);
+    let mut reader = s.try_clone().unwrap();
+    let writer = {
+        let stop = stop.clone();
+        let head = b"GET /healthz HTTP/1.1\r\nX-Slow: ".as_slice();
+        std::thread::spawn(move || trickle(s, head, Duration::from_millis(300), stop))
+    };
+    // Bounded by the read timeout (20 s): closed with no answer.
+    let mut all = Vec::new();
+    let n = reader.read_to_end(&mut all);
+    assert!(
+        matches!(n, Ok(0)) || n.is_err(),
+        "closed at the deadline: {n:?}"
+    );
+    assert!(all.is_empty(), "{}", String::from_utf8_lossy(&all));
+    stop.store(true, Relaxed);
+    writer.join().unwrap();
+
+    // Two idle connections take both places: a third is closed at once, unanswered.
+    let idle: Vec<_> = (0..2).map(|_| connect(g.admin_addr)).collect();
+    std::thread::sleep(Duration::from_millis(200)); // both accepted
+    assert_eq!(healthz(g.admin_addr, Duration::from_millis(900)), None);
+    drop(idle);
+    // Bounded retries until the places are free again (the idle ones end at once or at 1 s).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut got = None;
+    while got != Some(200) && Instant::now() < deadline {
+        got = healthz(g.admin_addr, Duration::from_secs(2));
+    }
+    assert_eq!(got, Some(200));
+}

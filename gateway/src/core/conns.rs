@@ -13,12 +13,9 @@ use crate::streams::sub::Sub;
 use super::tls;
 
 /// What a connection is doing.
-// Most connections are HTTP ones for most of their life: boxing that variant would allocate
-// per connection to save a few hundred bytes per table slot.
-#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub(super) enum State {
-    Http(HttpConn),
+    Http(Box<HttpConn>),
     Sub(Box<Sub>),
 }
 

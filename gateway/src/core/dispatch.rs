@@ -140,7 +140,7 @@ impl Core {
         let conn = Conn {
             fd,
             closing: false,
-            state: State::Http(http_conn),
+            state: State::Http(Box::new(http_conn)),
             peer,
             tls: tls.map(|s| Box::new(Tls::new(s))),
             record: None,

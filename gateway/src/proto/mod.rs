@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 pub mod access;
+pub mod chunked;
 pub mod conn;
 pub mod http;
 pub mod request_log;

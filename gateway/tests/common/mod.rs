@@ -546,3 +546,19 @@ impl Sse {
         }
     }
 }
+
+/// Names of streams owned by core 0 and by core 1 of a 2-core gateway with the default 8
+/// shards (the gateway's documented FNV-1a 64 → shard → `shard % cores`).
+pub fn stream_on_core(core: u64, tag: &str) -> String {
+    (0..1000)
+        .map(|i| format!("{tag}{i}"))
+        .find(|n| {
+            let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+            for b in n.bytes() {
+                h ^= u64::from(b);
+                h = h.wrapping_mul(0x0100_0000_01b3);
+            }
+            (h % 8) % 2 == core
+        })
+        .unwrap()
+}

@@ -12,15 +12,18 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 mod budget;
+mod chunked_body;
 mod outbox;
+mod record;
 
 use std::sync::Arc;
 
 pub use budget::BodyBudget;
 
 use super::access::{Admission, Gate};
+use super::chunked::Decoder;
 use super::http::{self, Head, HeadLimits};
-use super::request_log::{Finished, Record, fingerprint};
+use super::request_log::{Finished, Record};
 use super::route::{self, Route};
 
 /// The smallest receive buffer (and what it shrinks back to after a large body).
@@ -178,6 +181,9 @@ pub struct HttpConn {
     /// (or a subscriber takes it); then the answered ones, until the core takes them.
     record: Option<Box<Record>>,
     finished: Vec<Finished>,
+    /// The chunked body being decoded (in place, after its head), once it is known to be
+    /// served here.
+    chunked: Option<Box<Decoder>>,
 }
 
 /// Where a parsed head goes next (internal to [`HttpConn::poll`]).
@@ -226,6 +232,7 @@ impl HttpConn {
             starved: false,
             record: None,
             finished: Vec::new(),
+            chunked: None,
         }
     }
 
@@ -298,11 +305,13 @@ impl HttpConn {
         if let Some(step) = self.refuse_body(&head, body_max) {
             return Parsed::Step(step);
         }
+        if head.chunked {
+            let ctx = chunked_body::Ctx { busy, now, lim };
+            return Parsed::Step(self.on_chunked(head, route, access, body_max, ctx, remote));
+        }
         let total = head.head_len + head.content_length as usize;
         if self.rlen - self.rpos < total {
-            if !self.awaiting_body || self.started.is_none() {
-                self.started = Some(now); // the body's deadline starts with its head complete
-            }
+            self.start_body_deadline(now);
             return Parsed::Step(self.await_body(&head, total, true));
         }
         let owner = route.stream().and_then(|s| remote(Target::Stream(s)));
@@ -317,7 +326,12 @@ impl HttpConn {
             self.compact(); // a subscribe: nothing is read after it
         }
         let body = self.take_request(head.head_len, total, now);
-        Parsed::Step(Step::Request(Request {
+        Parsed::Step(self.api_request(head, route, body, access))
+    }
+
+    /// The complete API request of `head` with its `body`.
+    fn api_request(&self, head: Head, route: Route, body: Vec<u8>, access: auth::Access) -> Step {
+        Step::Request(Request {
             kind: Kind::Api {
                 route,
                 event_type: head.event_type,
@@ -326,7 +340,7 @@ impl HttpConn {
             body,
             access,
             headers: self.answer_headers(),
-        }))
+        })
     }
 
     /// Routes an API head and asks the gate (origin, then grants): the route and who asked,
@@ -377,7 +391,7 @@ impl HttpConn {
     /// Refuses a head with a JSON error. Its body (if any) was not read, so the connection is
     /// kept only if there is none.
     fn refuse_head(&mut self, head: &Head, status: u16, code: &str, msg: &str) -> Parsed {
-        let close = head.close || status == 411 || head.content_length > 0;
+        let close = head.close || status == 411 || head.content_length > 0 || head.chunked;
         if !close {
             self.consume(head.head_len);
         }
@@ -416,6 +430,11 @@ impl HttpConn {
             }
             Admission::Preflight { .. } => unreachable!("admit_mcp answers no preflight"),
         };
+        if head.chunked {
+            let msg = "send /mcp bodies with a Content-Length";
+            self.error(411, "length_required", msg, true);
+            return Step::Wait;
+        }
         if head.content_length > body_max as u64 {
             let msg = format!(
                 "body of {} bytes exceeds --mcp-body-bytes-max {body_max}",
@@ -444,7 +463,7 @@ impl HttpConn {
 
     /// A 413 for a body over `body_max` (0: the route takes none).
     fn refuse_body(&mut self, head: &Head, body_max: usize) -> Option<Step> {
-        if head.content_length <= body_max as u64 {
+        if head.content_length <= body_max as u64 && !(head.chunked && body_max == 0) {
             return None;
         }
         let (code, msg) = if body_max == 0 {
@@ -609,42 +628,6 @@ impl HttpConn {
             return Deadline::Idle;
         }
         Deadline::None
-    }
-}
-
-impl HttpConn {
-    /// Records who asked (a fingerprint of the verified subject).
-    fn note_subject(&mut self, access: &auth::Access) {
-        if let (Some(r), Some(s)) = (&mut self.record, &access.subject) {
-            r.subject = Some(fingerprint(s));
-        }
-    }
-
-    /// The extra header lines of every answer to the request being handled: the gate's (CORS)
-    /// and its `X-Request-Id`.
-    fn answer_headers(&self) -> String {
-        match &self.record {
-            Some(r) => format!("{}{}", self.headers, r.header_line()),
-            None => self.headers.clone(),
-        }
-    }
-
-    /// Takes the record of the request being handled (a subscription, whose line is written
-    /// when it ends).
-    pub fn take_record(&mut self) -> Option<Box<Record>> {
-        self.record.take()
-    }
-
-    /// Puts a resume's class on the record of the request being handled.
-    pub fn note_resume(&mut self, class: &'static str) {
-        if let Some(r) = &mut self.record {
-            r.resume = Some(class);
-        }
-    }
-
-    /// Hands every request whose final answer left the outbox to `f`.
-    pub fn drain_finished(&mut self, f: impl FnMut(Finished)) {
-        self.finished.drain(..).for_each(f);
     }
 }
 

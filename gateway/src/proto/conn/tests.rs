@@ -553,3 +553,158 @@ fn body_budget_admits_whole_bodies_and_starved_ones_resume() {
     }
     assert!(!b.starved());
 }
+
+/// A chunked publish's head (HTTP/1.1, no Content-Length).
+fn chunked_head(path: &str) -> String {
+    format!("POST {path} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+}
+
+#[test]
+fn a_chunked_body_arriving_in_pieces_is_one_request_and_the_next_one_follows() {
+    let (lim, t0) = (limits(), Instant::now());
+    let mut c = HttpConn::new(Vec::new(), t0);
+    let mut bytes = chunked_head("/v1/streams/a/events").into_bytes();
+    bytes.extend(b"3;x=y\r\nhel\r\n2\r\nlo\r\n0\r\nT: 1\r\n\r\n");
+    bytes.extend(publish("a", "next"));
+    let (first, second) = bytes.split_at(50);
+    feed(&mut c, first, t0, &lim);
+    let r = recv_step(&mut c, t0, &lim);
+    complete(&mut c, r, second, t0);
+    let req = request(&mut c, t0, &lim);
+    assert_eq!(req.body, b"hello");
+    assert!(matches!(
+        req.kind,
+        Kind::Api {
+            route: Route::Publish { .. },
+            ..
+        }
+    ));
+    assert_eq!(request(&mut c, t0, &lim).body, b"next");
+}
+
+#[test]
+fn a_chunked_body_over_the_limit_is_refused_with_413_and_close() {
+    let (lim, t0) = (limits(), Instant::now());
+    let mut c = HttpConn::new(Vec::new(), t0);
+    let mut bytes = chunked_head("/v1/streams/a/events").into_bytes();
+    bytes.extend(format!("{:x}\r\n", lim.event_bytes_max + 1).as_bytes());
+    feed(&mut c, &bytes, t0, &lim);
+    assert!(matches!(
+        c.poll(t0, &lim, &local, &mut open_gate()),
+        Step::Wait
+    ));
+    let out = drain(&mut c, t0);
+    assert!(
+        out.starts_with(b"HTTP/1.1 413 "),
+        "{}",
+        String::from_utf8_lossy(&out)
+    );
+    assert!(c.done(false));
+}
+
+#[test]
+fn a_chunked_body_where_none_is_taken_is_refused_and_closes() {
+    // No body taken (413), refused by the router with its body unread (405), MCP (411).
+    for (method, path, status) in [
+        ("DELETE", "/v1/streams/a", "413"),
+        ("POST", "/v1/streams/a", "405"),
+        ("POST", "/mcp", "411"),
+    ] {
+        let (lim, t0) = (limits(), Instant::now());
+        let mut c = HttpConn::new(Vec::new(), t0);
+        let head = chunked_head(path).replacen("POST", method, 1);
+        feed(&mut c, format!("{head}0\r\n\r\n").as_bytes(), t0, &lim);
+        assert!(matches!(
+            c.poll(t0, &lim, &local, &mut open_gate()),
+            Step::Wait
+        ));
+        let out = String::from_utf8(drain(&mut c, t0)).unwrap();
+        assert!(
+            out.starts_with(&format!("HTTP/1.1 {status} ")),
+            "{path}: {out}"
+        );
+        assert!(c.done(false), "{path}");
+    }
+}
+
+#[test]
+fn a_chunked_publish_for_another_core_hands_over_its_raw_bytes() {
+    let (lim, t0) = (limits(), Instant::now());
+    let mut c = HttpConn::new(Vec::new(), t0);
+    let mut bytes = chunked_head("/v1/streams/elsewhere/events").into_bytes();
+    bytes.extend(b"5\r\nhel");
+    feed(&mut c, &bytes, t0, &lim);
+    let remote = |t: Target<'_>| (t == Target::Stream("elsewhere")).then_some(2);
+    match c.poll(t0, &lim, &remote, &mut open_gate()) {
+        Step::HandOff { owner, bytes: b } => assert_eq!((owner, b), (2, bytes)),
+        other => panic!("expected a handoff, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_chunked_body_without_its_final_chunk_gets_408_at_the_body_deadline() {
+    let (lim, t0) = (limits(), Instant::now());
+    let mut c = HttpConn::new(Vec::new(), t0);
+    let mut bytes = chunked_head("/v1/streams/a/events").into_bytes();
+    bytes.extend(b"5\r\nhello\r\n");
+    feed(&mut c, &bytes, t0, &lim);
+    let _r = recv_step(&mut c, t0, &lim);
+    assert_eq!(
+        c.on_tick(t0 + lim.body_timeout, &lim),
+        Deadline::BodyTimedOut
+    );
+}
+
+/// Feeds `input[*have..]` through receives as large as the machine offers, until a step
+/// other than a receive comes out.
+fn pump(c: &mut HttpConn, input: &[u8], have: &mut usize, now: Instant, lim: &ConnLimits) -> Step {
+    loop {
+        match c.poll(now, lim, &local, &mut open_gate()) {
+            Step::Recv { mut buf, from } => {
+                let n = (buf.len() - from).min(input.len() - *have);
+                assert!(n > 0, "the input ran out before a request");
+                buf[from..from + n].copy_from_slice(&input[*have..*have + n]);
+                *have += n;
+                c.on_recv(buf, n, now);
+            }
+            other => return other,
+        }
+    }
+}
+
+/// A chunked batch larger than the head buffer reserves the most its buffer can hold (the
+/// batch limit and one line of framing) from the body budget, like a `Content-Length` body
+/// reserves its size: a second one waits, starved, until the first gives its reservation back.
+#[test]
+fn a_chunked_body_takes_its_buffer_from_the_body_budget() {
+    let (lim, t0) = (limits(), Instant::now());
+    let cap = lim.batch_bytes_max + 2 * lim.head.header_bytes_max;
+    let budget = std::sync::Arc::new(BodyBudget::new(cap as u64));
+    let mut input = chunked_head("/v1/streams/a/events:batch").into_bytes();
+    let body: Vec<u8> = (0..100_000u32).map(|i| b'a' + (i % 26) as u8).collect();
+    for chunk in body.chunks(4000) {
+        input.extend(format!("{:x}\r\n", chunk.len()).as_bytes());
+        input.extend(chunk);
+        input.extend(b"\r\n");
+    }
+    input.extend(b"0\r\n\r\n");
+    let (mut a, mut b) = (HttpConn::new(Vec::new(), t0), HttpConn::new(Vec::new(), t0));
+    a.set_budget(budget.clone());
+    b.set_budget(budget.clone());
+    // `a` fills its head buffer and reserves; `b` then fills its own and waits, starved.
+    feed(&mut a, &input[..lim.head.header_bytes_max], t0, &lim);
+    let ra = recv_step(&mut a, t0, &lim);
+    let mut have = 0;
+    assert!(matches!(
+        pump(&mut b, &input, &mut have, t0, &lim),
+        Step::Wait
+    ));
+    assert!(b.starved());
+    drop(ra);
+    drop(a);
+    let Step::Request(req) = pump(&mut b, &input, &mut have, t0, &lim) else {
+        panic!("the body completes once the budget is back");
+    };
+    assert_eq!(req.body, body);
+    assert_eq!(have, input.len());
+}
