@@ -38,8 +38,9 @@
 //! - **Claims**: the signature is checked before any claim, so a forged token is always "bad
 //!   signature". `exp` is required, with no leeway (expired when now >= exp); `nbf` is honoured;
 //!   `iss` and `aud` are required and must match when configured (`aud` a string or an array).
-//!   Grants: `{"gateway": {"publish": [..], "subscribe": [..]}}`, at most [`PATTERNS_MAX`]
-//!   patterns of [`PATTERN_BYTES_MAX`] bytes per list.
+//!   Grants: `{"gateway": {"publish": [..], "subscribe": [..], "mcp": true}}`, at most [`PATTERNS_MAX`]
+//!   patterns of [`PATTERN_BYTES_MAX`] bytes per list; `mcp` (a boolean, default false) grants
+//!   the MCP endpoint, which no anonymous pattern opens.
 //! - **Cache**: each [`Auth`] maps the exact token text to its verified claims, so a token's
 //!   signature (the cost of RS256 / ES256) is checked once per core. Only valid tokens are
 //!   cached; an entry is never used at or after its `exp`; at most `--jwt-cache-entries-max`
@@ -92,20 +93,20 @@ pub struct Credentials<'a> {
     pub query: &'a str,
 }
 
-/// Who was let in: the token's `sub` and `exp`; both `None` for anonymous access.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Who was let in: the token's `iss`, `sub` and `exp` (all `None` for anonymous access), and
+/// whether it grants the MCP endpoint (`{"gateway": {"mcp": true}}`; never anonymously).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Access {
+    pub issuer: Option<String>,
     pub subject: Option<String>,
     pub expires_unix_secs: Option<u64>,
+    pub mcp: bool,
 }
 
 impl Access {
     /// Access without a token.
     pub fn anonymous() -> Access {
-        Access {
-            subject: None,
-            expires_unix_secs: None,
-        }
+        Access::default()
     }
 }
 

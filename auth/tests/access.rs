@@ -238,8 +238,10 @@ fn authenticate_ignores_grants() {
     assert_eq!(
         access,
         Access {
+            issuer: None,
             subject: Some("carol".into()),
-            expires_unix_secs: Some(EXP)
+            expires_unix_secs: Some(EXP),
+            mcp: false,
         }
     );
     assert_eq!(auth.authenticate(&NONE, NOW), Err(Denied::Missing));

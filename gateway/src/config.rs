@@ -187,6 +187,12 @@ pub struct Config {
     #[arg(long, default_value_t = 100_000)]
     pub streams_max: u64,
 
+    /// Streams one subject's publishes may create (a token's issuer and `sub`; anonymous
+    /// requests and tokens without `sub` count as one subject per source address) before a
+    /// create is refused with 429 `subject_quota`. Default: a tenth of --streams-max.
+    #[arg(long)]
+    pub streams_per_subject_max: Option<u64>,
+
     /// Seconds a stream with no retained events and no subscribers is kept before it is
     /// removed (its name is free again; its old IDs are refused as another stream's). 0 = never.
     #[arg(long, default_value_t = 3600)]
@@ -384,6 +390,7 @@ impl Config {
                 "--pipeline-answer-bytes-max",
             ),
             (self.streams_max, "--streams-max"),
+            (self.streams_per_subject_max(), "--streams-per-subject-max"),
             (
                 self.tls_handshake_timeout_secs,
                 "--tls-handshake-timeout-secs",
@@ -423,6 +430,12 @@ impl Config {
             return Err(ConfigError::TooLarge("--connections-max", slots_max));
         }
         Ok(())
+    }
+
+    /// `--streams-per-subject-max`, or its default: a tenth of `--streams-max` (at least 1).
+    pub fn streams_per_subject_max(&self) -> u64 {
+        let tenth = (self.streams_max / 10).max(1);
+        self.streams_per_subject_max.unwrap_or(tenth)
     }
 
     /// The fsync policy as the log store takes it.

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 
 use gateway::streams::catalog::StreamQuota;
+use gateway::streams::subjects::SubjectQuota;
 use gateway::{
     admin, clustering, config, config_file, core, logging, metrics, notify, probe, proto, shards,
     sys, tls,
@@ -132,6 +133,7 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
         certs,
         origins: cfg.cors_allow_origins.clone().into(),
         quota,
+        subjects: SubjectQuota::new(cfg.streams_per_subject_max()),
         per_ip: std::sync::Mutex::new(std::collections::HashMap::new()),
         body_budget: Arc::new(proto::conn::BodyBudget::new(cfg.request_buffer_bytes_max)),
         ktls_refused: std::sync::atomic::AtomicU8::new(0),
@@ -307,6 +309,7 @@ fn announce(
     metrics::set_limits(vec![
         ("connections_max", cfg.connections_max as u64),
         ("streams_max", cfg.streams_max),
+        ("streams_per_subject_max", cfg.streams_per_subject_max()),
         ("request_buffer_bytes_max", cfg.request_buffer_bytes_max),
         ("mcp_sessions_max", cfg.mcp.mcp_sessions_max as u64),
     ]);

@@ -42,6 +42,7 @@ use crate::streams::catalog::StreamQuota;
 use crate::streams::hub::{Hub, SubRef};
 use crate::streams::parked::{ParkLimits, ParkedWindows};
 use crate::streams::sub::SubLimits;
+use crate::streams::subjects::SubjectQuota;
 use crate::sys;
 use crate::uring::{Cqe, Driver};
 use conns::{Conn, Conns, State};
@@ -72,6 +73,8 @@ pub struct Shared {
     pub origins: Arc<[String]>,
     /// Live API streams across all shards (`--streams-max`).
     pub quota: StreamQuota,
+    /// API streams created per subject (`--streams-per-subject-max`).
+    pub subjects: SubjectQuota,
     /// The listener's certificate and key (`--tls-cert-file`), reloaded on SIGHUP.
     pub certs: Option<crate::tls::Certs>,
     /// Open connections by peer address (`--connections-per-ip-max`).

@@ -115,10 +115,7 @@ impl Gate {
             }
             _ => Admission::Admit {
                 headers,
-                access: Access {
-                    subject: None,
-                    expires_unix_secs: None,
-                },
+                access: Access::anonymous(),
             },
         }
     }

@@ -166,7 +166,9 @@ pub struct HttpConn {
     starved: bool,
 }
 
-/// Where a parsed head goes next (internal to [`HttpConn::poll`]).
+/// Where a parsed head goes next (internal to [`HttpConn::poll`]). A return value, never
+/// stored: boxing its large variant would only add an allocation per request.
+#[allow(clippy::large_enum_variant)]
 enum Parsed {
     Step(Step),
     /// An error answer was queued without closing: parse the next request.
