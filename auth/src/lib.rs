@@ -190,6 +190,31 @@ impl Auth {
         self.with_verified(token, now_unix_secs, Verified::access)
     }
 
+    /// Access to the MCP endpoint. With no access control at all, everyone (the gateway is
+    /// on loopback or explicitly open). Otherwise only a verified token that names a `sub`
+    /// (sessions are bound to it) and grants `{"gateway": {"mcp": true}}`: anonymous patterns
+    /// never open it, so with patterns and no key it is closed.
+    pub fn authorize_mcp(
+        &mut self,
+        c: &Credentials<'_>,
+        now_unix_secs: u64,
+    ) -> Result<Access, Denied> {
+        if !self.verifier.enabled() {
+            return Ok(Access::anonymous());
+        }
+        if !self.verifier.keys_configured() {
+            return Err(Denied::McpWithoutKeys);
+        }
+        let access = self.authenticate(c, now_unix_secs)?;
+        if access.subject.is_none() {
+            return Err(Denied::Invalid(Invalid::MissingSub));
+        }
+        if !access.mcp {
+            return Err(Denied::McpNotGranted);
+        }
+        Ok(access)
+    }
+
     /// The request's token, if any; never looked for when no key could verify it.
     fn presented_token<'a>(&self, c: &Credentials<'a>) -> Result<Option<&'a str>, Denied> {
         if !self.verifier.keys_configured() {

@@ -189,9 +189,9 @@ pub struct Config {
 
     /// Streams one subject's publishes may create (a token's issuer and `sub`; anonymous
     /// requests and tokens without `sub` count as one subject per source address) before a
-    /// create is refused with 429 `subject_quota`. Default: a tenth of --streams-max.
-    #[arg(long)]
-    pub streams_per_subject_max: Option<u64>,
+    /// create is refused with 429 `subject_quota`. 0 = a tenth of --streams-max.
+    #[arg(long, default_value_t = 0)]
+    pub streams_per_subject_max: u64,
 
     /// Seconds a stream with no retained events and no subscribers is kept before it is
     /// removed (its name is free again; its old IDs are refused as another stream's). 0 = never.
@@ -299,6 +299,11 @@ impl AuthArgs {
         }
     }
 
+    /// Whether a JWT key is configured (real authentication, unlike anonymous patterns).
+    pub fn keys_configured(&self) -> bool {
+        !(self.jwt_hs256_secret_files.is_empty() && self.jwt_public_key_files.is_empty())
+    }
+
     /// Whether any access control is configured.
     pub fn configured(&self) -> bool {
         !(self.jwt_hs256_secret_files.is_empty()
@@ -323,6 +328,9 @@ pub enum ConfigError {
     Mcp(String),
     /// A non-loopback `--listen` with no authentication and no `--insecure-no-auth`.
     ExposedWithoutAuth(SocketAddr),
+    /// A non-loopback `--listen` with the MCP front on, no JWT key (anonymous patterns never
+    /// open `/mcp`) and no `--insecure-no-auth`.
+    McpExposedWithoutKeys(SocketAddr),
     /// A `--cors-allow-origin` that is not `scheme://host[:port]`.
     BadOrigin(String),
     /// `--request-buffer-bytes-max` below the largest body one request may have.
@@ -351,6 +359,13 @@ impl std::fmt::Display for ConfigError {
                 "--listen {a} is not loopback and no authentication is configured: give \
                  --jwt-hs256-secret-file / --jwt-public-key-file (or --anonymous-subscribe / \
                  --anonymous-publish patterns), or --insecure-no-auth to expose it open"
+            ),
+            ConfigError::McpExposedWithoutKeys(a) => write!(
+                f,
+                "--listen {a} is not loopback and the MCP front is on with no JWT key: give \
+                 --jwt-hs256-secret-file / --jwt-public-key-file (tokens then need \
+                 {{\"gateway\": {{\"mcp\": true}}}}; anonymous patterns never open the MCP \
+                 endpoint), or --insecure-no-auth to expose it open"
             ),
             ConfigError::RequestBufferBelowBody(b) => write!(
                 f,
@@ -390,7 +405,6 @@ impl Config {
                 "--pipeline-answer-bytes-max",
             ),
             (self.streams_max, "--streams-max"),
-            (self.streams_per_subject_max(), "--streams-per-subject-max"),
             (
                 self.tls_handshake_timeout_secs,
                 "--tls-handshake-timeout-secs",
@@ -417,8 +431,12 @@ impl Config {
         if self.request_buffer_bytes_max < body_max {
             return Err(ConfigError::RequestBufferBelowBody(body_max));
         }
-        if !self.listen.ip().is_loopback() && !self.auth.configured() && !self.insecure_no_auth {
+        let exposed = !self.listen.ip().is_loopback() && !self.insecure_no_auth;
+        if exposed && !self.auth.configured() {
             return Err(ConfigError::ExposedWithoutAuth(self.listen));
+        }
+        if exposed && self.mcp.enabled() && !self.auth.keys_configured() {
+            return Err(ConfigError::McpExposedWithoutKeys(self.listen));
         }
         if let Some(o) = self.cors_allow_origins.iter().find(|o| !valid_origin(o)) {
             return Err(ConfigError::BadOrigin(o.clone()));
@@ -432,10 +450,12 @@ impl Config {
         Ok(())
     }
 
-    /// `--streams-per-subject-max`, or its default: a tenth of `--streams-max` (at least 1).
+    /// `--streams-per-subject-max`, where 0 is a tenth of `--streams-max` (at least 1).
     pub fn streams_per_subject_max(&self) -> u64 {
-        let tenth = (self.streams_max / 10).max(1);
-        self.streams_per_subject_max.unwrap_or(tenth)
+        match self.streams_per_subject_max {
+            0 => (self.streams_max / 10).max(1),
+            n => n,
+        }
     }
 
     /// The fsync policy as the log store takes it.

@@ -9,6 +9,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 
+use gateway::mcp::identity::SessionKey;
 use gateway::streams::catalog::StreamQuota;
 use gateway::streams::subjects::SubjectQuota;
 use gateway::{
@@ -106,11 +107,7 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
     let admin_listener = std::net::TcpListener::bind(cfg.admin_listen)
         .map_err(|e| format!("bind --admin-listen {}: {e}", cfg.admin_listen))?;
     let admin_addr = admin_listener.local_addr().map_err(|e| e.to_string())?;
-    let verifier = auth::Verifier::load(&cfg.auth.settings()).map_err(|e| e.to_string())?;
-    let certs = match (&cfg.tls_cert_file, &cfg.tls_key_file) {
-        (Some(c), Some(k)) => Some(tls::Certs::load(c, k)?),
-        _ => None,
-    };
+    let (verifier, certs, mcp_key) = load_keys(&cfg)?;
     let (cluster, inboxes) = match clustered {
         Some(c) => (Some(c.cluster), c.inboxes.into_iter().map(Some).collect()),
         None => (None, (0..cores).map(|_| None).collect::<Vec<_>>()),
@@ -134,6 +131,7 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
         origins: cfg.cors_allow_origins.clone().into(),
         quota,
         subjects: SubjectQuota::new(cfg.streams_per_subject_max()),
+        mcp_key,
         per_ip: std::sync::Mutex::new(std::collections::HashMap::new()),
         body_budget: Arc::new(proto::conn::BodyBudget::new(cfg.request_buffer_bytes_max)),
         ktls_refused: std::sync::atomic::AtomicU8::new(0),
@@ -153,6 +151,22 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
     notify::notify(notifier.as_deref(), "STOPPING=1");
     stop_cores(&shared, threads);
     Ok(())
+}
+
+/// The JWT keys, the TLS certificate and key, and the MCP session key (made at the first
+/// start with the MCP front).
+type Keys = (auth::Verifier, Option<tls::Certs>, Option<SessionKey>);
+
+fn load_keys(cfg: &config::Config) -> Result<Keys, String> {
+    let verifier = auth::Verifier::load(&cfg.auth.settings()).map_err(|e| e.to_string())?;
+    let certs = match (&cfg.tls_cert_file, &cfg.tls_key_file) {
+        (Some(c), Some(k)) => Some(tls::Certs::load(c, k)?),
+        _ => None,
+    };
+    let mcp_key = (cfg.mcp.enabled())
+        .then(|| SessionKey::load_or_create(&cfg.data_dir))
+        .transpose()?;
+    Ok((verifier, certs, mcp_key))
 }
 
 /// The start line: what this process is and how it is configured (no secret: NATS URLs lose

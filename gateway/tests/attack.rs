@@ -220,7 +220,8 @@ fn idle_streams_expire() {
 /// `Last-Event-ID`, another epoch's ID) creates nothing either.
 #[test]
 fn subscribes_and_refusals_create_no_stream() {
-    let g = Gateway::start(&["--cores", "1", "--fsync", "never", "--streams-max", "2"]);
+    let limits = ["--streams-max", "2", "--streams-per-subject-max", "3"];
+    let g = Gateway::start(&[&["--cores", "1", "--fsync", "never"][..], &limits].concat());
     let mut waiting: Vec<_> = (0..20)
         .map(|i| common::Sse::open(g.addr, &format!("/v1/streams/m-{i}"), None))
         .collect();

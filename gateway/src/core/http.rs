@@ -116,14 +116,12 @@ impl Core {
         let close = r.close;
         let route = match r.kind {
             Kind::Mcp { head } => {
-                // With JWT keys configured every MCP request carries a verified token, and its
-                // session is bound to the token's subject (`""` if it names none).
-                let subject = self
-                    .shared
-                    .verifier
-                    .keys_configured()
-                    .then(|| r.access.subject.unwrap_or_default());
-                self.mcp_request(slot, &head, r.body, close, subject.as_deref());
+                // With access control every MCP request carries a verified token with a `sub`
+                // (the gate's rule): its session is bound to the keyed identity of its issuer
+                // and subject (`mcp/identity.rs`).
+                let key = self.shared.mcp_key.as_ref();
+                let who = key.and_then(|k| k.identity(&r.access));
+                self.mcp_request(slot, &head, r.body, close, who.as_deref());
                 return false;
             }
             Kind::Api { route, event_type } => match route {

@@ -75,6 +75,8 @@ pub struct Shared {
     pub quota: StreamQuota,
     /// API streams created per subject (`--streams-per-subject-max`).
     pub subjects: SubjectQuota,
+    /// The key MCP session identities are derived with (when the MCP front is on).
+    pub mcp_key: Option<crate::mcp::identity::SessionKey>,
     /// The listener's certificate and key (`--tls-cert-file`), reloaded on SIGHUP.
     pub certs: Option<crate::tls::Certs>,
     /// Open connections by peer address (`--connections-per-ip-max`).
