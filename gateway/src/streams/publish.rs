@@ -56,6 +56,14 @@ impl RecordLimit {
 /// Status and code for a failed append or stream creation.
 pub fn append_status(e: &AppendError) -> (u16, &'static str) {
     use log_store::AppendError as E;
+    // The operator's failures (the client's own are its answer): logged at most once a minute
+    // each, however many requests they refuse.
+    match e {
+        E::DiskFull => crate::warn_limited!("append refused: the log's disk is full (507)"),
+        E::TooManyStreams => crate::warn_limited!("append refused: the log's stream table is full"),
+        E::Poisoned => crate::warn_limited!("append refused: the log failed an fsync earlier"),
+        _ => {}
+    }
     match e {
         E::DiskFull => (507, "insufficient_storage"),
         E::RecordTooLarge { .. } => (413, "event_too_large"),

@@ -61,7 +61,7 @@ impl Gateway {
         Gateway::spawn(dir, args, false)
     }
 
-    fn spawn(dir: &Path, args: &[&str], keep_stderr: bool) -> Gateway {
+    pub fn spawn(dir: &Path, args: &[&str], keep_stderr: bool) -> Gateway {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_gateway"));
         if !args.contains(&"--segment-bytes") {
             // Small segments keep test data directories small.
