@@ -149,7 +149,7 @@ fn format_line(out: &mut Vec<u8>, line: &Line, format: LogFormat) {
     let peer = line.peer.map_or_else(|| "-".to_string(), |p| p.to_string());
     let method = r.method.map_or("-", method_label);
     let resume = r.resume.unwrap_or("-");
-    let first_send_us = r.first_send.map_or(0, |d| d.as_micros() as u64);
+    let first_event_us = r.first_event.map_or(0, |d| d.as_micros() as u64);
     let subject = r.subject.as_deref().unwrap_or("-");
     let (duration_us, route) = (line.duration.as_micros() as u64, r.route.label());
     match format {
@@ -158,7 +158,7 @@ fn format_line(out: &mut Vec<u8>, line: &Line, format: LogFormat) {
                 "timestamp": at, "level": "INFO", "target": "access", "message": "request",
                 "request_id": r.id, "method": method, "route": route, "status": f.status,
                 "bytes_in": r.bytes_in, "bytes_out": f.bytes_out, "duration_us": duration_us,
-                "resume": resume, "first_send_us": first_send_us, "peer": peer,
+                "resume": resume, "first_event_us": first_event_us, "peer": peer,
                 "subject": subject,
             });
             let _ = serde_json::to_writer(&mut *out, &v);
@@ -169,7 +169,7 @@ fn format_line(out: &mut Vec<u8>, line: &Line, format: LogFormat) {
                 out,
                 "{at}  INFO access: request request_id={} method=\"{method}\" route=\"{route}\" \
                  status={} bytes_in={} bytes_out={} duration_us={duration_us} resume=\"{resume}\" \
-                 first_send_us={first_send_us} peer={peer} subject=\"{subject}\"",
+                 first_event_us={first_event_us} peer={peer} subject=\"{subject}\"",
                 r.id, f.status, r.bytes_in, f.bytes_out
             );
         }

@@ -371,10 +371,10 @@ fn a_subscription_is_logged_when_it_ends_with_its_resume_class() {
         line["bytes_out"].as_u64() >= Some(read),
         "{line} read {read}"
     );
-    assert!(line["first_send_us"].as_u64() > Some(0), "{line}");
+    assert!(line["first_event_us"].as_u64() > Some(0), "{line}");
     let timed = g.metric(
-        "gateway_subscribe_first_send_seconds_count",
-        "resume=\"yes\"",
+        "gateway_resume_first_event_seconds_count",
+        "class=\"replay\"",
     );
     assert_eq!(timed, 1);
     assert!(g.stop());

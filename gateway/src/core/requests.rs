@@ -8,8 +8,8 @@ use super::Shared;
 use super::conns::{Conn, State};
 use super::counts::count_sent;
 use crate::access_log;
-use crate::metrics::{CoreMetrics, bump_own};
-use crate::proto::request_log::{Finished, RouteClass};
+use crate::metrics::{self, CoreMetrics, bump_own};
+use crate::proto::request_log::{Finished, Record, RouteClass};
 use crate::streams::sub::Sent;
 use log_store::ResumeClass;
 
@@ -41,15 +41,19 @@ pub(super) fn resumed(m: &CoreMetrics, conn: &mut Conn, class: Option<ResumeClas
     }
 }
 
-/// A subscriber's send completed: counted, and its first one timed from the request's head
-/// (`gateway_subscribe_first_send_seconds`, and `first_send_us` on its access line).
+/// A subscriber's send completed: counted, and its first carrying an event timed from the
+/// request's head (`gateway_resume_first_event_seconds` for a resume, and `first_event_us` on
+/// its access line).
 pub(super) fn sent(shared: &Shared, core: usize, conn: &mut Conn, sent: Sent, now: Instant) {
     let m = &shared.metrics[core];
     count_sent(m, sent);
-    if let Some(r) = conn.record.as_mut().filter(|r| r.first_send.is_none()) {
+    let first = |r: &&mut Box<Record>| r.first_event.is_none() && sent.events_sent > 0;
+    if let Some(r) = conn.record.as_mut().filter(first) {
         let d = now.saturating_duration_since(r.started);
-        r.first_send = Some(d);
-        m.first_send[usize::from(r.resume.is_some())].observe(d);
+        r.first_event = Some(d);
+        if let Some(i) = r.resume.and_then(metrics::served_resume_index) {
+            m.first_event[i].observe(d);
+        }
     }
 }
 

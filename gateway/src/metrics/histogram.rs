@@ -55,11 +55,12 @@ const HISTOGRAMS: &[HistFamily] = &[
         ],
     },
     HistFamily {
-        name: "gateway_subscribe_first_send_seconds",
-        help: "Subscriptions from their request head's first byte to the completion of their first send (the response head, and on a resume the first replayed events), by whether they resumed (Last-Event-ID).",
+        name: "gateway_resume_first_event_seconds",
+        help: "Resumes (Last-Event-ID) from the request head's first byte to the completion of the first send carrying an event, by resume class (up_to_date waits for the next publish).",
         series: &[
-            ("resume=\"no\"", |m| &m.first_send[0]),
-            ("resume=\"yes\"", |m| &m.first_send[1]),
+            ("class=\"aligned\"", |m| &m.first_event[0]),
+            ("class=\"replay\"", |m| &m.first_event[1]),
+            ("class=\"up_to_date\"", |m| &m.first_event[2]),
         ],
     },
     HistFamily {

@@ -30,6 +30,14 @@ const RESUME_CLASSES: [ResumeClass; 7] = [
     ResumeClass::OtherStream,
 ];
 
+/// The resume classes that serve events (the others are refusals), by their planner labels.
+pub const SERVED_RESUMES: [&str; 3] = ["aligned", "replay", "up-to-date"];
+
+/// Where a served resume's class (its planner label) is in [`SERVED_RESUMES`].
+pub fn served_resume_index(label: &str) -> Option<usize> {
+    SERVED_RESUMES.iter().position(|l| *l == label)
+}
+
 /// Adds `v` to a counter in the calling core's own block, on that core's thread: cores write
 /// only their own block, so a relaxed load and store (no locked read-modify-write, which the
 /// per-send counters paid on every completion) loses no update, and a reader sees each store
@@ -142,8 +150,8 @@ pub struct CoreMetrics {
     /// `gateway_publish_duration_seconds`, by [`PUBLISH_ROUTES`].
     pub publish_duration: [Histogram; 2],
     pub fsync_duration: Histogram,
-    /// `gateway_subscribe_first_send_seconds`: without, with `Last-Event-ID`.
-    pub first_send: [Histogram; 2],
+    /// `gateway_resume_first_event_seconds`, by [`SERVED_RESUMES`].
+    pub first_event: [Histogram; 3],
     /// Ticks this core ran (not exported: the systemd watchdog's proof the reactor turns).
     pub ticks: AtomicU64,
     /// Pre-rendered `gateway_stream_*` lines for this core's streams.

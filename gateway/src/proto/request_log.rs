@@ -112,8 +112,8 @@ pub struct Record {
     pub subject: Option<String>,
     /// The resume planner's class, for a subscribe with `Last-Event-ID`.
     pub resume: Option<&'static str>,
-    /// A subscription: from the head to its first send's completion.
-    pub first_send: Option<Duration>,
+    /// A subscription: from the head to the completion of its first send carrying an event.
+    pub first_event: Option<Duration>,
 }
 
 impl Record {
@@ -127,7 +127,7 @@ impl Record {
             bytes_in: head.head_len as u64 + head.content_length,
             subject: None,
             resume: None,
-            first_send: None,
+            first_event: None,
         }
     }
 
@@ -141,7 +141,7 @@ impl Record {
             bytes_in: bytes_in as u64,
             subject: None,
             resume: None,
-            first_send: None,
+            first_event: None,
         }
     }
 
