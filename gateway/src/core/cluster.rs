@@ -13,16 +13,14 @@ use cluster::{Applied, Inbound, names};
 use log_store::{AppendError, EventId};
 
 use super::cluster_state::{CatchUp, Pending, Ticket};
+use super::http::Caller;
 use super::{Core, State};
 use crate::proto::conn::Wait;
 use crate::proto::http;
 use crate::proto::route::SubscribeQuery;
 use crate::proto::sse;
-use crate::streams::StreamKey;
-use crate::streams::catalog::StreamsExhausted;
-use crate::streams::hub::SubRef;
 use crate::streams::publish::{self, Event};
-use crate::streams::sub::PENDING_STREAM;
+use crate::streams::subjects::{self, Subject};
 
 /// Messages taken from the inbox per turn (the rest wait for the next turn).
 const DRAIN_PER_TURN: usize = 4096;
@@ -39,7 +37,7 @@ impl Core {
     /// Publishes `events` through JetStream; the answer waits for them to be applied here.
     pub(super) fn cluster_publish(
         &mut self,
-        slot: u32,
+        (slot, access): Caller<'_>,
         stream: &str,
         events: Vec<Event>,
         close: bool,
@@ -48,8 +46,8 @@ impl Core {
         if let Err((status, code, msg)) = publish::check_events(&events) {
             return self.error(slot, status, code, &msg, close);
         }
-        let shard = self.hub.shard_of(stream);
-        if let Err((status, code, msg)) = self.check_cluster_publish(stream, shard, &events) {
+        let (shard, who) = (self.hub.shard_of(stream), (access, self.conn(slot).peer));
+        if let Err((status, code, msg)) = self.check_cluster_publish(stream, shard, &events, who) {
             return self.error(slot, status, code, &msg, close);
         }
         let conn = (slot, self.io.generation(slot));
@@ -77,46 +75,30 @@ impl Core {
         }
     }
 
-    /// Sends one event through JetStream (its outcome comes back to this core by the
-    /// returned ticket).
-    pub(super) fn cluster_send(
-        &mut self,
-        shard: u32,
-        stream: String,
-        event: Option<&str>,
-        data: Vec<u8>,
-        expect_seq: Option<u64>,
-    ) -> u64 {
-        let cc = self.cluster.as_mut().expect("cluster mode");
-        let event = event.map(str::to_owned);
-        let ticket = cc.publish(shard, stream, event, data, expect_seq);
-        self.m().cluster_publishes_total.fetch_add(1, Relaxed);
-        ticket
-    }
-
-    /// What a publish is checked for before anything is sent: a valid name, room for a new
-    /// stream (`--streams-max`), every event within the record limit.
+    /// What a publish is checked for before anything is sent: every event within the record
+    /// limit, and for a new stream a valid name, room under `--streams-max` and a place of the
+    /// caller's under `--streams-per-subject-max`.
     fn check_cluster_publish(
         &self,
         stream: &str,
         shard: u32,
         events: &[Event],
+        (access, peer): (&auth::Access, Option<std::net::IpAddr>),
     ) -> Result<(), (u16, &'static str, String)> {
         let log = self.hub.log(shard);
+        publish::check_framed_worst(log, events)?;
         if log.stream_id(stream).is_none() {
-            if let Err(e) = self.shared.quota.check(stream) {
-                return Err((
-                    StreamsExhausted::STATUS,
-                    StreamsExhausted::CODE,
-                    e.to_string(),
-                ));
-            }
             if let Err(e) = log_store::Log::check_stream_name(stream) {
                 let (status, code) = publish::append_status(&e);
                 return Err((status, code, e.to_string()));
             }
+            let (sh, who) = (&self.shared, Subject::of(access, peer));
+            subjects::reserve_clustered(&sh.quota, &sh.subjects, &who, stream).map_err(|e| {
+                e.counter(self.m()).fetch_add(1, Relaxed);
+                (e.status().0, e.status().1, e.to_string())
+            })?;
         }
-        publish::check_framed_worst(log, events)
+        Ok(())
     }
 
     /// Applies what the followers delivered (bounded per turn); answers publishes whose
@@ -346,62 +328,6 @@ impl Core {
         let preamble = sse::subscribe_head(self.shared.cfg.retry_ms);
         let preamble = crate::proto::access::with_headers(preamble, headers);
         self.subscribe_unborn_at(slot, stream, 1, preamble, |s| s.expire_at(expires));
-    }
-
-    /// A subscriber of a stream that does not exist here yet, reading from `cursor` once it
-    /// is created ([`Core::adopt_unborn`]).
-    pub(super) fn subscribe_unborn_at(
-        &mut self,
-        slot: u32,
-        stream: &str,
-        cursor: u64,
-        preamble: Vec<u8>,
-        setup: impl FnOnce(&mut crate::streams::sub::Sub),
-    ) {
-        let key = (self.hub.shard_of(stream), PENDING_STREAM);
-        let r = (slot, self.io.generation(slot));
-        let cc = self.cluster.as_mut().expect("cluster mode");
-        let list = cc.unborn.entry(stream.to_owned()).or_default();
-        list.retain(|&(s, g)| (s, g) != r);
-        list.push(r);
-        cc.unborn_of.insert(r, stream.to_owned());
-        self.become_subscriber(slot, key, cursor, preamble, None, setup);
-    }
-
-    /// An unborn subscriber's connection closed: it waits no more.
-    pub(super) fn unborn_closed(&mut self, r: SubRef) {
-        if let Some(cc) = self.cluster.as_mut() {
-            cc.forget_unborn(r);
-        }
-    }
-
-    /// The connections waiting for stream `stream` to be created here.
-    pub(super) fn unborn_subs(&self, stream: &str) -> Vec<SubRef> {
-        let cc = self.cluster.as_ref();
-        cc.map(|c| c.unborn_subs(stream)).unwrap_or_default()
-    }
-
-    /// The stream `name` was just created as `key`: its waiting subscribers move to it.
-    fn adopt_unborn(&mut self, name: &str, key: StreamKey) {
-        let Some(subs) = self.cluster.as_mut().and_then(|c| c.unborn.remove(name)) else {
-            return;
-        };
-        let pending = (key.0, PENDING_STREAM);
-        for r in subs {
-            self.cluster.as_mut().expect("cluster").unborn_of.remove(&r);
-            let Some(c) = self.conn_at(r).filter(|c| !c.closing) else {
-                continue;
-            };
-            let State::Sub(sub) = &mut c.state else {
-                continue;
-            };
-            if sub.key != pending {
-                continue;
-            }
-            sub.key = key;
-            self.hub.unsubscribe(pending, r.0);
-            self.hub.subscribe(key, r);
-        }
     }
 
     /// Whether this node has applied what the subscribe names: the stream, and the event of

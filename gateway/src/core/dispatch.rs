@@ -143,6 +143,7 @@ impl Core {
             state: State::Http(Box::new(http_conn)),
             peer,
             tls: tls.map(|s| Box::new(Tls::new(s))),
+            record: None,
         };
         self.conns.insert(slot, conn);
         self.m().connections.fetch_add(1, Relaxed);

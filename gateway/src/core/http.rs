@@ -13,7 +13,11 @@ use crate::proto::route::{self, Route};
 use crate::shards;
 use crate::streams::publish::{self, Event};
 use crate::streams::resume::{self, Ask, Start};
+use crate::streams::sub::{PENDING_STREAM, Sub};
 use crate::sys;
+
+/// A request's connection and who sent it (the gate's verdict).
+pub(super) type Caller<'a> = (u32, &'a auth::Access);
 
 /// The answer to a publish whose group commit failed.
 const LOG_FAILED: &str = "the event could not be made durable: an fsync of its log failed, \
@@ -44,7 +48,6 @@ impl Core {
                     break;
                 }
                 Step::HandOff { owner, bytes } => {
-                    self.m().requests_total.fetch_add(1, Relaxed);
                     if let Some(t) = self.conn(slot).tls.as_mut()
                         && t.s.sending()
                     {
@@ -56,7 +59,6 @@ impl Core {
                     return self.hand_off(slot, owner, bytes);
                 }
                 Step::Request(r) => {
-                    self.m().requests_total.fetch_add(1, Relaxed);
                     if !self.carry_out(slot, r) {
                         return;
                     }
@@ -112,20 +114,18 @@ impl Core {
         let close = r.close;
         let route = match r.kind {
             Kind::Mcp { head } => {
-                // With JWT keys configured every MCP request carries a verified token, and its
-                // session is bound to the token's subject (`""` if it names none).
-                let subject = self
-                    .shared
-                    .verifier
-                    .keys_configured()
-                    .then(|| r.access.subject.unwrap_or_default());
-                self.mcp_request(slot, &head, r.body, close, subject.as_deref());
+                // With access control every MCP request carries a verified token with a `sub`
+                // (the gate's rule): its session is bound to the keyed identity of its issuer
+                // and subject (`mcp/identity.rs`).
+                let key = self.shared.mcp_key.as_ref();
+                let who = key.and_then(|k| k.identity(&r.access));
+                self.mcp_request(slot, &head, r.body, close, who.as_deref());
                 return false;
             }
             Kind::Api { route, event_type } => match route {
                 Route::Publish { stream } => {
                     let ev = event_type.filter(|t| !t.is_empty());
-                    self.publish(slot, &stream, vec![(ev, r.body)], close, false);
+                    self.publish((slot, &r.access), &stream, vec![(ev, r.body)], close, false);
                     return true;
                 }
                 other => other,
@@ -145,7 +145,7 @@ impl Core {
                             .into_iter()
                             .map(|e| (e.event, e.data.into_bytes()))
                             .collect();
-                        self.publish(slot, &stream, evs, close, true);
+                        self.publish((slot, &r.access), &stream, evs, close, true);
                     }
                     Err(e) => {
                         let (status, code, msg) = e.status();
@@ -187,14 +187,13 @@ impl Core {
             return;
         }
         if c.tls.is_some() {
-            return self.tls_flush(slot);
-        }
-        let State::Http(h) = &mut c.state else {
-            return;
-        };
-        if let Some((buf, from)) = h.poll_transmit() {
+            self.tls_flush(slot);
+        } else if let State::Http(h) = &mut c.state
+            && let Some((buf, from)) = h.poll_transmit()
+        {
             self.io.send(slot, fd, buf, from);
         }
+        super::requests::answered(&self.shared, self.id, self.now, self.conns.live(slot));
     }
 
     pub(super) fn on_http_sent(&mut self, slot: u32, res: i32, buf: Vec<u8>) {
@@ -280,20 +279,29 @@ impl Core {
 
     // ---- publish ----
 
-    fn publish(&mut self, slot: u32, stream: &str, events: Vec<Event>, close: bool, batch: bool) {
+    fn publish(
+        &mut self,
+        from: Caller<'_>,
+        stream: &str,
+        events: Vec<Event>,
+        close: bool,
+        batch: bool,
+    ) {
         if self.cluster.is_some() {
-            return self.cluster_publish(slot, stream, events, close, batch);
+            return self.cluster_publish(from, stream, events, close, batch);
         }
+        let slot = from.0;
         if let Err((status, code, msg)) = publish::check_events(&events) {
             return self.error(slot, status, code, &msg, close);
         }
-        let Some(key) = self.open_stream(slot, stream, close) else {
-            return;
-        };
-        if let Err((status, code, msg)) = publish::check_framed(self.hub.log(key.0), key.1, &events)
-        {
+        let key = self.hub.stream_key(stream);
+        let (shard, sid) = key.unwrap_or((self.hub.shard_of(stream), PENDING_STREAM));
+        if let Err((status, code, msg)) = publish::check_framed(self.hub.log(shard), sid, &events) {
             return self.error(slot, status, code, &msg, close);
         }
+        let Some(key) = self.open_stream(from, stream, close) else {
+            return;
+        };
         let p = publish::append(self.hub.log_mut(key.0), key.0, key.1, &events, batch, close);
         self.hub.record_appends(key, p.appended);
         self.m()
@@ -323,10 +331,10 @@ impl Core {
         if self.cluster_hold(slot, stream, q, headers, expires) {
             return;
         }
-        // Subscribing creates the stream: subscribers commonly connect before the first publish.
-        let Some(key) = self.open_stream(slot, stream, true) else {
-            return self.flush(slot);
-        };
+        // A stream not created yet is subscribed to as unborn: nothing is created (and no
+        // place taken under the quotas) until its first publish; a refusal creates nothing.
+        let key = self.hub.stream_key(stream);
+        let key = key.unwrap_or((self.hub.shard_of(stream), PENDING_STREAM));
         let ask = Ask {
             key,
             q,
@@ -335,9 +343,7 @@ impl Core {
             now: self.now,
         };
         let (start, class) = resume::start(self.hub.log(key.0), &mut self.parked, &ask);
-        if let Some(class) = class {
-            self.m().resume(class);
-        }
+        super::requests::resumed(&self.shared.metrics[self.id], self.conns.live(slot), class);
         self.m()
             .parked_windows
             .store(self.parked.count() as u64, Relaxed);
@@ -348,9 +354,11 @@ impl Core {
                 aligned,
             } => {
                 let preamble = access::with_headers(preamble, headers);
-                self.become_subscriber(slot, key, cursor, preamble, aligned, |s| {
-                    s.expire_at(expires)
-                })
+                let setup = |s: &mut Sub| s.expire_at(expires);
+                if key.1 == PENDING_STREAM {
+                    return self.subscribe_unborn_at(slot, stream, cursor, preamble, setup);
+                }
+                self.become_subscriber(slot, key, cursor, preamble, aligned, setup)
             }
             Start::Refuse(answer) => self.respond(slot, answer, true),
         }

@@ -75,6 +75,8 @@ pub struct Head {
     pub authorization: Option<String>,
     /// `Cookie` (several fields are joined with `; `, as RFC 6265 §5.4 has a user agent send one).
     pub cookie: Option<String>,
+    /// A sane `X-Request-Id` ([`sane_request_id`]); others are replaced.
+    pub request_id: Option<String>,
 }
 
 impl std::fmt::Debug for Head {
@@ -96,6 +98,7 @@ impl std::fmt::Debug for Head {
             .field("origin", &self.origin)
             .field("authorization", &redacted(&self.authorization))
             .field("cookie", &redacted(&self.cookie))
+            .field("request_id", &self.request_id)
             .finish()
     }
 }
@@ -230,6 +233,7 @@ pub fn parse_head(buf: &[u8], limits: &HeadLimits) -> Result<Option<Head>, HttpE
         origin: None,
         authorization: None,
         cookie: None,
+        request_id: None,
     };
     for h in req.headers.iter() {
         apply_header(&mut head, h.name, h.value, version)?;
@@ -294,6 +298,8 @@ fn apply_header(head: &mut Head, name: &str, value: &[u8], version: u8) -> Resul
     } else if name.eq_ignore_ascii_case("authorization") {
         let v = text(value, "Authorization")?.trim();
         single(&mut head.authorization, v, "Authorization")?;
+    } else if name.eq_ignore_ascii_case("x-request-id") {
+        head.request_id = sane_request_id(value);
     } else if name.eq_ignore_ascii_case("cookie") {
         let v = text(value, "Cookie")?.trim();
         match &mut head.cookie {
@@ -305,6 +311,18 @@ fn apply_header(head: &mut Head, name: &str, value: &[u8], version: u8) -> Resul
         }
     }
     Ok(())
+}
+
+/// The longest `X-Request-Id` taken from a client (longer ones are replaced).
+pub const REQUEST_ID_BYTES_MAX: usize = 64;
+
+/// A client's `X-Request-Id` if it is sane: 1–64 bytes of letters, digits and `-_.:/+=@`
+/// (nothing that could split a log line or a header).
+pub fn sane_request_id(v: &[u8]) -> Option<String> {
+    let ok = |b: &u8| b.is_ascii_alphanumeric() || b"-_.:/+=@".contains(b);
+    let v = v.trim_ascii();
+    (!v.is_empty() && v.len() <= REQUEST_ID_BYTES_MAX && v.iter().all(ok))
+        .then(|| String::from_utf8_lossy(v).into_owned())
 }
 
 /// A single-valued header: a repeat with another value is refused (which one an intermediary

@@ -7,5 +7,6 @@ pub mod access;
 pub mod chunked;
 pub mod conn;
 pub mod http;
+pub mod request_log;
 pub mod route;
 pub mod sse;

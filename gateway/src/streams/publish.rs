@@ -84,7 +84,8 @@ pub fn check_events(events: &[Event]) -> Result<(), (u16, &'static str, String)>
 }
 
 /// Checks every event's framed record against the log's limit before any is appended (a
-/// batch is all or nothing).
+/// batch is all or nothing). A stream not created yet is checked as `PENDING_STREAM` with no
+/// event (its real id is no longer), so a refused publish creates nothing.
 pub fn check_framed(
     log: &Log,
     sid: StreamId,
@@ -93,7 +94,8 @@ pub fn check_framed(
     // Data within --event-bytes-max can still frame larger than a record may be (each line
     // break costs a `data: ` prefix): the log would refuse it mid-batch.
     let limit = RecordLimit::of(log);
-    let (tail, epoch) = (log.bounds(sid).expect("stream exists").tail, log.epoch());
+    let tail = log.bounds(sid).map_or(0, |b| b.tail);
+    let epoch = log.epoch();
     for (i, (ev, data)) in events.iter().enumerate() {
         let id = EventId {
             epoch,

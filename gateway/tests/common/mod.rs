@@ -107,6 +107,13 @@ impl Gateway {
         let line = rx
             .recv_timeout(Duration::from_secs(60))
             .expect("gateway printed its address");
+        if line.is_empty() {
+            // It exited before listening: say why (its stderr, when kept here).
+            let st = child.wait();
+            std::thread::sleep(Duration::from_millis(200));
+            let err = stderr.as_ref().map(|l| l.lock().unwrap().join("\n"));
+            panic!("the gateway exited before listening ({st:?}): {err:?}");
+        }
         let addr = listening_addr(&line);
         let line = rx
             .recv_timeout(Duration::from_secs(10))
@@ -143,6 +150,15 @@ impl Gateway {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// Sends the gateway signal `sig` (`"HUP"`, `"TERM"`…).
+    pub fn signal(&self, sig: &str) {
+        let pid = self.child.id().to_string();
+        let st = Command::new("kill")
+            .args([&format!("-{sig}"), &pid])
+            .status();
+        assert!(st.unwrap().success(), "kill -{sig} {pid}");
     }
 
     /// Resident set size of the gateway process in KiB.
@@ -347,6 +363,9 @@ pub fn start_for_parked_window(extra: &[&str]) -> Gateway {
     args.extend_from_slice(extra);
     Gateway::start(&args)
 }
+
+/// Flags for a log whose retention soon deletes events: 64 KiB segments, 64 KiB kept per shard.
+pub const SMALL_RETENTION: [&str; 4] = ["--segment-bytes", "65536", "--retain-bytes", "65536"];
 
 /// The sequence number of an event ID `{epoch}-{stream}-{seq}`.
 pub fn seq_of(id: &str) -> u64 {

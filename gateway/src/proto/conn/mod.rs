@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 mod budget;
 mod chunked_body;
 mod outbox;
+mod record;
 
 use std::sync::Arc;
 
@@ -22,6 +23,7 @@ pub use budget::BodyBudget;
 use super::access::{Admission, Gate};
 use super::chunked::Decoder;
 use super::http::{self, Head, HeadLimits};
+use super::request_log::{Finished, Record};
 use super::route::{self, Route};
 
 /// The smallest receive buffer (and what it shrinks back to after a large body).
@@ -125,6 +127,8 @@ struct Outgoing {
     close: bool,
     /// The request's extra header lines (CORS), for an answer rewritten by `fail_waits`.
     headers: String,
+    /// The access-log record of the request this answer is the final one of.
+    record: Option<Box<Record>>,
 }
 
 /// What the header / idle deadlines decided at a tick.
@@ -173,12 +177,18 @@ pub struct HttpConn {
     budget: Option<Arc<BodyBudget>>,
     counted: u64,
     starved: bool,
+    /// The access-log record of the head being handled, until its final answer is queued
+    /// (or a subscriber takes it); then the answered ones, until the core takes them.
+    record: Option<Box<Record>>,
+    finished: Vec<Finished>,
     /// The chunked body being decoded (in place, after its head), once it is known to be
     /// served here.
     chunked: Option<Box<Decoder>>,
 }
 
-/// Where a parsed head goes next (internal to [`HttpConn::poll`]).
+/// Where a parsed head goes next (internal to [`HttpConn::poll`]). A return value, never
+/// stored: boxing its large variant would only add an allocation per request.
+#[allow(clippy::large_enum_variant)]
 enum Parsed {
     Step(Step),
     /// An error answer was queued without closing: parse the next request.
@@ -222,6 +232,8 @@ impl HttpConn {
             budget: None,
             counted: 0,
             starved: false,
+            record: None,
+            finished: Vec::new(),
             chunked: None,
         }
     }
@@ -252,11 +264,16 @@ impl HttpConn {
                 Err(e) => {
                     let (status, code, msg) = e.status();
                     self.headers.clear();
+                    let started = self.started.unwrap_or(now);
+                    self.record = Some(Box::new(Record::unparsed(self.rlen - self.rpos, started)));
                     self.error(status, code, &msg, true);
                     return Step::Wait;
                 }
             };
             self.headers.clear();
+            let mcp_path = lim.mcp.as_ref().map(|(p, _)| p.as_str());
+            let started = self.started.unwrap_or(now);
+            self.record = Some(Box::new(Record::of(&head, mcp_path, started)));
             match self.on_head(head, busy, now, lim, remote, gate) {
                 Parsed::Step(s) => return s,
                 Parsed::Again => continue,
@@ -327,7 +344,7 @@ impl HttpConn {
             close: head.close,
             body,
             access,
-            headers: self.headers.clone(),
+            headers: self.answer_headers(),
         })
     }
 
@@ -350,6 +367,7 @@ impl HttpConn {
                 match gate.admit(head, &route, std::mem::take(&mut self.headers)) {
                     Admission::Admit { headers, access } => {
                         self.headers = headers;
+                        self.note_subject(&access);
                         return Ok((route, access));
                     }
                     other => other,
@@ -401,7 +419,10 @@ impl HttpConn {
             return Step::Wait;
         }
         let access = match gate.admit_mcp(&head) {
-            Admission::Admit { access, .. } => access,
+            Admission::Admit { access, .. } => {
+                self.note_subject(&access);
+                access
+            }
             Admission::Refuse {
                 status,
                 code,
@@ -519,6 +540,7 @@ impl HttpConn {
 
     fn hand_off(&mut self, owner: usize) -> Step {
         self.compact();
+        self.record = None; // the owner core parses the head again and records it
         let mut bytes = self.rbuf.take().expect("held");
         bytes.truncate(self.rlen);
         Step::HandOff { owner, bytes }
@@ -596,6 +618,7 @@ impl HttpConn {
             && !self.awaiting_body
             && now.duration_since(t) >= lim.header_timeout
         {
+            self.record = Some(Box::new(Record::unparsed(self.rlen - self.rpos, t)));
             self.error(
                 408,
                 "request_timeout",
