@@ -409,6 +409,9 @@ impl std::fmt::Display for ConfigError {
     }
 }
 
+/// The largest `--admin-timeout-secs`.
+const ADMIN_TIMEOUT_SECS_MAX: u64 = 86_400;
+
 impl Config {
     /// Checks flag values that clap's types cannot express.
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -421,15 +424,7 @@ impl Config {
         if self.send_bytes_max < self.event_bytes_max {
             return Err(ConfigError::SendBytesBelowEvent);
         }
-        let mcp_body = if self.mcp.enabled() {
-            self.mcp.mcp_body_bytes_max
-        } else {
-            0
-        };
-        // A chunked API body's buffer holds its head, the body and one line of framing
-        // (`proto::conn::chunked_body`): both bounded by --header-bytes-max.
-        let api_body = self.batch_bytes_max.max(self.event_bytes_max) + 2 * self.header_bytes_max;
-        let body_max = api_body.max(mcp_body) as u64;
+        let body_max = self.body_buffer_bytes_min();
         if self.request_buffer_bytes_max < body_max {
             return Err(ConfigError::RequestBufferBelowBody(body_max));
         }
@@ -448,6 +443,11 @@ impl Config {
         let slots_max = crate::uring::SLOTS_MAX as u64 - 1;
         if self.connections_max as u64 > slots_max {
             return Err(ConfigError::TooLarge("--connections-max", slots_max));
+        }
+        // An admin deadline is a point in time: keep it representable (a day is plenty).
+        if self.admin_timeout_secs > ADMIN_TIMEOUT_SECS_MAX {
+            let max = ADMIN_TIMEOUT_SECS_MAX;
+            return Err(ConfigError::TooLarge("--admin-timeout-secs", max));
         }
         Ok(())
     }
@@ -496,6 +496,20 @@ impl Config {
             0 => (self.streams_max / 10).max(1),
             n => n,
         }
+    }
+
+    /// The least `--request-buffer-bytes-max` that admits every body one request may have.
+    /// A chunked API body's buffer holds its head, the body and one line of framing
+    /// (`proto::conn::chunked_body`): head and line are bounded by `--header-bytes-max`.
+    fn body_buffer_bytes_min(&self) -> u64 {
+        let mcp_body = if self.mcp.enabled() {
+            self.mcp.mcp_body_bytes_max
+        } else {
+            0
+        };
+        let framing = self.header_bytes_max.saturating_mul(2);
+        let api_body = (self.batch_bytes_max.max(self.event_bytes_max)).saturating_add(framing);
+        api_body.max(mcp_body) as u64
     }
 
     /// The fsync policy as the log store takes it.
@@ -547,6 +561,21 @@ mod tests {
         );
         let c = Config::parse_from(["gateway", "--connections-max", "16777215"]);
         assert_eq!(c.validate(), Ok(()));
+        let c = Config::parse_from(["gateway", "--admin-timeout-secs", "86401"]);
+        let too_long = ConfigError::TooLarge("--admin-timeout-secs", 86_400);
+        assert_eq!(c.validate(), Err(too_long));
+        for zero in [
+            "--body-timeout-secs",
+            "--admin-timeout-secs",
+            "--admin-connections-max",
+        ] {
+            let c = Config::parse_from(["gateway", zero, "0"]);
+            assert_eq!(c.validate(), Err(ConfigError::Zero(zero)));
+        }
+        // A chunked body's head and framing must fit the body budget too.
+        let c = Config::parse_from(["gateway", "--request-buffer-bytes-max", "4194304"]);
+        let need = 4 * 1024 * 1024 + 2 * 8192;
+        assert_eq!(c.validate(), Err(ConfigError::RequestBufferBelowBody(need)));
     }
 
     #[test]

@@ -319,7 +319,10 @@ impl HttpConn {
         let owner = route.stream().and_then(|s| remote(Target::Stream(s)));
         let takes_over = matches!(route, Route::Subscribe { .. }) || owner.is_some();
         if busy && takes_over {
-            return Parsed::Step(Step::Wait); // polled again once the answers are sent
+            // Polled again once the answers are sent. The body is complete: its deadline no
+            // longer runs (the wait is the gateway's, not the client's).
+            self.awaiting_body = false;
+            return Parsed::Step(Step::Wait);
         }
         if let Some(owner) = owner {
             return Parsed::Step(self.hand_off(owner));

@@ -708,3 +708,35 @@ fn a_chunked_body_takes_its_buffer_from_the_body_budget() {
     assert_eq!(req.body, body);
     assert_eq!(have, input.len());
 }
+
+/// A complete body whose request waits for earlier answers (it moves the connection to
+/// another core) is past the client's part: its body deadline no longer runs.
+#[test]
+fn a_complete_body_waiting_for_earlier_answers_does_not_time_out() {
+    let (lim, t0) = (limits(), Instant::now());
+    let mut c = HttpConn::new(Vec::new(), t0);
+    let mut bytes = b"GET /healthz HTTP/1.1\r\n\r\n".to_vec();
+    let second = publish("elsewhere", "xy");
+    bytes.extend(&second[..second.len() - 1]);
+    feed(&mut c, &bytes, t0, &lim);
+    let remote = |t: Target<'_>| (t == Target::Stream("elsewhere")).then_some(1);
+    let Step::Request(_) = c.poll(t0, &lim, &remote, &mut open_gate()) else {
+        panic!("the local request first")
+    };
+    c.answer(b"ok".to_vec(), None, false); // not sent yet: the connection is busy
+    let Step::Recv { mut buf, from } = c.poll(t0, &lim, &remote, &mut open_gate()) else {
+        panic!("receives the rest of the body")
+    };
+    buf[from] = b'y';
+    c.on_recv(buf, 1, t0);
+    assert!(matches!(
+        c.poll(t0, &lim, &remote, &mut open_gate()),
+        Step::Wait
+    ));
+    assert_eq!(c.on_tick(t0 + lim.body_timeout, &lim), Deadline::None);
+    assert_eq!(drain(&mut c, t0), b"ok");
+    match c.poll(t0, &lim, &remote, &mut open_gate()) {
+        Step::HandOff { owner, bytes } => assert_eq!((owner, bytes), (1, second)),
+        other => panic!("expected a handoff, got {other:?}"),
+    }
+}
