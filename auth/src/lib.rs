@@ -38,8 +38,9 @@
 //! - **Claims**: the signature is checked before any claim, so a forged token is always "bad
 //!   signature". `exp` is required, with no leeway (expired when now >= exp); `nbf` is honoured;
 //!   `iss` and `aud` are required and must match when configured (`aud` a string or an array).
-//!   Grants: `{"gateway": {"publish": [..], "subscribe": [..]}}`, at most [`PATTERNS_MAX`]
-//!   patterns of [`PATTERN_BYTES_MAX`] bytes per list.
+//!   Grants: `{"gateway": {"publish": [..], "subscribe": [..], "mcp": true}}`, at most [`PATTERNS_MAX`]
+//!   patterns of [`PATTERN_BYTES_MAX`] bytes per list; `mcp` (a boolean, default false) grants
+//!   the MCP endpoint, which no anonymous pattern opens.
 //! - **Cache**: each [`Auth`] maps the exact token text to its verified claims, so a token's
 //!   signature (the cost of RS256 / ES256) is checked once per core. Only valid tokens are
 //!   cached; an entry is never used at or after its `exp`; at most `--jwt-cache-entries-max`
@@ -94,20 +95,20 @@ pub struct Credentials<'a> {
     pub query: &'a str,
 }
 
-/// Who was let in: the token's `sub` and `exp`; both `None` for anonymous access.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Who was let in: the token's `iss`, `sub` and `exp` (all `None` for anonymous access), and
+/// whether it grants the MCP endpoint (`{"gateway": {"mcp": true}}`; never anonymously).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Access {
+    pub issuer: Option<String>,
     pub subject: Option<String>,
     pub expires_unix_secs: Option<u64>,
+    pub mcp: bool,
 }
 
 impl Access {
     /// Access without a token.
     pub fn anonymous() -> Access {
-        Access {
-            subject: None,
-            expires_unix_secs: None,
-        }
+        Access::default()
     }
 }
 
@@ -216,6 +217,31 @@ impl Auth {
         }
         let token = self.presented_token(c)?.ok_or(Denied::Missing)?;
         self.with_verified(token, now_unix_secs, Verified::access)
+    }
+
+    /// Access to the MCP endpoint. With no access control at all, everyone (the gateway is
+    /// on loopback or explicitly open). Otherwise only a verified token that names a `sub`
+    /// (sessions are bound to it) and grants `{"gateway": {"mcp": true}}`: anonymous patterns
+    /// never open it, so with patterns and no key it is closed.
+    pub fn authorize_mcp(
+        &mut self,
+        c: &Credentials<'_>,
+        now_unix_secs: u64,
+    ) -> Result<Access, Denied> {
+        if !self.verifier.enabled() {
+            return Ok(Access::anonymous());
+        }
+        if !self.verifier.keys_configured() {
+            return Err(Denied::McpWithoutKeys);
+        }
+        let access = self.authenticate(c, now_unix_secs)?;
+        if access.subject.is_none() {
+            return Err(Denied::Invalid(Invalid::MissingSub));
+        }
+        if !access.mcp {
+            return Err(Denied::McpNotGranted);
+        }
+        Ok(access)
     }
 
     /// The request's token, if any; never looked for when no key could verify it.

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
-use crossbeam::channel::{Receiver, RecvTimeoutError, Sender, TrySendError};
+use crossbeam::channel::{Receiver, Sender, TrySendError};
 
 use crate::logging::LogFormat;
 use crate::proto::request_log::{Finished, method_label};
@@ -102,29 +102,35 @@ pub fn start(flags: &crate::config::LogArgs) -> Result<(Sink, Option<Writer>), S
     Ok((Sink { tx: Some(tx) }, Some(Writer { stop, thread })))
 }
 
-/// Lines formatted into one buffer and written with one `write` per batch: what was queued
-/// while the last batch was written goes out together.
+/// How often the writer wakes to drain the queue. It never blocks on the queue: a reactor's
+/// send then never wakes a sleeping thread (a futex system call per line), and what was
+/// queued meanwhile goes out in one write.
+const DRAIN_INTERVAL: Duration = Duration::from_millis(20);
+
+/// Lines formatted into one buffer before it is written.
 const BATCH_LINES_MAX: usize = 512;
 
 fn write_until_stopped(rx: &Receiver<Line>, stop: &AtomicBool, format: LogFormat) {
     let mut buf = Vec::with_capacity(64 * 1024);
     loop {
-        match rx.recv_timeout(Duration::from_millis(100)) {
-            Ok(line) => {
-                format_line(&mut buf, &line, format);
-                for l in rx.try_iter().take(BATCH_LINES_MAX - 1) {
-                    format_line(&mut buf, &l, format);
-                }
-                flush(&mut buf);
+        let stopping = stop.load(Relaxed);
+        loop {
+            let mut n = 0;
+            for l in rx.try_iter().take(BATCH_LINES_MAX) {
+                format_line(&mut buf, &l, format);
+                n += 1;
             }
-            Err(RecvTimeoutError::Timeout) if stop.load(Relaxed) => break,
-            Err(RecvTimeoutError::Timeout) => {}
-            Err(RecvTimeoutError::Disconnected) => break,
+            if n == 0 {
+                break;
+            }
+            flush(&mut buf);
         }
+        // Stopped after the last drain: the cores are gone, nothing more arrives.
+        if stopping {
+            return;
+        }
+        std::thread::sleep(DRAIN_INTERVAL);
     }
-    rx.try_iter()
-        .for_each(|l| format_line(&mut buf, &l, format));
-    flush(&mut buf);
 }
 
 fn flush(buf: &mut Vec<u8>) {

@@ -202,6 +202,12 @@ pub struct Config {
     #[arg(long, default_value_t = 100_000)]
     pub streams_max: u64,
 
+    /// Streams one subject's publishes may create (a token's issuer and `sub`; anonymous
+    /// requests and tokens without `sub` count as one subject per source address) before a
+    /// create is refused with 429 `subject_quota`. 0 = a tenth of --streams-max.
+    #[arg(long, default_value_t = 0)]
+    pub streams_per_subject_max: u64,
+
     /// Seconds a stream with no retained events and no subscribers is kept before it is
     /// removed (its name is free again; its old IDs are refused as another stream's). 0 = never.
     #[arg(long, default_value_t = 3600)]
@@ -320,6 +326,11 @@ impl AuthArgs {
         }
     }
 
+    /// Whether a JWT key is configured (real authentication, unlike anonymous patterns).
+    pub fn keys_configured(&self) -> bool {
+        !(self.jwt_hs256_secret_files.is_empty() && self.jwt_public_key_files.is_empty())
+    }
+
     /// Whether any access control is configured.
     pub fn configured(&self) -> bool {
         !(self.jwt_hs256_secret_files.is_empty()
@@ -344,6 +355,9 @@ pub enum ConfigError {
     Mcp(String),
     /// A non-loopback `--listen` with no authentication and no `--insecure-no-auth`.
     ExposedWithoutAuth(SocketAddr),
+    /// A non-loopback `--listen` with the MCP front on, no JWT key (anonymous patterns never
+    /// open `/mcp`) and no `--insecure-no-auth`.
+    McpExposedWithoutKeys(SocketAddr),
     /// A `--cors-allow-origin` that is not `scheme://host[:port]`.
     BadOrigin(String),
     /// `--request-buffer-bytes-max` below the largest body one request may have.
@@ -373,6 +387,13 @@ impl std::fmt::Display for ConfigError {
                  --jwt-hs256-secret-file / --jwt-public-key-file (or --anonymous-subscribe / \
                  --anonymous-publish patterns), or --insecure-no-auth to expose it open"
             ),
+            ConfigError::McpExposedWithoutKeys(a) => write!(
+                f,
+                "--listen {a} is not loopback and the MCP front is on with no JWT key: give \
+                 --jwt-hs256-secret-file / --jwt-public-key-file (tokens then need \
+                 {{\"gateway\": {{\"mcp\": true}}}}; anonymous patterns never open the MCP \
+                 endpoint), or --insecure-no-auth to expose it open"
+            ),
             ConfigError::RequestBufferBelowBody(b) => write!(
                 f,
                 "--request-buffer-bytes-max must be at least the largest request body \
@@ -396,6 +417,43 @@ impl Config {
         }
         self.mcp.validate().map_err(ConfigError::Mcp)?;
         self.cluster.validate().map_err(ConfigError::Cluster)?;
+        self.validate_nonzero()?;
+        if self.send_bytes_max < self.event_bytes_max {
+            return Err(ConfigError::SendBytesBelowEvent);
+        }
+        let mcp_body = if self.mcp.enabled() {
+            self.mcp.mcp_body_bytes_max
+        } else {
+            0
+        };
+        // A chunked API body's buffer holds its head, the body and one line of framing
+        // (`proto::conn::chunked_body`): both bounded by --header-bytes-max.
+        let api_body = self.batch_bytes_max.max(self.event_bytes_max) + 2 * self.header_bytes_max;
+        let body_max = api_body.max(mcp_body) as u64;
+        if self.request_buffer_bytes_max < body_max {
+            return Err(ConfigError::RequestBufferBelowBody(body_max));
+        }
+        let exposed = !self.listen.ip().is_loopback() && !self.insecure_no_auth;
+        if exposed && !self.auth.configured() {
+            return Err(ConfigError::ExposedWithoutAuth(self.listen));
+        }
+        if exposed && self.mcp.enabled() && !self.auth.keys_configured() {
+            return Err(ConfigError::McpExposedWithoutKeys(self.listen));
+        }
+        if let Some(o) = self.cors_allow_origins.iter().find(|o| !valid_origin(o)) {
+            return Err(ConfigError::BadOrigin(o.clone()));
+        }
+        // One core holds at most this many connections in its slot table (the slot number is
+        // 24 bits of every io_uring user_data).
+        let slots_max = crate::uring::SLOTS_MAX as u64 - 1;
+        if self.connections_max as u64 > slots_max {
+            return Err(ConfigError::TooLarge("--connections-max", slots_max));
+        }
+        Ok(())
+    }
+
+    /// Limits for which 0 makes no sense.
+    fn validate_nonzero(&self) -> Result<(), ConfigError> {
         for (v, name) in [
             (self.connections_max as u64, "--connections-max"),
             (self.header_bytes_max as u64, "--header-bytes-max"),
@@ -429,34 +487,15 @@ impl Config {
                 return Err(ConfigError::Zero(name));
             }
         }
-        if self.send_bytes_max < self.event_bytes_max {
-            return Err(ConfigError::SendBytesBelowEvent);
-        }
-        let mcp_body = if self.mcp.enabled() {
-            self.mcp.mcp_body_bytes_max
-        } else {
-            0
-        };
-        // A chunked API body's buffer holds its head, the body and one line of framing
-        // (`proto::conn::chunked_body`): both bounded by --header-bytes-max.
-        let api_body = self.batch_bytes_max.max(self.event_bytes_max) + 2 * self.header_bytes_max;
-        let body_max = api_body.max(mcp_body) as u64;
-        if self.request_buffer_bytes_max < body_max {
-            return Err(ConfigError::RequestBufferBelowBody(body_max));
-        }
-        if !self.listen.ip().is_loopback() && !self.auth.configured() && !self.insecure_no_auth {
-            return Err(ConfigError::ExposedWithoutAuth(self.listen));
-        }
-        if let Some(o) = self.cors_allow_origins.iter().find(|o| !valid_origin(o)) {
-            return Err(ConfigError::BadOrigin(o.clone()));
-        }
-        // One core holds at most this many connections in its slot table (the slot number is
-        // 24 bits of every io_uring user_data).
-        let slots_max = crate::uring::SLOTS_MAX as u64 - 1;
-        if self.connections_max as u64 > slots_max {
-            return Err(ConfigError::TooLarge("--connections-max", slots_max));
-        }
         Ok(())
+    }
+
+    /// `--streams-per-subject-max`, where 0 is a tenth of `--streams-max` (at least 1).
+    pub fn streams_per_subject_max(&self) -> u64 {
+        match self.streams_per_subject_max {
+            0 => (self.streams_max / 10).max(1),
+            n => n,
+        }
     }
 
     /// The fsync policy as the log store takes it.

@@ -9,7 +9,9 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 
+use gateway::mcp::identity::SessionKey;
 use gateway::streams::catalog::StreamQuota;
+use gateway::streams::subjects::SubjectQuota;
 use gateway::{
     access_log, admin, clustering, config, config_file, core, logging, metrics, notify, probe,
     proto, shards, sys, tls,
@@ -103,11 +105,8 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
     raise_fd_limit(&cfg, shard_count);
     let (listeners, addr) = bind_listeners(&cfg, cores)?;
     let (admin_listener, admin_addr) = bind_admin(cfg.admin_listen)?;
-    let verifier = Arc::new(auth::Verifier::load(&cfg.auth.settings()).map_err(|e| e.to_string())?);
-    let certs = match (&cfg.tls_cert_file, &cfg.tls_key_file) {
-        (Some(c), Some(k)) => Some(tls::Certs::load(c, k)?),
-        _ => None,
-    };
+    let (verifier, certs, mcp_key) = load_keys(&cfg)?;
+    let verifier = Arc::new(verifier);
     let (cluster, inboxes) = match clustered {
         Some(c) => (Some(c.cluster), c.inboxes.into_iter().map(Some).collect()),
         None => (None, (0..cores).map(|_| None).collect::<Vec<_>>()),
@@ -133,6 +132,8 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
         certs,
         origins: cfg.cors_allow_origins.clone().into(),
         quota,
+        subjects: SubjectQuota::new(cfg.streams_per_subject_max()),
+        mcp_key,
         per_ip: std::sync::Mutex::new(std::collections::HashMap::new()),
         body_budget: Arc::new(proto::conn::BodyBudget::new(cfg.request_buffer_bytes_max)),
         ktls_refused: std::sync::atomic::AtomicU8::new(0),
@@ -163,6 +164,22 @@ fn bind_admin(
         std::net::TcpListener::bind(at).map_err(|e| format!("bind --admin-listen {at}: {e}"))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     Ok((listener, addr))
+}
+
+/// The JWT keys, the TLS certificate and key, and the MCP session key (made at the first
+/// start with the MCP front).
+type Keys = (auth::Verifier, Option<tls::Certs>, Option<SessionKey>);
+
+fn load_keys(cfg: &config::Config) -> Result<Keys, String> {
+    let verifier = auth::Verifier::load(&cfg.auth.settings()).map_err(|e| e.to_string())?;
+    let certs = match (&cfg.tls_cert_file, &cfg.tls_key_file) {
+        (Some(c), Some(k)) => Some(tls::Certs::load(c, k)?),
+        _ => None,
+    };
+    let mcp_key = (cfg.mcp.enabled())
+        .then(|| SessionKey::load_or_create(&cfg.data_dir))
+        .transpose()?;
+    Ok((verifier, certs, mcp_key))
 }
 
 /// The start line: what this process is and how it is configured (no secret: NATS URLs lose
@@ -323,6 +340,7 @@ fn announce(
     metrics::set_limits(vec![
         ("connections_max", cfg.connections_max as u64),
         ("streams_max", cfg.streams_max),
+        ("streams_per_subject_max", cfg.streams_per_subject_max()),
         ("request_buffer_bytes_max", cfg.request_buffer_bytes_max),
         ("mcp_sessions_max", cfg.mcp.mcp_sessions_max as u64),
     ]);

@@ -85,7 +85,17 @@ fn stream_creation_flood_past_streams_max_keeps_rss_flat() {
     const MAX: usize = 1000;
     const ATTEMPTS: usize = 100_000;
     const PIPELINE: usize = 500;
-    let g = Gateway::start(&["--cores", "1", "--fsync", "never", "--streams-max", "1000"]);
+    // One client: its own quota (--streams-per-subject-max) would stop it first.
+    let g = Gateway::start(&[
+        "--cores",
+        "1",
+        "--fsync",
+        "never",
+        "--streams-max",
+        "1000",
+        "--streams-per-subject-max",
+        "100000",
+    ]);
     let s = connect(g.addr);
     let mut r = std::io::BufReader::new(s.try_clone().unwrap());
     let mut w = s;
@@ -210,7 +220,8 @@ fn idle_streams_expire() {
 /// `Last-Event-ID`, another epoch's ID) creates nothing either.
 #[test]
 fn subscribes_and_refusals_create_no_stream() {
-    let g = Gateway::start(&["--cores", "1", "--fsync", "never", "--streams-max", "2"]);
+    let limits = ["--streams-max", "2", "--streams-per-subject-max", "3"];
+    let g = Gateway::start(&[&["--cores", "1", "--fsync", "never"][..], &limits].concat());
     let mut waiting: Vec<_> = (0..20)
         .map(|i| common::Sse::open(g.addr, &format!("/v1/streams/m-{i}"), None))
         .collect();

@@ -13,13 +13,14 @@ use cluster::{Applied, Inbound, names};
 use log_store::{AppendError, EventId};
 
 use super::cluster_state::{CatchUp, Pending, Ticket};
+use super::http::Caller;
 use super::{Core, State};
 use crate::proto::conn::Wait;
 use crate::proto::http;
 use crate::proto::route::SubscribeQuery;
 use crate::proto::sse;
-use crate::streams::catalog::StreamsExhausted;
 use crate::streams::publish::{self, Event};
+use crate::streams::subjects::{self, Subject};
 
 /// Messages taken from the inbox per turn (the rest wait for the next turn).
 const DRAIN_PER_TURN: usize = 4096;
@@ -36,7 +37,7 @@ impl Core {
     /// Publishes `events` through JetStream; the answer waits for them to be applied here.
     pub(super) fn cluster_publish(
         &mut self,
-        slot: u32,
+        (slot, access): Caller<'_>,
         stream: &str,
         events: Vec<Event>,
         close: bool,
@@ -45,8 +46,8 @@ impl Core {
         if let Err((status, code, msg)) = publish::check_events(&events) {
             return self.error(slot, status, code, &msg, close);
         }
-        let shard = self.hub.shard_of(stream);
-        if let Err((status, code, msg)) = self.check_cluster_publish(stream, shard, &events) {
+        let (shard, who) = (self.hub.shard_of(stream), (access, self.conn(slot).peer));
+        if let Err((status, code, msg)) = self.check_cluster_publish(stream, shard, &events, who) {
             return self.error(slot, status, code, &msg, close);
         }
         let conn = (slot, self.io.generation(slot));
@@ -74,29 +75,30 @@ impl Core {
         }
     }
 
-    /// What a publish is checked for before anything is sent: a valid name, room for a new
-    /// stream (`--streams-max`), every event within the record limit.
+    /// What a publish is checked for before anything is sent: every event within the record
+    /// limit, and for a new stream a valid name, room under `--streams-max` and a place of the
+    /// caller's under `--streams-per-subject-max`.
     fn check_cluster_publish(
         &self,
         stream: &str,
         shard: u32,
         events: &[Event],
+        (access, peer): (&auth::Access, Option<std::net::IpAddr>),
     ) -> Result<(), (u16, &'static str, String)> {
         let log = self.hub.log(shard);
+        publish::check_framed_worst(log, events)?;
         if log.stream_id(stream).is_none() {
-            if let Err(e) = self.shared.quota.check(stream) {
-                return Err((
-                    StreamsExhausted::STATUS,
-                    StreamsExhausted::CODE,
-                    e.to_string(),
-                ));
-            }
             if let Err(e) = log_store::Log::check_stream_name(stream) {
                 let (status, code) = publish::append_status(&e);
                 return Err((status, code, e.to_string()));
             }
+            let (sh, who) = (&self.shared, Subject::of(access, peer));
+            subjects::reserve_clustered(&sh.quota, &sh.subjects, &who, stream).map_err(|e| {
+                e.counter(self.m()).fetch_add(1, Relaxed);
+                (e.status().0, e.status().1, e.to_string())
+            })?;
         }
-        publish::check_framed_worst(log, events)
+        Ok(())
     }
 
     /// Applies what the followers delivered (bounded per turn); answers publishes whose

@@ -16,6 +16,9 @@ use crate::streams::resume::{self, Ask, Start};
 use crate::streams::sub::{PENDING_STREAM, Sub};
 use crate::sys;
 
+/// A request's connection and who sent it (the gate's verdict).
+pub(super) type Caller<'a> = (u32, &'a auth::Access);
+
 /// The answer to a publish whose group commit failed.
 const LOG_FAILED: &str = "the event could not be made durable: an fsync of its log failed, \
      and that log refuses appends until the gateway restarts and recovers it";
@@ -111,20 +114,18 @@ impl Core {
         let close = r.close;
         let route = match r.kind {
             Kind::Mcp { head } => {
-                // With JWT keys configured every MCP request carries a verified token, and its
-                // session is bound to the token's subject (`""` if it names none).
-                let subject = self
-                    .shared
-                    .verifier
-                    .keys_configured()
-                    .then(|| r.access.subject.unwrap_or_default());
-                self.mcp_request(slot, &head, r.body, close, subject.as_deref());
+                // With access control every MCP request carries a verified token with a `sub`
+                // (the gate's rule): its session is bound to the keyed identity of its issuer
+                // and subject (`mcp/identity.rs`).
+                let key = self.shared.mcp_key.as_ref();
+                let who = key.and_then(|k| k.identity(&r.access));
+                self.mcp_request(slot, &head, r.body, close, who.as_deref());
                 return false;
             }
             Kind::Api { route, event_type } => match route {
                 Route::Publish { stream } => {
                     let ev = event_type.filter(|t| !t.is_empty());
-                    self.publish(slot, &stream, vec![(ev, r.body)], close, false);
+                    self.publish((slot, &r.access), &stream, vec![(ev, r.body)], close, false);
                     return true;
                 }
                 other => other,
@@ -144,7 +145,7 @@ impl Core {
                             .into_iter()
                             .map(|e| (e.event, e.data.into_bytes()))
                             .collect();
-                        self.publish(slot, &stream, evs, close, true);
+                        self.publish((slot, &r.access), &stream, evs, close, true);
                     }
                     Err(e) => {
                         let (status, code, msg) = e.status();
@@ -278,10 +279,18 @@ impl Core {
 
     // ---- publish ----
 
-    fn publish(&mut self, slot: u32, stream: &str, events: Vec<Event>, close: bool, batch: bool) {
+    fn publish(
+        &mut self,
+        from: Caller<'_>,
+        stream: &str,
+        events: Vec<Event>,
+        close: bool,
+        batch: bool,
+    ) {
         if self.cluster.is_some() {
-            return self.cluster_publish(slot, stream, events, close, batch);
+            return self.cluster_publish(from, stream, events, close, batch);
         }
+        let slot = from.0;
         if let Err((status, code, msg)) = publish::check_events(&events) {
             return self.error(slot, status, code, &msg, close);
         }
@@ -290,7 +299,7 @@ impl Core {
         if let Err((status, code, msg)) = publish::check_framed(self.hub.log(shard), sid, &events) {
             return self.error(slot, status, code, &msg, close);
         }
-        let Some(key) = self.open_stream(slot, stream, close) else {
+        let Some(key) = self.open_stream(from, stream, close) else {
             return;
         };
         let p = publish::append(self.hub.log_mut(key.0), key.0, key.1, &events, batch, close);

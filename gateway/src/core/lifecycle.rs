@@ -13,27 +13,31 @@ use super::{Core, State};
 use crate::proto::conn::Wait;
 use crate::proto::http;
 use crate::streams::StreamKey;
-use crate::streams::catalog::StreamsExhausted;
 use crate::streams::hub::SubRef;
 use crate::streams::publish;
 use crate::streams::sub::{PENDING_STREAM, Sub};
+use crate::streams::subjects::{self, Subject};
 
 impl Core {
-    /// The API stream `stream`, created if new and `--streams-max` allows; `None` after an
-    /// error answer was queued (closing when `close`).
+    /// The API stream `stream`, created if new and `--streams-max` and the `--streams-per-
+    /// subject-max` of who asked (`access`) allow; `None` after an error answer was queued
+    /// (closing when `close`).
     pub(super) fn open_stream(
         &mut self,
-        slot: u32,
+        (slot, access): super::http::Caller<'_>,
         stream: &str,
         close: bool,
     ) -> Option<StreamKey> {
         if let Some(key) = self.hub.stream_key(stream) {
             return Some(key);
         }
-        if let Err(e) = self.shared.quota.reserve(stream) {
-            self.m().streams_exhausted_total.fetch_add(1, Relaxed);
-            let (status, code) = (StreamsExhausted::STATUS, StreamsExhausted::CODE);
-            self.error(slot, status, code, &e.to_string(), close);
+        let (sh, who) = (
+            &self.shared,
+            Subject::of(access, self.conns.live(slot).peer),
+        );
+        if let Err(e) = subjects::reserve(&sh.quota, &sh.subjects, &who, stream) {
+            e.counter(self.m()).fetch_add(1, Relaxed);
+            self.error(slot, e.status().0, e.status().1, &e.to_string(), close);
             return None;
         }
         match self.hub.open_stream(stream) {
@@ -42,7 +46,7 @@ impl Core {
                 Some(k)
             }
             Err(e) => {
-                self.shared.quota.release(stream);
+                subjects::release(&self.shared.quota, &self.shared.subjects, stream);
                 let (status, code) = publish::append_status(&e);
                 self.error(slot, status, code, &e.to_string(), close);
                 None
@@ -139,9 +143,8 @@ impl Core {
         let name = self.hub.log(key.0).stream_name(key.1).map(str::to_owned);
         let removed = self.hub.remove_stream(key)?;
         self.parked.forget(key);
-        self.shared
-            .quota
-            .release(&name.expect("a live stream has a name"));
+        let name = name.expect("a live stream has a name");
+        subjects::release(&self.shared.quota, &self.shared.subjects, &name);
         Ok(removed)
     }
 

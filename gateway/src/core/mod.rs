@@ -47,6 +47,7 @@ use crate::streams::catalog::StreamQuota;
 use crate::streams::hub::{Hub, SubRef};
 use crate::streams::parked::{ParkLimits, ParkedWindows};
 use crate::streams::sub::SubLimits;
+use crate::streams::subjects::SubjectQuota;
 use crate::sys;
 use crate::uring::{Cqe, Driver};
 use conns::{Conn, Conns, State};
@@ -79,6 +80,10 @@ pub struct Shared {
     pub origins: Arc<[String]>,
     /// Live API streams across all shards (`--streams-max`).
     pub quota: StreamQuota,
+    /// API streams created per subject (`--streams-per-subject-max`).
+    pub subjects: SubjectQuota,
+    /// The key MCP session identities are derived with (when the MCP front is on).
+    pub mcp_key: Option<crate::mcp::identity::SessionKey>,
     /// The listener's certificate and key (`--tls-cert-file`), reloaded on SIGHUP.
     pub certs: Option<crate::tls::Certs>,
     /// Open connections by peer address (`--connections-per-ip-max`).

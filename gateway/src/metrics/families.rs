@@ -115,7 +115,7 @@ pub(super) const FAMILIES: &[Family] = &[
     one(
         "gateway_refusals_total",
         "counter",
-        "Requests and connections refused at the edge, by reason (auth: 401/403; origin: CORS 403; per_ip: --connections-per-ip-max; streams_exhausted: --streams-max).",
+        "Requests and connections refused at the edge, by reason (auth: 401/403; origin: CORS 403; per_ip: --connections-per-ip-max; streams_exhausted: --streams-max; subject_quota: --streams-per-subject-max).",
         &[
             ("reason=\"auth\"", |m| &m.auth_refusals_total),
             ("reason=\"origin\"", |m| &m.origin_refusals_total),
@@ -123,6 +123,7 @@ pub(super) const FAMILIES: &[Family] = &[
             ("reason=\"streams_exhausted\"", |m| {
                 &m.streams_exhausted_total
             }),
+            ("reason=\"subject_quota\"", |m| &m.subject_quota_total),
         ],
     ),
     one(

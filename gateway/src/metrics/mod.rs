@@ -113,6 +113,8 @@ pub struct CoreMetrics {
     pub streams_expired_total: AtomicU64,
     /// Stream creations refused at `--streams-max`.
     pub streams_exhausted_total: AtomicU64,
+    /// Stream creations refused at `--streams-per-subject-max`.
+    pub subject_quota_total: AtomicU64,
     /// Connections refused at `--connections-per-ip-max`.
     pub per_ip_refusals_total: AtomicU64,
     /// TLS handshakes completed, and TLS sessions that failed (bad handshakes, plaintext or

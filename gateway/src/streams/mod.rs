@@ -1,8 +1,9 @@
 //! The pub/sub layer, with no I/O: the catalog's rules (stream kinds, `--streams-max`:
-//! [`catalog`]), the streams a core owns and their logs ([`hub`]),
-//! publishing ([`publish`]), subscribers and their send windows ([`sub`], [`window`]),
-//! parked windows ([`parked`]), subscribers of streams not created yet ([`unborn`]) and where a subscription or resume starts ([`resume`]). The
-//! core drives it and carries out its decisions with the io_uring driver.
+//! [`catalog`]; `--streams-per-subject-max`: [`subjects`]), the streams a core owns and their
+//! logs ([`hub`]), publishing ([`publish`]), subscribers and their send windows ([`sub`],
+//! [`window`]), parked windows ([`parked`]), subscribers of streams not created yet
+//! ([`unborn`]) and where a subscription or resume starts ([`resume`]). The core drives it
+//! and carries out its decisions with the io_uring driver.
 #![forbid(unsafe_code)]
 
 pub mod catalog;
@@ -11,6 +12,7 @@ pub mod parked;
 pub mod publish;
 pub mod resume;
 pub mod sub;
+pub mod subjects;
 pub mod unborn;
 pub mod window;
 

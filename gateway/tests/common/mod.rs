@@ -107,6 +107,13 @@ impl Gateway {
         let line = rx
             .recv_timeout(Duration::from_secs(60))
             .expect("gateway printed its address");
+        if line.is_empty() {
+            // It exited before listening: say why (its stderr, when kept here).
+            let st = child.wait();
+            std::thread::sleep(Duration::from_millis(200));
+            let err = stderr.as_ref().map(|l| l.lock().unwrap().join("\n"));
+            panic!("the gateway exited before listening ({st:?}): {err:?}");
+        }
         let addr = listening_addr(&line);
         let line = rx
             .recv_timeout(Duration::from_secs(10))

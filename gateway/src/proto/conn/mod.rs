@@ -186,7 +186,9 @@ pub struct HttpConn {
     chunked: Option<Box<Decoder>>,
 }
 
-/// Where a parsed head goes next (internal to [`HttpConn::poll`]).
+/// Where a parsed head goes next (internal to [`HttpConn::poll`]). A return value, never
+/// stored: boxing its large variant would only add an allocation per request.
+#[allow(clippy::large_enum_variant)]
 enum Parsed {
     Step(Step),
     /// An error answer was queued without closing: parse the next request.

@@ -40,4 +40,3 @@ impl HttpConn {
         self.finished.drain(..).for_each(f);
     }
 }
-
