@@ -59,6 +59,7 @@ mod cache;
 mod denied;
 mod keyfile;
 mod pattern;
+mod reload;
 mod source;
 mod token;
 mod verifier;
@@ -67,6 +68,7 @@ pub use alg::KeyAlg;
 pub use denied::{Denied, Invalid};
 pub use keyfile::{RSA_MODULUS_BITS_MIN, SECRET_BYTES_MIN};
 pub use pattern::{PATTERN_BYTES_MAX, PATTERNS_MAX, pattern_matches};
+pub use reload::Keys;
 pub use source::TOKEN_BYTES_MAX;
 pub use verifier::{
     AuthSettings, CACHE_ENTRIES_MAX_DEFAULT, KEYS_MAX, KeySpec, LoadError, Verifier,
@@ -113,6 +115,8 @@ impl Access {
 /// One core's authenticator: the shared [`Verifier`] and this core's token cache.
 pub struct Auth {
     verifier: Arc<Verifier>,
+    /// Where a reloaded verifier comes from, and the generation this core has.
+    keys: Option<(Arc<Keys>, u64)>,
     cache: TokenCache,
     /// Tokens verified (not found in the cache), valid or not.
     verifications: u64,
@@ -123,8 +127,31 @@ impl Auth {
         let cache = TokenCache::new(v.cache_entries_max);
         Auth {
             verifier: v,
+            keys: None,
             cache,
             verifications: 0,
+        }
+    }
+
+    /// An authenticator that takes up every verifier `keys` is given later (SIGHUP), its
+    /// cache emptied then: a token of a key that was dropped is refused from then on.
+    pub fn following(keys: Arc<Keys>) -> Auth {
+        let (generation, v) = keys.current();
+        let mut a = Auth::new(v);
+        a.keys = Some((keys, generation));
+        a
+    }
+
+    /// Takes up a newer verifier, if `keys` has one (one atomic load when not).
+    fn refresh(&mut self) {
+        let Some((keys, seen)) = &mut self.keys else {
+            return;
+        };
+        if keys.generation() != *seen {
+            let (generation, v) = keys.current();
+            *seen = generation;
+            self.cache = TokenCache::new(v.cache_entries_max);
+            self.verifier = v;
         }
     }
 
@@ -159,6 +186,7 @@ impl Auth {
         stream: &str,
         now_unix_secs: u64,
     ) -> Result<Access, Denied> {
+        self.refresh();
         let anonymous_allows = self.verifier.anonymous.allows(action, stream);
         if !self.verifier.enabled() {
             return Ok(Access::anonymous());
@@ -183,6 +211,7 @@ impl Auth {
         c: &Credentials<'_>,
         now_unix_secs: u64,
     ) -> Result<Access, Denied> {
+        self.refresh();
         if !self.verifier.keys_configured() {
             return Ok(Access::anonymous());
         }

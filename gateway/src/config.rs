@@ -87,6 +87,12 @@ pub struct Config {
     #[arg(long, default_value_t = 10)]
     pub header_timeout_secs: u64,
 
+    /// Seconds a client has to send the whole body of an API request (publish, batch) once its
+    /// head is complete, however it trickles it in; past it: 408 and the connection closes.
+    /// (`/mcp` bodies keep the header timeout.)
+    #[arg(long, default_value_t = 30)]
+    pub body_timeout_secs: u64,
+
     /// Seconds a disconnected subscriber's unconfirmed send window is kept for an aligned resume.
     #[arg(long, default_value_t = 30)]
     pub resume_grace_secs: u64,
@@ -144,6 +150,15 @@ pub struct Config {
     /// free port, printed as "admin listener on <addr>".
     #[arg(long, default_value = "127.0.0.1:9090")]
     pub admin_listen: SocketAddr,
+
+    /// Admin connections served at once (a thread each); above it a new one is closed at once.
+    #[arg(long, default_value_t = 64)]
+    pub admin_connections_max: usize,
+
+    /// Seconds an admin client has, in total, to send its request head and take the answer,
+    /// however it trickles its bytes; past it the connection is closed.
+    #[arg(long, default_value_t = 5)]
+    pub admin_timeout_secs: u64,
 
     /// Allow a `--listen` address other than loopback with no authentication configured (no
     /// JWT key and no anonymous pattern). Without it such a start is refused.
@@ -240,6 +255,18 @@ pub struct LogArgs {
     /// `timestamp`, `level`, `target`, `message` and the event's fields).
     #[arg(long, value_enum, default_value_t = crate::logging::LogFormat::Text)]
     pub log_format: crate::logging::LogFormat,
+
+    /// One line per request (target `access`, message `request`; a subscription's when it
+    /// ends), in `--log-format`, written by a thread of its own: request ID, method, route
+    /// class, status, bytes in and out, duration, resume class, peer, subject fingerprint.
+    /// Independent of `--log-level`.
+    #[arg(long, value_enum, default_value_t = crate::access_log::Switch::On)]
+    pub access_log: crate::access_log::Switch,
+
+    /// Access-log lines queued for the writer thread; beyond it lines are dropped (counted in
+    /// `gateway_access_log_dropped_total`), never waited for.
+    #[arg(long, default_value_t = 65_536)]
+    pub access_log_queue_lines_max: usize,
 }
 
 /// Authentication flags (the `auth` crate verifies; `log-store`-style units in names).
@@ -370,7 +397,8 @@ impl std::fmt::Display for ConfigError {
             ConfigError::RequestBufferBelowBody(b) => write!(
                 f,
                 "--request-buffer-bytes-max must be at least the largest request body \
-                 (--batch-bytes-max / --mcp-body-bytes-max): {b}"
+                 (--batch-bytes-max plus 2 × --header-bytes-max for a chunked body's head and \
+                 framing, or --mcp-body-bytes-max): {b}"
             ),
             ConfigError::BadOrigin(o) => write!(
                 f,
@@ -389,6 +417,43 @@ impl Config {
         }
         self.mcp.validate().map_err(ConfigError::Mcp)?;
         self.cluster.validate().map_err(ConfigError::Cluster)?;
+        self.validate_nonzero()?;
+        if self.send_bytes_max < self.event_bytes_max {
+            return Err(ConfigError::SendBytesBelowEvent);
+        }
+        let mcp_body = if self.mcp.enabled() {
+            self.mcp.mcp_body_bytes_max
+        } else {
+            0
+        };
+        // A chunked API body's buffer holds its head, the body and one line of framing
+        // (`proto::conn::chunked_body`): both bounded by --header-bytes-max.
+        let api_body = self.batch_bytes_max.max(self.event_bytes_max) + 2 * self.header_bytes_max;
+        let body_max = api_body.max(mcp_body) as u64;
+        if self.request_buffer_bytes_max < body_max {
+            return Err(ConfigError::RequestBufferBelowBody(body_max));
+        }
+        let exposed = !self.listen.ip().is_loopback() && !self.insecure_no_auth;
+        if exposed && !self.auth.configured() {
+            return Err(ConfigError::ExposedWithoutAuth(self.listen));
+        }
+        if exposed && self.mcp.enabled() && !self.auth.keys_configured() {
+            return Err(ConfigError::McpExposedWithoutKeys(self.listen));
+        }
+        if let Some(o) = self.cors_allow_origins.iter().find(|o| !valid_origin(o)) {
+            return Err(ConfigError::BadOrigin(o.clone()));
+        }
+        // One core holds at most this many connections in its slot table (the slot number is
+        // 24 bits of every io_uring user_data).
+        let slots_max = crate::uring::SLOTS_MAX as u64 - 1;
+        if self.connections_max as u64 > slots_max {
+            return Err(ConfigError::TooLarge("--connections-max", slots_max));
+        }
+        Ok(())
+    }
+
+    /// Limits for which 0 makes no sense.
+    fn validate_nonzero(&self) -> Result<(), ConfigError> {
         for (v, name) in [
             (self.connections_max as u64, "--connections-max"),
             (self.header_bytes_max as u64, "--header-bytes-max"),
@@ -397,6 +462,9 @@ impl Config {
             (self.batch_bytes_max as u64, "--batch-bytes-max"),
             (self.idle_timeout_secs, "--idle-timeout-secs"),
             (self.header_timeout_secs, "--header-timeout-secs"),
+            (self.body_timeout_secs, "--body-timeout-secs"),
+            (self.admin_connections_max as u64, "--admin-connections-max"),
+            (self.admin_timeout_secs, "--admin-timeout-secs"),
             (self.keepalive_secs, "--keepalive-secs"),
             (self.lag_events_max, "--lag-events-max"),
             (self.send_bytes_max as u64, "--send-bytes-max"),
@@ -418,34 +486,6 @@ impl Config {
             if v == 0 {
                 return Err(ConfigError::Zero(name));
             }
-        }
-        if self.send_bytes_max < self.event_bytes_max {
-            return Err(ConfigError::SendBytesBelowEvent);
-        }
-        let mcp_body = if self.mcp.enabled() {
-            self.mcp.mcp_body_bytes_max
-        } else {
-            0
-        };
-        let body_max = self.batch_bytes_max.max(self.event_bytes_max).max(mcp_body) as u64;
-        if self.request_buffer_bytes_max < body_max {
-            return Err(ConfigError::RequestBufferBelowBody(body_max));
-        }
-        let exposed = !self.listen.ip().is_loopback() && !self.insecure_no_auth;
-        if exposed && !self.auth.configured() {
-            return Err(ConfigError::ExposedWithoutAuth(self.listen));
-        }
-        if exposed && self.mcp.enabled() && !self.auth.keys_configured() {
-            return Err(ConfigError::McpExposedWithoutKeys(self.listen));
-        }
-        if let Some(o) = self.cors_allow_origins.iter().find(|o| !valid_origin(o)) {
-            return Err(ConfigError::BadOrigin(o.clone()));
-        }
-        // One core holds at most this many connections in its slot table (the slot number is
-        // 24 bits of every io_uring user_data).
-        let slots_max = crate::uring::SLOTS_MAX as u64 - 1;
-        if self.connections_max as u64 > slots_max {
-            return Err(ConfigError::TooLarge("--connections-max", slots_max));
         }
         Ok(())
     }

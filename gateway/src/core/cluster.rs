@@ -75,23 +75,6 @@ impl Core {
         }
     }
 
-    /// Sends one event through JetStream (its outcome comes back to this core by the
-    /// returned ticket).
-    pub(super) fn cluster_send(
-        &mut self,
-        shard: u32,
-        stream: String,
-        event: Option<&str>,
-        data: Vec<u8>,
-        expect_seq: Option<u64>,
-    ) -> u64 {
-        let cc = self.cluster.as_mut().expect("cluster mode");
-        let event = event.map(str::to_owned);
-        let ticket = cc.publish(shard, stream, event, data, expect_seq);
-        self.m().cluster_publishes_total.fetch_add(1, Relaxed);
-        ticket
-    }
-
     /// What a publish is checked for before anything is sent: every event within the record
     /// limit, and for a new stream a valid name, room under `--streams-max` and a place of the
     /// caller's under `--streams-per-subject-max`.

@@ -48,7 +48,6 @@ impl Core {
                     break;
                 }
                 Step::HandOff { owner, bytes } => {
-                    self.m().requests_total.fetch_add(1, Relaxed);
                     if let Some(t) = self.conn(slot).tls.as_mut()
                         && t.s.sending()
                     {
@@ -60,7 +59,6 @@ impl Core {
                     return self.hand_off(slot, owner, bytes);
                 }
                 Step::Request(r) => {
-                    self.m().requests_total.fetch_add(1, Relaxed);
                     if !self.carry_out(slot, r) {
                         return;
                     }
@@ -189,14 +187,13 @@ impl Core {
             return;
         }
         if c.tls.is_some() {
-            return self.tls_flush(slot);
-        }
-        let State::Http(h) = &mut c.state else {
-            return;
-        };
-        if let Some((buf, from)) = h.poll_transmit() {
+            self.tls_flush(slot);
+        } else if let State::Http(h) = &mut c.state
+            && let Some((buf, from)) = h.poll_transmit()
+        {
             self.io.send(slot, fd, buf, from);
         }
+        super::requests::answered(&self.shared, self.id, self.now, self.conns.live(slot));
     }
 
     pub(super) fn on_http_sent(&mut self, slot: u32, res: i32, buf: Vec<u8>) {
@@ -346,9 +343,7 @@ impl Core {
             now: self.now,
         };
         let (start, class) = resume::start(self.hub.log(key.0), &mut self.parked, &ask);
-        if let Some(class) = class {
-            self.m().resume(class);
-        }
+        super::requests::resumed(&self.shared.metrics[self.id], self.conns.live(slot), class);
         self.m()
             .parked_windows
             .store(self.parked.count() as u64, Relaxed);

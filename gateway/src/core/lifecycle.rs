@@ -77,11 +77,6 @@ impl Core {
         self.hub.unborn_mut().forget(r);
     }
 
-    /// The connections waiting for stream `stream` to be created here.
-    pub(super) fn unborn_subs(&self, stream: &str) -> Vec<SubRef> {
-        self.hub.unborn().subs(stream).to_vec()
-    }
-
     /// The stream `name` was just created as `key`: its waiting subscribers move to it.
     pub(super) fn adopt_unborn(&mut self, name: &str, key: StreamKey) {
         for r in self.hub.adopt_unborn(name, key) {

@@ -55,6 +55,14 @@ const HISTOGRAMS: &[HistFamily] = &[
         ],
     },
     HistFamily {
+        name: "gateway_subscribe_first_send_seconds",
+        help: "Subscriptions from their request head's first byte to the completion of their first send (the response head, and on a resume the first replayed events), by whether they resumed (Last-Event-ID).",
+        series: &[
+            ("resume=\"no\"", |m| &m.first_send[0]),
+            ("resume=\"yes\"", |m| &m.first_send[1]),
+        ],
+    },
+    HistFamily {
         name: "gateway_fsync_duration_seconds",
         help: "One fdatasync of a group commit, submitted to completed.",
         series: &[("", |m| &m.fsync_duration)],

@@ -10,6 +10,8 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use log_store::ResumeClass;
 
+use crate::proto::request_log::RouteClass;
+
 mod families;
 mod histogram;
 mod process;
@@ -53,7 +55,10 @@ pub struct CoreMetrics {
     pub accepted_total: AtomicU64,
     pub handoffs_out_total: AtomicU64,
     pub handoffs_in_total: AtomicU64,
-    pub requests_total: AtomicU64,
+    /// `gateway_requests_total`: requests answered, by route class and status class.
+    pub requests: [[AtomicU64; STATUS_CLASSES.len()]; RouteClass::ALL.len()],
+    /// Access-log lines dropped because the writer's queue was full.
+    pub access_log_dropped_total: AtomicU64,
     pub events_appended_total: AtomicU64,
     /// Cluster mode: events sent to JetStream, messages applied to the local logs, publishes
     /// answered 503 unconfirmed, applies paused by a full disk, subscribes that waited for
@@ -130,10 +135,15 @@ pub struct CoreMetrics {
     pub tls_key_exhausted_closes_total: AtomicU64,
     /// Receives deferred because `--request-buffer-bytes-max` was reached.
     pub request_buffer_waits_total: AtomicU64,
+    /// Requests answered 408 because their head, or an API request's whole body, took too long.
+    pub head_timeouts_total: AtomicU64,
+    pub body_timeouts_total: AtomicU64,
     pub resumes: [AtomicU64; 7],
     /// `gateway_publish_duration_seconds`, by [`PUBLISH_ROUTES`].
     pub publish_duration: [Histogram; 2],
     pub fsync_duration: Histogram,
+    /// `gateway_subscribe_first_send_seconds`: without, with `Last-Event-ID`.
+    pub first_send: [Histogram; 2],
     /// Ticks this core ran (not exported: the systemd watchdog's proof the reactor turns).
     pub ticks: AtomicU64,
     /// Pre-rendered `gateway_stream_*` lines for this core's streams.
@@ -142,7 +152,26 @@ pub struct CoreMetrics {
     pub mcp_snapshot: Mutex<String>,
 }
 
+/// The `status` label of `gateway_requests_total`.
+pub const STATUS_CLASSES: [&str; 4] = ["2xx", "3xx", "4xx", "5xx"];
+
 impl CoreMetrics {
+    /// Counts a request answered with `status` (1xx and nonsense are not answers).
+    pub fn request(&self, route: RouteClass, status: u16) {
+        if let 200..=599 = status {
+            bump_own(&self.requests[route.index()][status as usize / 100 - 2], 1);
+        }
+    }
+
+    /// Requests answered, every route and status.
+    pub fn requests_answered(&self) -> u64 {
+        self.requests
+            .iter()
+            .flatten()
+            .map(|c| c.load(Relaxed))
+            .sum()
+    }
+
     pub fn resume(&self, class: ResumeClass) {
         let i = RESUME_CLASSES
             .iter()
@@ -214,12 +243,35 @@ pub fn render(cores: &[CoreMetrics]) -> String {
             );
         }
     }
+    requests(&mut out, cores);
     histogram::histograms(&mut out, cores);
     per_stream(&mut out, cores);
     for m in cores {
         out.push_str(&m.mcp_snapshot.lock().expect("metrics lock"));
     }
     out
+}
+
+/// `gateway_requests_total{route,status}`: every route class and status class, per core.
+fn requests(out: &mut String, cores: &[CoreMetrics]) {
+    family(
+        out,
+        "gateway_requests_total",
+        "counter",
+        "Requests answered, by route class and status class (a subscription when it ends).",
+    );
+    for (c, m) in cores.iter().enumerate() {
+        for route in RouteClass::ALL {
+            for (s, status) in STATUS_CLASSES.iter().enumerate() {
+                let v = m.requests[route.index()][s].load(Relaxed);
+                let _ = writeln!(
+                    out,
+                    "gateway_requests_total{{core=\"{c}\",route=\"{}\",status=\"{status}\"}} {v}",
+                    route.label()
+                );
+            }
+        }
+    }
 }
 
 /// `gateway_stream_*`, only when some core exported streams (`--metrics-per-stream`).

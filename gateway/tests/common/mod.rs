@@ -107,6 +107,13 @@ impl Gateway {
         let line = rx
             .recv_timeout(Duration::from_secs(60))
             .expect("gateway printed its address");
+        if line.is_empty() {
+            // It exited before listening: say why (its stderr, when kept here).
+            let st = child.wait();
+            std::thread::sleep(Duration::from_millis(200));
+            let err = stderr.as_ref().map(|l| l.lock().unwrap().join("\n"));
+            panic!("the gateway exited before listening ({st:?}): {err:?}");
+        }
         let addr = listening_addr(&line);
         let line = rx
             .recv_timeout(Duration::from_secs(10))
@@ -143,6 +150,15 @@ impl Gateway {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// Sends the gateway signal `sig` (`"HUP"`, `"TERM"`…).
+    pub fn signal(&self, sig: &str) {
+        let pid = self.child.id().to_string();
+        let st = Command::new("kill")
+            .args([&format!("-{sig}"), &pid])
+            .status();
+        assert!(st.unwrap().success(), "kill -{sig} {pid}");
     }
 
     /// Resident set size of the gateway process in KiB.
@@ -536,4 +552,20 @@ impl Sse {
             }
         }
     }
+}
+
+/// Names of streams owned by core 0 and by core 1 of a 2-core gateway with the default 8
+/// shards (the gateway's documented FNV-1a 64 → shard → `shard % cores`).
+pub fn stream_on_core(core: u64, tag: &str) -> String {
+    (0..1000)
+        .map(|i| format!("{tag}{i}"))
+        .find(|n| {
+            let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+            for b in n.bytes() {
+                h ^= u64::from(b);
+                h = h.wrapping_mul(0x0100_0000_01b3);
+            }
+            (h % 8) % 2 == core
+        })
+        .unwrap()
 }
