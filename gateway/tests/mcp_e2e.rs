@@ -496,24 +496,25 @@ fn bearer_of(mut claims: serde_json::Value) -> String {
     format!("Bearer {tok}")
 }
 
-/// A gateway with the MCP front and JWT authentication (the secret written into `dir`), plus
-/// `extra` flags.
-fn start_authenticated(dir: &tempfile::TempDir, extra: &[&str]) -> Gateway {
+/// The flags of a gateway with the MCP front and JWT authentication (the secret written into
+/// `dir`), plus `extra`.
+fn authenticated_args(dir: &tempfile::TempDir, extra: &[&str]) -> Vec<String> {
     let secret = dir.path().join("hs256.secret");
     std::fs::write(&secret, JWT_SECRET).unwrap();
-    let cmd = upstream_cmd();
-    let mut args = vec![
-        "--cores",
-        "2",
-        "--jwt-hs256-secret-file",
-        secret.to_str().unwrap(),
-        "--upstream-cmd",
-        &cmd,
-        "--mcp-retry-ms",
-        "50",
-    ];
-    args.extend_from_slice(extra);
-    Gateway::start(&args)
+    let mut args: Vec<String> = ["--cores", "2", "--jwt-hs256-secret-file"]
+        .map(String::from)
+        .to_vec();
+    args.push(secret.to_str().unwrap().to_owned());
+    args.extend(["--upstream-cmd".into(), upstream_cmd()]);
+    args.extend(["--mcp-retry-ms", "50"].map(String::from));
+    args.extend(extra.iter().map(|a| a.to_string()));
+    args
+}
+
+/// A gateway with the MCP front and JWT authentication, plus `extra` flags.
+fn start_authenticated(dir: &tempfile::TempDir, extra: &[&str]) -> Gateway {
+    let args = authenticated_args(dir, extra);
+    Gateway::start(&args.iter().map(String::as_str).collect::<Vec<_>>())
 }
 
 /// `initialize` + `notifications/initialized` as `auth`: the session ID and the priming
@@ -728,4 +729,35 @@ fn anonymous_patterns_never_open_mcp() {
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("the MCP front is on with no JWT key"), "{err}");
+}
+
+/// The session key stays in the data directory: after a restart a session resumes for its
+/// owner (the same key, the same identity) and for no one else; with another key file (a node
+/// that does not share it) the owner's identity is another, and the session answers 404.
+#[test]
+fn the_session_key_binds_sessions_across_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = authenticated_args(&dir, &[]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut first = Gateway::start(&args); // owns the data directory: kept to the end
+    let alice = bearer("alice");
+    let (sid, priming) = initialize_as(first.addr, &alice);
+    assert!(first.stop(), "clean shutdown");
+    let data = first.data_dir.clone();
+    let resume = |g: &Gateway, who: &str| {
+        let h = [
+            ("Accept", "text/event-stream"),
+            ("Mcp-Session-Id", sid.as_str()),
+            ("Authorization", who),
+            ("Last-Event-ID", priming.as_str()),
+        ];
+        Exchange::send(g.addr, "GET", &h, "").status
+    };
+    let mut g = Gateway::start_in(&data, &args);
+    assert_eq!(resume(&g, &alice), 200, "the same key: the same identity");
+    assert_eq!(resume(&g, &bearer("mallory")), 404);
+    assert!(g.stop(), "clean shutdown");
+    std::fs::write(data.join("mcp-session.key"), [9u8; 32]).unwrap();
+    let g = Gateway::start_in(&data, &args);
+    assert_eq!(resume(&g, &alice), 404, "another key: another identity");
 }

@@ -1,7 +1,8 @@
 //! A core's cluster-mode state (`--nats-url`), apart from the connections it answers: the
 //! tickets of publishes on their way through JetStream and the requests they complete, the
 //! subscribes waiting for this node to catch up, and the shard snapshots due and stored (the
-//! subscribers of streams not born yet are the hub's, as in single-node mode). `core/cluster.rs` carries out what it decides.
+//! subscribers of streams not born yet are the hub's, as in single-node mode).
+//! `core/cluster.rs` carries out what it decides.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::{Duration, Instant};

@@ -24,8 +24,12 @@ struct Parts {
 
 impl Parts {
     fn new() -> Parts {
+        Parts::with(LogOptions::default())
+    }
+
+    fn with(opts: LogOptions) -> Parts {
         let dir = tempfile::tempdir().expect("tempdir");
-        let log = Log::open(dir.path(), LogOptions::default()).expect("open");
+        let log = Log::open(dir.path(), opts).expect("open");
         let cfg = Config::parse_from(["gateway", "--upstream-cmd", "true"]);
         Parts {
             _dir: dir,
@@ -210,6 +214,52 @@ fn a_complete_stream_ends_each_reader_after_its_last_seq() {
             },
         ]
     );
+}
+
+fn append(stream: &str, seq: u64, data: Vec<u8>) -> Action {
+    Action::Append {
+        stream: stream.to_owned(),
+        seq,
+        event_type: None,
+        data,
+    }
+}
+
+#[test]
+fn a_record_the_log_refuses_is_an_error_record_at_its_seq_and_then_the_stream_breaks() {
+    let mut p = Parts::with(LogOptions {
+        record_bytes_max: 4096,
+        ..LogOptions::default()
+    });
+    let mut m = p.mcp();
+    let name = "mcp/0123abcd/1";
+    let (_, sid) = stream_with_reader(&mut p, name, (5, 2));
+    let big = |id: &str| {
+        let pad = "x".repeat(8000);
+        format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{{"pad":"{pad}"}}}}"#).into_bytes()
+    };
+    // Too large: the JSON-RPC error for the same request stands at seq 1 instead.
+    assert_eq!(m.act(append(name, 1, big("7")), &mut p.cx()), vec![]);
+    assert_eq!(p.hub.log(0).bounds(sid).map(|b| b.tail), Some(1));
+    assert_eq!(m.records_refused, 1);
+    // The next record lands at its predicted seq.
+    let ok = br#"{"jsonrpc":"2.0","id":8,"result":{}}"#.to_vec();
+    assert_eq!(m.act(append(name, 2, ok.clone()), &mut p.cx()), vec![]);
+    assert_eq!(p.hub.log(0).bounds(sid).map(|b| b.tail), Some(2));
+    // An id too large for even the error record: nothing can stand at seq 3, the stream
+    // breaks (its reader is closed) and takes no more records.
+    let id = format!("\"{}\"", "i".repeat(8000));
+    assert_eq!(
+        m.act(append(name, 3, big(&id)), &mut p.cx()),
+        vec![Effect::Close((5, 2))]
+    );
+    assert_eq!(m.act(append(name, 3, ok), &mut p.cx()), vec![]);
+    assert_eq!(
+        p.hub.log(0).bounds(sid).map(|b| b.tail),
+        Some(2),
+        "nothing after the break"
+    );
+    assert_eq!((m.records_refused, m.broken.len()), (2, 1));
 }
 
 #[test]
