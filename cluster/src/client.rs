@@ -596,7 +596,7 @@ async fn follow_from(
             seq,
             stream: header(HDR_STREAM),
             event: header(HDR_EVENT),
-            expect_seq: header(HDR_SEQ).and_then(|v| v.parse().ok()),
+            seq_header: header(HDR_SEQ),
             data: m.payload.to_vec(),
             ticket: names::own_ticket(
                 nonce,

@@ -93,9 +93,9 @@ pub struct Applied {
     pub data: Vec<u8>,
     /// This process's publish ticket when this process published it.
     pub ticket: Option<u64>,
-    /// The per-stream seq its publisher expects it to get (`Gw-Seq`; MCP records): every
-    /// node checks it on apply.
-    pub expect_seq: Option<u64>,
+    /// The per-stream seq its publisher expects it to get (`Gw-Seq`; MCP records), as sent
+    /// (any writer of the subject may send anything): every node checks it on apply.
+    pub seq_header: Option<String>,
 }
 
 /// One event to publish.

@@ -80,17 +80,16 @@ pub fn own_ticket(nonce: &str, msg_id: Option<&str>) -> Option<u64> {
     rest.parse().ok()
 }
 
-/// Why an applied message cannot be taken: the chain is broken. Every node must apply every
+/// Why a delivered message cannot be taken: the chain is broken. Every node must apply every
 /// message of a shard in JetStream order, once; anything else would number events differently
 /// on different nodes (a silent gap or duplicate for a client that resumes elsewhere), so the
-/// node stops instead.
+/// node stops instead. (What a message carries never breaks the chain: the gateway
+/// quarantines what it cannot apply.)
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ChainBreak {
     /// The message is not the next one (JetStream moved a consumer past messages it no longer
     /// holds, or a message was skipped).
     NotNext { expected: u64, got: u64 },
-    /// The message lacks the stream header or it is not a valid stream name.
-    Foreign { seq: u64 },
 }
 
 impl std::fmt::Display for ChainBreak {
@@ -107,10 +106,6 @@ impl std::fmt::Display for ChainBreak {
                 f,
                 "JetStream delivered sequence {got} again after {}: already applied",
                 expected - 1
-            ),
-            ChainBreak::Foreign { seq } => write!(
-                f,
-                "message {seq} was not published by a gateway (no {HDR_STREAM} header)"
             ),
         }
     }

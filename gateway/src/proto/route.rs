@@ -197,15 +197,18 @@ fn publish_route(head: &Head, stream: String, single: bool) -> Result<Route, Rou
 
 /// A stream name as routed: 1..=STREAM_NAME_BYTES_MAX bytes of `[A-Za-z0-9._~-]`.
 fn valid_name(n: &str) -> Result<String, RouteError> {
-    if n.is_empty()
-        || n.len() > STREAM_NAME_BYTES_MAX
-        || !n
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'~' | b'-'))
-    {
+    if !is_api_name(n) {
         return Err(RouteError::BadStreamName);
     }
     Ok(n.to_owned())
+}
+
+/// Whether `n` is a name the API can route (what [`route`] accepts in a path).
+pub fn is_api_name(n: &str) -> bool {
+    !n.is_empty()
+        && n.len() <= STREAM_NAME_BYTES_MAX
+        && n.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'~' | b'-'))
 }
 
 /// True if an Accept header admits `text/event-stream` (with q > 0).
