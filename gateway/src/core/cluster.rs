@@ -24,8 +24,8 @@ use crate::proto::http;
 use crate::proto::route::SubscribeQuery;
 use crate::proto::sse;
 use crate::streams::StreamKey;
-use crate::streams::catalog::StreamsExhausted;
-use crate::streams::hub::SubRef;
+use crate::streams::catalog::{StreamQuota, StreamsExhausted};
+use crate::streams::hub::{Hub, SubRef};
 use crate::streams::publish::{self, Event};
 use crate::streams::quarantine::{self, QUARANTINE_STREAM, Reason, Verdict};
 use crate::streams::sub::PENDING_STREAM;
@@ -55,7 +55,8 @@ impl Core {
             return self.error(slot, status, code, &msg, close);
         }
         let shard = self.hub.shard_of(stream);
-        if let Err((status, code, msg)) = self.check_cluster_publish(stream, shard, &events) {
+        let checked = check_cluster_publish(&self.hub, &self.shared.quota, stream, shard, &events);
+        if let Err((status, code, msg)) = checked {
             return self.error(slot, status, code, &msg, close);
         }
         let conn = (slot, self.io.generation(slot));
@@ -98,31 +99,6 @@ impl Core {
         let ticket = cc.publish(shard, stream, event, data, expect_seq);
         self.m().cluster_publishes_total.fetch_add(1, Relaxed);
         ticket
-    }
-
-    /// What a publish is checked for before anything is sent: a valid name, room for a new
-    /// stream (`--streams-max`), every event within the record limit.
-    fn check_cluster_publish(
-        &self,
-        stream: &str,
-        shard: u32,
-        events: &[Event],
-    ) -> Result<(), (u16, &'static str, String)> {
-        let log = self.hub.log(shard);
-        if log.stream_id(stream).is_none() {
-            if let Err(e) = self.shared.quota.check(stream) {
-                return Err((
-                    StreamsExhausted::STATUS,
-                    StreamsExhausted::CODE,
-                    e.to_string(),
-                ));
-            }
-            if let Err(e) = log_store::Log::check_stream_name(stream) {
-                let (status, code) = publish::append_status(&e);
-                return Err((status, code, e.to_string()));
-            }
-        }
-        publish::check_framed_worst(log, events)
     }
 
     /// Applies what the followers delivered (bounded per turn); answers publishes whose
@@ -293,6 +269,32 @@ impl Core {
         // A ready answer (the 503) goes now; one that waits is released by `complete_waits`.
         self.flush(p.conn.0);
     }
+}
+
+/// What a publish is checked for before anything is sent: a valid name, room for a new
+/// stream (`--streams-max`), every event within the record limit.
+fn check_cluster_publish(
+    hub: &Hub,
+    quota: &StreamQuota,
+    stream: &str,
+    shard: u32,
+    events: &[Event],
+) -> Result<(), (u16, &'static str, String)> {
+    let log = hub.log(shard);
+    if log.stream_id(stream).is_none() {
+        if let Err(e) = quota.check(stream) {
+            return Err((
+                StreamsExhausted::STATUS,
+                StreamsExhausted::CODE,
+                e.to_string(),
+            ));
+        }
+        if let Err(e) = log_store::Log::check_stream_name(stream) {
+            let (status, code) = publish::append_status(&e);
+            return Err((status, code, e.to_string()));
+        }
+    }
+    publish::check_framed_worst(log, events)
 }
 
 /// Where a message goes, carrying out [`quarantine::decide`] over its shard's log: the stream

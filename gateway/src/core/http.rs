@@ -11,9 +11,13 @@ use crate::proto::conn::{Kind, Request, Step, Target};
 use crate::proto::http;
 use crate::proto::route::{self, Route};
 use crate::shards;
+use crate::streams::idempotency::{self, Keyed};
 use crate::streams::publish::{self, Event};
 use crate::streams::resume::{self, Ask, Start};
 use crate::sys;
+
+/// A publish's `Idempotency-Key`, if it has one.
+type Idem = Option<String>;
 
 /// The answer to a publish whose group commit failed.
 const LOG_FAILED: &str = "the event could not be made durable: an fsync of its log failed, \
@@ -122,10 +126,18 @@ impl Core {
                 self.mcp_request(slot, &head, r.body, close, subject.as_deref());
                 return false;
             }
-            Kind::Api { route, event_type } => match route {
+            Kind::Api {
+                route,
+                event_type,
+                idempotency_key: key,
+            } => match route {
                 Route::Publish { stream } => {
                     let ev = event_type.filter(|t| !t.is_empty());
-                    self.publish(slot, &stream, vec![(ev, r.body)], close, false);
+                    self.publish(slot, &stream, vec![(ev, r.body)], (close, false), key);
+                    return true;
+                }
+                Route::PublishBatch { stream } => {
+                    self.publish_batch(slot, &stream, &r.body, close, key);
                     return true;
                 }
                 other => other,
@@ -138,26 +150,11 @@ impl Core {
             }
             Route::Delete { stream } => self.delete_stream(slot, &stream, close),
             Route::Preflight => unreachable!("preflights are answered by the connection machine"),
-            Route::PublishBatch { stream } => {
-                match route::parse_batch(&r.body, self.shared.cfg.event_bytes_max) {
-                    Ok(events) => {
-                        let evs = events
-                            .into_iter()
-                            .map(|e| (e.event, e.data.into_bytes()))
-                            .collect();
-                        self.publish(slot, &stream, evs, close, true);
-                    }
-                    Err(e) => {
-                        let (status, code, msg) = e.status();
-                        self.error(slot, status, code, &msg, close);
-                    }
-                }
-            }
             Route::Subscribe { stream, q } => {
                 self.subscribe(slot, &stream, &q, &r.headers, r.access.expires_unix_secs);
                 return false;
             }
-            Route::Publish { .. } => unreachable!("handled above"),
+            Route::Publish { .. } | Route::PublishBatch { .. } => unreachable!("handled above"),
         }
         true
     }
@@ -280,7 +277,30 @@ impl Core {
 
     // ---- publish ----
 
-    fn publish(&mut self, slot: u32, stream: &str, events: Vec<Event>, close: bool, batch: bool) {
+    fn publish_batch(&mut self, slot: u32, stream: &str, body: &[u8], close: bool, key: Idem) {
+        match route::parse_batch(body, self.shared.cfg.event_bytes_max) {
+            Ok(events) => {
+                let evs = events.into_iter().map(|e| (e.event, e.data.into_bytes()));
+                self.publish(slot, stream, evs.collect(), (close, true), key);
+            }
+            Err(e) => {
+                let (status, code, msg) = e.status();
+                self.error(slot, status, code, &msg, close);
+            }
+        }
+    }
+
+    /// A publish (`batch`: of `events:batch`); with an `Idempotency-Key`, a repeat stores
+    /// nothing ([`idempotency::known_answer`]).
+    fn publish(
+        &mut self,
+        slot: u32,
+        stream: &str,
+        events: Vec<Event>,
+        how: (bool, bool),
+        key: Idem,
+    ) {
+        let ((close, batch), keyed) = (how, key.map(|k| Keyed::new(k, &events)));
         if self.cluster.is_some() {
             return self.cluster_publish(slot, stream, events, close, batch);
         }
@@ -290,15 +310,28 @@ impl Core {
         let Some(key) = self.open_stream(slot, stream, close) else {
             return;
         };
+        let known = keyed.as_ref().and_then(|k| {
+            idempotency::known_answer(&mut self.idem, &self.hub, stream, k, key, self.now, close)
+        });
+        if let Some(p) = known {
+            return self.queue_published(slot, p, close);
+        }
         if let Err((status, code, msg)) = publish::check_framed(self.hub.log(key.0), key.1, &events)
         {
             return self.error(slot, status, code, &msg, close);
         }
         let p = publish::append(self.hub.log_mut(key.0), key.0, key.1, &events, batch, close);
+        let n = events.len();
+        self.idem.remember(stream, keyed, &p, n, batch, self.now);
         self.hub.record_appends(key, p.appended);
         self.m()
             .events_appended_total
             .fetch_add(p.appended as u64, Relaxed);
+        self.queue_published(slot, p, close);
+    }
+
+    /// Queues a publish's answer, held while its wait is not visible.
+    fn queue_published(&mut self, slot: u32, p: publish::Published, close: bool) {
         let generation = self.io.generation(slot);
         if p.wait.is_some() && !self.waiting.contains(&(slot, generation)) {
             self.waiting.push((slot, generation));

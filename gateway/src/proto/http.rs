@@ -65,6 +65,8 @@ pub struct Head {
     pub accept: Option<String>,
     /// `Event-Type` header: the SSE `event:` field of a single publish.
     pub event_type: Option<String>,
+    /// `Idempotency-Key` header of a publish (checked by the router).
+    pub idempotency_key: Option<String>,
     /// `Origin` (sent by browsers; checked against `--cors-allow-origin`).
     pub origin: Option<String>,
     /// `Authorization` (a Bearer token when authentication is on).
@@ -88,6 +90,7 @@ impl std::fmt::Debug for Head {
             .field("last_event_id", &self.last_event_id)
             .field("accept", &self.accept)
             .field("event_type", &self.event_type)
+            .field("idempotency_key", &self.idempotency_key)
             .field("origin", &self.origin)
             .field("authorization", &redacted(&self.authorization))
             .field("cookie", &redacted(&self.cookie))
@@ -220,6 +223,7 @@ pub fn parse_head(buf: &[u8], limits: &HeadLimits) -> Result<Option<Head>, HttpE
         last_event_id: None,
         accept: None,
         event_type: None,
+        idempotency_key: None,
         origin: None,
         authorization: None,
         cookie: None,
@@ -266,6 +270,9 @@ fn apply_header(head: &mut Head, name: &str, value: &[u8], version: u8) -> Resul
         head.accept = Some(text(value, "Accept")?.to_owned());
     } else if name.eq_ignore_ascii_case("event-type") {
         head.event_type = Some(text(value, "Event-Type")?.trim().to_owned());
+    } else if name.eq_ignore_ascii_case("idempotency-key") {
+        let v = text(value, "Idempotency-Key")?.trim();
+        single(&mut head.idempotency_key, v, "Idempotency-Key")?;
     } else if name.eq_ignore_ascii_case("origin") {
         single(&mut head.origin, text(value, "Origin")?.trim(), "Origin")?;
     } else if name.eq_ignore_ascii_case("authorization") {

@@ -1,6 +1,6 @@
 //! The pub/sub layer, with no I/O: the catalog's rules (stream kinds, `--streams-max`:
 //! [`catalog`]), the streams a core owns and their logs ([`hub`]),
-//! publishing ([`publish`]), cluster mode's quarantine of messages it cannot apply
+//! publishing ([`publish`]) and its `Idempotency-Key`s ([`idempotency`]), cluster mode's quarantine of messages it cannot apply
 //! ([`quarantine`]), subscribers and their send windows ([`sub`], [`window`]),
 //! parked windows ([`parked`]) and where a subscription or resume starts ([`resume`]). The
 //! core drives it and carries out its decisions with the io_uring driver.
@@ -8,6 +8,7 @@
 
 pub mod catalog;
 pub mod hub;
+pub mod idempotency;
 pub mod parked;
 pub mod publish;
 pub mod quarantine;
