@@ -10,6 +10,11 @@ pub const HDR_EVENT: &str = "Gw-Event";
 /// Header carrying the per-stream seq the publisher expects the message to get (MCP records,
 /// whose seqs the MCP core predicts): checked by every node on apply.
 pub const HDR_SEQ: &str = "Gw-Seq";
+/// Header carrying a keyed publish's key, body hash and place in its request (the gateway's
+/// format).
+pub const HDR_IDEMPOTENCY: &str = "Gw-Idempotency";
+/// Header carrying a keyed publish's `<nonce>-<ticket>` (its `Nats-Msg-Id` is the key's).
+pub const HDR_ORIGIN: &str = "Gw-Origin";
 /// The KV bucket holding each shard's latest snapshot (key `shard-<k>`).
 pub const SNAPSHOT_BUCKET: &str = "GW_SNAPSHOTS";
 

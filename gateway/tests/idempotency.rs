@@ -1,12 +1,16 @@
 //! Idempotent publishing (`Idempotency-Key`) end to end on one node: a repeat stores nothing
 //! and answers the original IDs with `Idempotent-Replay: true`; another body under the same
 //! key is 422; a key is per stream; a bad key is 400; a client whose connection was cut before
-//! the 201 retries and the event is stored once.
+//! the 201 retries and the event is stored once. In cluster mode: a publish answered 503 while
+//! NATS was paused, retried with its key once NATS runs again, is stored once, and another
+//! node answers the same IDs.
 
+mod cluster_harness;
 mod common;
 
 use std::io::Write;
 use std::net::SocketAddr;
+use std::time::{Duration, Instant};
 
 use common::{Gateway, json, request, seq_of};
 
@@ -87,4 +91,61 @@ fn a_publish_cut_before_its_answer_and_retried_is_stored_once() {
     }
     let next = common::publish(g.addr, "cut", "after");
     assert_eq!(seq_of(&next), 2, "{next}");
+}
+
+/// POSTs with `key` until the answer is not 503 (bounded); the last answer.
+fn retry(addr: SocketAddr, path: &str, key: &str, body: &str) -> (u16, bool, serde_json::Value) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (st, h, b) = post(addr, path, key, body);
+        if st != 503 {
+            return (st, replayed(&h), b);
+        }
+        assert!(Instant::now() < deadline, "still 503: {b}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn cluster_a_publish_unconfirmed_while_nats_is_paused_and_retried_is_stored_once() {
+    let Some((nats_bin, _)) = cluster_harness::tools() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let nats = cluster_harness::Nats::start(&nats_bin, dir.path());
+    let flags = ["--nats-publish-timeout-ms", "1500"];
+    let start =
+        |name: &str| cluster_harness::start_gateway(&dir.path().join(name), &nats.urls(), &flags);
+    let (g0, g1) = (start("g0"), start("g1"));
+    let first = common::publish(g0.addr, "cl-idem", "before");
+    let signal = |sig: &str| {
+        for p in nats.nodes.iter().flatten() {
+            let pid = p.0.id().to_string();
+            let ok = std::process::Command::new("kill")
+                .args([sig, &pid])
+                .status();
+            assert!(ok.unwrap().success());
+        }
+    };
+    signal("-STOP");
+    let path = "/v1/streams/cl-idem/events";
+    let (st, _, body) = post(g0.addr, path, "pay-1", "paid");
+    signal("-CONT");
+    assert_eq!(st, 503, "{body}");
+    assert_eq!(body["error"], "publish_unconfirmed");
+    // The retry gets the event's one ID, on this node and on another (which learned the key
+    // from JetStream's message); another body under the key is refused there too.
+    let (st, _, got) = retry(g0.addr, path, "pay-1", "paid");
+    assert_eq!(st, 201, "{got}");
+    let id = got["id"].as_str().unwrap().to_owned();
+    assert_eq!(seq_of(&id), seq_of(&first) + 1, "{id}");
+    let (st, again, other) = retry(g1.addr, path, "pay-1", "paid");
+    assert_eq!(
+        (st, again, other["id"].as_str()),
+        (201, true, Some(id.as_str()))
+    );
+    let (st, _, reused) = retry(g1.addr, path, "pay-1", "unpaid");
+    assert_eq!(st, 422, "{reused}");
+    let next = common::publish(g1.addr, "cl-idem", "after");
+    assert_eq!(seq_of(&next), seq_of(&id) + 1, "stored once: {next}");
 }

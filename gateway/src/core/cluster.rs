@@ -26,6 +26,7 @@ use crate::proto::sse;
 use crate::streams::StreamKey;
 use crate::streams::catalog::{StreamQuota, StreamsExhausted};
 use crate::streams::hub::{Hub, SubRef};
+use crate::streams::idempotency::Keyed;
 use crate::streams::publish::{self, Event};
 use crate::streams::quarantine::{self, QUARANTINE_STREAM, Reason, Verdict};
 use crate::streams::sub::PENDING_STREAM;
@@ -48,11 +49,17 @@ impl Core {
         slot: u32,
         stream: &str,
         events: Vec<Event>,
-        close: bool,
-        batch: bool,
+        (close, batch): (bool, bool),
+        keyed: Option<Keyed>,
     ) {
         if let Err((status, code, msg)) = publish::check_events(&events) {
             return self.error(slot, status, code, &msg, close);
+        }
+        if let Some(p) = self
+            .idem
+            .known(&self.hub, stream, keyed.as_ref(), self.now, close)
+        {
+            return self.queue_published(slot, p, close);
         }
         let shard = self.hub.shard_of(stream);
         let checked = check_cluster_publish(&self.hub, &self.shared.quota, stream, shard, &events);
@@ -62,7 +69,7 @@ impl Core {
         let conn = (slot, self.io.generation(slot));
         let cc = self.cluster.as_mut().expect("cluster mode");
         let n = events.len();
-        let first = cc.publish_events(shard, stream, events);
+        let first = cc.publish_events(shard, stream, events, keyed.as_ref(), batch);
         let p = Pending {
             conn,
             shard,
@@ -96,7 +103,7 @@ impl Core {
     ) -> u64 {
         let cc = self.cluster.as_mut().expect("cluster mode");
         let event = event.map(str::to_owned);
-        let ticket = cc.publish(shard, stream, event, data, expect_seq);
+        let ticket = cc.publish(shard, stream, event, data, expect_seq, None);
         self.m().cluster_publishes_total.fetch_add(1, Relaxed);
         ticket
     }
@@ -206,8 +213,10 @@ impl Core {
             None => (a.event.as_deref(), a.data.as_slice()),
         };
         let ap = self.hub.log_mut(key.0).append(key.1, event, data)?;
-        if let Some(r) = reason {
-            note_quarantined(self.m(), a, r);
+        match (reason, &a.idempotency) {
+            (Some(r), _) => note_quarantined(self.m(), a, r),
+            (None, Some(h)) => self.idem.on_applied(name, h, ap.id, self.now),
+            (None, None) => {}
         }
         *self
             .cluster

@@ -11,7 +11,7 @@ use crate::proto::conn::{Kind, Request, Step, Target};
 use crate::proto::http;
 use crate::proto::route::{self, Route};
 use crate::shards;
-use crate::streams::idempotency::{self, Keyed};
+use crate::streams::idempotency::Keyed;
 use crate::streams::publish::{self, Event};
 use crate::streams::resume::{self, Ask, Start};
 use crate::sys;
@@ -291,7 +291,7 @@ impl Core {
     }
 
     /// A publish (`batch`: of `events:batch`); with an `Idempotency-Key`, a repeat stores
-    /// nothing ([`idempotency::known_answer`]).
+    /// nothing (`streams::idempotency::Keys::known`).
     fn publish(
         &mut self,
         slot: u32,
@@ -302,7 +302,7 @@ impl Core {
     ) {
         let ((close, batch), keyed) = (how, key.map(|k| Keyed::new(k, &events)));
         if self.cluster.is_some() {
-            return self.cluster_publish(slot, stream, events, close, batch);
+            return self.cluster_publish(slot, stream, events, how, keyed);
         }
         if let Err((status, code, msg)) = publish::check_events(&events) {
             return self.error(slot, status, code, &msg, close);
@@ -310,10 +310,10 @@ impl Core {
         let Some(key) = self.open_stream(slot, stream, close) else {
             return;
         };
-        let known = keyed.as_ref().and_then(|k| {
-            idempotency::known_answer(&mut self.idem, &self.hub, stream, k, key, self.now, close)
-        });
-        if let Some(p) = known {
+        if let Some(p) = self
+            .idem
+            .known(&self.hub, stream, keyed.as_ref(), self.now, close)
+        {
             return self.queue_published(slot, p, close);
         }
         if let Err((status, code, msg)) = publish::check_framed(self.hub.log(key.0), key.1, &events)
@@ -331,7 +331,7 @@ impl Core {
     }
 
     /// Queues a publish's answer, held while its wait is not visible.
-    fn queue_published(&mut self, slot: u32, p: publish::Published, close: bool) {
+    pub(super) fn queue_published(&mut self, slot: u32, p: publish::Published, close: bool) {
         let generation = self.io.generation(slot);
         if p.wait.is_some() && !self.waiting.contains(&(slot, generation)) {
             self.waiting.push((slot, generation));

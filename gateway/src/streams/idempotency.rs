@@ -4,6 +4,9 @@
 //! (`--idempotency-keys-per-stream-max`) and in total (`--idempotency-keys-max`), the oldest
 //! key evicted first. No I/O; time is passed in.
 //!
+//! In cluster mode the key travels with each event through JetStream ([`cluster_header`],
+//! [`cluster_msg_id`]) and every node learns it as it applies them ([`Keys::on_applied`]).
+//!
 //! What it does not do yet: the table is in memory, so a restart forgets it (the key is not
 //! in the log's record format).
 #![forbid(unsafe_code)]
@@ -13,7 +16,6 @@ use std::time::{Duration, Instant};
 
 use log_store::EventId;
 
-use super::StreamKey;
 use super::hub::Hub;
 use super::publish::{self, Published};
 use crate::proto::access::with_headers;
@@ -79,41 +81,44 @@ impl Keyed {
 /// The header a replayed answer carries.
 pub const REPLAY_HEADER: &str = "Idempotent-Replay: true\r\n";
 
-/// The answer to a keyed publish that must store nothing: the original IDs again, marked and
-/// held until they are durable (as the original was), or the 422 for a reused key.
-pub fn known_answer(
-    keys: &mut Keys,
-    hub: &Hub,
-    stream: &str,
-    keyed: &Keyed,
-    key: StreamKey,
-    now: Instant,
-    close: bool,
-) -> Option<Published> {
-    let (answer, wait) = match keys.lookup(stream, &keyed.key, keyed.hash, key.1.0, now) {
-        Lookup::New => return None,
-        Lookup::Replay { ids, batch } => {
-            let (b, wait) = publish::stored_answer(key.0, &ids, false, batch, close);
-            // Durable already (the usual case): nothing would release a wait.
-            (
-                with_headers(b, REPLAY_HEADER),
-                wait.filter(|w| !hub.visible(*w)),
-            )
-        }
-        Lookup::Reused => {
-            let body = serde_json::json!({
-                "error": "idempotency_key_reused",
-                "message": "this Idempotency-Key was used on this stream with another body",
-            });
-            (http::json_response(422, &body, close), None)
-        }
-    };
-    Some(Published {
-        answer,
-        wait,
-        appended: 0,
-        ids: Vec::new(),
-    })
+impl Keys {
+    /// The answer to a keyed publish on `stream` that must store nothing: the original IDs
+    /// again, marked and held until they are durable (as the original was), or the 422 for
+    /// a reused key. `None`: publish (no key, a new key, or a stream not created yet).
+    pub fn known(
+        &mut self,
+        hub: &Hub,
+        stream: &str,
+        keyed: Option<&Keyed>,
+        now: Instant,
+        close: bool,
+    ) -> Option<Published> {
+        let (keyed, key) = keyed.zip(hub.stream_key(stream))?;
+        let (answer, wait) = match self.lookup(stream, &keyed.key, keyed.hash, key.1.0, now) {
+            Lookup::New => return None,
+            Lookup::Replay { ids, batch } => {
+                let (b, wait) = publish::stored_answer(key.0, &ids, false, batch, close);
+                // Durable already (the usual case): nothing would release a wait.
+                (
+                    with_headers(b, REPLAY_HEADER),
+                    wait.filter(|w| !hub.visible(*w)),
+                )
+            }
+            Lookup::Reused => {
+                let body = serde_json::json!({
+                    "error": "idempotency_key_reused",
+                    "message": "this Idempotency-Key was used on this stream with another body",
+                });
+                (http::json_response(422, &body, close), None)
+            }
+        };
+        Some(Published {
+            answer,
+            wait,
+            appended: 0,
+            ids: Vec::new(),
+        })
+    }
 }
 
 /// What a publish with a key finds.
@@ -125,6 +130,39 @@ pub enum Lookup {
     Replay { ids: Vec<EventId>, batch: bool },
     /// The same key with another body: 422.
     Reused,
+}
+
+/// In cluster mode, the `Nats-Msg-Id` every retry of event `i` of a keyed publish on `stream`
+/// shares (without the body hash: another body under the same key is then not stored either,
+/// and its retry gets the 422).
+pub fn cluster_msg_id(stream: &str, keyed: &Keyed, i: usize) -> String {
+    format!("gw-idem:{stream}:{i}:{}", keyed.key)
+}
+
+/// In cluster mode, the `Gw-Idempotency` header of event `i` of `n` of a keyed publish:
+/// `<s|b>/<hash, 16 hex digits>/<i>/<n>/<key>`. Every node that applies the events learns the
+/// key from it ([`Keys::on_applied`]), so a retry on any node, and on a node rebuilt from
+/// JetStream, gets the original IDs.
+pub fn cluster_header(keyed: &Keyed, i: usize, n: usize, batch: bool) -> String {
+    let kind = if batch { 'b' } else { 's' };
+    format!("{kind}/{:016x}/{i}/{n}/{}", keyed.hash, keyed.key)
+}
+
+/// A `Gw-Idempotency` header read back: (batch, hash, i, n, key); `None` if malformed (any
+/// writer of the subject may send anything: such a header is ignored).
+fn parse_cluster_header(h: &str) -> Option<(bool, u64, usize, usize, &str)> {
+    let mut it = h.splitn(5, '/');
+    let batch = match it.next()? {
+        "b" => true,
+        "s" => false,
+        _ => return None,
+    };
+    let hash = u64::from_str_radix(it.next()?, 16).ok()?;
+    let i: usize = it.next()?.parse().ok()?;
+    let n: usize = it.next()?.parse().ok()?;
+    let key = it.next()?;
+    let ok = i < n && crate::proto::route::valid_idempotency_key(key);
+    ok.then_some((batch, hash, i, n, key))
 }
 
 #[derive(Debug)]
@@ -146,6 +184,8 @@ pub struct Keys {
     /// Each stream's entries' serials, oldest first.
     per_stream: HashMap<String, VecDeque<u64>>,
     next_serial: u64,
+    /// Cluster mode: keyed requests whose first events were applied, not yet all.
+    partial: HashMap<(String, String), (u64, Vec<EventId>)>,
 }
 
 impl Keys {
@@ -156,6 +196,7 @@ impl Keys {
             order: BTreeMap::new(),
             per_stream: HashMap::new(),
             next_serial: 0,
+            partial: HashMap::new(),
         }
     }
 
@@ -234,6 +275,35 @@ impl Keys {
     ) {
         if let Some(k) = keyed.filter(|_| p.ids.len() == n && n > 0) {
             self.insert(stream, &k.key, k.hash, (p.ids.clone(), batch), now);
+        }
+    }
+
+    /// Cluster mode: a message carrying `Gw-Idempotency` was applied as event `id` of
+    /// `stream` (every node does this in JetStream order). Its request's IDs gather in order;
+    /// the last one makes the key known.
+    pub fn on_applied(&mut self, stream: &str, header: &str, id: EventId, now: Instant) {
+        let Some((batch, hash, i, n, key)) = parse_cluster_header(header) else {
+            return;
+        };
+        let k = (stream.to_owned(), key.to_owned());
+        if i == 0 {
+            if self.partial.len() >= self.limits.total_max {
+                self.partial.clear(); // requests whose other events never came
+            }
+            self.partial
+                .insert(k.clone(), (hash, Vec::with_capacity(n)));
+        }
+        let Some((h, ids)) = self.partial.get_mut(&k) else {
+            return;
+        };
+        if *h != hash || ids.len() != i {
+            self.partial.remove(&k);
+            return;
+        }
+        ids.push(id);
+        if ids.len() == n {
+            let (_, ids) = self.partial.remove(&k).expect("present");
+            self.insert(stream, key, hash, (ids, batch), now);
         }
     }
 
@@ -318,6 +388,41 @@ mod tests {
             "past the window"
         );
         assert!(k.is_empty());
+    }
+
+    #[test]
+    fn applied_keyed_messages_make_their_key_known_once_all_are_applied() {
+        let mut k = keys(10, 10);
+        let t = Instant::now();
+        let keyed = Keyed::new("k".into(), &[(None, b"a".to_vec()), (None, b"b".to_vec())]);
+        let h0 = cluster_header(&keyed, 0, 2, true);
+        let h1 = cluster_header(&keyed, 1, 2, true);
+        k.on_applied("s", &h0, id(0, 4), t);
+        assert_eq!(
+            k.lookup("s", "k", keyed.hash, 0, t),
+            Lookup::New,
+            "one of two"
+        );
+        k.on_applied("s", &h1, id(0, 5), t);
+        let want = Lookup::Replay {
+            ids: vec![id(0, 4), id(0, 5)],
+            batch: true,
+        };
+        assert_eq!(k.lookup("s", "k", keyed.hash, 0, t), want);
+        // Out of order or malformed: ignored.
+        k.on_applied("s", &cluster_header(&keyed, 1, 2, true), id(0, 6), t);
+        for junk in [
+            "",
+            "x/1/0/1/k",
+            "s/zz/0/1/k",
+            "s/1/1/1/k",
+            "s/1/0/1/a b",
+            "s/1/0/1/",
+        ] {
+            k.on_applied("t", junk, id(1, 1), t);
+        }
+        assert_eq!(k.len(), 1);
+        assert_eq!(cluster_msg_id("s", &keyed, 1), "gw-idem:s:1:k");
     }
 
     #[test]
