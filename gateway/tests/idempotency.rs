@@ -148,4 +148,13 @@ fn cluster_a_publish_unconfirmed_while_nats_is_paused_and_retried_is_stored_once
     assert_eq!(st, 422, "{reused}");
     let next = common::publish(g1.addr, "cl-idem", "after");
     assert_eq!(seq_of(&next), seq_of(&id) + 1, "stored once: {next}");
+    // A keyed batch: its IDs gather on every node as its events are applied.
+    let batch = "{\"data\":\"a\"}\n{\"event\":\"t\",\"data\":\"b\"}\n";
+    let path = "/v1/streams/cl-idem/events:batch";
+    let (st, _, ids) = retry(g1.addr, path, "b-1", batch);
+    assert_eq!(st, 201, "{ids}");
+    let (st, again, other) = retry(g0.addr, path, "b-1", batch);
+    assert_eq!((st, again, &other), (201, true, &ids));
+    let last = common::publish(g0.addr, "cl-idem", "last");
+    assert_eq!(seq_of(&last), seq_of(&next) + 3, "{last}");
 }
