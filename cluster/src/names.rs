@@ -10,6 +10,11 @@ pub const HDR_EVENT: &str = "Gw-Event";
 /// Header carrying the per-stream seq the publisher expects the message to get (MCP records,
 /// whose seqs the MCP core predicts): checked by every node on apply.
 pub const HDR_SEQ: &str = "Gw-Seq";
+/// Header carrying a keyed publish's key, body hash and place in its request (the gateway's
+/// format).
+pub const HDR_IDEMPOTENCY: &str = "Gw-Idempotency";
+/// Header carrying a keyed publish's `<nonce>-<ticket>` (its `Nats-Msg-Id` is the key's).
+pub const HDR_ORIGIN: &str = "Gw-Origin";
 /// The KV bucket holding each shard's latest snapshot (key `shard-<k>`).
 pub const SNAPSHOT_BUCKET: &str = "GW_SNAPSHOTS";
 
@@ -80,17 +85,16 @@ pub fn own_ticket(nonce: &str, msg_id: Option<&str>) -> Option<u64> {
     rest.parse().ok()
 }
 
-/// Why an applied message cannot be taken: the chain is broken. Every node must apply every
+/// Why a delivered message cannot be taken: the chain is broken. Every node must apply every
 /// message of a shard in JetStream order, once; anything else would number events differently
 /// on different nodes (a silent gap or duplicate for a client that resumes elsewhere), so the
-/// node stops instead.
+/// node stops instead. (What a message carries never breaks the chain: the gateway
+/// quarantines what it cannot apply.)
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ChainBreak {
     /// The message is not the next one (JetStream moved a consumer past messages it no longer
     /// holds, or a message was skipped).
     NotNext { expected: u64, got: u64 },
-    /// The message lacks the stream header or it is not a valid stream name.
-    Foreign { seq: u64 },
 }
 
 impl std::fmt::Display for ChainBreak {
@@ -107,10 +111,6 @@ impl std::fmt::Display for ChainBreak {
                 f,
                 "JetStream delivered sequence {got} again after {}: already applied",
                 expected - 1
-            ),
-            ChainBreak::Foreign { seq } => write!(
-                f,
-                "message {seq} was not published by a gateway (no {HDR_STREAM} header)"
             ),
         }
     }

@@ -138,7 +138,7 @@ pub fn reserve_clustered(
 ) -> Result<(), CreateRefused> {
     quota.check(stream).map_err(CreateRefused::Streams)?;
     match StreamKind::of(stream) {
-        StreamKind::Mcp => Ok(()),
+        StreamKind::Mcp | StreamKind::Internal => Ok(()),
         StreamKind::Api => subjects
             .reserve(who, stream)
             .map_err(CreateRefused::Subject),
