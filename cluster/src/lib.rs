@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-pub use names::ChainBreak;
+pub use names::{ChainBreak, Next};
 pub use snapshot::Snapshot;
 
 /// What the cluster needs to know at start.

@@ -100,26 +100,34 @@ pub enum ChainBreak {
 impl std::fmt::Display for ChainBreak {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            ChainBreak::NotNext { expected, got } if got > expected => write!(
+            ChainBreak::NotNext { expected, got } => write!(
                 f,
                 "JetStream delivered sequence {got} where {expected} was next: sequences \
                  {expected}..{} are gone (retention or a purge) and this node cannot number \
                  what follows; rebuild it from a node that has them",
-                got - 1
-            ),
-            ChainBreak::NotNext { expected, got } => write!(
-                f,
-                "JetStream delivered sequence {got} again after {}: already applied",
-                expected - 1
+                got.saturating_sub(1)
             ),
         }
     }
 }
 
-/// The check every applied message passes: it is the next one of its shard.
-pub fn check_next(applied: u64, seq: u64) -> Result<(), ChainBreak> {
+/// What a delivered message is to its shard's chain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    /// The next one: apply it.
+    Apply,
+    /// One applied already (the ordered consumer delivered it again, as async-nats does when
+    /// it recreates its consumer around a reset): nothing to do, the node holds it.
+    Again,
+}
+
+/// The check every delivered message passes: the next one of its shard, or one applied
+/// already; a message past the next is a gap no node can number.
+pub fn check_next(applied: u64, seq: u64) -> Result<Next, ChainBreak> {
     if seq == applied + 1 {
-        Ok(())
+        Ok(Next::Apply)
+    } else if seq <= applied {
+        Ok(Next::Again)
     } else {
         Err(ChainBreak::NotNext {
             expected: applied + 1,
@@ -171,8 +179,10 @@ mod tests {
 
     #[test]
     fn only_the_next_sequence_applies() {
-        assert!(check_next(0, 1).is_ok());
-        assert!(check_next(41, 42).is_ok());
+        assert_eq!(check_next(0, 1), Ok(Next::Apply));
+        assert_eq!(check_next(41, 42), Ok(Next::Apply));
+        assert_eq!(check_next(41, 41), Ok(Next::Again), "a redelivery");
+        assert_eq!(check_next(41, 1), Ok(Next::Again));
         let skip = check_next(41, 50).unwrap_err();
         assert_eq!(
             skip,
@@ -182,11 +192,5 @@ mod tests {
             }
         );
         assert!(skip.to_string().contains("42..49 are gone"));
-        assert!(
-            check_next(41, 41)
-                .unwrap_err()
-                .to_string()
-                .contains("again")
-        );
     }
 }

@@ -1,7 +1,8 @@
 //! Cluster mode on a core (`--nats-url`): publishes go to JetStream (one message per event)
 //! and are answered once the node's own follower has applied them and they are durable in the
 //! local log; every message of this core's shards is applied in JetStream order (checked: the
-//! n-th message of a shard must be applied n-th, else the node stops loudly), each as the
+//! n-th message of a shard must be applied n-th, else the node stops loudly; one applied
+//! already and delivered again is ignored), each as the
 //! quarantine decides (`streams::quarantine`: as it is, an error record in its place, or
 //! skipped — a message never stops a node); a subscribe to a
 //! stream not created yet is served from its event 1 once it is; a resume that names what this
@@ -11,7 +12,7 @@
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
-use cluster::{Applied, Inbound, names};
+use cluster::{Applied, Inbound, Next, names};
 use log_store::{AppendError, EventId, Log};
 
 use super::cluster_state::{CatchUp, Pending, Ticket};
@@ -175,8 +176,10 @@ impl Core {
     fn apply(&mut self, a: &Applied) -> Result<(), AppendError> {
         let cc = self.cluster.as_mut().expect("cluster mode");
         let applied = *cc.applied.get(&a.shard).expect("a shard of this core");
-        if let Err(b) = names::check_next(applied, a.seq) {
-            panic!("cluster: shard {}: chain broken: {b}", a.shard);
+        match names::check_next(applied, a.seq) {
+            Ok(Next::Apply) => {}
+            Ok(Next::Again) => return note_redelivered(self.m(), a),
+            Err(b) => panic!("cluster: shard {}: chain broken: {b}", a.shard),
         }
         let log = self.hub.log(a.shard);
         let (name, substitute, reason) = place(a, log, self.hub.shards());
@@ -323,6 +326,18 @@ fn place<'a>(a: &'a Applied, log: &Log, shards: u32) -> (&'a str, Option<Record>
             (stream, Some(record), Some(reason))
         }
     }
+}
+
+/// A message applied already was delivered again: counted, logged once a minute; nothing
+/// to apply.
+fn note_redelivered(m: &CoreMetrics, a: &Applied) -> Result<(), AppendError> {
+    m.cluster_redeliveries_total.fetch_add(1, Relaxed);
+    crate::warn_limited!(
+        "cluster: shard {} message {} delivered again (applied already): ignored",
+        a.shard,
+        a.seq
+    );
+    Ok(())
 }
 
 /// An event's type and data.

@@ -317,6 +317,12 @@ pub(super) const FAMILIES: &[Family] = &[
         &[("", |m| &m.cluster_seq_mismatches_total)],
     ),
     one(
+        "gateway_cluster_redeliveries_total",
+        "counter",
+        "Cluster mode: JetStream messages delivered again after this node applied them (ignored).",
+        &[("", |m| &m.cluster_redeliveries_total)],
+    ),
+    one(
         "gateway_cluster_quarantined_total",
         "counter",
         "Cluster mode: JetStream messages that could not be applied as they were, by reason (skipped, or stored as an error record in their stream's place).",

@@ -84,6 +84,8 @@ pub struct CoreMetrics {
     pub cluster_snapshot_chunks_total: AtomicU64,
     /// Applied records whose publisher predicted another seq (MCP), stored as error records.
     pub cluster_seq_mismatches_total: AtomicU64,
+    /// Messages delivered again after they were applied (ignored).
+    pub cluster_redeliveries_total: AtomicU64,
     /// Messages quarantined, by `streams::quarantine::Reason::ALL` index.
     pub cluster_quarantined_total: [AtomicU64; 9],
     pub events_sent_total: AtomicU64,
