@@ -704,6 +704,7 @@ fn run_mcp(a: &McpArgs) -> Result<Outcome, String> {
         cut_bytes_max: a.cut_bytes_max.max(1),
         timeout_secs: a.timeout_secs,
         seed: a.seed,
+        progress_interval_secs: a.out.progress_interval_secs,
     };
     Ok(Outcome::Mcp(
         mcp::run(&cfg, &a.label).map_err(|e| e.to_string())?,
@@ -736,6 +737,7 @@ fn run_floor(a: &FloorArgs) -> Result<Outcome, String> {
         secs: a.secs,
         writer_cpu: a.writer_cpu,
         reader_cpu: a.reader_cpu,
+        progress_interval_secs: a.out.progress_interval_secs,
     };
     Ok(Outcome::Floor(floor::run(&cfg)?))
 }
