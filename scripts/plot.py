@@ -62,18 +62,22 @@ def ensure_matplotlib() -> None:
     os.execv(python, [python, os.path.abspath(__file__), *sys.argv[1:]])
 
 
-def provenance(metas: list[dict]) -> str:
-    """A line naming the commits and kernels of the inputs' `meta` objects (if they have any)."""
+def provenance(metas: list[dict | None]) -> str:
+    """A line naming the commits and kernels of the inputs' `meta` objects (None: an input
+    without one)."""
+    missing = sum(m is None for m in metas)
+    metas = [m for m in metas if m is not None]
     if not metas:
         return "inputs without a meta object (before bench recorded one)"
+    without = f"; {missing} of {missing + len(metas)} inputs without meta" if missing else ""
     commits = sorted({m.get("commit", "?") for m in metas})
     kernels = sorted({m.get("kernel_release") or "?" for m in metas})
     loads = [m["loadavg_start"][0] for m in metas if m.get("loadavg_start")]
     load = f"; load average at start {min(loads):.1f}-{max(loads):.1f}" if loads else ""
-    return f"commit {', '.join(commits)}; kernel {', '.join(kernels)}{load}"
+    return f"commit {', '.join(commits)}; kernel {', '.join(kernels)}{load}{without}"
 
 
-def save(fig, title: str, metas: list[dict], out: str) -> None:
+def save(fig, title: str, metas: list[dict | None], out: str) -> None:
     """Titles the figure (with the inputs' provenance) and writes it to `out` as PNG."""
     fig.suptitle(f"{title}\n{provenance(metas)}", fontsize=9)
     fig.tight_layout()
@@ -100,30 +104,31 @@ def latency_points(report: dict) -> dict[float, float]:
         return {}
     cdf = report.get("latency_cdf_us")
     if cdf:
-        return {q: us for q, us in cdf}
+        # Quantiles finer than 1/count say nothing the maximum does not: drawn once, as it.
+        return {q: us for q, us in cdf if q >= 1.0 or 1.0 - q >= 1.0 / count}
     return {0.5: lat["p50_us"], 0.99: lat["p99_us"], 0.999: lat["p999_us"], 1.0: lat["max_us"]}
 
 
-def load_latency(dirs: list[str], metas: list[dict]) -> dict[str, dict[str, list[tuple[int, dict]]]]:
-    """{scenario: {system: [(count, points) per round]}} from compare-nchan.sh directories;
-    the files' `meta` objects are appended to `metas`."""
+def load_latency(dirs: list[str], only: set[str] | None,
+                 metas: list[dict | None]) -> dict[str, dict[str, list[tuple[int, dict]]]]:
+    """{scenario: {system: [(count, points) per round]}} from compare-nchan.sh directories (of
+    the scenarios in `only`, if given); the used files' `meta` objects go to `metas`."""
     data: dict[str, dict[str, list[tuple[int, dict]]]] = {}
     for d in dirs:
         for path in sorted(glob.glob(os.path.join(d, "*-*.json"))):
             base = os.path.basename(path)[:-5].split(".r")[0]  # <scenario>-<system>[.rN]
             scenario, _, system = base.rpartition("-")
-            if system not in SYSTEMS:
+            if system not in SYSTEMS or (only and scenario not in only):
                 continue
             try:
                 doc = json.load(open(path))
                 reports = doc["reports"]
             except (ValueError, KeyError, OSError):
                 continue
-            if "meta" in doc:
-                metas.append(doc["meta"])
             report = reports[-1]  # slow: [baseline, slow]; the scenario's own is last
             points = latency_points(report)
             if points:
+                metas.append(doc.get("meta"))
                 count = report["latency"]["count"]
                 data.setdefault(scenario, {}).setdefault(system, []).append((count, points))
     return data
@@ -135,10 +140,8 @@ def plot_latency(args: argparse.Namespace) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    metas: list[dict] = []
-    data = load_latency(args.dirs, metas)
-    if args.only:
-        data = {sc: v for sc, v in data.items() if sc in args.only.split(",")}
+    metas: list[dict | None] = []
+    data = load_latency(args.dirs, set(args.only.split(",")) if args.only else None, metas)
     scenarios = sorted(sc for sc, by in data.items() if by)
     if not scenarios:
         sys.exit("plot.py: no latency data in " + ", ".join(args.dirs))
@@ -194,7 +197,7 @@ def durable_rows_of_text(text: str) -> dict[str, list[dict]]:
     return out
 
 
-def load_durable(specs: list[str], metas: list[dict]) -> dict[str, list[dict]]:
+def load_durable(specs: list[str], metas: list[dict | None]) -> dict[str, list[dict]]:
     """{series label: rows} from FILE[=LABEL] arguments (JSON reports or text logs); the
     JSON files' `meta` objects are appended to `metas`."""
     series: dict[str, list[dict]] = {}
@@ -205,9 +208,9 @@ def load_durable(specs: list[str], metas: list[dict]) -> dict[str, list[dict]]:
         if path.endswith(".json"):
             doc = json.loads(text)
             series.setdefault(label, []).extend(doc["rows"])
-            if "meta" in doc:
-                metas.append(doc["meta"])
+            metas.append(doc.get("meta"))
         else:
+            metas.append(None)
             for mode, rows in durable_rows_of_text(text).items():
                 series.setdefault(f"{label}, --fsync {mode}", []).extend(rows)
     return series
@@ -220,7 +223,7 @@ def plot_durable(args: argparse.Namespace) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    metas: list[dict] = []
+    metas: list[dict | None] = []
     series = load_durable(args.files, metas)
     if not any(series.values()):
         sys.exit("plot.py: no durable rows in " + ", ".join(args.files))
