@@ -17,6 +17,9 @@
       without extension) are one series: the median per publisher count, bars from the
       lowest to the highest run.
 
+  scripts/plot.py self-test
+      Checks the input parsers on inline samples (no matplotlib needed); exit 1 on a failure.
+
 matplotlib is installed on first use into a venv under .tools/plot-venv (pip, from PyPI); the
 script then runs itself again with that venv's Python. Nothing is installed system-wide.
 """
@@ -258,6 +261,34 @@ def plot_durable(args: argparse.Namespace) -> None:
     save(fig, title, metas, args.out)
 
 
+def self_test() -> None:
+    """The parsers against inline samples of each input format."""
+    log = """## 1. default flags (--fsync group)
+== durable
+  publishers | durable ev/s | publish p50 ms | p99 ms | server CPU us/ev | errors
+           1 |         1622 |          0.399 |  4.130 |           230.49 | 0
+          64 |        26326 |          2.156 |  6.942 |            31.34 | 0
+## 2. --fsync never
+           1 |         5003 |          0.115 |  0.966 |            86.32 | 0
+## 3. fan-out 1 x 100
+           9 |         9999 |          9.999 |  9.999 |                - | 0
+"""
+    rows = durable_rows_of_text(log)
+    assert sorted(rows) == ["group", "never"], rows
+    assert [(r["publishers"], r["events_per_sec"]) for r in rows["group"]] == [(1, 1622.0), (64, 26326.0)]
+    assert rows["never"][0]["latency"] == {"p50_ms": 0.115, "p99_ms": 0.966}, rows
+    legacy = {"latency": {"count": 1000, "p50_us": 5.0, "p99_us": 9.0, "p999_us": 20.0, "max_us": 30.0}}
+    assert latency_points(legacy) == {0.5: 5.0, 0.99: 9.0, 0.999: 20.0, 1.0: 30.0}
+    cdf = dict(legacy, latency_cdf_us=[[0.5, 5.0], [0.999, 20.0], [0.9999, 30.0], [1.0, 30.0]])
+    assert latency_points(cdf) == {0.5: 5.0, 0.999: 20.0, 1.0: 30.0}, latency_points(cdf)
+    assert latency_points({"latency": {"count": 0}}) == {}
+    assert abs(nines(0.99, 0) - 2.0) < 1e-9 and abs(nines(1.0, 1000) - 3.0) < 1e-9
+    assert provenance([None]).startswith("inputs without a meta object")
+    line = provenance([{"commit": "abc", "kernel_release": "6.1", "loadavg_start": [1.0, 0, 0]}, None])
+    assert line == "commit abc; kernel 6.1; load average at start 1.0-1.0; 1 of 2 inputs without meta", line
+    print("plot.py self-test: ok")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -270,7 +301,10 @@ def main() -> None:
     dur.add_argument("files", nargs="+", metavar="FILE[=LABEL]")
     dur.add_argument("--out", default="durable.png")
     dur.add_argument("--title")
+    sub.add_parser("self-test", help="check the input parsers")
     args = p.parse_args()
+    if args.cmd == "self-test":
+        return self_test()
     ensure_matplotlib()
     {"latency": plot_latency, "durable": plot_durable}[args.cmd](args)
 

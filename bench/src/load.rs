@@ -758,8 +758,10 @@ impl<'c> LoadRun<'c> {
         let mut progress = Progress::new(cfg.progress_interval_secs, last_sample);
         while Instant::now() < hold_until {
             let now = self.poll_once(Duration::from_millis(50), Phase::Idle, None)?;
-            let up = self.subs.count(SubPhase::Streaming) as u64;
-            progress.tick(now, &[("idle subscribers up", up)]);
+            if progress.due(now) {
+                let up = self.subs.count(SubPhase::Streaming) as u64;
+                progress.tick(now, &[("idle subscribers up", up)]);
+            }
             if now.duration_since(last_sample) > Duration::from_millis(250) {
                 last_sample = now;
                 if let Some(s) = sample(&cfg.target_pids)? {

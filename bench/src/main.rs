@@ -744,7 +744,7 @@ fn run_floor(a: &FloorArgs) -> Result<Outcome, String> {
 
 fn main() -> ExitCode {
     // Before the run: the load average the run started under.
-    let meta = Meta::collect(std::env::args().collect());
+    let meta = Meta::collect(std::env::args_os().map(|a| a.to_string_lossy().into_owned()));
     let cli = Cli::parse();
     let out = cli.cmd.output().clone();
     let done = match run(&cli.cmd) {

@@ -16,7 +16,8 @@ pub struct Meta {
     pub commit: String,
     /// The bench's version (Cargo).
     pub version: &'static str,
-    /// The bench's own command line, program name first.
+    /// The bench's own command line, program name first, with the value of every
+    /// `access_token=` query parameter (a token in a URL template) replaced by `REDACTED`.
     pub argv: Vec<String>,
     /// Start of the run, seconds since the Unix epoch (UTC).
     pub started_unix_secs: u64,
@@ -33,12 +34,12 @@ pub struct Meta {
 
 impl Meta {
     /// Reads the machine's figures now; `argv` is the bench's command line.
-    pub fn collect(argv: Vec<String>) -> Meta {
+    pub fn collect(argv: impl IntoIterator<Item = String>) -> Meta {
         let read = |path: &str| std::fs::read_to_string(path).ok();
         Meta {
             commit: COMMIT.to_owned(),
             version: env!("CARGO_PKG_VERSION"),
-            argv,
+            argv: argv.into_iter().map(|a| redact_tokens(&a)).collect(),
             started_unix_secs: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
@@ -52,6 +53,42 @@ impl Meta {
             loadavg_start: read("/proc/loadavg").and_then(|s| parse_loadavg(&s)),
         }
     }
+}
+
+/// The query parameter that carries a token in a URL (RFC 6750 §2.3; the gateway accepts it
+/// with `--jwt-allow-query-token`).
+const TOKEN_PARAM: &str = "access_token=";
+
+/// `arg` with the value of every `access_token=` parameter (up to the next `&`, `#` or the
+/// end) replaced by `REDACTED`: a report never carries a token.
+pub fn redact_tokens(arg: &str) -> String {
+    let mut out = String::with_capacity(arg.len());
+    let mut rest = arg;
+    while let Some(at) = find_token_param(rest) {
+        let value = at + TOKEN_PARAM.len();
+        out.push_str(&rest[..value]);
+        out.push_str("REDACTED");
+        let end = rest[value..]
+            .find(['&', '#'])
+            .map_or(rest.len(), |e| value + e);
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Where the next `access_token=` (any case) starts as a query parameter: after `?`, `&` or
+/// `;`, or at the start of the argument.
+fn find_token_param(s: &str) -> Option<usize> {
+    let lower = s.to_ascii_lowercase();
+    let mut from = 0;
+    while let Some(i) = lower[from..].find(TOKEN_PARAM).map(|i| from + i) {
+        if i == 0 || matches!(lower.as_bytes()[i - 1], b'?' | b'&' | b';') {
+            return Some(i);
+        }
+        from = i + TOKEN_PARAM.len();
+    }
+    None
 }
 
 /// The number of CPUs in a kernel CPU list such as `0-3,8,10-11` (`None` if malformed).
@@ -150,6 +187,34 @@ mod tests {
         assert_eq!(v["rows"][1], 2);
         let wrapped = with_meta(&meta, serde_json::json!([1]));
         assert_eq!(wrapped["report"][0], 1);
+    }
+
+    #[test]
+    fn tokens_in_urls_are_redacted() {
+        let r = redact_tokens;
+        assert_eq!(
+            r("http://h/v1/streams/{stream}?access_token=eyJ.a.b"),
+            "http://h/v1/streams/{stream}?access_token=REDACTED"
+        );
+        assert_eq!(
+            r("http://h/s?x=1&ACCESS_TOKEN=t0k&y=2#f"),
+            "http://h/s?x=1&ACCESS_TOKEN=REDACTED&y=2#f"
+        );
+        assert_eq!(
+            r("access_token=a&access_token=b"),
+            "access_token=REDACTED&access_token=REDACTED"
+        );
+        // Only a parameter of that name: not a suffix of another one.
+        assert_eq!(
+            r("http://h/s?my_access_token=x"),
+            "http://h/s?my_access_token=x"
+        );
+        assert_eq!(r("--json"), "--json");
+        let m = Meta::collect([
+            "bench".to_owned(),
+            "http://h/s?access_token=secret".to_owned(),
+        ]);
+        assert_eq!(m.argv[1], "http://h/s?access_token=REDACTED");
     }
 
     #[test]

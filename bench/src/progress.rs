@@ -41,11 +41,16 @@ impl Progress {
         Progress::new(0, Instant::now())
     }
 
+    /// Whether a line is due at `now` (to skip counting what no line will show).
+    pub fn due(&self, now: Instant) -> bool {
+        self.interval.is_some() && now >= self.due
+    }
+
     /// The line due at `now`, if one is: `counts` are (what, how many so far) pairs, always
     /// in the same order. The next line is due one interval after `now`.
     pub fn poll(&mut self, now: Instant, counts: &[(&str, u64)]) -> Option<String> {
         let interval = self.interval?;
-        if now < self.due {
+        if !self.due(now) {
             return None;
         }
         let secs = now.duration_since(self.last_at).as_secs_f64();
@@ -89,6 +94,8 @@ mod tests {
             p.poll(t0 + Duration::from_millis(1999), &[("delivered", 5)]),
             None
         );
+        assert!(!p.due(t0 + Duration::from_millis(1999)));
+        assert!(p.due(t0 + Duration::from_secs(2)));
     }
 
     #[test]
@@ -121,6 +128,7 @@ mod tests {
         let t0 = Instant::now();
         let mut p = Progress::new(0, t0);
         assert_eq!(p.poll(t0 + Duration::from_secs(3600), &[("x", 1)]), None);
+        assert!(!p.due(t0 + Duration::from_secs(3600)));
         let mut p = Progress::off();
         assert_eq!(p.poll(Instant::now() + Duration::from_secs(60), &[]), None);
     }
