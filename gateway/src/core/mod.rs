@@ -387,12 +387,12 @@ impl Core {
     /// Pumps the subscribers of `touched` streams.
     fn wake(&mut self, touched: &[crate::streams::StreamKey]) {
         // Collected first (pumping may close a subscriber and edit the registry).
-        let mut to_pump = std::mem::take(&mut self.to_pump);
+        let (mut to_pump, now) = (std::mem::take(&mut self.to_pump), self.now);
         for &key in touched {
             to_pump.extend_from_slice(self.hub.subscribers(key));
         }
         for &r in &to_pump {
-            if self.conn_at(r).is_some() {
+            if requests::woken(self.conn_at(r), now) {
                 self.pump(r.0);
             }
         }
