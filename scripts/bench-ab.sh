@@ -11,6 +11,8 @@
 #              the gateways' logs, run.log and table.md
 #   SECS       publishing seconds per run (default 6, as in BENCHMARKS.md; keep it <= 10)
 #   SERVER_CORE / BENCH_CORE  cores for the gateway and the bench (default 0 / 1)
+#   ONLY       scenarios to run, space-separated (default "fanout-1x100 streams-1000x1";
+#              also fanout-1x100-depth1: the unbatched fan-out, one publish in flight)
 #
 # Scenarios (BENCHMARKS.md "Side by side with nginx + nchan" and "the subscriber receive path",
 # 256 B payloads, bench defaults otherwise):
@@ -71,8 +73,10 @@ EV=$((SECS * 2000000))
 declare -A SCENARIO=(
   [fanout-1x100]="fanout --streams 1 --subscribers-per-stream 100 --pipeline-depth 64"
   [streams-1000x1]="fanout --streams 1000 --subscribers-per-stream 1 --publishers 4 --pipeline-depth 64"
+  [fanout-1x100-depth1]="fanout --streams 1 --subscribers-per-stream 100 --pipeline-depth 1"
 )
-SCENARIOS=(fanout-1x100 streams-1000x1)
+# shellcheck disable=SC2206 # ONLY is a word list on purpose
+SCENARIOS=(${ONLY:-fanout-1x100 streams-1000x1})
 STATUS=0
 
 # run_one SCENARIO SIDE(old|new) ROUND: one gateway process, one bench run.

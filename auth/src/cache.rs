@@ -131,7 +131,9 @@ mod tests {
 
     fn verified(exp: u64) -> Verified {
         Verified {
+            issuer: None,
             subject: None,
+            mcp: false,
             exp_unix_secs: exp,
             nbf_unix_secs: None,
             grants: Grants::default(),

@@ -14,6 +14,11 @@ pub enum Denied {
     Expired,
     /// A valid token that does not grant this action on this stream: 403.
     Forbidden,
+    /// A valid token without `{"gateway": {"mcp": true}}` on the MCP endpoint: 403.
+    McpNotGranted,
+    /// The MCP endpoint with only anonymous patterns configured (no key): anonymous access
+    /// never opens it, and no token can be verified: 403.
+    McpWithoutKeys,
 }
 
 /// Why a presented token is not acceptable. The names say which rule the token broke.
@@ -45,13 +50,15 @@ pub enum Invalid {
     WrongIssuer,
     /// `aud` is missing or does not name the configured audience.
     WrongAudience,
-    /// `sub` is not a string, or `gateway` is not `{"publish": [..], "subscribe": [..]}` of
-    /// strings.
+    /// `sub` or `iss` is not a string, or `gateway` is not `{"publish": [..], "subscribe":
+    /// [..], "mcp": bool}` of strings.
     BadClaims,
     /// A grant list holds more than [`crate::PATTERNS_MAX`] patterns.
     TooManyPatterns,
     /// A grant pattern has more than [`crate::PATTERN_BYTES_MAX`] bytes.
     PatternTooLong,
+    /// No `sub` claim, on the MCP endpoint (its sessions are bound to the subject).
+    MissingSub,
 }
 
 /// `WWW-Authenticate` when the request had no credentials (RFC 6750 §3.1: no error code).
@@ -78,15 +85,31 @@ impl Denied {
                 "forbidden",
                 "the token does not grant this action on this stream".into(),
             ),
+            Denied::McpNotGranted => (
+                403,
+                "forbidden",
+                "the token does not grant the MCP endpoint (it needs the claim \
+                 {\"gateway\": {\"mcp\": true}})"
+                    .into(),
+            ),
+            Denied::McpWithoutKeys => (
+                403,
+                "mcp_needs_keys",
+                "the MCP endpoint needs a verified token, and this gateway has no JWT key \
+                 configured (anonymous patterns never open it)"
+                    .into(),
+            ),
         }
     }
 
-    /// The `WWW-Authenticate` value to send with the refusal (RFC 6750 §3).
+    /// The `WWW-Authenticate` value to send with the refusal (RFC 6750 §3); none where no
+    /// token could help.
     pub fn www_authenticate(&self) -> Option<&'static str> {
         Some(match self {
             Denied::Missing => CHALLENGE,
             Denied::Invalid(_) | Denied::Expired => CHALLENGE_INVALID,
-            Denied::Forbidden => CHALLENGE_SCOPE,
+            Denied::Forbidden | Denied::McpNotGranted => CHALLENGE_SCOPE,
+            Denied::McpWithoutKeys => return None,
         })
     }
 }
@@ -113,6 +136,9 @@ impl Invalid {
             Invalid::BadClaims => "malformed claims (sub or gateway grants)",
             Invalid::TooManyPatterns => "too many grant patterns",
             Invalid::PatternTooLong => "grant pattern too long",
+            Invalid::MissingSub => {
+                "the MCP endpoint needs a sub claim (its sessions are bound to the subject)"
+            }
         }
     }
 }

@@ -38,8 +38,9 @@
 //! - **Claims**: the signature is checked before any claim, so a forged token is always "bad
 //!   signature". `exp` is required, with no leeway (expired when now >= exp); `nbf` is honoured;
 //!   `iss` and `aud` are required and must match when configured (`aud` a string or an array).
-//!   Grants: `{"gateway": {"publish": [..], "subscribe": [..]}}`, at most [`PATTERNS_MAX`]
-//!   patterns of [`PATTERN_BYTES_MAX`] bytes per list.
+//!   Grants: `{"gateway": {"publish": [..], "subscribe": [..], "mcp": true}}`, at most [`PATTERNS_MAX`]
+//!   patterns of [`PATTERN_BYTES_MAX`] bytes per list; `mcp` (a boolean, default false) grants
+//!   the MCP endpoint, which no anonymous pattern opens.
 //! - **Cache**: each [`Auth`] maps the exact token text to its verified claims, so a token's
 //!   signature (the cost of RS256 / ES256) is checked once per core. Only valid tokens are
 //!   cached; an entry is never used at or after its `exp`; at most `--jwt-cache-entries-max`
@@ -58,6 +59,7 @@ mod cache;
 mod denied;
 mod keyfile;
 mod pattern;
+mod reload;
 mod source;
 mod token;
 mod verifier;
@@ -66,6 +68,7 @@ pub use alg::KeyAlg;
 pub use denied::{Denied, Invalid};
 pub use keyfile::{RSA_MODULUS_BITS_MIN, SECRET_BYTES_MIN};
 pub use pattern::{PATTERN_BYTES_MAX, PATTERNS_MAX, pattern_matches};
+pub use reload::Keys;
 pub use source::TOKEN_BYTES_MAX;
 pub use verifier::{
     AuthSettings, CACHE_ENTRIES_MAX_DEFAULT, KEYS_MAX, KeySpec, LoadError, Verifier,
@@ -92,26 +95,28 @@ pub struct Credentials<'a> {
     pub query: &'a str,
 }
 
-/// Who was let in: the token's `sub` and `exp`; both `None` for anonymous access.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Who was let in: the token's `iss`, `sub` and `exp` (all `None` for anonymous access), and
+/// whether it grants the MCP endpoint (`{"gateway": {"mcp": true}}`; never anonymously).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Access {
+    pub issuer: Option<String>,
     pub subject: Option<String>,
     pub expires_unix_secs: Option<u64>,
+    pub mcp: bool,
 }
 
 impl Access {
     /// Access without a token.
     pub fn anonymous() -> Access {
-        Access {
-            subject: None,
-            expires_unix_secs: None,
-        }
+        Access::default()
     }
 }
 
 /// One core's authenticator: the shared [`Verifier`] and this core's token cache.
 pub struct Auth {
     verifier: Arc<Verifier>,
+    /// Where a reloaded verifier comes from, and the generation this core has.
+    keys: Option<(Arc<Keys>, u64)>,
     cache: TokenCache,
     /// Tokens verified (not found in the cache), valid or not.
     verifications: u64,
@@ -122,8 +127,31 @@ impl Auth {
         let cache = TokenCache::new(v.cache_entries_max);
         Auth {
             verifier: v,
+            keys: None,
             cache,
             verifications: 0,
+        }
+    }
+
+    /// An authenticator that takes up every verifier `keys` is given later (SIGHUP), its
+    /// cache emptied then: a token of a key that was dropped is refused from then on.
+    pub fn following(keys: Arc<Keys>) -> Auth {
+        let (generation, v) = keys.current();
+        let mut a = Auth::new(v);
+        a.keys = Some((keys, generation));
+        a
+    }
+
+    /// Takes up a newer verifier, if `keys` has one (one atomic load when not).
+    fn refresh(&mut self) {
+        let Some((keys, seen)) = &mut self.keys else {
+            return;
+        };
+        if keys.generation() != *seen {
+            let (generation, v) = keys.current();
+            *seen = generation;
+            self.cache = TokenCache::new(v.cache_entries_max);
+            self.verifier = v;
         }
     }
 
@@ -158,6 +186,7 @@ impl Auth {
         stream: &str,
         now_unix_secs: u64,
     ) -> Result<Access, Denied> {
+        self.refresh();
         let anonymous_allows = self.verifier.anonymous.allows(action, stream);
         if !self.verifier.enabled() {
             return Ok(Access::anonymous());
@@ -182,11 +211,37 @@ impl Auth {
         c: &Credentials<'_>,
         now_unix_secs: u64,
     ) -> Result<Access, Denied> {
+        self.refresh();
         if !self.verifier.keys_configured() {
             return Ok(Access::anonymous());
         }
         let token = self.presented_token(c)?.ok_or(Denied::Missing)?;
         self.with_verified(token, now_unix_secs, Verified::access)
+    }
+
+    /// Access to the MCP endpoint. With no access control at all, everyone (the gateway is
+    /// on loopback or explicitly open). Otherwise only a verified token that names a `sub`
+    /// (sessions are bound to it) and grants `{"gateway": {"mcp": true}}`: anonymous patterns
+    /// never open it, so with patterns and no key it is closed.
+    pub fn authorize_mcp(
+        &mut self,
+        c: &Credentials<'_>,
+        now_unix_secs: u64,
+    ) -> Result<Access, Denied> {
+        if !self.verifier.enabled() {
+            return Ok(Access::anonymous());
+        }
+        if !self.verifier.keys_configured() {
+            return Err(Denied::McpWithoutKeys);
+        }
+        let access = self.authenticate(c, now_unix_secs)?;
+        if access.subject.is_none() {
+            return Err(Denied::Invalid(Invalid::MissingSub));
+        }
+        if !access.mcp {
+            return Err(Denied::McpNotGranted);
+        }
+        Ok(access)
     }
 
     /// The request's token, if any; never looked for when no key could verify it.

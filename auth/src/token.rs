@@ -16,7 +16,10 @@ use crate::{Access, Action};
 /// What a valid token says: who, until when, and what it grants.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Verified {
+    pub(crate) issuer: Option<String>,
     pub(crate) subject: Option<String>,
+    /// `{"gateway": {"mcp": true}}`: the MCP endpoint is granted.
+    pub(crate) mcp: bool,
     pub(crate) exp_unix_secs: u64,
     pub(crate) nbf_unix_secs: Option<u64>,
     pub(crate) grants: Grants,
@@ -35,8 +38,10 @@ impl Verified {
 
     pub(crate) fn access(&self) -> Access {
         Access {
+            issuer: self.issuer.clone(),
             subject: self.subject.clone(),
             expires_unix_secs: Some(self.exp_unix_secs),
+            mcp: self.mcp,
         }
     }
 }
@@ -46,16 +51,18 @@ impl Verified {
 struct Claims {
     exp: Option<serde_json::Value>,
     nbf: Option<serde_json::Value>,
+    iss: Option<String>,
     sub: Option<String>,
     gateway: Option<GatewayClaim>,
 }
 
-/// `{"gateway": {"publish": [patterns], "subscribe": [patterns]}}`; a missing list grants
-/// nothing.
+/// `{"gateway": {"publish": [patterns], "subscribe": [patterns], "mcp": true}}`; a missing
+/// list grants nothing, a missing `mcp` is false.
 #[derive(Deserialize)]
 struct GatewayClaim {
     publish: Option<Vec<String>>,
     subscribe: Option<Vec<String>>,
+    mcp: Option<bool>,
 }
 
 /// The part of the header read before any verification.
@@ -78,12 +85,13 @@ pub(crate) fn verify(v: &Verifier, token: &str, now_unix_secs: u64) -> Result<Ve
         Some(exp) => numeric_date(&exp)?,
     };
     let nbf = claims.nbf.as_ref().map(numeric_date).transpose()?;
-    let (publish, subscribe) = match claims.gateway {
+    let (publish, subscribe, mcp) = match claims.gateway {
         Some(g) => (
             g.publish.unwrap_or_default(),
             g.subscribe.unwrap_or_default(),
+            g.mcp.unwrap_or(false),
         ),
-        None => (Vec::new(), Vec::new()),
+        None => (Vec::new(), Vec::new(), false),
     };
     check_time(exp, nbf, now_unix_secs)?;
     for list in [&publish, &subscribe] {
@@ -95,7 +103,9 @@ pub(crate) fn verify(v: &Verifier, token: &str, now_unix_secs: u64) -> Result<Ve
         })?;
     }
     Ok(Verified {
+        issuer: claims.iss,
         subject: claims.sub,
+        mcp,
         exp_unix_secs: exp,
         nbf_unix_secs: nbf,
         grants: Grants::new(publish, subscribe),
@@ -222,7 +232,9 @@ mod tests {
     #[test]
     fn time_rules() {
         let v = Verified {
+            issuer: None,
             subject: None,
+            mcp: false,
             exp_unix_secs: 100,
             nbf_unix_secs: Some(50),
             grants: Grants::default(),

@@ -238,8 +238,10 @@ fn authenticate_ignores_grants() {
     assert_eq!(
         access,
         Access {
+            issuer: None,
             subject: Some("carol".into()),
-            expires_unix_secs: Some(EXP)
+            expires_unix_secs: Some(EXP),
+            mcp: false,
         }
     );
     assert_eq!(auth.authenticate(&NONE, NOW), Err(Denied::Missing));
@@ -249,4 +251,44 @@ fn authenticate_ignores_grants() {
         auth.authenticate(&header(&bad), NOW),
         Err(Denied::Invalid(Invalid::BadSignature))
     );
+}
+
+/// The MCP endpoint: a verified token with a `sub` and `{"gateway": {"mcp": true}}`; never
+/// anonymous patterns (with patterns and no key it is closed); open only with no access
+/// control at all.
+#[test]
+fn the_mcp_endpoint_needs_a_subject_and_its_grant() {
+    let (mut auth, _dir) = hs_auth(|s| s.anonymous_subscribe = vec!["*".into()]);
+    let granted =
+        serde_json::json!({ "sub": "dana", "iss": "idp", "exp": EXP, "gateway": { "mcp": true } });
+    let h = bearer(&sign_hs(SECRET_A, &granted));
+    let access = auth.authorize_mcp(&header(&h), NOW).unwrap();
+    assert_eq!(
+        (
+            access.issuer.as_deref(),
+            access.subject.as_deref(),
+            access.mcp
+        ),
+        (Some("idp"), Some("dana"), true)
+    );
+    let streams_only = claims("dana", EXP, &["*"], &["*"]);
+    let h = bearer(&sign_hs(SECRET_A, &streams_only));
+    assert_eq!(
+        auth.authorize_mcp(&header(&h), NOW),
+        Err(Denied::McpNotGranted)
+    );
+    let no_sub = serde_json::json!({ "exp": EXP, "gateway": { "mcp": true } });
+    let h = bearer(&sign_hs(SECRET_A, &no_sub));
+    let d = auth.authorize_mcp(&header(&h), NOW).unwrap_err();
+    assert_eq!(d, Denied::Invalid(Invalid::MissingSub));
+    assert_eq!(d.status().0, 401);
+    assert_eq!(auth.authorize_mcp(&NONE, NOW), Err(Denied::Missing));
+    let mut anonymous_only = auth_with(|s| s.anonymous_subscribe = vec!["*".into()]);
+    assert_eq!(
+        anonymous_only.authorize_mcp(&NONE, NOW),
+        Err(Denied::McpWithoutKeys)
+    );
+    assert_eq!(Denied::McpWithoutKeys.www_authenticate(), None);
+    let mut open = auth_with(|_| {});
+    assert_eq!(open.authorize_mcp(&NONE, NOW), Ok(Access::anonymous()));
 }

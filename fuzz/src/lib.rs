@@ -1,16 +1,19 @@
 //! Shared code of the fuzz targets: the gateway's pure protocol modules compiled in by
 //! `#[path]` (the gateway has a library target now, but linking it would build io_uring, TLS and
-//! the cluster client into every fuzz target: the three pure files are enough), and an
+//! the cluster client into every fuzz target: the four pure files are enough), and an
 //! independent minimal SSE parser used as the oracle for the framing targets. No I/O here.
 //!
-//! The included files are the gateway's own, unmodified: `http` (request head), `route`
-//! (router + batch bodies), `sse` (subscription head, `event: truncated`).
+//! The included files are the gateway's own, unmodified: `chunked` (chunked request bodies),
+//! `http` (request head), `route` (router + batch bodies), `sse` (subscription head,
+//! `event: truncated`).
 #![forbid(unsafe_code)]
 
 /// The gateway's `proto` modules, at the same paths as in the gateway (`route` names
 /// `crate::proto::http`). Inside an inline module of a mod-rs file, `#[path]` is relative
 /// to `src/proto/`.
 pub mod proto {
+    #[path = "../../../gateway/src/proto/chunked.rs"]
+    pub mod chunked;
     #[path = "../../../gateway/src/proto/http.rs"]
     pub mod http;
     #[path = "../../../gateway/src/proto/route.rs"]
@@ -18,7 +21,7 @@ pub mod proto {
     #[path = "../../../gateway/src/proto/sse.rs"]
     pub mod sse;
 }
-pub use proto::{http, route, sse};
+pub use proto::{chunked, http, route, sse};
 
 /// One dispatched SSE event as a WHATWG `EventSource` would see it.
 #[derive(Debug, Clone, PartialEq, Eq)]

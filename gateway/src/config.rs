@@ -87,6 +87,12 @@ pub struct Config {
     #[arg(long, default_value_t = 10)]
     pub header_timeout_secs: u64,
 
+    /// Seconds a client has to send the whole body of an API request (publish, batch) once its
+    /// head is complete, however it trickles it in; past it: 408 and the connection closes.
+    /// (`/mcp` bodies keep the header timeout.)
+    #[arg(long, default_value_t = 30)]
+    pub body_timeout_secs: u64,
+
     /// Seconds a disconnected subscriber's unconfirmed send window is kept for an aligned resume.
     #[arg(long, default_value_t = 30)]
     pub resume_grace_secs: u64,
@@ -145,6 +151,15 @@ pub struct Config {
     #[arg(long, default_value = "127.0.0.1:9090")]
     pub admin_listen: SocketAddr,
 
+    /// Admin connections served at once (a thread each); above it a new one is closed at once.
+    #[arg(long, default_value_t = 64)]
+    pub admin_connections_max: usize,
+
+    /// Seconds an admin client has, in total, to send its request head and take the answer,
+    /// however it trickles its bytes; past it the connection is closed.
+    #[arg(long, default_value_t = 5)]
+    pub admin_timeout_secs: u64,
+
     /// Allow a `--listen` address other than loopback with no authentication configured (no
     /// JWT key and no anonymous pattern). Without it such a start is refused.
     #[arg(long)]
@@ -202,6 +217,12 @@ pub struct Config {
     #[arg(long, default_value_t = 100_000)]
     pub idempotency_keys_max: usize,
 
+    /// Streams one subject's publishes may create (a token's issuer and `sub`; anonymous
+    /// requests and tokens without `sub` count as one subject per source address) before a
+    /// create is refused with 429 `subject_quota`. 0 = a tenth of --streams-max.
+    #[arg(long, default_value_t = 0)]
+    pub streams_per_subject_max: u64,
+
     /// Seconds a stream with no retained events and no subscribers is kept before it is
     /// removed (its name is free again; its old IDs are refused as another stream's). 0 = never.
     #[arg(long, default_value_t = 3600)]
@@ -249,6 +270,18 @@ pub struct LogArgs {
     /// `timestamp`, `level`, `target`, `message` and the event's fields).
     #[arg(long, value_enum, default_value_t = crate::logging::LogFormat::Text)]
     pub log_format: crate::logging::LogFormat,
+
+    /// One line per request (target `access`, message `request`; a subscription's when it
+    /// ends), in `--log-format`, written by a thread of its own: request ID, method, route
+    /// class, status, bytes in and out, duration, resume class, peer, subject fingerprint.
+    /// Independent of `--log-level`.
+    #[arg(long, value_enum, default_value_t = crate::access_log::Switch::On)]
+    pub access_log: crate::access_log::Switch,
+
+    /// Access-log lines queued for the writer thread; beyond it lines are dropped (counted in
+    /// `gateway_access_log_dropped_total`), never waited for.
+    #[arg(long, default_value_t = 65_536)]
+    pub access_log_queue_lines_max: usize,
 }
 
 /// Authentication flags (the `auth` crate verifies; `log-store`-style units in names).
@@ -308,6 +341,11 @@ impl AuthArgs {
         }
     }
 
+    /// Whether a JWT key is configured (real authentication, unlike anonymous patterns).
+    pub fn keys_configured(&self) -> bool {
+        !(self.jwt_hs256_secret_files.is_empty() && self.jwt_public_key_files.is_empty())
+    }
+
     /// Whether any access control is configured.
     pub fn configured(&self) -> bool {
         !(self.jwt_hs256_secret_files.is_empty()
@@ -332,6 +370,9 @@ pub enum ConfigError {
     Mcp(String),
     /// A non-loopback `--listen` with no authentication and no `--insecure-no-auth`.
     ExposedWithoutAuth(SocketAddr),
+    /// A non-loopback `--listen` with the MCP front on, no JWT key (anonymous patterns never
+    /// open `/mcp`) and no `--insecure-no-auth`.
+    McpExposedWithoutKeys(SocketAddr),
     /// A `--cors-allow-origin` that is not `scheme://host[:port]`.
     BadOrigin(String),
     /// `--request-buffer-bytes-max` below the largest body one request may have.
@@ -361,10 +402,18 @@ impl std::fmt::Display for ConfigError {
                  --jwt-hs256-secret-file / --jwt-public-key-file (or --anonymous-subscribe / \
                  --anonymous-publish patterns), or --insecure-no-auth to expose it open"
             ),
+            ConfigError::McpExposedWithoutKeys(a) => write!(
+                f,
+                "--listen {a} is not loopback and the MCP front is on with no JWT key: give \
+                 --jwt-hs256-secret-file / --jwt-public-key-file (tokens then need \
+                 {{\"gateway\": {{\"mcp\": true}}}}; anonymous patterns never open the MCP \
+                 endpoint), or --insecure-no-auth to expose it open"
+            ),
             ConfigError::RequestBufferBelowBody(b) => write!(
                 f,
                 "--request-buffer-bytes-max must be at least the largest request body \
-                 (--batch-bytes-max / --mcp-body-bytes-max): {b}"
+                 (--batch-bytes-max plus 2 × --header-bytes-max for a chunked body's head and \
+                 framing, or --mcp-body-bytes-max): {b}"
             ),
             ConfigError::BadOrigin(o) => write!(
                 f,
@@ -375,6 +424,9 @@ impl std::fmt::Display for ConfigError {
     }
 }
 
+/// The largest `--admin-timeout-secs`.
+const ADMIN_TIMEOUT_SECS_MAX: u64 = 86_400;
+
 impl Config {
     /// Checks flag values that clap's types cannot express.
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -383,6 +435,40 @@ impl Config {
         }
         self.mcp.validate().map_err(ConfigError::Mcp)?;
         self.cluster.validate().map_err(ConfigError::Cluster)?;
+        self.validate_nonzero()?;
+        if self.send_bytes_max < self.event_bytes_max {
+            return Err(ConfigError::SendBytesBelowEvent);
+        }
+        let body_max = self.body_buffer_bytes_min();
+        if self.request_buffer_bytes_max < body_max {
+            return Err(ConfigError::RequestBufferBelowBody(body_max));
+        }
+        let exposed = !self.listen.ip().is_loopback() && !self.insecure_no_auth;
+        if exposed && !self.auth.configured() {
+            return Err(ConfigError::ExposedWithoutAuth(self.listen));
+        }
+        if exposed && self.mcp.enabled() && !self.auth.keys_configured() {
+            return Err(ConfigError::McpExposedWithoutKeys(self.listen));
+        }
+        if let Some(o) = self.cors_allow_origins.iter().find(|o| !valid_origin(o)) {
+            return Err(ConfigError::BadOrigin(o.clone()));
+        }
+        // One core holds at most this many connections in its slot table (the slot number is
+        // 24 bits of every io_uring user_data).
+        let slots_max = crate::uring::SLOTS_MAX as u64 - 1;
+        if self.connections_max as u64 > slots_max {
+            return Err(ConfigError::TooLarge("--connections-max", slots_max));
+        }
+        // An admin deadline is a point in time: keep it representable (a day is plenty).
+        if self.admin_timeout_secs > ADMIN_TIMEOUT_SECS_MAX {
+            let max = ADMIN_TIMEOUT_SECS_MAX;
+            return Err(ConfigError::TooLarge("--admin-timeout-secs", max));
+        }
+        Ok(())
+    }
+
+    /// Limits for which 0 makes no sense.
+    fn validate_nonzero(&self) -> Result<(), ConfigError> {
         for (v, name) in [
             (self.connections_max as u64, "--connections-max"),
             (self.header_bytes_max as u64, "--header-bytes-max"),
@@ -391,6 +477,9 @@ impl Config {
             (self.batch_bytes_max as u64, "--batch-bytes-max"),
             (self.idle_timeout_secs, "--idle-timeout-secs"),
             (self.header_timeout_secs, "--header-timeout-secs"),
+            (self.body_timeout_secs, "--body-timeout-secs"),
+            (self.admin_connections_max as u64, "--admin-connections-max"),
+            (self.admin_timeout_secs, "--admin-timeout-secs"),
             (self.keepalive_secs, "--keepalive-secs"),
             (self.lag_events_max, "--lag-events-max"),
             (self.send_bytes_max as u64, "--send-bytes-max"),
@@ -419,31 +508,29 @@ impl Config {
                 return Err(ConfigError::Zero(name));
             }
         }
-        if self.send_bytes_max < self.event_bytes_max {
-            return Err(ConfigError::SendBytesBelowEvent);
+        Ok(())
+    }
+
+    /// `--streams-per-subject-max`, where 0 is a tenth of `--streams-max` (at least 1).
+    pub fn streams_per_subject_max(&self) -> u64 {
+        match self.streams_per_subject_max {
+            0 => (self.streams_max / 10).max(1),
+            n => n,
         }
+    }
+
+    /// The least `--request-buffer-bytes-max` that admits every body one request may have.
+    /// A chunked API body's buffer holds its head, the body and one line of framing
+    /// (`proto::conn::chunked_body`): head and line are bounded by `--header-bytes-max`.
+    fn body_buffer_bytes_min(&self) -> u64 {
         let mcp_body = if self.mcp.enabled() {
             self.mcp.mcp_body_bytes_max
         } else {
             0
         };
-        let body_max = self.batch_bytes_max.max(self.event_bytes_max).max(mcp_body) as u64;
-        if self.request_buffer_bytes_max < body_max {
-            return Err(ConfigError::RequestBufferBelowBody(body_max));
-        }
-        if !self.listen.ip().is_loopback() && !self.auth.configured() && !self.insecure_no_auth {
-            return Err(ConfigError::ExposedWithoutAuth(self.listen));
-        }
-        if let Some(o) = self.cors_allow_origins.iter().find(|o| !valid_origin(o)) {
-            return Err(ConfigError::BadOrigin(o.clone()));
-        }
-        // One core holds at most this many connections in its slot table (the slot number is
-        // 24 bits of every io_uring user_data).
-        let slots_max = crate::uring::SLOTS_MAX as u64 - 1;
-        if self.connections_max as u64 > slots_max {
-            return Err(ConfigError::TooLarge("--connections-max", slots_max));
-        }
-        Ok(())
+        let framing = self.header_bytes_max.saturating_mul(2);
+        let api_body = (self.batch_bytes_max.max(self.event_bytes_max)).saturating_add(framing);
+        api_body.max(mcp_body) as u64
     }
 
     /// The fsync policy as the log store takes it.
@@ -495,6 +582,21 @@ mod tests {
         );
         let c = Config::parse_from(["gateway", "--connections-max", "16777215"]);
         assert_eq!(c.validate(), Ok(()));
+        let c = Config::parse_from(["gateway", "--admin-timeout-secs", "86401"]);
+        let too_long = ConfigError::TooLarge("--admin-timeout-secs", 86_400);
+        assert_eq!(c.validate(), Err(too_long));
+        for zero in [
+            "--body-timeout-secs",
+            "--admin-timeout-secs",
+            "--admin-connections-max",
+        ] {
+            let c = Config::parse_from(["gateway", zero, "0"]);
+            assert_eq!(c.validate(), Err(ConfigError::Zero(zero)));
+        }
+        // A chunked body's head and framing must fit the body budget too.
+        let c = Config::parse_from(["gateway", "--request-buffer-bytes-max", "4194304"]);
+        let need = 4 * 1024 * 1024 + 2 * 8192;
+        assert_eq!(c.validate(), Err(ConfigError::RequestBufferBelowBody(need)));
     }
 
     #[test]

@@ -36,6 +36,8 @@ pub fn group_of(long: &str) -> &'static str {
     const LISTENER: &[&str] = &[
         "listen",
         "admin-listen",
+        "admin-connections-max",
+        "admin-timeout-secs",
         "cores",
         "listen-cores-max",
         "insecure-no-auth",

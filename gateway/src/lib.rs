@@ -15,6 +15,7 @@
 //! - `metrics`: per-core counters and the Prometheus rendering.
 //! - `sys`: the few direct syscalls.
 
+pub mod access_log;
 pub mod admin;
 pub mod clustering;
 pub mod config;

@@ -75,7 +75,8 @@ pub fn filter(level: LogLevel, env: Option<&str>) -> Result<EnvFilter, String> {
 
 /// Installs the process's subscriber (once; later calls are ignored, as in tests that start
 /// several gateways in one process). Also routes `log` records (rustls) into it.
-pub fn init(level: LogLevel, format: LogFormat) -> Result<(), String> {
+pub fn init(log: &crate::config::LogArgs) -> Result<(), String> {
+    let (level, format) = (log.log_level, log.log_format);
     let env = std::env::var(DIRECTIVES_ENV).ok();
     let filter = filter(level, env.as_deref())?;
     let builder = tracing_subscriber::fmt()

@@ -9,10 +9,12 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 
+use gateway::mcp::identity::SessionKey;
 use gateway::streams::catalog::StreamQuota;
+use gateway::streams::subjects::SubjectQuota;
 use gateway::{
-    admin, clustering, config, config_file, core, logging, metrics, notify, probe, proto, shards,
-    sys, tls,
+    access_log, admin, clustering, config, config_file, core, logging, metrics, notify, probe,
+    proto, shards, sys, tls,
 };
 
 #[global_allocator]
@@ -41,7 +43,7 @@ fn main() {
         check_config(&loaded);
     }
     let cfg = loaded.cfg;
-    if let Err(e) = logging::init(cfg.log.log_level, cfg.log.log_format) {
+    if let Err(e) = logging::init(&cfg.log) {
         eprintln!("gateway: {e}");
         std::process::exit(2);
     }
@@ -102,19 +104,16 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
     let quota = StreamQuota::new(cfg.streams_max, all_logs);
     raise_fd_limit(&cfg, shard_count);
     let (listeners, addr) = bind_listeners(&cfg, cores)?;
-    let admin_listener = std::net::TcpListener::bind(cfg.admin_listen)
-        .map_err(|e| format!("bind --admin-listen {}: {e}", cfg.admin_listen))?;
-    let admin_addr = admin_listener.local_addr().map_err(|e| e.to_string())?;
-    let verifier = auth::Verifier::load(&cfg.auth.settings()).map_err(|e| e.to_string())?;
-    let certs = match (&cfg.tls_cert_file, &cfg.tls_key_file) {
-        (Some(c), Some(k)) => Some(tls::Certs::load(c, k)?),
-        _ => None,
-    };
+    let (admin_listener, admin_addr) = bind_admin(cfg.admin_listen)?;
+    let (verifier, certs, mcp_key) = load_keys(&cfg)?;
+    let verifier = Arc::new(verifier);
     let (cluster, inboxes) = match clustered {
         Some(c) => (Some(c.cluster), c.inboxes.into_iter().map(Some).collect()),
         None => (None, (0..cores).map(|_| None).collect::<Vec<_>>()),
     };
+    let (access_log, access_writer) = access_log::start(&cfg.log)?;
     let shared = Arc::new(core::Shared {
+        access_log,
         cluster: cluster.clone(),
         cfg: cfg.clone(),
         cores,
@@ -128,10 +127,13 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
         shutdown: AtomicBool::new(false),
         epochs,
         uring_cmd: features.uring_cmd,
-        verifier: Arc::new(verifier),
+        keys: Arc::new(auth::Keys::new(verifier.clone())),
+        verifier,
         certs,
         origins: cfg.cors_allow_origins.clone().into(),
         quota,
+        subjects: SubjectQuota::new(cfg.streams_per_subject_max()),
+        mcp_key,
         per_ip: std::sync::Mutex::new(std::collections::HashMap::new()),
         body_budget: Arc::new(proto::conn::BodyBudget::new(cfg.request_buffer_bytes_max)),
         ktls_refused: std::sync::atomic::AtomicU8::new(0),
@@ -150,7 +152,34 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
     tracing::info!(signal = sig, "shutting down");
     notify::notify(notifier.as_deref(), "STOPPING=1");
     stop_cores(&shared, threads);
+    access_log::stop(access_writer);
     Ok(())
+}
+
+/// The admin listener (`--admin-listen`) and its address.
+fn bind_admin(
+    at: std::net::SocketAddr,
+) -> Result<(std::net::TcpListener, std::net::SocketAddr), String> {
+    let listener =
+        std::net::TcpListener::bind(at).map_err(|e| format!("bind --admin-listen {at}: {e}"))?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    Ok((listener, addr))
+}
+
+/// The JWT keys, the TLS certificate and key, and the MCP session key (made at the first
+/// start with the MCP front).
+type Keys = (auth::Verifier, Option<tls::Certs>, Option<SessionKey>);
+
+fn load_keys(cfg: &config::Config) -> Result<Keys, String> {
+    let verifier = auth::Verifier::load(&cfg.auth.settings()).map_err(|e| e.to_string())?;
+    let certs = match (&cfg.tls_cert_file, &cfg.tls_key_file) {
+        (Some(c), Some(k)) => Some(tls::Certs::load(c, k)?),
+        _ => None,
+    };
+    let mcp_key = (cfg.mcp.enabled())
+        .then(|| SessionKey::load_or_create(&cfg.data_dir))
+        .transpose()?;
+    Ok((verifier, certs, mcp_key))
 }
 
 /// The start line: what this process is and how it is configured (no secret: NATS URLs lose
@@ -201,7 +230,11 @@ fn log_stop(shared: &core::Shared, started: std::time::Instant) {
     };
     tracing::info!(
         stop_ms = started.elapsed().as_millis() as u64,
-        requests = sum(|m| &m.requests_total),
+        requests = shared
+            .metrics
+            .iter()
+            .map(|m| m.requests_answered())
+            .sum::<u64>(),
         events_appended = sum(|m| &m.events_appended_total),
         events_sent = sum(|m| &m.events_sent_total),
         connections_accepted = sum(|m| &m.accepted_total),
@@ -307,6 +340,7 @@ fn announce(
     metrics::set_limits(vec![
         ("connections_max", cfg.connections_max as u64),
         ("streams_max", cfg.streams_max),
+        ("streams_per_subject_max", cfg.streams_per_subject_max()),
         ("request_buffer_bytes_max", cfg.request_buffer_bytes_max),
         ("mcp_sessions_max", cfg.mcp.mcp_sessions_max as u64),
     ]);
@@ -372,8 +406,18 @@ fn wait_for_stop(
     }
 }
 
-/// SIGHUP: the TLS certificate and key are read again.
+/// SIGHUP: the JWT key files and the TLS certificate and key are read again; a file that no
+/// longer loads keeps what was loaded before (and says so). Connections stay up.
 fn reload(shared: &core::Shared) {
+    if shared.verifier.keys_configured() {
+        match auth::Verifier::load(&shared.cfg.auth.settings()) {
+            Ok(v) => {
+                shared.keys.replace(Arc::new(v));
+                tracing::info!("SIGHUP: JWT keys reloaded");
+            }
+            Err(e) => tracing::error!("SIGHUP: JWT key reload failed, keeping the old keys: {e}"),
+        }
+    }
     match &shared.certs {
         Some(c) => match c.reload() {
             Ok(()) => tracing::info!("SIGHUP: TLS certificate and key reloaded"),

@@ -466,3 +466,44 @@ fn token_from_the_named_cookie() {
     let s = Sse::open(g.addr, &format!("/v1/streams/c?access_token={tok}"), None);
     assert_eq!(s.status, 401);
 }
+
+/// `--streams-per-subject-max`: each subject's publishes create at most that many streams
+/// (429 `subject_quota` beyond, counted); publishing to a stream that exists is free, a
+/// removal gives the place back, another subject has its own places, and anonymous requests
+/// count as one subject per source address.
+#[test]
+fn each_subject_creates_a_bounded_number_of_streams() {
+    let dir = tempfile::tempdir().unwrap();
+    let extra = [
+        "--streams-per-subject-max",
+        "3",
+        "--anonymous-publish",
+        "anon-*",
+    ];
+    let g = start(&dir, &extra);
+    let exp = now() + 600;
+    let alice = token(&json!({"sub": "alice", "exp": exp, "gateway": {"publish": ["m-*"]}}));
+    let bob = token(&json!({"sub": "bob", "exp": exp, "gateway": {"publish": ["m-*"]}}));
+    for i in 0..3 {
+        assert_eq!(publish_as(&g, &format!("m-a{i}"), Some(&alice), "x").0, 201);
+    }
+    let (st, _, v) = publish_as(&g, "m-a3", Some(&alice), "x");
+    assert_eq!((st, v["error"].as_str()), (429, Some("subject_quota")));
+    assert_eq!(publish_as(&g, "m-a0", Some(&alice), "again").0, 201);
+    assert_eq!(publish_as(&g, "m-b0", Some(&bob), "x").0, 201);
+    for i in 0..3 {
+        assert_eq!(publish_as(&g, &format!("anon-{i}"), None, "x").0, 201);
+    }
+    assert_eq!(publish_as(&g, "anon-3", None, "x").0, 429);
+    let h = format!("Bearer {alice}");
+    let auth = [("Authorization", h.as_str())];
+    assert_eq!(
+        request(g.addr, "DELETE", "/v1/streams/m-a0", &auth, b"").0,
+        200
+    );
+    assert_eq!(publish_as(&g, "m-a3", Some(&alice), "x").0, 201);
+    assert_eq!(
+        g.metric("gateway_refusals_total", "reason=\"subject_quota\""),
+        2
+    );
+}

@@ -224,22 +224,6 @@ fn publish_pipelined_before_a_subscribe_is_on_the_right_side_of_the_seam() {
     }
 }
 
-/// Names of streams owned by core 0 and by core 1 of a 2-core gateway with the default 8
-/// shards (the gateway's documented FNV-1a 64 → shard → `shard % cores`).
-fn stream_on_core(core: u64, tag: &str) -> String {
-    (0..1000)
-        .map(|i| format!("{tag}{i}"))
-        .find(|n| {
-            let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-            for b in n.bytes() {
-                h ^= u64::from(b);
-                h = h.wrapping_mul(0x0100_0000_01b3);
-            }
-            (h % 8) % 2 == core
-        })
-        .unwrap()
-}
-
 /// A request for a stream owned by another core arrives in pieces (head split mid-line, body
 /// in two parts), with two more requests pipelined behind it in the last piece: one for a
 /// stream of the accepting core, one for /healthz. The connection is handed over with every

@@ -85,7 +85,17 @@ fn stream_creation_flood_past_streams_max_keeps_rss_flat() {
     const MAX: usize = 1000;
     const ATTEMPTS: usize = 100_000;
     const PIPELINE: usize = 500;
-    let g = Gateway::start(&["--cores", "1", "--fsync", "never", "--streams-max", "1000"]);
+    // One client: its own quota (--streams-per-subject-max) would stop it first.
+    let g = Gateway::start(&[
+        "--cores",
+        "1",
+        "--fsync",
+        "never",
+        "--streams-max",
+        "1000",
+        "--streams-per-subject-max",
+        "100000",
+    ]);
     let s = connect(g.addr);
     let mut r = std::io::BufReader::new(s.try_clone().unwrap());
     let mut w = s;
@@ -170,12 +180,26 @@ fn delete_closes_subscribers() {
 }
 
 /// A stream with no retained event and no subscriber is removed after
-/// `--stream-idle-expire-secs`; one with events stays.
+/// `--stream-idle-expire-secs`; one with events stays. (A subscribe creates nothing, so the
+/// idle stream is one whose events retention deleted.)
 #[test]
 fn idle_streams_expire() {
-    let g = Gateway::start(&["--cores", "1", "--stream-idle-expire-secs", "1"]);
-    publish(g.addr, "busy", "kept");
-    drop(common::Sse::open(g.addr, "/v1/streams/idle", None)); // creates it, then leaves
+    let mut args = vec![
+        "--cores",
+        "1",
+        "--shards-on-create",
+        "1",
+        "--fsync",
+        "never",
+    ];
+    args.extend(common::SMALL_RETENTION);
+    args.extend(["--stream-idle-expire-secs", "1"]);
+    let g = Gateway::start(&args);
+    publish(g.addr, "idle", "deleted by retention");
+    let filler = vec!["x".repeat(1000); 50];
+    for _ in 0..6 {
+        common::publish_batch(g.addr, "busy", &filler); // 300 KB: idle's segment goes
+    }
     let deadline = Instant::now() + Duration::from_secs(15);
     while g.metric("gateway_streams_removed_total", "reason=\"expired\"") < 1 {
         assert!(Instant::now() < deadline, "the idle stream never expired");
@@ -187,8 +211,64 @@ fn idle_streams_expire() {
         1,
         "only the stream with events remains"
     );
-    let mut s = common::Sse::open(g.addr, "/v1/streams/busy?from=earliest", None);
-    assert_eq!(s.next_event().unwrap().data, "kept");
+    let s = common::Sse::open(g.addr, "/v1/streams/busy?from=earliest", None);
+    assert_eq!(s.status, 200);
+}
+
+/// Subscribes create nothing: subscribers of streams that do not exist take no place under
+/// `--streams-max` and wait, unborn, for the first publish; a refused subscribe (a malformed
+/// `Last-Event-ID`, another epoch's ID) creates nothing either.
+#[test]
+fn subscribes_and_refusals_create_no_stream() {
+    let limits = ["--streams-max", "2", "--streams-per-subject-max", "3"];
+    let g = Gateway::start(&[&["--cores", "1", "--fsync", "never"][..], &limits].concat());
+    let mut waiting: Vec<_> = (0..20)
+        .map(|i| common::Sse::open(g.addr, &format!("/v1/streams/m-{i}"), None))
+        .collect();
+    assert!(waiting.iter().all(|s| s.status == 200));
+    let s = common::Sse::open(g.addr, "/v1/streams/refused-1", Some("garbage"));
+    assert_eq!(
+        (s.status, error_code(&s.body)),
+        (400, "bad_last_event_id".into())
+    );
+    let a = publish(g.addr, "m-3", "first"); // the first place
+    let epoch = a.split('-').next().unwrap();
+    let flipped = format!(
+        "{:016x}-{}",
+        u64::from_str_radix(epoch, 16).unwrap() ^ 1,
+        a.split_once('-').unwrap().1
+    );
+    let s = common::Sse::open(g.addr, "/v1/streams/refused-2", Some(&flipped));
+    assert_eq!((s.status, error_code(&s.body)), (400, "wrong_epoch".into()));
+    let e = waiting[3]
+        .next_event()
+        .expect("the unborn subscriber gets the first event");
+    assert_eq!(
+        (e.id.as_deref(), e.data.as_str()),
+        (Some(a.as_str()), "first")
+    );
+    // One place is left: neither the subscribes nor the refusals took any.
+    publish(g.addr, "m-4", "second");
+    let e = waiting[4].next_event().unwrap();
+    assert_eq!(e.data, "second");
+    let (st, _, body) = request(g.addr, "POST", "/v1/streams/m-5/events", &[], b"x");
+    assert_eq!((st, error_code(&body)), (507, "streams_exhausted".into()));
+    assert_eq!(
+        request(g.addr, "DELETE", "/v1/streams/refused-1", &[], b"").0,
+        404
+    );
+    assert_eq!(
+        request(g.addr, "DELETE", "/v1/streams/refused-2", &[], b"").0,
+        404
+    );
+}
+
+/// The JSON `error` code of an answer's body.
+fn error_code(body: &[u8]) -> String {
+    common::json(body)["error"]
+        .as_str()
+        .unwrap_or("")
+        .to_owned()
 }
 
 /// `--connections-per-ip-max`: past it a connection gets 503 and is closed; others serve.

@@ -419,6 +419,21 @@ fn explicit_answers_for_what_a_cluster_cannot_do_now() {
     assert_eq!(status, 503, "{body}");
     assert!(head.contains("Retry-After: 1"), "{head}");
     assert!(body.contains("catching_up"), "{body}");
+    // --streams-per-subject-max counts the creations published through this node: one new
+    // stream (its 201 comes once it is applied here), then 429 subject_quota; publishing to
+    // the stream that exists stays free.
+    let mut args = gateway_args(&s.nats.urls(), &[]);
+    args.extend(["--streams-per-subject-max".into(), "1".into()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let quota = Gateway::start_in(&s.dir.path().join("quota"), &args);
+    post(quota.addr, "cl-quota-1", "x").expect("the subject's one new stream");
+    post(quota.addr, "cl-quota-1", "y").expect("a stream that exists is free");
+    let req = "POST /v1/streams/cl-quota-2/events HTTP/1.1\r\nHost: t\r\nContent-Length: 1\r\n\
+               Connection: close\r\n\r\nx";
+    let (status, _, body) = exchange(quota.addr, req);
+    assert_eq!(status, 429, "{body}");
+    assert!(body.contains("subject_quota"), "{body}");
+    drop(quota);
     // Without a JetStream quorum a publish is answered 503 publish_unconfirmed once its
     // timeout passes, not left hanging and not claimed.
     let dir = s.dir.path().join("short");

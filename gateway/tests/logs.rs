@@ -238,3 +238,155 @@ fn systemd_notifications_follow_the_lifecycle() {
     }
     assert!(child.wait().unwrap().success());
 }
+
+/// The access lines of a JSON run (target `access`).
+fn access_lines(g: &mut Gateway) -> Vec<Value> {
+    g.stderr_lines()
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|l| l["target"] == "access")
+        .collect()
+}
+
+fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    headers
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case(name))
+        .map(|(_, v)| v.as_str())
+}
+
+/// One access line per request, with the fields an operator searches by: the client's sane
+/// `X-Request-Id` kept and echoed (a bad one replaced), route class and status, bytes and
+/// duration, the peer, and a fingerprint of the subject instead of the subject.
+#[test]
+fn every_request_gets_an_access_line_with_its_request_id() {
+    let dir = tempfile::tempdir().unwrap();
+    // `warn` hides info lines, not the access log's.
+    let mut g = start(&dir, &["--log-format", "json", "--log-level", "warn"]);
+    let auth = format!("Bearer {}", token("alice"));
+    let publish = |rid: &str| {
+        request(
+            g.addr,
+            "POST",
+            "/v1/streams/acc/events",
+            &[("Authorization", auth.as_str()), ("X-Request-Id", rid)],
+            b"hello",
+        )
+    };
+    let (status, headers, _) = publish("client-req-42");
+    assert_eq!(status, 201);
+    assert_eq!(header(&headers, "x-request-id"), Some("client-req-42"));
+    let (status, headers, _) = publish("not sane\"id");
+    assert_eq!(status, 201);
+    let generated = header(&headers, "x-request-id").unwrap().to_string();
+    assert_eq!(generated.len(), 16, "{generated}");
+    let (status, headers, _) = request(g.addr, "GET", "/nowhere", &[], b"");
+    assert_eq!(status, 404);
+    assert!(header(&headers, "x-request-id").is_some());
+    let publishes = g.metric("gateway_requests_total", "route=\"publish\",status=\"2xx\"");
+    let not_found = g.metric("gateway_requests_total", "route=\"other\",status=\"4xx\"");
+    assert_eq!((publishes, not_found), (2, 1));
+    assert!(g.stop());
+    let lines = access_lines(&mut g);
+    assert_eq!(lines.len(), 3, "{lines:#?}");
+    let first = &lines[0];
+    assert_eq!(first["request_id"], "client-req-42", "{first}");
+    assert_eq!(first["method"], "POST");
+    assert_eq!(first["route"], "publish");
+    assert_eq!(first["status"], 201);
+    assert_eq!(first["peer"], "127.0.0.1");
+    assert!(first["bytes_in"].as_u64() > Some(5), "{first}");
+    assert!(first["bytes_out"].as_u64() > Some(0), "{first}");
+    assert!(first["duration_us"].is_u64(), "{first}");
+    let subject = first["subject"].as_str().unwrap();
+    assert_eq!(subject.len(), 16, "{first}");
+    assert_ne!(subject, "alice");
+    assert_eq!(lines[1]["request_id"], generated.as_str());
+    assert_eq!(lines[2]["route"], "other");
+    assert_eq!(lines[2]["status"], 404);
+    assert_eq!(lines[2]["subject"], "-");
+    for l in &lines {
+        assert!(
+            !l.to_string().contains("alice"),
+            "the subject in a line: {l}"
+        );
+    }
+}
+
+/// A subscription's line is written when it ends, with the bytes it sent and the resume class.
+#[test]
+fn a_subscription_is_logged_when_it_ends_with_its_resume_class() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut g = start(&dir, &["--log-format", "json"]);
+    let auth = format!("Bearer {}", token("bob"));
+    let post = || {
+        let (status, _, body) = request(
+            g.addr,
+            "POST",
+            "/v1/streams/sub/events",
+            &[("Authorization", auth.as_str())],
+            b"event-data",
+        );
+        assert_eq!(status, 201);
+        common::json(&body)["id"].as_str().unwrap().to_string()
+    };
+    let first = post();
+    post();
+    let mut sse = common::Sse::open_with(
+        g.addr,
+        "/v1/streams/sub",
+        Some(&first),
+        &[
+            ("Authorization", auth.as_str()),
+            ("X-Request-Id", "resume-1"),
+        ],
+    );
+    assert_eq!(sse.status, 200);
+    assert_eq!(sse.header("x-request-id"), Some("resume-1"));
+    assert!(sse.next_event().is_some());
+    let read = sse.bytes_read as u64;
+    // Open: no line yet.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(
+        !access_lines(&mut g)
+            .iter()
+            .any(|l| l["route"] == "subscribe")
+    );
+    drop(sse);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let line = loop {
+        if let Some(l) = access_lines(&mut g)
+            .into_iter()
+            .find(|l| l["route"] == "subscribe")
+        {
+            break l;
+        }
+        assert!(std::time::Instant::now() < deadline, "no subscribe line");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert_eq!(line["request_id"], "resume-1", "{line}");
+    assert_eq!(line["status"], 200, "{line}");
+    assert_eq!(line["resume"], "replay", "{line}");
+    assert!(
+        line["bytes_out"].as_u64() >= Some(read),
+        "{line} read {read}"
+    );
+    assert!(line["first_event_us"].as_u64() > Some(0), "{line}");
+    let timed = g.metric(
+        "gateway_resume_first_event_seconds_count",
+        "class=\"replay\"",
+    );
+    assert_eq!(timed, 1);
+    assert!(g.stop());
+}
+
+#[test]
+fn the_access_log_can_be_turned_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut g = start(&dir, &["--log-format", "json", "--access-log", "off"]);
+    let (status, _, _) = request(g.addr, "GET", "/healthz", &[], b"");
+    assert_eq!(status, 200);
+    assert_eq!(g.metric("gateway_requests_total", "route=\"healthz\""), 1);
+    assert!(g.stop());
+    assert_eq!(access_lines(&mut g), Vec::<Value>::new());
+}

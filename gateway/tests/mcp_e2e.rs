@@ -477,17 +477,44 @@ fn metrics_never_show_an_mcp_session_id() {
 
 const JWT_SECRET: &[u8] = b"an hs256 secret of at least thirty-two bytes, for the MCP e2e tests";
 
-/// `Authorization: Bearer <token for sub>`, HS256, valid for 10 minutes, no stream grants.
+/// `Authorization: Bearer <token for sub>`, HS256, valid for 10 minutes, granting the MCP
+/// endpoint and no stream.
 fn bearer(sub: &str) -> String {
+    bearer_of(serde_json::json!({ "sub": sub, "gateway": { "mcp": true } }))
+}
+
+/// `Authorization: Bearer <token>` with `claims` and an `exp` 10 minutes away, HS256.
+fn bearer_of(mut claims: serde_json::Value) -> String {
     let exp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs()
         + 600;
+    claims["exp"] = exp.into();
     let key = jsonwebtoken::EncodingKey::from_secret(JWT_SECRET).unwrap();
-    let claims = serde_json::json!({ "sub": sub, "exp": exp });
     let tok = jsonwebtoken::encode(&jsonwebtoken::Header::default(), &claims, &key).unwrap();
     format!("Bearer {tok}")
+}
+
+/// The flags of a gateway with the MCP front and JWT authentication (the secret written into
+/// `dir`), plus `extra`.
+fn authenticated_args(dir: &tempfile::TempDir, extra: &[&str]) -> Vec<String> {
+    let secret = dir.path().join("hs256.secret");
+    std::fs::write(&secret, JWT_SECRET).unwrap();
+    let mut args: Vec<String> = ["--cores", "2", "--jwt-hs256-secret-file"]
+        .map(String::from)
+        .to_vec();
+    args.push(secret.to_str().unwrap().to_owned());
+    args.extend(["--upstream-cmd".into(), upstream_cmd()]);
+    args.extend(["--mcp-retry-ms", "50"].map(String::from));
+    args.extend(extra.iter().map(|a| a.to_string()));
+    args
+}
+
+/// A gateway with the MCP front and JWT authentication, plus `extra` flags.
+fn start_authenticated(dir: &tempfile::TempDir, extra: &[&str]) -> Gateway {
+    let args = authenticated_args(dir, extra);
+    Gateway::start(&args.iter().map(String::as_str).collect::<Vec<_>>())
 }
 
 /// `initialize` + `notifications/initialized` as `auth`: the session ID and the priming
@@ -542,25 +569,16 @@ fn probe_session(
 #[test]
 fn mcp_sessions_are_bound_to_the_token_subject() {
     let dir = tempfile::tempdir().unwrap();
-    let secret = dir.path().join("hs256.secret");
-    std::fs::write(&secret, JWT_SECRET).unwrap();
-    let cmd = upstream_cmd();
-    let g = Gateway::start(&[
-        "--cores",
-        "2",
-        "--jwt-hs256-secret-file",
-        secret.to_str().unwrap(),
-        "--upstream-cmd",
-        &cmd,
-        "--mcp-retry-ms",
-        "50",
-    ]);
+    let g = start_authenticated(&dir, &[]);
     let a = g.addr;
     let (alice, mallory) = (bearer("alice"), bearer("mallory"));
     let (sid, priming) = initialize_as(a, &alice);
-    assert!(
-        sid.ends_with(&mcp_front::core::subject_tag("alice")),
-        "{sid}"
+    let (_, alice_tag) = sid.split_once('.').unwrap();
+    // The tag is keyed (HMAC of issuer and subject): it neither is nor confirms a guessed
+    // subject's unkeyed hash.
+    assert_ne!(
+        format!(".{alice_tag}"),
+        mcp_front::core::subject_tag("alice")
     );
 
     // No token: 401 before the MCP front sees the request.
@@ -592,12 +610,9 @@ fn mcp_sessions_are_bound_to_the_token_subject() {
     let (own, _) = initialize_as(a, &mallory);
     let (alice_random, _) = sid.split_once('.').unwrap();
     let (_, mallory_tag) = own.split_once('.').unwrap();
-    assert_eq!(
-        format!(".{mallory_tag}"),
-        mcp_front::core::subject_tag("mallory")
-    );
+    assert_ne!(mallory_tag, alice_tag);
     let swapped = format!("{alice_random}.{mallory_tag}");
-    let with_alice_tag = format!("{random}{}", mcp_front::core::subject_tag("alice"));
+    let with_alice_tag = format!("{random}.{alice_tag}");
     for (guess, who, name) in [
         (&swapped, &mallory, "mallory"),
         (&swapped, &alice, "alice"),
@@ -653,4 +668,96 @@ fn mcp_sessions_are_bound_to_the_token_subject() {
         ping,
     );
     assert_eq!((x.status, x.body), (404, body_404));
+}
+
+/// With authentication the MCP endpoint needs a grant and a subject: a token without
+/// `{"gateway": {"mcp": true}}` gets 403, one without `sub` a 401 naming it (sub-less tokens
+/// no longer share one identity). The session key is made once, private, in the data
+/// directory.
+#[test]
+fn mcp_needs_a_grant_and_a_subject() {
+    let dir = tempfile::tempdir().unwrap();
+    let g = start_authenticated(&dir, &[]);
+    let a = g.addr;
+    let streams_only =
+        bearer_of(serde_json::json!({"sub": "bob", "gateway": {"subscribe": ["*"]}}));
+    let x = Exchange::send(a, "POST", &[ACCEPT, ("Authorization", &streams_only)], INIT);
+    assert_eq!(x.status, 403, "{}", String::from_utf8_lossy(&x.body));
+    let no_sub = bearer_of(serde_json::json!({"gateway": {"mcp": true}}));
+    let x = Exchange::send(a, "POST", &[ACCEPT, ("Authorization", &no_sub)], INIT);
+    assert_eq!(x.status, 401);
+    assert!(String::from_utf8_lossy(&x.body).contains("sub claim"));
+    initialize_as(a, &bearer("alice"));
+    let key = g.data_dir.join("mcp-session.key");
+    let meta = std::fs::metadata(&key).expect("the session key file");
+    use std::os::unix::fs::PermissionsExt as _;
+    assert_eq!((meta.len(), meta.permissions().mode() & 0o777), (32, 0o600));
+}
+
+/// Past `--mcp-sessions-per-subject-max` live sessions an `initialize` gets 429, while other
+/// subjects still get theirs.
+#[test]
+fn mcp_sessions_per_subject_are_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let g = start_authenticated(&dir, &["--mcp-sessions-per-subject-max", "2"]);
+    let alice = bearer("alice");
+    initialize_as(g.addr, &alice);
+    initialize_as(g.addr, &alice);
+    let x = Exchange::send(g.addr, "POST", &[ACCEPT, ("Authorization", &alice)], INIT);
+    assert_eq!(x.status, 429, "{}", String::from_utf8_lossy(&x.body));
+    initialize_as(g.addr, &bearer("carol"));
+}
+
+/// Anonymous patterns never open the MCP endpoint: with `--anonymous-subscribe` and no key,
+/// `initialize` without a token is refused (403) on loopback, and a gateway that would listen
+/// off loopback so refuses to start (unless `--insecure-no-auth`).
+#[test]
+fn anonymous_patterns_never_open_mcp() {
+    let cmd = upstream_cmd();
+    let args = ["--anonymous-subscribe", "*", "--upstream-cmd", &cmd];
+    let g = Gateway::start(&args);
+    let x = Exchange::send(g.addr, "POST", &[ACCEPT], INIT);
+    assert_eq!(x.status, 403, "{}", String::from_utf8_lossy(&x.body));
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gateway"))
+        .args(["--listen", "0.0.0.0:0", "--admin-listen", "127.0.0.1:0"])
+        .arg("--data-dir")
+        .arg(dir.path())
+        .args(args)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("the MCP front is on with no JWT key"), "{err}");
+}
+
+/// The session key stays in the data directory: after a restart a session resumes for its
+/// owner (the same key, the same identity) and for no one else; with another key file (a node
+/// that does not share it) the owner's identity is another, and the session answers 404.
+#[test]
+fn the_session_key_binds_sessions_across_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = authenticated_args(&dir, &[]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut first = Gateway::start(&args); // owns the data directory: kept to the end
+    let alice = bearer("alice");
+    let (sid, priming) = initialize_as(first.addr, &alice);
+    assert!(first.stop(), "clean shutdown");
+    let data = first.data_dir.clone();
+    let resume = |g: &Gateway, who: &str| {
+        let h = [
+            ("Accept", "text/event-stream"),
+            ("Mcp-Session-Id", sid.as_str()),
+            ("Authorization", who),
+            ("Last-Event-ID", priming.as_str()),
+        ];
+        Exchange::send(g.addr, "GET", &h, "").status
+    };
+    let mut g = Gateway::start_in(&data, &args);
+    assert_eq!(resume(&g, &alice), 200, "the same key: the same identity");
+    assert_eq!(resume(&g, &bearer("mallory")), 404);
+    assert!(g.stop(), "clean shutdown");
+    std::fs::write(data.join("mcp-session.key"), [9u8; 32]).unwrap();
+    let g = Gateway::start_in(&data, &args);
+    assert_eq!(resume(&g, &alice), 404, "another key: another identity");
 }

@@ -759,7 +759,8 @@ fn mcp_unreachable_http_upstream_is_an_explicit_error() {
 
 const SECRET: &[u8] = b"an hs256 secret of at least thirty-two bytes, for the MCP upstream tests";
 
-/// A signed HS256 token for `sub`, valid for 10 minutes; `jti` makes each one distinct.
+/// A signed HS256 token for `sub` granting the MCP endpoint, valid for 10 minutes; `jti` makes
+/// each one distinct.
 fn token(sub: &str, jti: u32) -> String {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -767,7 +768,7 @@ fn token(sub: &str, jti: u32) -> String {
         .as_secs();
     jsonwebtoken::encode(
         &jsonwebtoken::Header::default(),
-        &json!({"sub": sub, "exp": now + 600, "jti": jti.to_string()}),
+        &json!({"sub": sub, "exp": now + 600, "jti": jti.to_string(), "gateway": {"mcp": true}}),
         &jsonwebtoken::EncodingKey::from_secret(SECRET).unwrap(),
     )
     .unwrap()

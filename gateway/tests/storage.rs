@@ -177,7 +177,7 @@ fn a_full_disk_answers_507_loses_nothing_and_publishing_resumes_after_retention(
         "--retain-secs",
         "2",
     ];
-    let mut g = Gateway::start_in(&dir.join("data"), &flags);
+    let mut g = Gateway::spawn(&dir.join("data"), &flags, true);
     let mut sub = Sse::open(g.addr, "/v1/streams/s?from=earliest", None);
     assert_eq!(sub.status, 200);
     let payload = "f".repeat(900);
@@ -217,5 +217,9 @@ fn a_full_disk_answers_507_loses_nothing_and_publishing_resumes_after_retention(
     let e = sub.next_event().expect("the event after retention");
     assert_eq!(e.id.as_deref(), Some(resumed.as_str()));
     g.stop();
+    // The operator is told, once however many publishes the full disk refused.
+    let told = g.stderr_lines();
+    let full_lines = told.iter().filter(|l| l.contains("disk is full")).count();
+    assert_eq!(full_lines, 1, "{told:#?}");
     drop(mount);
 }

@@ -398,14 +398,7 @@ fn sighup_reloads_the_certificate_under_live_streams() {
     // Swap the files to B and reload.
     std::fs::copy(&b.cert_file, &live.cert_file).unwrap();
     std::fs::copy(&b.key_file, &live.key_file).unwrap();
-    let pid = g.child.id().to_string();
-    assert!(
-        std::process::Command::new("kill")
-            .args(["-HUP", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
+    g.signal("HUP");
     // New handshakes present B (bounded wait for the signal to be handled).
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {

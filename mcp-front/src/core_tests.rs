@@ -1111,6 +1111,27 @@ fn sessions_limit_is_503() {
     assert_eq!(h.status(c), 503);
 }
 
+/// Sessions per subject: an `initialize` beyond `sessions_per_subject_max` live sessions of
+/// its subject gets 429; other subjects still get theirs, and ending one frees its place.
+#[test]
+fn sessions_per_subject_limit_is_429() {
+    let mut h = H::with(McpConfig {
+        sessions_per_subject_max: 2,
+        ..McpConfig::default()
+    });
+    h.subject = Some("alice".into());
+    let (first, _, _) = h.init();
+    h.init();
+    let c = h.post(&[("accept", "text/event-stream")], INIT);
+    assert_eq!(h.status(c), 429);
+    h.subject = Some("bob".into());
+    h.init();
+    h.subject = Some("alice".into());
+    let c = h.req(HttpMethod::Delete, &[("mcp-session-id", &first)], "");
+    assert_eq!(h.status(c), 200);
+    h.init();
+}
+
 /// A replay-only (recovered) session with nothing attached gives its slot to a new session;
 /// a live one never does.
 #[test]

@@ -21,6 +21,7 @@ impl Core {
             return;
         }
         conn.closing = true;
+        super::requests::subscription_ended(&self.shared, self.id, now, conn);
         let fd = conn.fd.as_fd();
         let mut unborn = false;
         if let State::Sub(sub) = &mut conn.state {

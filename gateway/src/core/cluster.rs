@@ -16,21 +16,20 @@ use cluster::{Applied, Inbound, Next, names};
 use log_store::{AppendError, EventId, Log};
 
 use super::cluster_state::{CatchUp, Pending, Ticket};
+use super::http::Caller;
 use super::mcp_cluster::{mcp_substitute, seq_mismatch_record};
-use super::{Core, State};
+use super::{Core, Shared, State};
 use crate::logging::Gate;
 use crate::metrics::CoreMetrics;
 use crate::proto::conn::Wait;
 use crate::proto::http;
 use crate::proto::route::SubscribeQuery;
 use crate::proto::sse;
-use crate::streams::StreamKey;
-use crate::streams::catalog::{StreamQuota, StreamsExhausted};
-use crate::streams::hub::{Hub, SubRef};
-use crate::streams::idempotency::Keyed;
+use crate::streams::hub::Hub;
+use crate::streams::idempotency::{Keyed, Keys};
 use crate::streams::publish::{self, Event};
 use crate::streams::quarantine::{self, QUARANTINE_STREAM, Reason, Verdict};
-use crate::streams::sub::PENDING_STREAM;
+use crate::streams::subjects::{self, Subject};
 
 /// Messages taken from the inbox per turn (the rest wait for the next turn).
 const DRAIN_PER_TURN: usize = 4096;
@@ -47,7 +46,7 @@ impl Core {
     /// Publishes `events` through JetStream; the answer waits for them to be applied here.
     pub(super) fn cluster_publish(
         &mut self,
-        slot: u32,
+        (slot, access): Caller<'_>,
         stream: &str,
         events: Vec<Event>,
         (close, batch): (bool, bool),
@@ -56,15 +55,12 @@ impl Core {
         if let Err((status, code, msg)) = publish::check_events(&events) {
             return self.error(slot, status, code, &msg, close);
         }
-        if let Some(p) = self
-            .idem
-            .known(&self.hub, stream, keyed.as_ref(), self.now, close)
-        {
-            return self.queue_published(slot, p, close);
+        if self.answered_known((slot, stream), keyed.as_ref(), close) {
+            return;
         }
-        let shard = self.hub.shard_of(stream);
-        let checked = check_cluster_publish(&self.hub, &self.shared.quota, stream, shard, &events);
-        if let Err((status, code, msg)) = checked {
+        let (shard, who) = (self.hub.shard_of(stream), (access, self.conn(slot).peer));
+        let cx = (&self.hub, &*self.shared, self.m());
+        if let Err((status, code, msg)) = check_cluster_publish(cx, stream, shard, &events, who) {
             return self.error(slot, status, code, &msg, close);
         }
         let conn = (slot, self.io.generation(slot));
@@ -90,23 +86,6 @@ impl Core {
         if let State::Http(h) = &mut self.conn(slot).state {
             h.answer(Vec::new(), Some(ticket_wait(shard, first)), close);
         }
-    }
-
-    /// Sends one event through JetStream (its outcome comes back to this core by the
-    /// returned ticket).
-    pub(super) fn cluster_send(
-        &mut self,
-        shard: u32,
-        stream: String,
-        event: Option<&str>,
-        data: Vec<u8>,
-        expect_seq: Option<u64>,
-    ) -> u64 {
-        let cc = self.cluster.as_mut().expect("cluster mode");
-        let event = event.map(str::to_owned);
-        let ticket = cc.publish(shard, stream, event, data, expect_seq, None);
-        self.m().cluster_publishes_total.fetch_add(1, Relaxed);
-        ticket
     }
 
     /// Applies what the followers delivered (bounded per turn); answers publishes whose
@@ -195,10 +174,8 @@ impl Core {
     fn apply(&mut self, a: &Applied) -> Result<(), AppendError> {
         let cc = self.cluster.as_mut().expect("cluster mode");
         let applied = *cc.applied.get(&a.shard).expect("a shard of this core");
-        match names::check_next(applied, a.seq) {
-            Ok(Next::Apply) => {}
-            Ok(Next::Again) => return note_redelivered(self.m(), a),
-            Err(b) => panic!("cluster: shard {}: chain broken: {b}", a.shard),
+        if !in_chain(self.m(), applied, a) {
+            return Ok(());
         }
         let log = self.hub.log(a.shard);
         let (name, substitute, reason) = place(a, log, self.hub.shards());
@@ -216,11 +193,8 @@ impl Core {
             None => (a.event.as_deref(), a.data.as_slice()),
         };
         let ap = self.hub.log_mut(key.0).append(key.1, event, data)?;
-        match (reason, &a.idempotency) {
-            (Some(r), _) => note_quarantined(self.m(), a, r),
-            (None, Some(h)) => self.idem.on_applied(name, h, ap.id, self.now),
-            (None, None) => {}
-        }
+        let m = &self.shared.metrics[self.id];
+        note_applied((m, &mut self.idem), a, (name, ap.id), reason, self.now);
         *self
             .cluster
             .as_mut()
@@ -283,30 +257,30 @@ impl Core {
     }
 }
 
-/// What a publish is checked for before anything is sent: a valid name, room for a new
-/// stream (`--streams-max`), every event within the record limit.
+/// What a publish is checked for before anything is sent: every event within the record
+/// limit, and for a new stream a valid name, room under `--streams-max` and a place of the
+/// caller's under `--streams-per-subject-max`.
 fn check_cluster_publish(
-    hub: &Hub,
-    quota: &StreamQuota,
+    (hub, sh, m): (&Hub, &Shared, &CoreMetrics),
     stream: &str,
     shard: u32,
     events: &[Event],
+    (access, peer): (&auth::Access, Option<std::net::IpAddr>),
 ) -> Result<(), (u16, &'static str, String)> {
     let log = hub.log(shard);
+    publish::check_framed_worst(log, events)?;
     if log.stream_id(stream).is_none() {
-        if let Err(e) = quota.check(stream) {
-            return Err((
-                StreamsExhausted::STATUS,
-                StreamsExhausted::CODE,
-                e.to_string(),
-            ));
-        }
         if let Err(e) = log_store::Log::check_stream_name(stream) {
             let (status, code) = publish::append_status(&e);
             return Err((status, code, e.to_string()));
         }
+        let who = Subject::of(access, peer);
+        subjects::reserve_clustered(&sh.quota, &sh.subjects, &who, stream).map_err(|e| {
+            e.counter(m).fetch_add(1, Relaxed);
+            (e.status().0, e.status().1, e.to_string())
+        })?;
     }
-    publish::check_framed_worst(log, events)
+    Ok(())
 }
 
 /// Where a message goes, carrying out [`quarantine::decide`] over its shard's log: the stream
@@ -347,16 +321,38 @@ fn place<'a>(a: &'a Applied, log: &Log, shards: u32) -> (&'a str, Option<Record>
     }
 }
 
-/// A message applied already was delivered again: counted, logged once a minute; nothing
-/// to apply.
-fn note_redelivered(m: &CoreMetrics, a: &Applied) -> Result<(), AppendError> {
+/// After a message was applied as `(stream, id)`: a quarantined one is counted, a keyed one's
+/// key is learnt ([`Keys::on_applied`]).
+fn note_applied(
+    (m, keys): (&CoreMetrics, &mut Keys),
+    a: &Applied,
+    (stream, id): (&str, EventId),
+    reason: Option<Reason>,
+    now: std::time::Instant,
+) {
+    match (reason, &a.idempotency) {
+        (Some(r), _) => note_quarantined(m, a, r),
+        (None, Some(h)) => keys.on_applied(stream, h, id, now),
+        (None, None) => {}
+    }
+}
+
+/// Whether `a` is its shard's next message (`applied` so far): a gap stops the node (no node
+/// could number what follows); one applied already and delivered again is counted, logged
+/// once a minute and not applied again.
+fn in_chain(m: &CoreMetrics, applied: u64, a: &Applied) -> bool {
+    match names::check_next(applied, a.seq) {
+        Ok(Next::Apply) => return true,
+        Ok(Next::Again) => {}
+        Err(b) => panic!("cluster: shard {}: chain broken: {b}", a.shard),
+    }
     m.cluster_redeliveries_total.fetch_add(1, Relaxed);
     crate::warn_limited!(
         "cluster: shard {} message {} delivered again (applied already): ignored",
         a.shard,
         a.seq
     );
-    Ok(())
+    false
 }
 
 /// An event's type and data.
@@ -422,62 +418,6 @@ impl Core {
         let preamble = sse::subscribe_head(self.shared.cfg.retry_ms);
         let preamble = crate::proto::access::with_headers(preamble, headers);
         self.subscribe_unborn_at(slot, stream, 1, preamble, |s| s.expire_at(expires));
-    }
-
-    /// A subscriber of a stream that does not exist here yet, reading from `cursor` once it
-    /// is created ([`Core::adopt_unborn`]).
-    pub(super) fn subscribe_unborn_at(
-        &mut self,
-        slot: u32,
-        stream: &str,
-        cursor: u64,
-        preamble: Vec<u8>,
-        setup: impl FnOnce(&mut crate::streams::sub::Sub),
-    ) {
-        let key = (self.hub.shard_of(stream), PENDING_STREAM);
-        let r = (slot, self.io.generation(slot));
-        let cc = self.cluster.as_mut().expect("cluster mode");
-        let list = cc.unborn.entry(stream.to_owned()).or_default();
-        list.retain(|&(s, g)| (s, g) != r);
-        list.push(r);
-        cc.unborn_of.insert(r, stream.to_owned());
-        self.become_subscriber(slot, key, cursor, preamble, None, setup);
-    }
-
-    /// An unborn subscriber's connection closed: it waits no more.
-    pub(super) fn unborn_closed(&mut self, r: SubRef) {
-        if let Some(cc) = self.cluster.as_mut() {
-            cc.forget_unborn(r);
-        }
-    }
-
-    /// The connections waiting for stream `stream` to be created here.
-    pub(super) fn unborn_subs(&self, stream: &str) -> Vec<SubRef> {
-        let cc = self.cluster.as_ref();
-        cc.map(|c| c.unborn_subs(stream)).unwrap_or_default()
-    }
-
-    /// The stream `name` was just created as `key`: its waiting subscribers move to it.
-    fn adopt_unborn(&mut self, name: &str, key: StreamKey) {
-        let Some(subs) = self.cluster.as_mut().and_then(|c| c.unborn.remove(name)) else {
-            return;
-        };
-        let pending = (key.0, PENDING_STREAM);
-        for r in subs {
-            self.cluster.as_mut().expect("cluster").unborn_of.remove(&r);
-            let Some(c) = self.conn_at(r).filter(|c| !c.closing) else {
-                continue;
-            };
-            let State::Sub(sub) = &mut c.state else {
-                continue;
-            };
-            if sub.key != pending {
-                continue;
-            }
-            sub.key = key;
-            self.hub.unsubscribe(pending, r.0);
-            self.hub.subscribe(key, r);
-        }
     }
 
     /// Whether this node has applied what the subscribe names: the stream, and the event of

@@ -1,7 +1,8 @@
 //! A core's cluster-mode state (`--nats-url`), apart from the connections it answers: the
 //! tickets of publishes on their way through JetStream and the requests they complete, the
-//! subscribes waiting for this node to catch up, the subscribers of streams not born yet, and
-//! the shard snapshots due and stored. `core/cluster.rs` carries out what it decides.
+//! subscribes waiting for this node to catch up, and the shard snapshots due and stored (the
+//! subscribers of streams not born yet are the hub's, as in single-node mode).
+//! `core/cluster.rs` carries out what it decides.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -58,10 +59,6 @@ pub(super) struct ClusterCore {
     /// ticket's request is the last one starting at or before it.
     pub(super) pending: BTreeMap<u64, Pending>,
     pub(super) catchup: Vec<CatchUp>,
-    /// Subscribers of streams not created yet, by name (`PENDING_STREAM`), and each one's
-    /// stream (an entry goes when its stream is born or its connection closes).
-    pub(super) unborn: HashMap<String, Vec<SubRef>>,
-    pub(super) unborn_of: HashMap<SubRef, String>,
     /// When the next snapshots are due, and the message count of each shard's last one.
     pub(super) next_snapshot: Option<Instant>,
     pub(super) snapshotted: HashMap<u32, u64>,
@@ -89,8 +86,6 @@ impl ClusterCore {
             next_ticket: 0,
             pending: BTreeMap::new(),
             catchup: Vec::new(),
-            unborn: HashMap::new(),
-            unborn_of: HashMap::new(),
             next_snapshot: Some(Instant::now()),
             snapshotted: HashMap::new(),
             stored: HashMap::new(),
@@ -211,23 +206,5 @@ impl ClusterCore {
             return None;
         }
         self.pending.remove(&first)
-    }
-
-    /// An unborn subscriber's connection closed: it waits no more.
-    pub(super) fn forget_unborn(&mut self, r: SubRef) {
-        let Some(name) = self.unborn_of.remove(&r) else {
-            return;
-        };
-        if let Some(list) = self.unborn.get_mut(&name) {
-            list.retain(|&x| x != r);
-            if list.is_empty() {
-                self.unborn.remove(&name);
-            }
-        }
-    }
-
-    /// The connections waiting for stream `stream` to be created here.
-    pub(super) fn unborn_subs(&self, stream: &str) -> Vec<SubRef> {
-        self.unborn.get(stream).cloned().unwrap_or_default()
     }
 }

@@ -15,7 +15,7 @@ use super::tls;
 /// What a connection is doing.
 #[derive(Debug)]
 pub(super) enum State {
-    Http(HttpConn),
+    Http(Box<HttpConn>),
     Sub(Box<Sub>),
 }
 
@@ -30,6 +30,8 @@ pub(super) struct Conn {
     pub(super) peer: Option<IpAddr>,
     /// TLS on this connection (`--tls-cert-file`).
     pub(super) tls: Option<Box<tls::Tls>>,
+    /// A subscription's access-log record, written when it ends.
+    pub(super) record: Option<Box<crate::proto::request_log::Record>>,
 }
 
 /// The connections of a core, by slot.

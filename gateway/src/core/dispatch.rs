@@ -140,9 +140,10 @@ impl Core {
         let conn = Conn {
             fd,
             closing: false,
-            state: State::Http(http_conn),
+            state: State::Http(Box::new(http_conn)),
             peer,
             tls: tls.map(|s| Box::new(Tls::new(s))),
+            record: None,
         };
         self.conns.insert(slot, conn);
         self.m().connections.fetch_add(1, Relaxed);

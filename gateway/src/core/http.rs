@@ -5,19 +5,26 @@
 use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::Ordering::Relaxed;
 
+use super::conns::Conns;
 use super::{Core, Handoff, PIPELINED_PER_CALL_MAX, State};
 use crate::proto::access;
 use crate::proto::conn::{Kind, Request, Step, Target};
 use crate::proto::http;
 use crate::proto::route::{self, Route};
 use crate::shards;
+use crate::streams::hub::SubRef;
 use crate::streams::idempotency::Keyed;
 use crate::streams::publish::{self, Event};
 use crate::streams::resume::{self, Ask, Start};
+use crate::streams::sub::{PENDING_STREAM, Sub};
 use crate::sys;
+use crate::uring::Driver;
 
 /// A publish's `Idempotency-Key`, if it has one.
 type Idem = Option<String>;
+
+/// A request's connection and who sent it (the gate's verdict).
+pub(super) type Caller<'a> = (u32, &'a auth::Access);
 
 /// The answer to a publish whose group commit failed.
 const LOG_FAILED: &str = "the event could not be made durable: an fsync of its log failed, \
@@ -48,7 +55,6 @@ impl Core {
                     break;
                 }
                 Step::HandOff { owner, bytes } => {
-                    self.m().requests_total.fetch_add(1, Relaxed);
                     if let Some(t) = self.conn(slot).tls.as_mut()
                         && t.s.sending()
                     {
@@ -60,7 +66,6 @@ impl Core {
                     return self.hand_off(slot, owner, bytes);
                 }
                 Step::Request(r) => {
-                    self.m().requests_total.fetch_add(1, Relaxed);
                     if !self.carry_out(slot, r) {
                         return;
                     }
@@ -116,14 +121,12 @@ impl Core {
         let close = r.close;
         let route = match r.kind {
             Kind::Mcp { head } => {
-                // With JWT keys configured every MCP request carries a verified token, and its
-                // session is bound to the token's subject (`""` if it names none).
-                let subject = self
-                    .shared
-                    .verifier
-                    .keys_configured()
-                    .then(|| r.access.subject.unwrap_or_default());
-                self.mcp_request(slot, &head, r.body, close, subject.as_deref());
+                // With access control every MCP request carries a verified token with a `sub`
+                // (the gate's rule): its session is bound to the keyed identity of its issuer
+                // and subject (`mcp/identity.rs`).
+                let key = self.shared.mcp_key.as_ref();
+                let who = key.and_then(|k| k.identity(&r.access));
+                self.mcp_request(slot, &head, r.body, close, who.as_deref());
                 return false;
             }
             Kind::Api {
@@ -133,11 +136,17 @@ impl Core {
             } => match route {
                 Route::Publish { stream } => {
                     let ev = event_type.filter(|t| !t.is_empty());
-                    self.publish(slot, &stream, vec![(ev, r.body)], (close, false), key);
+                    self.publish(
+                        (slot, &r.access),
+                        &stream,
+                        vec![(ev, r.body)],
+                        (close, false),
+                        key,
+                    );
                     return true;
                 }
                 Route::PublishBatch { stream } => {
-                    self.publish_batch(slot, &stream, &r.body, close, key);
+                    self.publish_batch((slot, &r.access), &stream, &r.body, close, key);
                     return true;
                 }
                 other => other,
@@ -184,14 +193,13 @@ impl Core {
             return;
         }
         if c.tls.is_some() {
-            return self.tls_flush(slot);
-        }
-        let State::Http(h) = &mut c.state else {
-            return;
-        };
-        if let Some((buf, from)) = h.poll_transmit() {
+            self.tls_flush(slot);
+        } else if let State::Http(h) = &mut c.state
+            && let Some((buf, from)) = h.poll_transmit()
+        {
             self.io.send(slot, fd, buf, from);
         }
+        super::requests::answered(&self.shared, self.id, self.now, self.conns.live(slot));
     }
 
     pub(super) fn on_http_sent(&mut self, slot: u32, res: i32, buf: Vec<u8>) {
@@ -277,15 +285,22 @@ impl Core {
 
     // ---- publish ----
 
-    fn publish_batch(&mut self, slot: u32, stream: &str, body: &[u8], close: bool, key: Idem) {
+    fn publish_batch(
+        &mut self,
+        from: Caller<'_>,
+        stream: &str,
+        body: &[u8],
+        close: bool,
+        key: Idem,
+    ) {
         match route::parse_batch(body, self.shared.cfg.event_bytes_max) {
             Ok(events) => {
                 let evs = events.into_iter().map(|e| (e.event, e.data.into_bytes()));
-                self.publish(slot, stream, evs.collect(), (close, true), key);
+                self.publish(from, stream, evs.collect(), (close, true), key);
             }
             Err(e) => {
                 let (status, code, msg) = e.status();
-                self.error(slot, status, code, &msg, close);
+                self.error(from.0, status, code, &msg, close);
             }
         }
     }
@@ -294,7 +309,7 @@ impl Core {
     /// nothing (`streams::idempotency::Keys::known`).
     fn publish(
         &mut self,
-        slot: u32,
+        from: Caller<'_>,
         stream: &str,
         events: Vec<Event>,
         how: (bool, bool),
@@ -302,43 +317,47 @@ impl Core {
     ) {
         let ((close, batch), keyed) = (how, key.map(|k| Keyed::new(k, &events)));
         if self.cluster.is_some() {
-            return self.cluster_publish(slot, stream, events, how, keyed);
+            return self.cluster_publish(from, stream, events, how, keyed);
         }
+        let slot = from.0;
         if let Err((status, code, msg)) = publish::check_events(&events) {
             return self.error(slot, status, code, &msg, close);
         }
-        let Some(key) = self.open_stream(slot, stream, close) else {
+        if self.answered_known((slot, stream), keyed.as_ref(), close) {
             return;
-        };
-        if let Some(p) = self
-            .idem
-            .known(&self.hub, stream, keyed.as_ref(), self.now, close)
-        {
-            return self.queue_published(slot, p, close);
         }
-        if let Err((status, code, msg)) = publish::check_framed(self.hub.log(key.0), key.1, &events)
-        {
+        let key = self.hub.stream_key(stream);
+        let (shard, sid) = key.unwrap_or((self.hub.shard_of(stream), PENDING_STREAM));
+        if let Err((status, code, msg)) = publish::check_framed(self.hub.log(shard), sid, &events) {
             return self.error(slot, status, code, &msg, close);
         }
+        let Some(key) = self.open_stream(from, stream, close) else {
+            return;
+        };
         let p = publish::append(self.hub.log_mut(key.0), key.0, key.1, &events, batch, close);
-        let n = events.len();
-        self.idem.remember(stream, keyed, &p, n, batch, self.now);
+        self.idem
+            .remember(stream, keyed, &p, events.len(), batch, self.now);
         self.hub.record_appends(key, p.appended);
         self.m()
             .events_appended_total
             .fetch_add(p.appended as u64, Relaxed);
-        self.queue_published(slot, p, close);
+        queue_published(
+            &mut self.conns,
+            &self.io,
+            &mut self.waiting,
+            (slot, p),
+            close,
+        );
     }
 
-    /// Queues a publish's answer, held while its wait is not visible.
-    pub(super) fn queue_published(&mut self, slot: u32, p: publish::Published, close: bool) {
-        let generation = self.io.generation(slot);
-        if p.wait.is_some() && !self.waiting.contains(&(slot, generation)) {
-            self.waiting.push((slot, generation));
-        }
-        if let State::Http(h) = &mut self.conn(slot).state {
-            h.answer(p.answer, p.wait, close);
-        }
+    /// A keyed publish answered from the table, storing nothing (`Keys::known`): true if so.
+    pub(super) fn answered_known(&mut self, at: (u32, &str), k: Option<&Keyed>, c: bool) -> bool {
+        let (slot, s) = at;
+        let Some(p) = self.idem.known(&self.hub, s, k, self.now, c) else {
+            return false;
+        };
+        queue_published(&mut self.conns, &self.io, &mut self.waiting, (slot, p), c);
+        true
     }
 
     // ---- subscribe ----
@@ -356,10 +375,10 @@ impl Core {
         if self.cluster_hold(slot, stream, q, headers, expires) {
             return;
         }
-        // Subscribing creates the stream: subscribers commonly connect before the first publish.
-        let Some(key) = self.open_stream(slot, stream, true) else {
-            return self.flush(slot);
-        };
+        // A stream not created yet is subscribed to as unborn: nothing is created (and no
+        // place taken under the quotas) until its first publish; a refusal creates nothing.
+        let key = self.hub.stream_key(stream);
+        let key = key.unwrap_or((self.hub.shard_of(stream), PENDING_STREAM));
         let ask = Ask {
             key,
             q,
@@ -368,9 +387,7 @@ impl Core {
             now: self.now,
         };
         let (start, class) = resume::start(self.hub.log(key.0), &mut self.parked, &ask);
-        if let Some(class) = class {
-            self.m().resume(class);
-        }
+        super::requests::resumed(&self.shared.metrics[self.id], self.conns.live(slot), class);
         self.m()
             .parked_windows
             .store(self.parked.count() as u64, Relaxed);
@@ -381,11 +398,30 @@ impl Core {
                 aligned,
             } => {
                 let preamble = access::with_headers(preamble, headers);
-                self.become_subscriber(slot, key, cursor, preamble, aligned, |s| {
-                    s.expire_at(expires)
-                })
+                let setup = |s: &mut Sub| s.expire_at(expires);
+                if key.1 == PENDING_STREAM {
+                    return self.subscribe_unborn_at(slot, stream, cursor, preamble, setup);
+                }
+                self.become_subscriber(slot, key, cursor, preamble, aligned, setup)
             }
             Start::Refuse(answer) => self.respond(slot, answer, true),
         }
+    }
+}
+
+/// Queues a publish's answer on connection `slot`, held while its wait is not visible.
+pub(super) fn queue_published(
+    conns: &mut Conns,
+    io: &Driver,
+    waiting: &mut Vec<SubRef>,
+    (slot, p): (u32, publish::Published),
+    close: bool,
+) {
+    let generation = io.generation(slot);
+    if p.wait.is_some() && !waiting.contains(&(slot, generation)) {
+        waiting.push((slot, generation));
+    }
+    if let Some(State::Http(h)) = conns.get(slot).map(|c| &mut c.state) {
+        h.answer(p.answer, p.wait, close);
     }
 }

@@ -1,5 +1,6 @@
-//! Streams coming and going on a core: creation under `--streams-max`, `DELETE`, and idle
-//! expiry (`--stream-idle-expire-secs`). A removed stream's name is free again; a stream
+//! Streams coming and going on a core: creation under `--streams-max`, the subscribers
+//! waiting for a stream not created yet (unborn, moved to it at its creation), `DELETE`, and
+//! idle expiry (`--stream-idle-expire-secs`). A removed stream's name is free again; a stream
 //! created later under it has a new stream id, so the old incarnation's IDs are refused as
 //! another stream's and never read as the new one's.
 
@@ -12,31 +13,40 @@ use super::{Core, State};
 use crate::proto::conn::Wait;
 use crate::proto::http;
 use crate::streams::StreamKey;
-use crate::streams::catalog::StreamsExhausted;
+use crate::streams::hub::SubRef;
 use crate::streams::publish;
+use crate::streams::sub::{PENDING_STREAM, Sub};
+use crate::streams::subjects::{self, Subject};
 
 impl Core {
-    /// The API stream `stream`, created if new and `--streams-max` allows; `None` after an
-    /// error answer was queued (closing when `close`).
+    /// The API stream `stream`, created if new and `--streams-max` and the `--streams-per-
+    /// subject-max` of who asked (`access`) allow; `None` after an error answer was queued
+    /// (closing when `close`).
     pub(super) fn open_stream(
         &mut self,
-        slot: u32,
+        (slot, access): super::http::Caller<'_>,
         stream: &str,
         close: bool,
     ) -> Option<StreamKey> {
         if let Some(key) = self.hub.stream_key(stream) {
             return Some(key);
         }
-        if let Err(e) = self.shared.quota.reserve(stream) {
-            self.m().streams_exhausted_total.fetch_add(1, Relaxed);
-            let (status, code) = (StreamsExhausted::STATUS, StreamsExhausted::CODE);
-            self.error(slot, status, code, &e.to_string(), close);
+        let (sh, who) = (
+            &self.shared,
+            Subject::of(access, self.conns.live(slot).peer),
+        );
+        if let Err(e) = subjects::reserve(&sh.quota, &sh.subjects, &who, stream) {
+            e.counter(self.m()).fetch_add(1, Relaxed);
+            self.error(slot, e.status().0, e.status().1, &e.to_string(), close);
             return None;
         }
         match self.hub.open_stream(stream) {
-            Ok(k) => Some(k),
+            Ok(k) => {
+                self.adopt_unborn(stream, k);
+                Some(k)
+            }
             Err(e) => {
-                self.shared.quota.release(stream);
+                subjects::release(&self.shared.quota, &self.shared.subjects, stream);
                 let (status, code) = publish::append_status(&e);
                 self.error(slot, status, code, &e.to_string(), close);
                 None
@@ -46,6 +56,41 @@ impl Core {
 }
 
 impl Core {
+    /// A subscriber of a stream that does not exist here yet, reading from `cursor` once it
+    /// is created ([`Core::adopt_unborn`]).
+    pub(super) fn subscribe_unborn_at(
+        &mut self,
+        slot: u32,
+        stream: &str,
+        cursor: u64,
+        preamble: Vec<u8>,
+        setup: impl FnOnce(&mut Sub),
+    ) {
+        let key = (self.hub.shard_of(stream), PENDING_STREAM);
+        let r = (slot, self.io.generation(slot));
+        self.hub.unborn_mut().wait(stream, r);
+        self.become_subscriber(slot, key, cursor, preamble, None, setup);
+    }
+
+    /// An unborn subscriber's connection closed: it waits no more.
+    pub(super) fn unborn_closed(&mut self, r: SubRef) {
+        self.hub.unborn_mut().forget(r);
+    }
+
+    /// The stream `name` was just created as `key`: its waiting subscribers move to it.
+    pub(super) fn adopt_unborn(&mut self, name: &str, key: StreamKey) {
+        for r in self.hub.adopt_unborn(name, key) {
+            let c = self.conn_at(r).filter(|c| !c.closing);
+            if let Some(super::Conn {
+                state: State::Sub(sub),
+                ..
+            }) = c
+            {
+                sub.key = key;
+            }
+        }
+    }
+
     /// `DELETE /v1/streams/{name}`: its subscribers are closed (a resume gets the new
     /// incarnation's refusal of a foreign ID, never a gap), its parked windows dropped, a
     /// durable *stream removed* record written; the answer (200) waits until it is durable.
@@ -98,9 +143,8 @@ impl Core {
         let name = self.hub.log(key.0).stream_name(key.1).map(str::to_owned);
         let removed = self.hub.remove_stream(key)?;
         self.parked.forget(key);
-        self.shared
-            .quota
-            .release(&name.expect("a live stream has a name"));
+        let name = name.expect("a live stream has a name");
+        subjects::release(&self.shared.quota, &self.shared.subjects, &name);
         Ok(removed)
     }
 

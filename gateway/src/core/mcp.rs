@@ -1,29 +1,26 @@
-//! The MCP front's thin driver inside the core that owns the MCP shard: turns a request on
-//! the MCP path into an [`HttpRequest`] for the pure [`McpCore`], runs the upstreams
-//! ([`UpstreamSet`]), and feeds the core's timers; its actions are carried out by
-//! `mcp_apply`. It holds no protocol logic. All MCP streams (`mcp/...`) hash to one shard
-//! (see `shards::shard_of`), so one core owns the MCP state; requests landing on other cores
-//! are handed to it like any stream request.
+//! The MCP front's part of the core that owns the MCP shard: [`Mcp`] turns a request on the
+//! MCP path into an [`HttpRequest`] for the pure [`McpCore`], runs the upstreams
+//! ([`UpstreamSet`]) and keeps the MCP core's timers; its actions (`mcp_apply`) become
+//! [`Effect`]s that `mcp_drive` carries out against the core. It never sees the core: each
+//! call borrows only what it needs ([`McpCx`]). It holds no protocol logic. All MCP streams
+//! (`mcp/...`) hash to one shard (see `shards::shard_of`), so one core owns the MCP state;
+//! requests landing on other cores are handed to it like any stream request.
 
 use std::collections::HashMap;
-use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use log_store::{Bounds, Epoch, Log, StreamId};
+use log_store::{Bounds, Epoch, Log, Seq, StreamId};
 
-use super::Core;
+use super::cluster_state::ClusterCore;
+use crate::config::Config;
 use crate::mcp::core::{ConnId, HttpMethod, HttpRequest, LogView, McpCore};
 use crate::mcp::upstream::{UpstreamEvent, UpstreamSet};
+use crate::metrics::CoreMetrics;
 use crate::shards;
-use crate::sys;
-
-/// The name every MCP stream is routed by (see `shards::shard_of`).
-const MCP_SHARD_ANCHOR: &str = crate::streams::catalog::MCP_STREAM_PREFIX;
-
-/// Upstream events handled per drain before the core yields to other work (it re-wakes
-/// itself when more are queued).
-const UPSTREAM_EVENTS_PER_TURN_MAX: usize = 4096;
+use crate::streams::StreamKey;
+use crate::streams::catalog::MCP_STREAM_PREFIX;
+use crate::streams::hub::{Hub, SubRef};
 
 /// Broken streams remembered per `--mcp-sessions-max` session (see `Mcp::broken`).
 pub(super) const BROKEN_PER_SESSION_MAX: usize = 8;
@@ -34,11 +31,54 @@ const REAP_INTERVAL: Duration = Duration::from_millis(100);
 /// How often the `gateway_mcp_*` metrics snapshot is refreshed while MCP state changes.
 const METRICS_INTERVAL: Duration = Duration::from_millis(250);
 
+/// What [`Mcp`] borrows of the core for one call: disjoint parts, never the core itself.
+pub(super) struct McpCx<'a> {
+    pub(super) now: Instant,
+    /// The logs (the MCP shard's) and subscribers by stream.
+    pub(super) hub: &'a mut Hub,
+    /// Cluster mode: where MCP records are published.
+    pub(super) cluster: Option<&'a mut ClusterCore>,
+    pub(super) metrics: &'a CoreMetrics,
+    pub(super) cfg: &'a Config,
+    /// Every shard's log epoch.
+    pub(super) epochs: &'a [Epoch],
+}
+
+/// What the core is to do for the MCP part (`mcp_drive` carries these out, in order).
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Effect {
+    /// A whole answer on `conn`, if it is still open (then closed if `close`).
+    Respond {
+        conn: SubRef,
+        bytes: Vec<u8>,
+        close: bool,
+    },
+    /// `conn` becomes a subscriber of MCP stream `stream` (`key`: `None` in cluster mode
+    /// while its first record is not applied here) from `from_seq`, with the response head
+    /// `head`, never parked, ending after `end_after`. If `conn` is gone meanwhile, the MCP
+    /// core is told its connection `cid` went away instead.
+    Subscribe {
+        conn: SubRef,
+        cid: ConnId,
+        stream: String,
+        key: Option<StreamKey>,
+        from_seq: Seq,
+        head: Vec<u8>,
+        end_after: Option<Seq>,
+    },
+    /// Close `conn` if it is still open.
+    Close(SubRef),
+    /// The subscriber on `conn` (if still there) ends after `last_seq`; pump it.
+    EndAfter { conn: SubRef, last_seq: Seq },
+}
+
 /// MCP state of the owning core.
 pub(super) struct Mcp {
     pub(super) core: McpCore,
     pub(super) ups: UpstreamSet,
     pub(super) shard: u32,
+    /// The core's id (for log lines).
+    pub(super) core_id: usize,
     t0: Instant,
     pub(super) next_conn: ConnId,
     /// The core's next timer, recomputed after every input (so idle reactor turns cost O(1)).
@@ -77,77 +117,16 @@ impl std::fmt::Debug for Mcp {
     }
 }
 
-impl Mcp {
-    /// The `gateway_mcp_*` lines of `/metrics` (Prometheus text format).
-    fn render_metrics(&self) -> String {
-        use std::fmt::Write as _;
-        let st = self.core.stats();
-        let plain: [(&str, &str, u64); 13] = [
-            ("sessions_open", "gauge", self.core.sessions_live() as u64),
-            ("sessions_created_total", "counter", st.sessions_minted),
-            (
-                "sessions_terminated_total",
-                "counter",
-                st.sessions_terminated,
-            ),
-            ("streams_open", "gauge", self.core.streams_live() as u64),
-            (
-                "sse_connections",
-                "gauge",
-                self.core.connections_live() as u64,
-            ),
-            ("upstreams", "gauge", self.ups.children() as u64),
-            ("upstream_deaths_total", "counter", st.upstream_deaths),
-            ("messages_up_total", "counter", self.messages_up),
-            ("messages_down_total", "counter", st.upstream_lines),
-            ("messages_dropped_total", "counter", 0),
-            ("resumes_total", "counter", 0),
-            ("modern_cancels_total", "counter", st.modern_cancels),
-            ("records_refused_total", "counter", self.records_refused),
-        ];
-        let labelled: [(&str, &str, &str, u64); 5] = [
-            (
-                "messages_dropped_total",
-                "reason",
-                "not_jsonrpc",
-                st.upstream_garbage_lines,
-            ),
-            (
-                "messages_dropped_total",
-                "reason",
-                "no_destination",
-                st.orphan_messages,
-            ),
-            ("resumes_total", "class", "ok", st.resumes_ok),
-            ("resumes_total", "class", "truncated", st.resumes_truncated),
-            ("resumes_total", "class", "rejected", st.resumes_rejected),
-        ];
-        let mut out = String::with_capacity(2048);
-        for (name, kind, v) in plain {
-            let _ = writeln!(out, "# TYPE gateway_mcp_{name} {kind}");
-            if labelled.iter().any(|l| l.0 == name) {
-                for (_, k, l, v) in labelled.iter().filter(|l| l.0 == name) {
-                    let _ = writeln!(out, "gateway_mcp_{name}{{{k}=\"{l}\"}} {v}");
-                }
-            } else {
-                let _ = writeln!(out, "gateway_mcp_{name} {v}");
-            }
-        }
-        let _ = writeln!(out, "# TYPE gateway_mcp_streams_broken gauge");
-        let _ = writeln!(out, "gateway_mcp_streams_broken {}", self.broken.len());
-        if let Some(p) = self.ups.http_stats() {
-            for (name, kind, v) in [
-                ("connections_opened_total", "counter", p.connections_opened),
-                ("connections_idle", "gauge", p.connections_idle),
-                ("requests_reused_total", "counter", p.requests_reused),
-                ("requests_retried_total", "counter", p.requests_retried),
-            ] {
-                let _ = writeln!(out, "# TYPE gateway_mcp_upstream_{name} {kind}");
-                let _ = writeln!(out, "gateway_mcp_upstream_{name} {v}");
-            }
-        }
-        out
-    }
+/// A complete request on the MCP path.
+#[derive(Debug)]
+pub(super) struct McpRequest<'a> {
+    /// The connection and its generation now.
+    pub(super) conn: SubRef,
+    pub(super) head: &'a [u8],
+    pub(super) body: Vec<u8>,
+    pub(super) close: bool,
+    /// The verified token's subject (with JWT keys configured).
+    pub(super) subject: Option<&'a str>,
 }
 
 /// The MCP shard's log as the core sees it.
@@ -188,67 +167,87 @@ fn session_ids(minted: Option<[u8; 4]>) -> Box<dyn FnMut() -> [u8; 16] + Send> {
     })
 }
 
-fn mcp_owner(shared: &super::Shared) -> (u32, usize) {
-    let shard = shards::shard_of(MCP_SHARD_ANCHOR, shared.shards);
-    (shard, shards::core_of_shard(shard, shared.cores))
+/// The MCP shard and the core that owns it, of `shards` shards over `cores` cores.
+pub(super) fn mcp_owner(shards: u32, cores: usize) -> (u32, usize) {
+    let shard = shards::shard_of(MCP_STREAM_PREFIX, shards);
+    (shard, shards::core_of_shard(shard, cores))
 }
 
-impl Core {
-    /// Called once when the core starts: the MCP owner core builds the MCP state and
-    /// recovers the sessions whose streams are in its log.
-    pub(super) fn mcp_setup(&mut self) {
-        let args = &self.shared.cfg.mcp;
-        if !args.enabled() {
-            return;
-        }
-        let (shard, owner) = mcp_owner(&self.shared);
-        if owner != self.id {
-            return;
-        }
-        let (shared, id) = (self.shared.clone(), self.id);
-        let wake: Arc<dyn Fn() + Send + Sync> =
-            Arc::new(move || sys::eventfd_wake(shared.eventfds[id].as_fd()));
-        let limits = args.upstream_limits(self.shared.cfg.event_bytes_max);
-        let ups = match (&args.upstream_cmd, &args.upstream_url) {
-            (Some(cmd), _) => UpstreamSet::new(cmd.clone(), limits, wake),
-            (None, Some(_)) => UpstreamSet::new_http(
-                args.http_endpoint()
-                    .expect("--upstream-url is checked by McpArgs::validate at start")
-                    .expect("--upstream-url is given"),
-                limits,
-                wake,
-            ),
-            (None, None) => unreachable!("enabled() checked"),
-        };
-        let clustered = self.cluster.is_some();
+/// The request's method, every header of `head`, and its `Last-Event-ID`.
+type Parsed<'h> = (HttpMethod, Vec<(&'h str, &'h [u8])>);
+
+/// Re-reads `head` for every header (the connection machine keeps only a few).
+fn parse_head<'h>(head: &'h [u8], hs: &'h mut [httparse::Header<'h>]) -> Parsed<'h> {
+    let mut req = httparse::Request::new(hs);
+    let parsed = req.parse(head);
+    if !matches!(parsed, Ok(httparse::Status::Complete(_))) {
+        // parse_head accepted this head already; a mismatch is a bug, not peer input.
+        unreachable!("head re-parse failed after parse_head succeeded: {parsed:?}");
+    }
+    let method = match req.method {
+        Some("GET") => HttpMethod::Get,
+        Some("POST") => HttpMethod::Post,
+        Some("DELETE") => HttpMethod::Delete,
+        _ => HttpMethod::Other,
+    };
+    let headers = req
+        .headers
+        .iter()
+        .filter(|h| !h.name.is_empty())
+        .map(|h| (h.name, h.value))
+        .collect();
+    (method, headers)
+}
+
+fn header<'h>(headers: &[(&str, &'h [u8])], name: &str) -> Option<&'h [u8]> {
+    headers
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case(name))
+        .map(|(_, v)| *v)
+}
+
+impl Mcp {
+    /// The MCP state of the owner core of the MCP shard `shard`, with its upstreams `ups`;
+    /// outside cluster mode it recovers the sessions whose streams are in `hub`'s log.
+    pub(super) fn new(
+        cfg: &Config,
+        core_id: usize,
+        shard: u32,
+        ups: UpstreamSet,
+        hub: &Hub,
+        clustered: bool,
+        now: Instant,
+    ) -> Mcp {
+        let args = &cfg.mcp;
         let mut minted = [0u8; 4];
         getrandom::fill(&mut minted).expect("getrandom for MCP session ids");
         let mut core = McpCore::new(args.core_config(), session_ids(clustered.then_some(minted)));
-        let t0 = self.now;
-        // Cluster mode recovers a session when a client resumes it (`mcp_cluster_recover`):
-        // the log holds every node's sessions.
-        if self.hub.has_shard(shard) && !clustered {
-            for (_, name, _) in self.hub.log(shard).streams() {
-                if name.starts_with(MCP_SHARD_ANCHOR) {
+        // Cluster mode recovers a session when a client resumes it (`cluster_recover`): the
+        // log holds every node's sessions.
+        if hub.has_shard(shard) && !clustered {
+            for (_, name, _) in hub.log(shard).streams() {
+                if name.starts_with(MCP_STREAM_PREFIX) {
                     core.recover_stream(name, 0);
                 }
             }
         }
-        eprintln!(
-            "core {}: MCP front on {} (shard {shard}), {} recovered session(s)",
-            self.id,
-            args.mcp_path,
-            core.sessions_live()
+        tracing::info!(
+            core = core_id,
+            path = %args.mcp_path,
+            shard,
+            sessions_recovered = core.sessions_live(),
+            "MCP front started"
         );
         let deadline_ms = core.poll_timeout();
-        self.mcp = Some(Box::new(Mcp {
+        Mcp {
             core,
             ups,
             shard,
-            t0,
+            core_id,
+            t0: now,
             next_conn: 1,
             deadline_ms,
-            next_reap: t0,
+            next_reap: now,
             conns: HashMap::new(),
             by_slot: HashMap::new(),
             broken: HashMap::new(),
@@ -256,82 +255,51 @@ impl Core {
             messages_up: 0,
             records_refused: 0,
             metrics_dirty: true,
-            next_metrics: t0,
+            next_metrics: now,
             cluster: clustered.then(|| {
                 let hex: String = minted.iter().map(|b| format!("{b:02x}")).collect();
                 super::mcp_cluster::McpCluster::new(hex)
             }),
-        }));
+        }
     }
 
-    pub(super) fn mcp_now_ms(&self) -> u64 {
-        self.mcp.as_ref().map_or(0, |m| {
-            self.now.saturating_duration_since(m.t0).as_millis() as u64
-        })
+    /// Milliseconds since this part started (the MCP core's clock).
+    pub(super) fn now_ms(&self, now: Instant) -> u64 {
+        now.saturating_duration_since(self.t0).as_millis() as u64
     }
 
-    /// The core that owns the MCP shard (MCP requests are handed to it).
-    pub(super) fn mcp_owner_core(&self) -> usize {
-        mcp_owner(&self.shared).1
-    }
-
-    /// A complete request on the MCP path, on the MCP owner core: every header of `head`
-    /// and the body go to the MCP core, whose actions are then carried out.
-    pub(super) fn mcp_request(
+    /// A complete request on the MCP path: every header and the body go to the MCP core.
+    /// False if it is held instead (cluster mode: its `Last-Event-ID` is not applied here
+    /// yet), to be carried out later.
+    pub(super) fn handle_request(
         &mut self,
-        slot: u32,
-        head: &[u8],
-        mut body: Vec<u8>,
-        close: bool,
-        subject: Option<&str>,
-    ) {
-        let header_count_max = self.lim.conn.head.header_count_max;
-        // Re-read the head for every header (the connection machine keeps only a few).
+        req: McpRequest<'_>,
+        header_count_max: usize,
+        cx: &mut McpCx<'_>,
+    ) -> bool {
+        let McpRequest {
+            conn,
+            head,
+            mut body,
+            close,
+            subject,
+        } = req;
         let mut hs = vec![httparse::EMPTY_HEADER; header_count_max];
-        let mut req = httparse::Request::new(&mut hs);
-        let parsed = req.parse(head);
-        if !matches!(parsed, Ok(httparse::Status::Complete(_))) {
-            // parse_head accepted this head already; a mismatch is a bug, not peer input.
-            unreachable!("head re-parse failed after parse_head succeeded: {parsed:?}");
-        }
-        let method = match req.method {
-            Some("GET") => HttpMethod::Get,
-            Some("POST") => HttpMethod::Post,
-            Some("DELETE") => HttpMethod::Delete,
-            _ => HttpMethod::Other,
-        };
-        let headers: Vec<(&str, &[u8])> = req
-            .headers
-            .iter()
-            .filter(|h| !h.name.is_empty())
-            .map(|h| (h.name, h.value))
-            .collect();
-        let last_event_id = headers
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case("last-event-id"))
-            .map(|(_, v)| *v);
+        let (method, headers) = parse_head(head, &mut hs);
+        let last_event_id = header(&headers, "last-event-id");
         if method == HttpMethod::Get {
-            if self.mcp_cluster_hold(slot, head, &mut body, close, subject, last_event_id) {
-                return;
+            let held = (head, &mut body, close, subject);
+            if self.cluster_hold(conn, held, last_event_id, cx) {
+                return false;
             }
-            let session = headers
-                .iter()
-                .find(|(k, _)| k.eq_ignore_ascii_case("mcp-session-id"))
-                .map(|(_, v)| *v);
-            self.mcp_cluster_recover(last_event_id, session, subject);
+            let session = header(&headers, "mcp-session-id");
+            self.cluster_recover(last_event_id, session, subject, cx);
         }
-        let generation = self.io.generation(slot);
-        let now_ms = self.mcp_now_ms();
-        let Some(m) = self.mcp.as_mut() else {
-            let msg = "the MCP front is not running on this core";
-            let b = crate::proto::http::error_response(503, "mcp_unavailable", msg, true);
-            return self.respond(slot, b, true);
-        };
-        let cid = m.next_conn;
-        m.next_conn += 1;
-        m.conns.insert(cid, (slot, generation, close));
-        m.by_slot.insert(slot, cid);
-        let log = self.hub.log(m.shard);
+        let now_ms = self.now_ms(cx.now);
+        let cid = self.next_conn;
+        self.next_conn += 1;
+        self.conns.insert(cid, (conn.0, conn.1, close));
+        self.by_slot.insert(conn.0, cid);
         let request = HttpRequest {
             conn: cid,
             method,
@@ -340,116 +308,142 @@ impl Core {
             subject,
         };
         let view = LogRef {
-            log,
-            epochs: &self.shared.epochs,
+            log: cx.hub.log(self.shard),
+            epochs: cx.epochs,
         };
-        m.core.handle_http(now_ms, &request, &view);
-        self.mcp_apply();
+        self.core.handle_http(now_ms, &request, &view);
+        true
     }
 
     /// The core's connection went away before its response could be opened.
-    pub(super) fn mcp_conn_gone(&mut self, cid: ConnId) {
-        let now_ms = self.mcp_now_ms();
-        if let Some(m) = self.mcp.as_mut() {
-            if let Some((slot, _, _)) = m.conns.remove(&cid)
-                && m.by_slot.get(&slot) == Some(&cid)
-            {
-                m.by_slot.remove(&slot);
-            }
-            m.core.handle_connection_closed(now_ms, cid);
-        }
-    }
-
-    /// Hook from `close_conn`: an MCP connection (request or SSE) closed.
-    pub(super) fn mcp_conn_closed(&mut self, slot: u32) {
-        let Some(cid) = self.mcp.as_mut().and_then(|m| m.by_slot.remove(&slot)) else {
-            return;
-        };
-        self.mcp_conn_gone(cid);
-        self.mcp_apply();
-    }
-
-    /// Hook once per reactor turn: upstream lines and exits, then the core's timers. Actions
-    /// are applied after each event, so queued appends never pile up in memory.
-    pub(super) fn mcp_turn(&mut self) {
-        let now = self.now;
-        let now_ms = self.mcp_now_ms();
-        let id_core = self.id;
-        for handled in 0.. {
-            let Some(m) = self.mcp.as_mut() else { return };
-            if handled == UPSTREAM_EVENTS_PER_TURN_MAX {
-                // More may be queued: come back next turn.
-                sys::eventfd_wake(self.shared.eventfds[self.id].as_fd());
-                break;
-            }
-            let Some(ev) = m.ups.try_recv() else { break };
-            match ev {
-                UpstreamEvent::Line(id, line) => m.core.handle_upstream_line(now_ms, id, &line),
-                UpstreamEvent::LineTooLong(id, n) => {
-                    // Dropping the line could hide a response: end the upstream explicitly.
-                    let why = format!("upstream wrote a {n}-byte line, over --event-bytes-max");
-                    eprintln!("core {id_core}: MCP upstream {}: {why}", id.0);
-                    m.ups.kill(id, now);
-                    m.core.handle_upstream_exit(now_ms, id, &why);
-                }
-                UpstreamEvent::Closed(id) => {
-                    m.ups.kill(id, now); // reap (SIGKILL after grace if it lingers)
-                    m.core
-                        .handle_upstream_exit(now_ms, id, "upstream closed its stdout");
-                }
-                UpstreamEvent::Failed(id, why) => {
-                    m.ups.kill(id, now);
-                    m.core.handle_upstream_exit(now_ms, id, &why);
-                }
-            }
-            self.mcp_apply();
-        }
-        let Some(m) = self.mcp.as_mut() else { return };
-        if now >= m.next_reap {
-            m.next_reap = now + REAP_INTERVAL;
-            for (id, status) in m.ups.poll(now) {
-                m.core
-                    .handle_upstream_exit(now_ms, id, &format!("upstream exited: {status}"));
-            }
-        }
-        if m.deadline_ms.is_some_and(|t| t <= now_ms) {
-            m.core.handle_tick(now_ms);
-        }
-        self.mcp_apply();
-        if let Some(m) = self.mcp.as_mut()
-            && m.metrics_dirty
-            && now >= m.next_metrics
+    pub(super) fn conn_gone(&mut self, now: Instant, cid: ConnId) {
+        if let Some((slot, _, _)) = self.conns.remove(&cid)
+            && self.by_slot.get(&slot) == Some(&cid)
         {
-            m.metrics_dirty = false;
-            m.next_metrics = now + METRICS_INTERVAL;
-            let text = m.render_metrics();
-            *self.m().mcp_snapshot.lock().expect("metrics lock") = text;
+            self.by_slot.remove(&slot);
+        }
+        self.core.handle_connection_closed(self.now_ms(now), cid);
+    }
+
+    /// The connection on `slot` closed: true if it carried an MCP request or response.
+    pub(super) fn conn_closed(&mut self, now: Instant, slot: u32) -> bool {
+        let Some(cid) = self.by_slot.remove(&slot) else {
+            return false;
+        };
+        self.conn_gone(now, cid);
+        true
+    }
+
+    /// Takes one upstream event (a line, an exit) to the MCP core: false if none is queued.
+    pub(super) fn handle_upstream_event(&mut self, now: Instant) -> bool {
+        let now_ms = self.now_ms(now);
+        let Some(ev) = self.ups.try_recv() else {
+            return false;
+        };
+        match ev {
+            UpstreamEvent::Line(id, line) => self.core.handle_upstream_line(now_ms, id, &line),
+            UpstreamEvent::LineTooLong(id, n) => {
+                // Dropping the line could hide a response: end the upstream explicitly.
+                let why = format!("upstream wrote a {n}-byte line, over --event-bytes-max");
+                crate::warn_limited!(
+                    core = self.core_id,
+                    upstream = id.0,
+                    line_bytes = n,
+                    "MCP upstream ended: {why}"
+                );
+                self.ups.kill(id, now);
+                self.core.handle_upstream_exit(now_ms, id, &why);
+            }
+            UpstreamEvent::Closed(id) => {
+                self.ups.kill(id, now); // reap (SIGKILL after grace if it lingers)
+                self.core
+                    .handle_upstream_exit(now_ms, id, "upstream closed its stdout");
+            }
+            UpstreamEvent::Failed(id, why) => {
+                self.ups.kill(id, now);
+                self.core.handle_upstream_exit(now_ms, id, &why);
+            }
+        }
+        true
+    }
+
+    /// The timers: exited children (every `REAP_INTERVAL`), then the MCP core's own.
+    pub(super) fn handle_timers(&mut self, now: Instant) {
+        let now_ms = self.now_ms(now);
+        if now >= self.next_reap {
+            self.next_reap = now + REAP_INTERVAL;
+            for (id, status) in self.ups.poll(now) {
+                let why = format!("upstream exited: {status}");
+                self.core.handle_upstream_exit(now_ms, id, &why);
+            }
+        }
+        if self.deadline_ms.is_some_and(|t| t <= now_ms) {
+            self.core.handle_tick(now_ms);
         }
     }
 
-    /// Hook for the reactor's wait: the MCP core's next timer.
-    pub(super) fn mcp_deadline(&self) -> Option<Instant> {
-        let m = self.mcp.as_ref()?;
-        let timer = m.deadline_ms.map(|ms| m.t0 + Duration::from_millis(ms));
-        let reap = (m.ups.children() > 0).then_some(m.next_reap);
-        let metrics = m.metrics_dirty.then_some(m.next_metrics);
+    /// The `gateway_mcp_*` metrics text, when a snapshot is due (something changed and
+    /// `METRICS_INTERVAL` passed since the last one).
+    pub(super) fn metrics_due(&mut self, now: Instant) -> Option<String> {
+        if !self.metrics_dirty || now < self.next_metrics {
+            return None;
+        }
+        self.metrics_dirty = false;
+        self.next_metrics = now + METRICS_INTERVAL;
+        Some(super::mcp_metrics::render(self))
+    }
+
+    /// The next instant this part needs a turn: the MCP core's timer, the reaping of
+    /// children, the metrics snapshot.
+    pub(super) fn deadline(&self) -> Option<Instant> {
+        let timer = self
+            .deadline_ms
+            .map(|ms| self.t0 + Duration::from_millis(ms));
+        let reap = (self.ups.children() > 0).then_some(self.next_reap);
+        let metrics = self.metrics_dirty.then_some(self.next_metrics);
         [timer, reap, metrics].into_iter().flatten().min()
     }
 
-    /// Hook from `begin_shutdown` (before the logs are synced): every session ends with
-    /// explicit errors in the log, upstream children are stopped.
-    pub(super) fn mcp_shutdown(&mut self) {
-        let Some(m) = self.mcp.as_mut() else { return };
-        m.core.shutdown();
-        self.mcp_apply();
-        if let Some(m) = self.mcp.as_mut() {
-            eprintln!(
-                "core {}: MCP front stopping {} upstream(s); {:?}",
-                self.id,
-                m.ups.children(),
-                m.core.stats()
-            );
-            m.ups.stop_all();
-        }
+    /// After the MCP core's shutdown actions are carried out: upstream children are stopped.
+    pub(super) fn stop(&mut self) {
+        let st = self.core.stats();
+        tracing::info!(
+            core = self.core_id,
+            upstreams = self.ups.children(),
+            sessions_created = st.sessions_minted,
+            sessions_terminated = st.sessions_terminated,
+            messages_up = self.messages_up,
+            messages_down = st.upstream_lines,
+            messages_not_jsonrpc = st.upstream_garbage_lines,
+            messages_no_destination = st.orphan_messages,
+            resumes_ok = st.resumes_ok,
+            resumes_truncated = st.resumes_truncated,
+            resumes_rejected = st.resumes_rejected,
+            modern_cancels = st.modern_cancels,
+            upstream_deaths = st.upstream_deaths,
+            records_refused = self.records_refused,
+            "MCP front stopping"
+        );
+        self.ups.stop_all();
+    }
+}
+
+/// The wake-up an upstream thread calls (this core's eventfd).
+pub(super) type Wake = Arc<dyn Fn() + Send + Sync>;
+
+/// The upstreams of `cfg`'s MCP front (a command or an HTTP endpoint).
+pub(super) fn upstreams(cfg: &Config, wake: Wake) -> UpstreamSet {
+    let args = &cfg.mcp;
+    let limits = args.upstream_limits(cfg.event_bytes_max);
+    match (&args.upstream_cmd, &args.upstream_url) {
+        (Some(cmd), _) => UpstreamSet::new(cmd.clone(), limits, wake),
+        (None, Some(_)) => UpstreamSet::new_http(
+            args.http_endpoint()
+                .expect("--upstream-url is checked by McpArgs::validate at start")
+                .expect("--upstream-url is given"),
+            limits,
+            wake,
+        ),
+        (None, None) => unreachable!("enabled() checked"),
     }
 }

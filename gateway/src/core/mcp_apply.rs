@@ -1,16 +1,16 @@
-//! Carries out the MCP core's actions with the core's own machinery: appends on the MCP
-//! shard's log (so MCP events are durable and fsynced like any other; a refused record is
-//! replaced by an explicit error record at the same seq, else the stream is marked broken),
-//! SSE responses as ordinary log subscribers (the same zero-copy send path, ACK-confirmed
-//! window and backpressure; never parked, since MCP resumes replay from the log), plain
-//! responses, and the upstreams.
+//! The MCP core's actions, turned into what the core does: appends on the MCP shard's log (so
+//! MCP events are durable and fsynced like any other; a refused record is replaced by an
+//! explicit error record at the same seq, else the stream is marked broken), SSE responses as
+//! ordinary log subscribers (the same zero-copy send path, ACK-confirmed window and
+//! backpressure; never parked, since MCP resumes replay from the log), plain responses, and
+//! the upstreams. What touches connections comes back as [`Effect`]s (`mcp_drive` carries
+//! them out).
 
 use log_store::Seq;
 
-use super::{Core, State};
+use super::mcp::{BROKEN_PER_SESSION_MAX, Effect, Mcp, McpCx};
 use crate::mcp::core::{Action, ConnId, UpstreamId, redact_stream_name as redacted};
 use crate::mcp::jsonrpc;
-use crate::streams::sub::Sub;
 use mcp_front::credential::Credential;
 
 fn reason(status: u16) -> &'static str {
@@ -31,35 +31,38 @@ fn reason(status: u16) -> &'static str {
     }
 }
 
-impl Core {
-    /// Carries out the core's actions, in order, until it has none.
-    pub(super) fn mcp_apply(&mut self) {
-        loop {
-            let Some(m) = self.mcp.as_mut() else { return };
-            let Some(action) = m.core.poll_action() else {
-                m.deadline_ms = m.core.poll_timeout();
-                return;
-            };
-            m.metrics_dirty = true;
-            self.mcp_act(action);
-        }
+impl Mcp {
+    /// The MCP core's next action (`None`: none; its next timer is noted).
+    pub(super) fn next_action(&mut self) -> Option<Action> {
+        let Some(action) = self.core.poll_action() else {
+            self.deadline_ms = self.core.poll_timeout();
+            return None;
+        };
+        self.metrics_dirty = true;
+        Some(action)
     }
 
-    fn mcp_act(&mut self, action: Action) {
+    /// Carries out one action as far as this part can; the rest is returned, in order.
+    pub(super) fn act(&mut self, action: Action, cx: &mut McpCx<'_>) -> Vec<Effect> {
+        let mut out = Vec::new();
         match action {
             Action::Respond {
                 conn,
                 status,
                 headers,
                 body,
-            } => self.mcp_respond(conn, status, &headers, &body),
+            } => self.respond(conn, status, &headers, &body, &mut out),
             // In cluster mode a stream is born with its first applied message.
-            Action::CreateStream { .. } if self.cluster.is_some() => {}
+            Action::CreateStream { .. } if cx.cluster.is_some() => {}
             Action::CreateStream { stream } => {
-                let shard = self.mcp_shard();
-                if let Err(e) = self.hub.log_mut(shard).create_stream(&stream) {
-                    let (id, stream) = (self.id, redacted(&stream));
-                    eprintln!("core {id}: MCP stream {stream} cannot be created: {e}");
+                if let Err(e) = cx.hub.log_mut(self.shard).create_stream(&stream) {
+                    let stream = redacted(&stream);
+                    crate::warn_limited!(
+                        core = self.core_id,
+                        %stream,
+                        error = %e,
+                        "MCP stream cannot be created",
+                    );
                 }
             }
             Action::Append {
@@ -67,71 +70,70 @@ impl Core {
                 seq,
                 event_type,
                 data,
-            } => self.mcp_append(stream, seq, event_type, data),
-            open @ Action::OpenSse { .. } => self.mcp_open_sse(open),
-            Action::StreamComplete { stream, last_seq } => self.mcp_complete(&stream, last_seq),
-            Action::CloseSse { conn } => self.mcp_close_sse(conn),
+            } => self.append(stream, seq, event_type, data, cx, &mut out),
+            open @ Action::OpenSse { .. } => self.open_sse(open, cx, &mut out),
+            Action::StreamComplete { stream, last_seq } => {
+                self.complete(&stream, last_seq, cx, &mut out)
+            }
+            Action::CloseSse { conn } => self.close_sse(conn, &mut out),
             Action::SpawnUpstream { upstream, session } => {
-                self.mcp_spawn(upstream, session.as_deref())
+                self.spawn(upstream, session.as_deref(), cx)
             }
             Action::SendUpstream {
                 upstream,
                 line,
                 authorization,
-            } => self.mcp_send_up(upstream, line, authorization),
+            } => self.send_up(upstream, line, authorization, cx),
             Action::SetUpstreamAuthorization {
                 upstream,
                 authorization,
-            } => {
-                if let Some(m) = self.mcp.as_mut() {
-                    m.ups.set_authorization(upstream, authorization);
-                }
-            }
-            Action::KillUpstream { upstream } => {
-                let now = self.now;
-                if let Some(m) = self.mcp.as_mut() {
-                    m.ups.kill(upstream, now);
-                }
-            }
+            } => self.ups.set_authorization(upstream, authorization),
+            Action::KillUpstream { upstream } => self.ups.kill(upstream, cx.now),
         }
+        out
     }
 
-    pub(super) fn mcp_shard(&self) -> u32 {
-        self.mcp.as_ref().expect("MCP front on this core").shard
-    }
-
-    fn mcp_append(
+    fn append(
         &mut self,
         stream: String,
         seq: Seq,
         event_type: Option<&'static str>,
         data: Vec<u8>,
+        cx: &mut McpCx<'_>,
+        out: &mut Vec<Effect>,
     ) {
-        let shard = self.mcp_shard();
-        let id_core = self.id;
-        let m = self.mcp.as_mut().expect("checked");
-        if m.broken.contains_key(&stream) {
+        if self.broken.contains_key(&stream) {
             let stream = redacted(&stream);
-            eprintln!(
-                "core {id_core}: MCP message for broken stream {stream} (seq {seq}) not stored"
+            crate::warn_limited!(
+                core = self.core_id,
+                %stream,
+                seq,
+                "MCP message for a broken stream not stored",
             );
             return;
         }
-        if self.cluster.is_some() {
-            return self.mcp_cluster_append(stream, seq, event_type, data);
+        if cx.cluster.is_some() {
+            return self.cluster_append(stream, seq, event_type, data, cx, out);
         }
-        let log = self.hub.log_mut(shard);
+        let log = cx.hub.log_mut(self.shard);
         let sid = log
             .stream_id(&stream)
             .expect("the core creates a stream before appending to it");
+        let core_id = self.core_id;
+        let refused = &mut self.records_refused;
         let appended = log.append(sid, event_type, &data).or_else(|e| {
             // An operating error (record too large, disk full): the same position gets an
             // explicit error record instead (the request is answered with a JSON-RPC error),
             // so the stream stays gap-free and the core's sequence prediction holds.
-            m.records_refused += 1;
+            *refused += 1;
             let why = e.to_string();
             let name = redacted(&stream);
-            eprintln!("core {id_core}: MCP append to {name} failed: {why}");
+            crate::warn_limited!(
+                core = core_id,
+                stream = %name,
+                error = %why,
+                "MCP append failed; storing an error record instead",
+            );
             let (t, sub) = jsonrpc::not_stored_substitute(&data, &why);
             log.append(sid, t, &sub)
                 .map_err(|e2| format!("{why}; then {e2}"))
@@ -144,14 +146,14 @@ impl Core {
                     redacted(&stream),
                     a.id.seq
                 );
-                self.hub.record_appends((shard, sid), 1);
+                cx.hub.record_appends((self.shard, sid), 1);
             }
-            Err(why) => self.mcp_break_stream(stream, why),
+            Err(why) => self.break_stream(stream, why, cx, out),
         }
     }
 
     /// An `Action::OpenSse`: the connection becomes a subscriber of the MCP stream.
-    fn mcp_open_sse(&mut self, open: Action) {
+    fn open_sse(&mut self, open: Action, cx: &McpCx<'_>, out: &mut Vec<Effect>) {
         let Action::OpenSse {
             conn,
             stream,
@@ -164,165 +166,157 @@ impl Core {
         else {
             unreachable!("called with OpenSse only");
         };
-        let shard = self.mcp_shard();
-        let m = self.mcp.as_mut().expect("checked");
-        let Some(&(slot, generation, _)) = m.conns.get(&conn) else {
+        let Some(&(slot, generation, _)) = self.conns.get(&conn) else {
             return;
         };
-        if let Some(why) = m.broken.get(&stream) {
+        if let Some(why) = self.broken.get(&stream) {
             let name = redacted(&stream);
             let msg = format!("stream {name} cannot be served: its log refused a record ({why})");
             let data = Some(serde_json::json!({ "stream": name }));
             let body = jsonrpc::error_body(None, jsonrpc::NOT_STORED, &msg, data);
             let headers = vec![("Content-Type", "application/json".to_owned())];
-            return self.mcp_respond(conn, 503, &headers, &body);
+            return self.respond(conn, 503, &headers, &body, out);
         }
-        if self.conn_at((slot, generation)).is_none_or(|c| c.closing) {
-            return self.mcp_conn_gone(conn);
-        }
-        let head = sse_head(&headers, retry_ms, reprime.as_deref());
-        let setup = |sub: &mut Sub| {
-            sub.never_park();
-            if let Some(e) = end_after {
-                sub.end_after(e);
-            }
-        };
-        match self.hub.log(shard).stream_id(&stream) {
-            Some(sid) => self.become_subscriber(slot, (shard, sid), from_seq, head, None, setup),
-            // Cluster mode: its first message is not applied here yet.
-            None if self.cluster.is_some() => {
-                self.subscribe_unborn_at(slot, &stream, from_seq, head, setup)
-            }
-            None => unreachable!("the core creates a stream before opening it"),
-        }
+        let key = cx
+            .hub
+            .log(self.shard)
+            .stream_id(&stream)
+            .map(|sid| (self.shard, sid));
+        out.push(Effect::Subscribe {
+            conn: (slot, generation),
+            cid: conn,
+            stream,
+            key,
+            from_seq,
+            head: sse_head(&headers, retry_ms, reprime.as_deref()),
+            end_after,
+        });
     }
 
-    fn mcp_complete(&mut self, stream: &str, last_seq: Seq) {
-        if self
-            .mcp
-            .as_ref()
-            .is_some_and(|m| m.broken.contains_key(stream))
-        {
+    fn complete(&mut self, stream: &str, last_seq: Seq, cx: &McpCx<'_>, out: &mut Vec<Effect>) {
+        if self.broken.contains_key(stream) {
             return; // its connections are closed; the log ends before last_seq
         }
-        self.mcp_cluster_complete(stream, last_seq);
-        for r in self.mcp_stream_subs(stream) {
-            if let Some(c) = self.conn_at(r)
-                && let State::Sub(sub) = &mut c.state
-            {
-                sub.end_after(last_seq);
-                self.pump(r.0);
-            }
+        self.cluster_complete(stream, last_seq);
+        for conn in self.stream_subs(stream, cx) {
+            out.push(Effect::EndAfter { conn, last_seq });
         }
     }
 
-    fn mcp_close_sse(&mut self, conn: ConnId) {
-        let Some(m) = self.mcp.as_mut() else { return };
-        let Some((slot, generation, _)) = m.conns.remove(&conn) else {
+    fn close_sse(&mut self, conn: ConnId, out: &mut Vec<Effect>) {
+        let Some((slot, generation, _)) = self.conns.remove(&conn) else {
             return;
         };
-        if m.by_slot.get(&slot) == Some(&conn) {
-            m.by_slot.remove(&slot);
+        if self.by_slot.get(&slot) == Some(&conn) {
+            self.by_slot.remove(&slot);
         }
-        if self.conn_at((slot, generation)).is_some_and(|c| !c.closing) {
-            self.close_conn(slot);
+        out.push(Effect::Close((slot, generation)));
+    }
+
+    fn spawn(&mut self, upstream: UpstreamId, session: Option<&str>, cx: &McpCx<'_>) {
+        if let Err(e) = self.ups.spawn(upstream, session) {
+            crate::warn_limited!(
+                core = self.core_id,
+                upstream = upstream.0,
+                error = %e,
+                "MCP upstream cannot start",
+            );
+            self.core
+                .handle_upstream_exit(self.now_ms(cx.now), upstream, &e);
         }
     }
 
-    fn mcp_spawn(&mut self, upstream: UpstreamId, session: Option<&str>) {
-        let now_ms = self.mcp_now_ms();
-        let m = self.mcp.as_mut().expect("checked");
-        if let Err(e) = m.ups.spawn(upstream, session) {
-            eprintln!("core {}: {e}", self.id);
-            m.core.handle_upstream_exit(now_ms, upstream, &e);
-        }
-    }
-
-    fn mcp_send_up(
+    fn send_up(
         &mut self,
         upstream: UpstreamId,
         line: Vec<u8>,
         authorization: Option<Credential>,
+        cx: &McpCx<'_>,
     ) {
-        let (now, now_ms) = (self.now, self.mcp_now_ms());
-        let m = self.mcp.as_mut().expect("checked");
-        m.messages_up += 1;
-        if let Err(e) = m.ups.send(upstream, line, authorization) {
-            m.ups.kill(upstream, now);
-            m.core.handle_upstream_exit(now_ms, upstream, &e);
+        self.messages_up += 1;
+        if let Err(e) = self.ups.send(upstream, line, authorization) {
+            self.ups.kill(upstream, cx.now);
+            self.core
+                .handle_upstream_exit(self.now_ms(cx.now), upstream, &e);
         }
     }
 
     /// A plain (non-SSE) response on the core's connection `conn`.
-    fn mcp_respond(
+    fn respond(
         &mut self,
         conn: ConnId,
         status: u16,
         headers: &[(&'static str, String)],
         body: &[u8],
+        out: &mut Vec<Effect>,
     ) {
-        let Some(m) = self.mcp.as_mut() else { return };
-        let Some((slot, generation, close)) = m.conns.remove(&conn) else {
+        let Some((slot, generation, close)) = self.conns.remove(&conn) else {
             return;
         };
         // The slot may carry a newer MCP connection by now: keep its mapping.
-        if m.by_slot.get(&slot) == Some(&conn) {
-            m.by_slot.remove(&slot);
+        if self.by_slot.get(&slot) == Some(&conn) {
+            self.by_slot.remove(&slot);
         }
-        if self.conn_at((slot, generation)).is_none_or(|c| c.closing) {
-            return;
-        }
-        let mut out = format!(
+        let mut head = format!(
             "HTTP/1.1 {status} {}\r\nContent-Length: {}\r\n",
             reason(status),
             body.len()
         );
         for (k, v) in headers {
-            out.push_str(&format!("{k}: {v}\r\n"));
+            head.push_str(&format!("{k}: {v}\r\n"));
         }
-        out.push_str(if close {
+        head.push_str(if close {
             "Connection: close\r\n\r\n"
         } else {
             "\r\n"
         });
-        let mut bytes = out.into_bytes();
+        let mut bytes = head.into_bytes();
         bytes.extend_from_slice(body);
-        self.respond(slot, bytes, close);
+        out.push(Effect::Respond {
+            conn: (slot, generation),
+            bytes,
+            close,
+        });
     }
 
     /// The log refused a record of `stream` and its substitute: nothing more goes to it, its
     /// open connections are closed (the client sees the records up to the log's tail, then the
     /// end; resuming gets an explicit 503), and the process keeps running.
-    pub(super) fn mcp_break_stream(&mut self, stream: String, why: String) {
-        let (id, name) = (self.id, redacted(&stream));
-        eprintln!("core {id}: MCP stream {name} broken (no record could be stored): {why}");
-        self.mcp_cluster_forget(&stream);
-        let subs = self.mcp_stream_subs(&stream);
-        let max = self.shared.cfg.mcp.mcp_sessions_max * super::mcp::BROKEN_PER_SESSION_MAX;
-        if let Some(m) = self.mcp.as_mut() {
-            // First: closing re-enters the core.
-            if m.broken.insert(stream.clone(), why).is_none() {
-                m.broken_order.push_back(stream);
-            }
-            // Over the bound, forget the oldest entries of streams the MCP core no longer
-            // holds (it appends only to those it holds; a held one must stay, or its next
-            // record would land below the core's predicted seq).
-            let mut looked = m.broken_order.len();
-            while m.broken_order.len() > max && looked > 0 {
-                looked -= 1;
-                let old = m.broken_order.pop_front().expect("non-empty");
-                if m.core.holds_stream(&old) {
-                    m.broken_order.push_back(old);
-                } else {
-                    m.broken.remove(&old);
-                }
+    pub(super) fn break_stream(
+        &mut self,
+        stream: String,
+        why: String,
+        cx: &McpCx<'_>,
+        out: &mut Vec<Effect>,
+    ) {
+        let name = redacted(&stream);
+        crate::warn_limited!(
+            core = self.core_id,
+            stream = %name,
+            reason = %why,
+            "MCP stream broken (no record could be stored)",
+        );
+        self.cluster_forget(&stream);
+        let subs = self.stream_subs(&stream, cx);
+        let max = cx.cfg.mcp.mcp_sessions_max * BROKEN_PER_SESSION_MAX;
+        // First: closing re-enters the core.
+        if self.broken.insert(stream.clone(), why).is_none() {
+            self.broken_order.push_back(stream);
+        }
+        // Over the bound, forget the oldest entries of streams the MCP core no longer holds
+        // (it appends only to those it holds; a held one must stay, or its next record would
+        // land below the core's predicted seq).
+        let mut looked = self.broken_order.len();
+        while self.broken_order.len() > max && looked > 0 {
+            looked -= 1;
+            let old = self.broken_order.pop_front().expect("non-empty");
+            if self.core.holds_stream(&old) {
+                self.broken_order.push_back(old);
+            } else {
+                self.broken.remove(&old);
             }
         }
-        for r in subs {
-            if self.conn_at(r).is_some_and(|c| !c.closing) {
-                self.close_conn(r.0);
-            }
-        }
+        out.extend(subs.into_iter().map(Effect::Close));
     }
 }
 

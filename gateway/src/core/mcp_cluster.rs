@@ -13,7 +13,7 @@
 //! - **Streams are born with their first applied message** (as every stream in cluster
 //!   mode): an SSE response opened before that waits as an unborn subscriber.
 //! - **Other nodes' sessions** are recovered into this node's MCP core when a client resumes
-//!   them with their session ID (`mcp_cluster_recover`), replay only; new requests get 404
+//!   them with their session ID (`Mcp::cluster_recover`), replay only; new requests get 404
 //!   (their upstream is elsewhere). Session IDs this process mints start with its own 4
 //!   random bytes, so it never recovers its own (ended) sessions.
 //! - **Catch-up.** A resume naming what this node has not applied yet (or a complete stream
@@ -26,10 +26,10 @@ use std::time::{Duration, Instant};
 
 use log_store::{EventId, Seq};
 
-use super::Core;
+use super::mcp::{Effect, Mcp, McpCx};
 use crate::mcp::core::{parse_stream_name, redact_stream_name as redacted, subject_tag};
 use crate::mcp::jsonrpc;
-use crate::streams::hub::SubRef;
+use crate::streams::hub::{Hub, SubRef};
 use crate::streams::publish::RecordLimit;
 
 /// One MCP record waiting for its turn.
@@ -85,14 +85,14 @@ impl Order {
 }
 
 /// A `GET` + `Last-Event-ID` this node has not applied yet, held until it has.
-struct CatchUp {
-    conn: SubRef,
-    id: EventId,
-    head: Vec<u8>,
-    body: Vec<u8>,
-    close: bool,
-    subject: Option<String>,
-    deadline: Instant,
+pub(super) struct CatchUp {
+    pub(super) conn: SubRef,
+    pub(super) id: EventId,
+    pub(super) head: Vec<u8>,
+    pub(super) body: Vec<u8>,
+    pub(super) close: bool,
+    pub(super) subject: Option<String>,
+    pub(super) deadline: Instant,
 }
 
 /// The MCP core's cluster state (`Debug` prints counts: its maps hold session IDs).
@@ -165,44 +165,60 @@ impl std::fmt::Debug for McpCluster {
     }
 }
 
-impl Core {
+impl McpCluster {
+    /// Takes the held resumes (the driver carries out those that caught up and hands the
+    /// rest back with [`McpCluster::keep_catchups`]).
+    pub(super) fn take_catchups(&mut self) -> Vec<CatchUp> {
+        std::mem::take(&mut self.catchup)
+    }
+
+    pub(super) fn keep_catchups(&mut self, keep: Vec<CatchUp>) {
+        self.catchup.extend(keep);
+    }
+}
+
+impl Mcp {
+    fn mcp_cluster(&mut self) -> &mut McpCluster {
+        self.cluster.as_mut().expect("cluster mode")
+    }
+
     /// An `Action::Append` in cluster mode: sent now if its stream has nothing in flight,
     /// else queued behind it.
-    pub(super) fn mcp_cluster_append(
+    pub(super) fn cluster_append(
         &mut self,
         stream: String,
         seq: Seq,
         event_type: Option<&'static str>,
         data: Vec<u8>,
+        cx: &mut McpCx<'_>,
+        out: &mut Vec<Effect>,
     ) {
-        let shard = self.mcp_shard();
         // Every node must be able to apply it: a record over the limit becomes an explicit
         // error record at the same seq (as in single-node mode).
         let (mut event_type, mut data) = (event_type, data);
-        let limit = RecordLimit::of(self.hub.log(shard));
+        let limit = RecordLimit::of(cx.hub.log(self.shard));
         if let Some(framed) = limit.overflow_any_id(event_type, &data) {
             let record_max = limit.record_bytes_max;
             let why = format!("a {framed}-byte record exceeds the record limit {record_max}");
-            self.mcp_cluster_note(&stream, &why);
-            self.mcp.as_mut().expect("MCP core").records_refused += 1;
+            self.cluster_note(&stream, &why);
+            self.records_refused += 1;
             (event_type, data) = jsonrpc::not_stored_substitute(&data, &why);
             // The substitute repeats the message's JSON-RPC id, which may itself be too large:
             // then nothing can stand at this seq, and the stream breaks (as in single-node
             // mode). Every node must be able to apply what is sent.
             if let Some(framed) = limit.overflow_any_id(event_type, &data) {
                 let why = format!("{why}; its {framed}-byte error record too");
-                return self.mcp_break_stream(stream, why);
+                return self.break_stream(stream, why, cx, out);
             }
         }
-        let max = self.shared.cfg.cluster.cluster_mcp_queue_bytes_max;
-        let window = self.shared.cfg.cluster.cluster_mcp_inflight_max;
-        let m = self.mcp.as_mut().expect("MCP core");
-        let mc = m.cluster.as_mut().expect("cluster mode");
+        let max = cx.cfg.cluster.cluster_mcp_queue_bytes_max;
+        let window = cx.cfg.cluster.cluster_mcp_inflight_max;
+        let mc = self.mcp_cluster();
         let order = mc.streams.entry(stream.clone()).or_default();
         if !order.may_send(window) {
             if mc.queued_bytes + data.len() > max {
                 let why = format!("--cluster-mcp-queue-bytes-max {max} reached");
-                return self.mcp_break_stream(stream, why);
+                return self.break_stream(stream, why, cx, out);
             }
             mc.queued_bytes += data.len();
             order.queued.push_back(Queued {
@@ -212,36 +228,40 @@ impl Core {
             });
             return;
         }
-        self.mcp_cluster_send(shard, stream, seq, event_type, data);
+        self.cluster_send(stream, seq, event_type, data, cx);
     }
 
     /// Sends one record of `stream` (its `Order` exists) and notes it in flight.
-    fn mcp_cluster_send(
+    fn cluster_send(
         &mut self,
-        shard: u32,
         stream: String,
         seq: Seq,
         event_type: Option<&'static str>,
         data: Vec<u8>,
+        cx: &mut McpCx<'_>,
     ) {
-        let ticket = self.cluster_send(shard, stream.clone(), event_type, data, Some(seq));
-        let mc = self.mcp_cluster_mut();
+        let cc = cx.cluster.as_deref_mut().expect("cluster mode");
+        let event = event_type.map(str::to_owned);
+        let ticket = cc.publish(self.shard, stream.clone(), event, data, Some(seq), None);
+        cx.metrics.cluster_publishes_total.fetch_add(1, Relaxed);
+        let mc = self.mcp_cluster();
         let order = mc.streams.get_mut(&stream).expect("the stream's order");
         order.inflight.push_back((ticket, seq));
         mc.tickets.insert(ticket, stream);
-    }
-
-    fn mcp_cluster_mut(&mut self) -> &mut McpCluster {
-        let m = self.mcp.as_mut().expect("MCP core");
-        m.cluster.as_mut().expect("cluster mode")
     }
 
     /// A ticket came back (applied as `Ok(id)`, or unconfirmed): true if it was an MCP
     /// record's. It must be the stream's oldest in flight and carry the predicted seq (so
     /// JetStream stored the stream's records in the order they were sent, none missing);
     /// then more are sent, else the stream is broken.
-    pub(super) fn mcp_ticket_done(&mut self, ticket: u64, outcome: Result<EventId, &str>) -> bool {
-        let Some(mc) = self.mcp.as_mut().and_then(|m| m.cluster.as_mut()) else {
+    pub(super) fn ticket_done(
+        &mut self,
+        ticket: u64,
+        outcome: Result<EventId, &str>,
+        cx: &mut McpCx<'_>,
+        out: &mut Vec<Effect>,
+    ) -> bool {
+        let Some(mc) = self.cluster.as_mut() else {
             return false;
         };
         if mc.tickets.is_empty() {
@@ -254,13 +274,12 @@ impl Core {
         let (oldest, failed) = order.done(ticket, outcome.map(|id| id.seq));
         mc.tickets.remove(&oldest);
         if let Some(why) = failed {
-            self.mcp_break_stream(stream, why);
+            self.break_stream(stream, why, cx, out);
             return true;
         }
-        let window = self.shared.cfg.cluster.cluster_mcp_inflight_max;
-        let shard = self.mcp_shard();
+        let window = cx.cfg.cluster.cluster_mcp_inflight_max;
         loop {
-            let mc = self.mcp_cluster_mut();
+            let mc = self.mcp_cluster();
             let order = mc.streams.get_mut(&stream).expect("present");
             let Some(next) = order.next(window) else {
                 if order.inflight.is_empty() && order.queued.is_empty() {
@@ -275,22 +294,21 @@ impl Core {
                 event_type,
                 data,
             } = next;
-            self.mcp_cluster_send(shard, stream.clone(), seq, event_type, data);
+            self.cluster_send(stream.clone(), seq, event_type, data, cx);
         }
     }
 
     /// Whether MCP records are on their way through JetStream (shutdown waits for them).
-    pub(super) fn mcp_cluster_sending(&self) -> bool {
-        self.mcp
+    pub(super) fn cluster_sending(&self) -> bool {
+        self.cluster
             .as_ref()
-            .and_then(|m| m.cluster.as_ref())
             .is_some_and(|mc| !mc.streams.is_empty())
     }
 
     /// Drops what a broken stream still had on its way (its in-flight ticket is ignored
     /// when it comes back).
-    pub(super) fn mcp_cluster_forget(&mut self, stream: &str) {
-        let Some(mc) = self.mcp.as_mut().and_then(|m| m.cluster.as_mut()) else {
+    pub(super) fn cluster_forget(&mut self, stream: &str) {
+        let Some(mc) = self.cluster.as_mut() else {
             return;
         };
         mc.completing.remove(stream);
@@ -303,9 +321,9 @@ impl Core {
     }
 
     /// `Action::StreamComplete` in cluster mode: while its last records are on their way, a
-    /// resume of the stream waits for them (see `mcp_applied`).
-    pub(super) fn mcp_cluster_complete(&mut self, stream: &str, last_seq: Seq) {
-        if let Some(mc) = self.mcp.as_mut().and_then(|m| m.cluster.as_mut())
+    /// resume of the stream waits for them (see `applied`).
+    pub(super) fn cluster_complete(&mut self, stream: &str, last_seq: Seq) {
+        if let Some(mc) = self.cluster.as_mut()
             && mc.streams.contains_key(stream)
         {
             mc.completing.insert(stream.to_owned(), last_seq);
@@ -318,24 +336,20 @@ impl Core {
     /// (`McpCore::recover_stream`). Only then: a node does not hold every session of the
     /// cluster (`--mcp-sessions-max` stays this node's), a client must know the session ID to
     /// recover it, and a session that ended on this node stays ended (404).
-    pub(super) fn mcp_cluster_recover(
+    pub(super) fn cluster_recover(
         &mut self,
         last_event_id: Option<&[u8]>,
         session: Option<&[u8]>,
         subject: Option<&str>,
+        cx: &McpCx<'_>,
     ) {
-        let Some(mc) = self.mcp.as_ref().and_then(|m| m.cluster.as_ref()) else {
+        let Some(mc) = self.cluster.as_ref() else {
             return;
         };
-        let (Some(Ok(id)), Some(session)) = (
-            last_event_id
-                .and_then(|v| std::str::from_utf8(v).ok())
-                .map(str::parse::<EventId>),
-            session,
-        ) else {
+        let (Some(id), Some(session)) = (parse_id(last_event_id), session) else {
             return;
         };
-        let log = self.hub.log(self.mcp_shard());
+        let log = cx.hub.log(self.shard);
         let Some(name) = (id.epoch == log.epoch())
             .then(|| log.stream_name(id.stream))
             .flatten()
@@ -350,112 +364,77 @@ impl Core {
         if sid.as_bytes() != session || sid.starts_with(&mc.minted) || !bound {
             return;
         }
-        let name = name.to_owned();
-        let now_ms = self.mcp_now_ms();
-        let m = self.mcp.as_mut().expect("checked");
-        m.core.recover_stream(&name, now_ms);
-        m.metrics_dirty = true;
+        let now_ms = self.now_ms(cx.now);
+        self.core.recover_stream(name, now_ms);
+        self.metrics_dirty = true;
     }
 
-    /// Whether this `GET` must wait for the node to apply its `Last-Event-ID` (then it is
-    /// held and carried out later).
-    pub(super) fn mcp_cluster_hold(
+    /// Whether this `GET` on `conn` must wait for the node to apply its `Last-Event-ID` (then
+    /// it is held, its body taken, and carried out later).
+    pub(super) fn cluster_hold(
         &mut self,
-        slot: u32,
-        head: &[u8],
-        body: &mut Vec<u8>,
-        close: bool,
-        subject: Option<&str>,
+        conn: SubRef,
+        (head, body, close, subject): (&[u8], &mut Vec<u8>, bool, Option<&str>),
         last_event_id: Option<&[u8]>,
+        cx: &McpCx<'_>,
     ) -> bool {
-        if self.cluster.is_none() || self.mcp.is_none() {
+        if cx.cluster.is_none() {
             return false;
         }
-        let Some(Ok(id)) = last_event_id
-            .and_then(|v| std::str::from_utf8(v).ok())
-            .map(str::parse::<EventId>)
-        else {
+        let Some(id) = parse_id(last_event_id) else {
             return false;
         };
-        if self.mcp_applied(id) {
+        if self.applied(id, cx.hub) {
             return false;
         }
-        let wait = Duration::from_millis(self.shared.cfg.cluster.cluster_catchup_wait_ms);
+        let wait = Duration::from_millis(cx.cfg.cluster.cluster_catchup_wait_ms);
         let c = CatchUp {
-            conn: (slot, self.io.generation(slot)),
+            conn,
             id,
             head: head.to_vec(),
             body: std::mem::take(body),
             close,
             subject: subject.map(str::to_owned),
-            deadline: self.now + wait,
+            deadline: cx.now + wait,
         };
-        self.m().cluster_catchup_waits_total.fetch_add(1, Relaxed);
-        self.mcp_cluster_mut().catchup.push(c);
+        cx.metrics.cluster_catchup_waits_total.fetch_add(1, Relaxed);
+        self.mcp_cluster().catchup.push(c);
         true
     }
 
     /// Whether the MCP log holds `id` (or `id` is not of its epoch: the MCP core answers),
     /// and, if its stream is complete, its last record: the MCP core reads a complete stream
     /// it no longer holds in memory as ending at the log's tail.
-    fn mcp_applied(&self, id: EventId) -> bool {
-        let log = self.hub.log(self.mcp_shard());
+    pub(super) fn applied(&self, id: EventId, hub: &Hub) -> bool {
+        let log = hub.log(self.shard);
         if id.epoch != log.epoch() {
             return true;
         }
         let (Some(b), Some(name)) = (log.bounds(id.stream), log.stream_name(id.stream)) else {
             return false;
         };
-        let ending = self
-            .mcp
-            .as_ref()
-            .and_then(|m| m.cluster.as_ref())
-            .and_then(|mc| mc.completing.get(name));
+        let ending = self.cluster.as_ref().and_then(|mc| mc.completing.get(name));
         id.seq <= b.visible_tail && ending.is_none_or(|&last| last <= b.visible_tail)
     }
 
-    /// Carries out the held resumes that caught up; on `deadlines`, refuses the ones past
-    /// theirs (503 with `Retry-After`).
-    pub(super) fn mcp_serve_catchups(&mut self, deadlines: bool) {
-        let Some(mc) = self.mcp.as_mut().and_then(|m| m.cluster.as_mut()) else {
-            return;
-        };
-        if mc.catchup.is_empty() {
-            return;
-        }
-        let waiters = std::mem::take(&mut mc.catchup);
-        let mut keep = Vec::new();
-        for w in waiters {
-            if self.conn_at(w.conn).is_none_or(|c| c.closing) {
-                continue;
-            }
-            if self.mcp_applied(w.id) {
-                let subject = w.subject.as_deref();
-                self.mcp_request(w.conn.0, &w.head, w.body, w.close, subject);
-            } else if deadlines && self.now >= w.deadline {
-                let timeouts = &self.m().cluster_catchup_timeouts_total;
-                timeouts.fetch_add(1, Relaxed);
-                self.refuse_catchup(w.conn.0);
-            } else {
-                keep.push(w);
-            }
-        }
-        self.mcp_cluster_mut().catchup.extend(keep);
-    }
-
     /// The connections reading MCP stream `stream` (also those waiting for it to be born).
-    pub(super) fn mcp_stream_subs(&self, stream: &str) -> Vec<SubRef> {
-        let shard = self.mcp_shard();
-        match self.hub.log(shard).stream_id(stream) {
-            Some(sid) => self.hub.subscribers((shard, sid)).to_vec(),
-            None => self.unborn_subs(stream),
+    pub(super) fn stream_subs(&self, stream: &str, cx: &McpCx<'_>) -> Vec<SubRef> {
+        match cx.hub.log(self.shard).stream_id(stream) {
+            Some(sid) => cx.hub.subscribers((self.shard, sid)).to_vec(),
+            None => cx.hub.unborn().subs(stream).to_vec(),
         }
     }
 
     /// Logs a broken MCP stream's cause without its session ID.
-    pub(super) fn mcp_cluster_note(&self, stream: &str, why: &str) {
-        eprintln!("core {}: MCP stream {}: {why}", self.id, redacted(stream));
+    pub(super) fn cluster_note(&self, stream: &str, why: &str) {
+        let stream = redacted(stream);
+        crate::warn_limited!(core = self.core_id, %stream, reason = %why, "MCP record not stored");
     }
+}
+
+/// A `Last-Event-ID` header's value as an event ID.
+fn parse_id(v: Option<&[u8]>) -> Option<EventId> {
+    std::str::from_utf8(v?).ok()?.parse().ok()
 }
 
 #[cfg(test)]

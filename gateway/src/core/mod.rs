@@ -19,6 +19,11 @@ mod lifecycle;
 mod mcp;
 mod mcp_apply;
 mod mcp_cluster;
+mod mcp_drive;
+mod mcp_metrics;
+#[cfg(test)]
+mod mcp_tests;
+mod requests;
 mod subs;
 mod tick;
 mod tls;
@@ -43,6 +48,7 @@ use crate::streams::hub::{Hub, SubRef};
 use crate::streams::idempotency::{self, Keys};
 use crate::streams::parked::{ParkLimits, ParkedWindows};
 use crate::streams::sub::SubLimits;
+use crate::streams::subjects::SubjectQuota;
 use crate::sys;
 use crate::uring::{Cqe, Driver};
 use conns::{Conn, Conns, State};
@@ -78,10 +84,16 @@ pub struct Shared {
     pub uring_cmd: bool,
     /// JWT keys and anonymous patterns (each core has its own token cache over it).
     pub verifier: Arc<auth::Verifier>,
+    /// The verifier as reloaded on SIGHUP (each core's gate takes it up at its next check).
+    pub keys: Arc<auth::Keys>,
     /// `--cors-allow-origin`.
     pub origins: Arc<[String]>,
     /// Live API streams across all shards (`--streams-max`).
     pub quota: StreamQuota,
+    /// API streams created per subject (`--streams-per-subject-max`).
+    pub subjects: SubjectQuota,
+    /// The key MCP session identities are derived with (when the MCP front is on).
+    pub mcp_key: Option<crate::mcp::identity::SessionKey>,
     /// The listener's certificate and key (`--tls-cert-file`), reloaded on SIGHUP.
     pub certs: Option<crate::tls::Certs>,
     /// Open connections by peer address (`--connections-per-ip-max`).
@@ -95,6 +107,8 @@ pub struct Shared {
     /// them once it refused the `tls` ULP (it has no kernel TLS): their subscribers go to the
     /// record layer without asking again (`--tls-kernel`).
     pub ktls_refused: std::sync::atomic::AtomicU8,
+    /// Where finished requests go (`--access-log`).
+    pub access_log: crate::access_log::Sink,
 }
 
 /// A connection moving to the core that owns its stream: the fd and the bytes read so far.
@@ -191,6 +205,7 @@ fn limits(cfg: &Config) -> Limits {
                 .then(|| (cfg.mcp.mcp_path.clone(), cfg.mcp.mcp_body_bytes_max)),
             header_timeout: Duration::from_secs(cfg.header_timeout_secs),
             idle_timeout: Duration::from_secs(cfg.idle_timeout_secs),
+            body_timeout: Duration::from_secs(cfg.body_timeout_secs),
         },
         sub: SubLimits {
             lag_events_max: cfg.lag_events_max,
@@ -226,7 +241,7 @@ pub fn run_core(setup: CoreSetup, shared: Arc<Shared>, ready: impl FnOnce(Result
     let shared_efd = shared.eventfds[setup.id].as_raw_fd();
     let gate = Gate::new(
         shared.origins.clone(),
-        auth::Auth::new(shared.verifier.clone()),
+        auth::Auth::following(shared.keys.clone()),
     );
     let clustered = match (setup.inbox, &shared.cluster) {
         (Some(inbox), Some(handle)) => Some(Box::new(cluster_state::ClusterCore::new(

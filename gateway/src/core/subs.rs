@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use log_store::Seq;
 
-use super::counts::{count_confirmed, count_sent};
+use super::counts::count_confirmed;
 use super::{Core, State};
 use crate::streams::StreamKey;
 use crate::streams::sub::{AckMode, Ended, Next, Sub, TxReport};
@@ -45,6 +45,7 @@ impl Core {
         };
         let mut sub = Box::new(Sub::new(key, cursor, ack, preamble, aligned, now));
         setup(&mut sub);
+        super::requests::keep_for_subscription(conn);
         conn.state = State::Sub(sub);
         if let Some(t) = &mut conn.tls {
             t.stop_reading(); // a subscriber reads nothing more: its receive buffer goes
@@ -140,7 +141,7 @@ impl Core {
         if res < 0 {
             return self.close_conn(slot);
         }
-        count_sent(&self.shared.metrics[self.id], sent);
+        super::requests::sent(&self.shared, self.id, self.conns.live(slot), sent, now);
         if sent.partial {
             // The socket is above TCP_NOTSENT_LOWAT: wait until it drains below it; the rest
             // of the backlog stays in the log meanwhile.

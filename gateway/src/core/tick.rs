@@ -8,6 +8,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use super::counts::count_confirmed;
 use super::{Core, State};
+use crate::metrics::CoreMetrics;
 use crate::proto::conn::Deadline;
 use crate::uring::Op;
 
@@ -17,6 +18,16 @@ struct Gauges {
     inflight_bytes: u64,
     lag_max: u64,
     answers: u64,
+}
+
+/// Counts a 408 a connection's deadline queued; returns the deadline.
+fn count_deadline(m: &CoreMetrics, d: Deadline) -> Deadline {
+    match d {
+        Deadline::TimedOut => m.head_timeouts_total.fetch_add(1, Relaxed),
+        Deadline::BodyTimedOut => m.body_timeouts_total.fetch_add(1, Relaxed),
+        Deadline::None | Deadline::Idle => 0,
+    };
+    d
 }
 
 impl Core {
@@ -102,9 +113,9 @@ impl Core {
             match &mut conn.state {
                 State::Http(h) => {
                     g.answers += h.answer_bytes() as u64;
-                    match h.on_tick(now, &self.lim.conn) {
+                    match count_deadline(m, h.on_tick(now, &self.lim.conn)) {
                         Deadline::None => {}
-                        Deadline::TimedOut => to_flush.push(slot),
+                        Deadline::TimedOut | Deadline::BodyTimedOut => to_flush.push(slot),
                         Deadline::Idle => to_close.push(slot),
                     }
                 }

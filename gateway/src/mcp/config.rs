@@ -82,6 +82,11 @@ pub struct McpArgs {
     #[arg(long, default_value_t = 256)]
     pub mcp_sessions_max: usize,
 
+    /// Live MCP sessions of one subject (a token's issuer and `sub`); above it initialize
+    /// gets 429.
+    #[arg(long, default_value_t = 8)]
+    pub mcp_sessions_per_subject_max: usize,
+
     /// Client requests awaiting a response per session; above it: 429.
     #[arg(long, default_value_t = 256)]
     pub mcp_requests_inflight_max: usize,
@@ -122,6 +127,7 @@ impl McpArgs {
             post_hold_ms: (self.mcp_post_hold_ms > 0).then_some(self.mcp_post_hold_ms),
             session_idle_ms: self.mcp_session_idle_secs.saturating_mul(1000),
             sessions_max: self.mcp_sessions_max,
+            sessions_per_subject_max: self.mcp_sessions_per_subject_max,
             requests_inflight_max: self.mcp_requests_inflight_max,
             batch_len_max: self.mcp_batch_len_max,
             forward_authorization: self.mcp_forward_authorization,
@@ -179,6 +185,10 @@ impl McpArgs {
         }
         for (v, name) in [
             (self.mcp_sessions_max as u64, "--mcp-sessions-max"),
+            (
+                self.mcp_sessions_per_subject_max as u64,
+                "--mcp-sessions-per-subject-max",
+            ),
             (
                 self.mcp_requests_inflight_max as u64,
                 "--mcp-requests-inflight-max",

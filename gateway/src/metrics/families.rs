@@ -62,10 +62,10 @@ pub(super) const FAMILIES: &[Family] = &[
         ],
     ),
     one(
-        "gateway_requests_total",
+        "gateway_access_log_dropped_total",
         "counter",
-        "HTTP requests parsed (API and MCP).",
-        &[("", |m| &m.requests_total)],
+        "Access-log lines dropped because the writer thread's queue (--access-log-queue-lines-max) was full.",
+        &[("", |m| &m.access_log_dropped_total)],
     ),
     one(
         "gateway_events_appended_total",
@@ -115,7 +115,7 @@ pub(super) const FAMILIES: &[Family] = &[
     one(
         "gateway_refusals_total",
         "counter",
-        "Requests and connections refused at the edge, by reason (auth: 401/403; origin: CORS 403; per_ip: --connections-per-ip-max; streams_exhausted: --streams-max).",
+        "Requests and connections refused at the edge, by reason (auth: 401/403; origin: CORS 403; per_ip: --connections-per-ip-max; streams_exhausted: --streams-max; subject_quota: --streams-per-subject-max).",
         &[
             ("reason=\"auth\"", |m| &m.auth_refusals_total),
             ("reason=\"origin\"", |m| &m.origin_refusals_total),
@@ -123,6 +123,7 @@ pub(super) const FAMILIES: &[Family] = &[
             ("reason=\"streams_exhausted\"", |m| {
                 &m.streams_exhausted_total
             }),
+            ("reason=\"subject_quota\"", |m| &m.subject_quota_total),
         ],
     ),
     one(
@@ -211,6 +212,15 @@ pub(super) const FAMILIES: &[Family] = &[
         "counter",
         "Receives deferred at --request-buffer-bytes-max.",
         &[("", |m| &m.request_buffer_waits_total)],
+    ),
+    one(
+        "gateway_request_timeouts_total",
+        "counter",
+        "Requests answered 408 and closed, by the phase that was too slow (head: --header-timeout-secs; body: --body-timeout-secs, the whole body of an API request).",
+        &[
+            ("phase=\"head\"", |m| &m.head_timeouts_total),
+            ("phase=\"body\"", |m| &m.body_timeouts_total),
+        ],
     ),
     one(
         "gateway_tls_userspace",

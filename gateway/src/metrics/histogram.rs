@@ -55,6 +55,15 @@ const HISTOGRAMS: &[HistFamily] = &[
         ],
     },
     HistFamily {
+        name: "gateway_resume_first_event_seconds",
+        help: "Resumes (Last-Event-ID) from the request head's first byte to the completion of the first send carrying an event, by resume class (up_to_date waits for the next publish).",
+        series: &[
+            ("class=\"aligned\"", |m| &m.first_event[0]),
+            ("class=\"replay\"", |m| &m.first_event[1]),
+            ("class=\"up_to_date\"", |m| &m.first_event[2]),
+        ],
+    },
+    HistFamily {
         name: "gateway_fsync_duration_seconds",
         help: "One fdatasync of a group commit, submitted to completed.",
         series: &[("", |m| &m.fsync_duration)],

@@ -10,6 +10,8 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use log_store::ResumeClass;
 
+use crate::proto::request_log::RouteClass;
+
 mod families;
 mod histogram;
 mod process;
@@ -27,6 +29,14 @@ const RESUME_CLASSES: [ResumeClass; 7] = [
     ResumeClass::WrongEpoch,
     ResumeClass::OtherStream,
 ];
+
+/// The resume classes that serve events (the others are refusals), by their planner labels.
+pub const SERVED_RESUMES: [&str; 3] = ["aligned", "replay", "up-to-date"];
+
+/// Where a served resume's class (its planner label) is in [`SERVED_RESUMES`].
+pub fn served_resume_index(label: &str) -> Option<usize> {
+    SERVED_RESUMES.iter().position(|l| *l == label)
+}
 
 /// Adds `v` to a counter in the calling core's own block, on that core's thread: cores write
 /// only their own block, so a relaxed load and store (no locked read-modify-write, which the
@@ -53,7 +63,10 @@ pub struct CoreMetrics {
     pub accepted_total: AtomicU64,
     pub handoffs_out_total: AtomicU64,
     pub handoffs_in_total: AtomicU64,
-    pub requests_total: AtomicU64,
+    /// `gateway_requests_total`: requests answered, by route class and status class.
+    pub requests: [[AtomicU64; STATUS_CLASSES.len()]; RouteClass::ALL.len()],
+    /// Access-log lines dropped because the writer's queue was full.
+    pub access_log_dropped_total: AtomicU64,
     pub events_appended_total: AtomicU64,
     /// Cluster mode: events sent to JetStream, messages applied to the local logs, publishes
     /// answered 503 unconfirmed, applies paused by a full disk, subscribes that waited for
@@ -112,6 +125,8 @@ pub struct CoreMetrics {
     pub streams_expired_total: AtomicU64,
     /// Stream creations refused at `--streams-max`.
     pub streams_exhausted_total: AtomicU64,
+    /// Stream creations refused at `--streams-per-subject-max`.
+    pub subject_quota_total: AtomicU64,
     /// Connections refused at `--connections-per-ip-max`.
     pub per_ip_refusals_total: AtomicU64,
     /// TLS handshakes completed, and TLS sessions that failed (bad handshakes, plaintext or
@@ -132,10 +147,15 @@ pub struct CoreMetrics {
     pub tls_key_exhausted_closes_total: AtomicU64,
     /// Receives deferred because `--request-buffer-bytes-max` was reached.
     pub request_buffer_waits_total: AtomicU64,
+    /// Requests answered 408 because their head, or an API request's whole body, took too long.
+    pub head_timeouts_total: AtomicU64,
+    pub body_timeouts_total: AtomicU64,
     pub resumes: [AtomicU64; 7],
     /// `gateway_publish_duration_seconds`, by [`PUBLISH_ROUTES`].
     pub publish_duration: [Histogram; 2],
     pub fsync_duration: Histogram,
+    /// `gateway_resume_first_event_seconds`, by [`SERVED_RESUMES`].
+    pub first_event: [Histogram; 3],
     /// Ticks this core ran (not exported: the systemd watchdog's proof the reactor turns).
     pub ticks: AtomicU64,
     /// Pre-rendered `gateway_stream_*` lines for this core's streams.
@@ -144,7 +164,26 @@ pub struct CoreMetrics {
     pub mcp_snapshot: Mutex<String>,
 }
 
+/// The `status` label of `gateway_requests_total`.
+pub const STATUS_CLASSES: [&str; 4] = ["2xx", "3xx", "4xx", "5xx"];
+
 impl CoreMetrics {
+    /// Counts a request answered with `status` (1xx and nonsense are not answers).
+    pub fn request(&self, route: RouteClass, status: u16) {
+        if let 200..=599 = status {
+            bump_own(&self.requests[route.index()][status as usize / 100 - 2], 1);
+        }
+    }
+
+    /// Requests answered, every route and status.
+    pub fn requests_answered(&self) -> u64 {
+        self.requests
+            .iter()
+            .flatten()
+            .map(|c| c.load(Relaxed))
+            .sum()
+    }
+
     pub fn resume(&self, class: ResumeClass) {
         let i = RESUME_CLASSES
             .iter()
@@ -216,12 +255,35 @@ pub fn render(cores: &[CoreMetrics]) -> String {
             );
         }
     }
+    requests(&mut out, cores);
     histogram::histograms(&mut out, cores);
     per_stream(&mut out, cores);
     for m in cores {
         out.push_str(&m.mcp_snapshot.lock().expect("metrics lock"));
     }
     out
+}
+
+/// `gateway_requests_total{route,status}`: every route class and status class, per core.
+fn requests(out: &mut String, cores: &[CoreMetrics]) {
+    family(
+        out,
+        "gateway_requests_total",
+        "counter",
+        "Requests answered, by route class and status class (a subscription when it ends).",
+    );
+    for (c, m) in cores.iter().enumerate() {
+        for route in RouteClass::ALL {
+            for (s, status) in STATUS_CLASSES.iter().enumerate() {
+                let v = m.requests[route.index()][s].load(Relaxed);
+                let _ = writeln!(
+                    out,
+                    "gateway_requests_total{{core=\"{c}\",route=\"{}\",status=\"{status}\"}} {v}",
+                    route.label()
+                );
+            }
+        }
+    }
 }
 
 /// `gateway_stream_*`, only when some core exported streams (`--metrics-per-stream`).

@@ -116,21 +116,20 @@ impl Gate {
             }
             _ => Admission::Admit {
                 headers,
-                access: Access {
-                    subject: None,
-                    expires_unix_secs: None,
-                },
+                access: Access::anonymous(),
             },
         }
     }
 
-    /// The decision for a request on the MCP endpoint: with JWT keys configured it needs a
-    /// valid token (its subject binds the session); CORS is the MCP front's own (it checks
-    /// `Origin` as the MCP transport specification requires).
+    /// The decision for a request on the MCP endpoint: with access control configured it
+    /// needs a verified token with a `sub` (its issuer and subject bind the session) and the
+    /// grant `{"gateway": {"mcp": true}}` (`Auth::authorize_mcp`; anonymous patterns never
+    /// open it); CORS is the MCP front's own (it checks `Origin` as the MCP transport
+    /// specification requires).
     pub fn admit_mcp(&mut self, head: &Head) -> Admission {
         match self
             .auth
-            .authenticate(&credentials(head), self.now_unix_secs)
+            .authorize_mcp(&credentials(head), self.now_unix_secs)
         {
             Ok(access) => Admission::Admit {
                 headers: String::new(),

@@ -1,8 +1,10 @@
 //! Pure HTTP/1.1 request-head parsing (httparse) with limits, and response serialization.
 //! Bytes in, decisions out: no sockets, no clock, no io_uring. The driver calls
 //! [`parse_head`] on its read buffer, decides the body limit from the route, waits until
-//! `head_len + content_length` bytes are buffered, and serializes answers with [`response`] /
-//! [`error_response`]. Chunked request bodies are refused with 411 (send Content-Length).
+//! `head_len + content_length` bytes are buffered (or decodes a chunked body with
+//! `super::chunked`), and serializes answers with [`response`] / [`error_response`]. A head
+//! with `Transfer-Encoding` is accepted only with exactly one field saying `chunked`, no
+//! `Content-Length` and HTTP/1.1: anything else could be framed otherwise by an intermediary.
 #![forbid(unsafe_code)]
 
 use std::mem::MaybeUninit;
@@ -57,6 +59,8 @@ pub struct Head {
     pub content_length: u64,
     /// `Content-Length` was present.
     pub has_content_length: bool,
+    /// `Transfer-Encoding: chunked` (then there is no `Content-Length`).
+    pub chunked: bool,
     /// The client wants the connection closed after this response (HTTP/1.0 or `Connection: close`).
     pub close: bool,
     /// `Expect: 100-continue` was sent.
@@ -73,6 +77,8 @@ pub struct Head {
     pub authorization: Option<String>,
     /// `Cookie` (several fields are joined with `; `, as RFC 6265 §5.4 has a user agent send one).
     pub cookie: Option<String>,
+    /// A sane `X-Request-Id` ([`sane_request_id`]); others are replaced.
+    pub request_id: Option<String>,
 }
 
 impl std::fmt::Debug for Head {
@@ -85,6 +91,7 @@ impl std::fmt::Debug for Head {
             .field("head_len", &self.head_len)
             .field("content_length", &self.content_length)
             .field("has_content_length", &self.has_content_length)
+            .field("chunked", &self.chunked)
             .field("close", &self.close)
             .field("expect_continue", &self.expect_continue)
             .field("last_event_id", &self.last_event_id)
@@ -94,6 +101,7 @@ impl std::fmt::Debug for Head {
             .field("origin", &self.origin)
             .field("authorization", &redacted(&self.authorization))
             .field("cookie", &redacted(&self.cookie))
+            .field("request_id", &self.request_id)
             .finish()
     }
 }
@@ -107,8 +115,9 @@ pub enum HttpError {
     HeadTooLarge,
     /// More than `header_count_max` fields → 431.
     TooManyHeaders,
-    /// `Transfer-Encoding` present (chunked bodies unsupported) → 411.
-    ChunkedUnsupported,
+    /// `Transfer-Encoding` other than one `chunked` field on HTTP/1.1 without `Content-Length`
+    /// (both framings, a repeated field, another coding, HTTP/1.0) → 400.
+    BadTransferEncoding(&'static str),
     /// `Content-Length` repeated with different values, or not a number → 400.
     BadContentLength,
     /// A header value that is not valid UTF-8 where we need text → 400.
@@ -137,10 +146,10 @@ impl HttpError {
                 "too_many_headers",
                 "more header fields than --header-count-max".into(),
             ),
-            HttpError::ChunkedUnsupported => (
-                411,
-                "length_required",
-                "Transfer-Encoding is not supported; send a Content-Length body".into(),
+            HttpError::BadTransferEncoding(what) => (
+                400,
+                "bad_transfer_encoding",
+                format!("Transfer-Encoding refused: {what}"),
             ),
             HttpError::BadContentLength => {
                 (400, "bad_content_length", "invalid Content-Length".into())
@@ -207,10 +216,7 @@ pub fn parse_head(buf: &[u8], limits: &HeadLimits) -> Result<Option<Head>, HttpE
     }
     let method = Method::parse(req.method.ok_or(HttpError::Malformed("method"))?);
     let target = req.path.ok_or(HttpError::Malformed("target"))?;
-    let (path, query) = match target.split_once('?') {
-        Some((p, q)) => (p, q),
-        None => (target, ""),
-    };
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
     let mut head = Head {
         method,
         path: path.to_owned(),
@@ -218,6 +224,7 @@ pub fn parse_head(buf: &[u8], limits: &HeadLimits) -> Result<Option<Head>, HttpE
         head_len,
         content_length: 0,
         has_content_length: false,
+        chunked: false,
         close: version == 0,
         expect_continue: false,
         last_event_id: None,
@@ -227,9 +234,13 @@ pub fn parse_head(buf: &[u8], limits: &HeadLimits) -> Result<Option<Head>, HttpE
         origin: None,
         authorization: None,
         cookie: None,
+        request_id: None,
     };
     for h in req.headers.iter() {
         apply_header(&mut head, h.name, h.value, version)?;
+    }
+    if head.chunked && head.has_content_length {
+        return Err(HttpError::BadTransferEncoding("sent with Content-Length"));
     }
     Ok(Some(head))
 }
@@ -245,7 +256,20 @@ fn apply_header(head: &mut Head, name: &str, value: &[u8], version: u8) -> Resul
         head.content_length = n;
         head.has_content_length = true;
     } else if name.eq_ignore_ascii_case("transfer-encoding") {
-        return Err(HttpError::ChunkedUnsupported);
+        let refuse = |what| Err(HttpError::BadTransferEncoding(what));
+        if head.chunked {
+            return refuse("the field is repeated");
+        }
+        if version == 0 {
+            return refuse("HTTP/1.0 has no transfer codings");
+        }
+        if !text(value, "Transfer-Encoding")?
+            .trim()
+            .eq_ignore_ascii_case("chunked")
+        {
+            return refuse("only chunked is supported");
+        }
+        head.chunked = true;
     } else if name.eq_ignore_ascii_case("connection") {
         let v = text(value, "Connection")?;
         for token in v.split(',') {
@@ -278,6 +302,8 @@ fn apply_header(head: &mut Head, name: &str, value: &[u8], version: u8) -> Resul
     } else if name.eq_ignore_ascii_case("authorization") {
         let v = text(value, "Authorization")?.trim();
         single(&mut head.authorization, v, "Authorization")?;
+    } else if name.eq_ignore_ascii_case("x-request-id") {
+        head.request_id = sane_request_id(value);
     } else if name.eq_ignore_ascii_case("cookie") {
         let v = text(value, "Cookie")?.trim();
         match &mut head.cookie {
@@ -289,6 +315,18 @@ fn apply_header(head: &mut Head, name: &str, value: &[u8], version: u8) -> Resul
         }
     }
     Ok(())
+}
+
+/// The longest `X-Request-Id` taken from a client (longer ones are replaced).
+pub const REQUEST_ID_BYTES_MAX: usize = 64;
+
+/// A client's `X-Request-Id` if it is sane: 1–64 bytes of letters, digits and `-_.:/+=@`
+/// (nothing that could split a log line or a header).
+pub fn sane_request_id(v: &[u8]) -> Option<String> {
+    let ok = |b: &u8| b.is_ascii_alphanumeric() || b"-_.:/+=@".contains(b);
+    let v = v.trim_ascii();
+    (!v.is_empty() && v.len() <= REQUEST_ID_BYTES_MAX && v.iter().all(ok))
+        .then(|| String::from_utf8_lossy(v).into_owned())
 }
 
 /// A single-valued header: a repeat with another value is refused (which one an intermediary
@@ -517,10 +555,10 @@ mod tests {
         assert_eq!((h.content_length, h.has_content_length), (12, true));
         assert_eq!(
             parse_head(
-                b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n",
+                b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n",
                 &L
             ),
-            Err(HttpError::ChunkedUnsupported)
+            Err(HttpError::BadTransferEncoding("sent with Content-Length"))
         );
         for bad in ["-1", "1x", "", "99999999999999999999"] {
             let r = format!("POST /x HTTP/1.1\r\nContent-Length: {bad}\r\n\r\n");
@@ -532,6 +570,65 @@ mod tests {
         }
         let twice = b"POST /x HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n";
         assert_eq!(parse_head(twice, &L), Err(HttpError::BadContentLength));
+    }
+
+    /// Request smuggling: a chunked body is taken only from one `Transfer-Encoding: chunked`
+    /// field on HTTP/1.1 with no `Content-Length`; every other framing an intermediary might
+    /// read differently is refused.
+    #[test]
+    fn transfer_encoding_is_one_chunked_field_or_refused() {
+        let h =
+            |fields: &str| parse_head(format!("POST /x HTTP/1.1\r\n{fields}\r\n").as_bytes(), &L);
+        let chunked = h("Transfer-Encoding:  Chunked \r\n").unwrap().unwrap();
+        assert!(chunked.chunked && !chunked.has_content_length);
+        let refused = |what| Err(HttpError::BadTransferEncoding(what));
+        for (fields, what) in [
+            (
+                "Transfer-Encoding: chunked\r\nContent-Length: 3\r\n",
+                "sent with Content-Length",
+            ),
+            (
+                "Content-Length: 3\r\nTransfer-Encoding: chunked\r\n",
+                "sent with Content-Length",
+            ),
+            (
+                "Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n",
+                "the field is repeated",
+            ),
+            (
+                "Transfer-Encoding: chunked, chunked\r\n",
+                "only chunked is supported",
+            ),
+            (
+                "Transfer-Encoding: gzip, chunked\r\n",
+                "only chunked is supported",
+            ),
+            (
+                "Transfer-Encoding: identity\r\n",
+                "only chunked is supported",
+            ),
+            ("Transfer-Encoding: \r\n", "only chunked is supported"),
+        ] {
+            assert_eq!(h(fields), refused(what), "{fields:?}");
+        }
+        let old = b"POST /x HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n";
+        assert_eq!(
+            parse_head(old, &L),
+            refused("HTTP/1.0 has no transfer codings")
+        );
+        // obs-fold (a field continued on the next line) and a space before the colon are
+        // malformed heads, whatever the field.
+        for bad in [
+            "Transfer-Encoding:\r\n chunked\r\n",
+            "Transfer-Encoding : chunked\r\n",
+            "X: a\r\n\tb\r\n",
+        ] {
+            assert!(
+                matches!(h(bad), Err(HttpError::Malformed(_))),
+                "{bad:?}: {:?}",
+                h(bad)
+            );
+        }
     }
 
     /// Regression (adversarial review): two different Last-Event-IDs used to resolve silently

@@ -4,7 +4,9 @@
 #![forbid(unsafe_code)]
 
 pub mod access;
+pub mod chunked;
 pub mod conn;
 pub mod http;
+pub mod request_log;
 pub mod route;
 pub mod sse;

@@ -84,7 +84,7 @@ pub enum RouteError {
     BadQuery(String),
     /// Accept excludes text/event-stream.
     NotAcceptable,
-    /// POST without Content-Length.
+    /// POST with neither Content-Length nor a chunked body.
     LengthRequired,
     /// `Idempotency-Key` is not 1..=64 visible ASCII bytes.
     BadIdempotencyKey,
@@ -119,7 +119,7 @@ impl RouteError {
             RouteError::LengthRequired => (
                 411,
                 "length_required",
-                "POST needs a Content-Length body".into(),
+                "POST needs a Content-Length or chunked body".into(),
             ),
             RouteError::BadIdempotencyKey => (
                 400,
@@ -184,7 +184,7 @@ fn publish_route(head: &Head, stream: String, single: bool) -> Result<Route, Rou
     if head.method != Method::Post {
         return Err(RouteError::MethodNotAllowed);
     }
-    if !head.has_content_length {
+    if !head.has_content_length && !head.chunked {
         return Err(RouteError::LengthRequired);
     }
     if head

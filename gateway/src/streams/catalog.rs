@@ -1,8 +1,9 @@
 //! The stream catalog's rules, decided in one place: which streams are the MCP front's and
 //! which the API's ([`StreamKind`]), and the `--streams-max` quota that API streams count
 //! against ([`StreamQuota`]; MCP streams are bounded by `--mcp-sessions-max` instead). Every
-//! path that creates or removes a stream — an API publish or subscribe, `DELETE`, idle expiry,
-//! a stream born from the cluster's replicated log, the count at start — asks here.
+//! path that creates or removes a stream — an API publish (a subscribe creates nothing),
+//! `DELETE`, idle expiry, a stream born from the cluster's replicated log, the count at start
+//! — asks here (API creations through `subjects::reserve`, with the per-subject quota).
 //!
 //! It knows nothing of connections or answers: a refusal is a [`StreamsExhausted`] the caller
 //! turns into its 507.

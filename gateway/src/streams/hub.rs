@@ -17,6 +17,8 @@ use log_store::{AppendError, Log, RemoveError, Removed, StreamId, SyncJob, SyncR
 
 use super::StreamKey;
 use super::catalog::StreamKind;
+use super::sub::PENDING_STREAM;
+use super::unborn::Unborn;
 use crate::proto::conn::Wait;
 use crate::{metrics, shards};
 
@@ -39,6 +41,8 @@ pub struct Hub {
     failed: Vec<u32>,
     /// Since when each API stream has had no retained event and no subscriber (idle expiry).
     idle_since: HashMap<StreamKey, Instant>,
+    /// Subscribers of streams not created yet (registered under `PENDING_STREAM` keys).
+    unborn: Unborn,
 }
 
 /// A group commit in flight: its job, the `fdatasync`s not completed yet, the first error.
@@ -61,6 +65,7 @@ impl Hub {
             syncs: FxHashMap::default(),
             failed: Vec::new(),
             idle_since: HashMap::new(),
+            unborn: Unborn::default(),
         }
     }
 
@@ -95,8 +100,8 @@ impl Hub {
         Some((shard, self.log(shard).stream_id(stream)?))
     }
 
-    /// The stream named `stream`, created if new (subscribers commonly come before the
-    /// first publish).
+    /// The stream named `stream`, created if new (its unborn subscribers move to it with
+    /// [`Hub::adopt_unborn`]).
     pub fn open_stream(&mut self, stream: &str) -> Result<StreamKey, AppendError> {
         let shard = self.shard_of(stream);
         let sid = self.log_mut(shard).create_stream(stream)?;
@@ -285,6 +290,26 @@ impl Hub {
                 self.subs.remove(&key);
             }
         }
+    }
+
+    /// The subscribers of streams not created yet.
+    pub fn unborn(&self) -> &Unborn {
+        &self.unborn
+    }
+
+    pub fn unborn_mut(&mut self) -> &mut Unborn {
+        &mut self.unborn
+    }
+
+    /// `name` was just created as `key`: its unborn subscribers are registered under it, and
+    /// returned (each connection's subscriber still names the pending key).
+    pub fn adopt_unborn(&mut self, name: &str, key: StreamKey) -> Vec<SubRef> {
+        let subs = self.unborn.take(name);
+        for &r in &subs {
+            self.unsubscribe((key.0, PENDING_STREAM), r.0);
+            self.subscribe(key, r);
+        }
+        subs
     }
 
     /// The subscribers of `key`.

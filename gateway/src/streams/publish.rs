@@ -58,6 +58,14 @@ impl RecordLimit {
 /// Status and code for a failed append or stream creation.
 pub fn append_status(e: &AppendError) -> (u16, &'static str) {
     use log_store::AppendError as E;
+    // The operator's failures (the client's own are its answer): logged at most once a minute
+    // each, however many requests they refuse.
+    match e {
+        E::DiskFull => crate::warn_limited!("append refused: the log's disk is full (507)"),
+        E::TooManyStreams => crate::warn_limited!("append refused: the log's stream table is full"),
+        E::Poisoned => crate::warn_limited!("append refused: the log failed an fsync earlier"),
+        _ => {}
+    }
     match e {
         E::DiskFull => (507, "insufficient_storage"),
         E::RecordTooLarge { .. } => (413, "event_too_large"),
@@ -86,7 +94,8 @@ pub fn check_events(events: &[Event]) -> Result<(), (u16, &'static str, String)>
 }
 
 /// Checks every event's framed record against the log's limit before any is appended (a
-/// batch is all or nothing).
+/// batch is all or nothing). A stream not created yet is checked as `PENDING_STREAM` with no
+/// event (its real id is no longer), so a refused publish creates nothing.
 pub fn check_framed(
     log: &Log,
     sid: StreamId,
@@ -95,7 +104,8 @@ pub fn check_framed(
     // Data within --event-bytes-max can still frame larger than a record may be (each line
     // break costs a `data: ` prefix): the log would refuse it mid-batch.
     let limit = RecordLimit::of(log);
-    let (tail, epoch) = (log.bounds(sid).expect("stream exists").tail, log.epoch());
+    let tail = log.bounds(sid).map_or(0, |b| b.tail);
+    let epoch = log.epoch();
     for (i, (ev, data)) in events.iter().enumerate() {
         let id = EventId {
             epoch,

@@ -9,16 +9,24 @@
 use std::time::Instant;
 
 use log_store::{
-    Detail, Epoch, EventId, Log, Refusal, ResumeClass, ResumeInput, ResumeOutcome, Seq,
+    Bounds, Detail, Epoch, EventId, Log, Refusal, ResumeClass, ResumeInput, ResumeOutcome, Seq,
 };
 
 use super::StreamKey;
 use super::parked::ParkedWindows;
+use super::sub::PENDING_STREAM;
 use super::window::ParkedEvent;
 use crate::proto::http;
 use crate::proto::route::{From, OnTruncated, SubscribeQuery};
 use crate::proto::sse::{self, TruncatedReason};
 use crate::uring::Bytes;
+
+/// The bounds of a stream that does not exist yet: nothing appended, nothing deleted.
+const UNBORN_BOUNDS: Bounds = Bounds {
+    floor: 1,
+    tail: 0,
+    visible_tail: 0,
+};
 
 /// How a subscription starts.
 #[derive(Debug)]
@@ -44,8 +52,14 @@ pub struct Ask<'a> {
 }
 
 /// Decides where a subscription starts; the resume class (if it was a resume) for the metrics.
+/// A stream not created yet (`ask.key.1` is [`PENDING_STREAM`]) reads as an empty one with an
+/// id no event ID can name (every well-formed ID is then another stream's or epoch's): it is
+/// served from 1 once born, or refused, and nothing is created either way.
 pub fn start(log: &Log, parked: &mut ParkedWindows, ask: &Ask<'_>) -> (Start, Option<ResumeClass>) {
-    let bounds = log.bounds(ask.key.1).expect("stream exists");
+    let bounds = match ask.key.1 {
+        PENDING_STREAM => UNBORN_BOUNDS,
+        id => log.bounds(id).expect("stream exists"),
+    };
     let Some(raw) = ask.q.last_event_id.as_deref() else {
         let cursor = match ask.q.from {
             From::Earliest => bounds.floor,

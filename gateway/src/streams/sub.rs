@@ -246,6 +246,11 @@ impl Sub {
         self.parkable = false;
     }
 
+    /// Bytes handed to the kernel since the subscription began.
+    pub fn bytes_sent(&self) -> u64 {
+        self.window.sent()
+    }
+
     #[cfg(test)]
     pub fn ack_mode(&self) -> AckMode {
         self.ack

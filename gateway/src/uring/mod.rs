@@ -29,6 +29,8 @@ use crate::sys;
 const SOCKET_URING_OP_TX_TIMESTAMP: u32 = 4;
 /// Submission queue entries of a core's ring.
 const SQ_ENTRIES: u32 = 1024;
+/// The smallest completion ring a core runs with (see [`Driver::new`]).
+const CQ_ENTRIES_MIN: u32 = 4096;
 /// Iovecs one vectored send carries at most (`IOV_MAX`).
 pub const IOV_MAX_PER_SEND: usize = 1024;
 
@@ -136,24 +138,49 @@ fn is_transient(e: &std::io::Error) -> bool {
     )
 }
 
+/// `build(want)`, retried once and then at half the size, down to [`CQ_ENTRIES_MIN`], while
+/// it fails with ENOMEM; the value and the size it was built with.
+fn shrink_on_enomem<T>(
+    want: u32,
+    mut build: impl FnMut(u32) -> std::io::Result<T>,
+) -> std::io::Result<(T, u32)> {
+    let mut cq = want;
+    let mut retried = false;
+    loop {
+        match build(cq) {
+            Ok(r) => return Ok((r, cq)),
+            Err(e) if e.raw_os_error() == Some(libc::ENOMEM) && !retried => {
+                retried = true;
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ENOMEM) && cq > CQ_ENTRIES_MIN => {
+                cq = (cq / 2).max(CQ_ENTRIES_MIN);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 impl Driver {
     /// A ring sized for `connections_max` (SINGLE_ISSUER | DEFER_TASKRUN, falling back to
     /// COOP_TASKRUN; 32-byte CQEs for the TX-timestamp command).
     pub fn new(connections_max: usize) -> std::io::Result<Driver> {
         // Per connection at most: recv, send, poll, timestamp command (+ its CQEs), cancel.
-        let cq = (connections_max.saturating_mul(4) as u32).clamp(4096, 1 << 16);
-        let mut b = IoUring::<squeue::Entry, cqueue::Entry32>::builder();
-        b.setup_single_issuer()
-            .setup_defer_taskrun()
-            .setup_cqsize(cq);
-        let ring = match b.build(SQ_ENTRIES) {
-            Ok(r) => r,
-            Err(_) => {
-                let mut b = IoUring::<squeue::Entry, cqueue::Entry32>::builder();
-                b.setup_coop_taskrun().setup_cqsize(cq);
-                b.build(SQ_ENTRIES)?
-            }
-        };
+        let want = (connections_max.saturating_mul(4) as u32).clamp(CQ_ENTRIES_MIN, 1 << 16);
+        // A large completion ring is one physically contiguous allocation (2 MiB of 32-byte
+        // CQEs at 64 Ki entries): on a host whose memory is fragmented the kernel refuses it
+        // with ENOMEM. Retry once, then halve it down to the floor: a smaller ring only sends
+        // a burst of completions through the kernel's overflow list (none is dropped,
+        // IORING_FEAT_NODROP), slower but the same.
+        let (ring, cq) = shrink_on_enomem(want, Self::build_ring)?;
+        if cq < want {
+            tracing::warn!(
+                cq_entries = cq,
+                wanted = want,
+                "io_uring: the kernel refused the completion ring's size (ENOMEM: memory too \
+                 fragmented for one contiguous block); running with a smaller one"
+            );
+        }
         let lap = lap::LapGuard::new(ring.params().cq_entries());
         Ok(Driver {
             core_serial: 0,
@@ -165,6 +192,24 @@ impl Driver {
             efd_buf: Box::new(0),
             unmatched: UnmatchedCounts::default(),
         })
+    }
+
+    /// A ring with `cq` completion entries: SINGLE_ISSUER | DEFER_TASKRUN where the kernel
+    /// has them, else COOP_TASKRUN.
+    fn build_ring(cq: u32) -> std::io::Result<IoUring<squeue::Entry, cqueue::Entry32>> {
+        let mut b = IoUring::<squeue::Entry, cqueue::Entry32>::builder();
+        b.setup_single_issuer()
+            .setup_defer_taskrun()
+            .setup_cqsize(cq);
+        match b.build(SQ_ENTRIES) {
+            Ok(r) => Ok(r),
+            Err(e) if e.raw_os_error() == Some(libc::ENOMEM) => Err(e),
+            Err(_) => {
+                let mut b = IoUring::<squeue::Entry, cqueue::Entry32>::builder();
+                b.setup_coop_taskrun().setup_cqsize(cq);
+                b.build(SQ_ENTRIES)
+            }
+        }
     }
 
     /// Completions that matched nothing in flight so far.
@@ -563,5 +608,40 @@ impl Driver {
                 ud.serial
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod ring_size_tests {
+    use super::*;
+
+    fn enomem<T>() -> std::io::Result<T> {
+        Err(std::io::Error::from_raw_os_error(libc::ENOMEM))
+    }
+
+    #[test]
+    fn a_refused_ring_is_retried_then_halved_to_the_floor() {
+        let mut asked = Vec::new();
+        let got = shrink_on_enomem(1 << 16, |cq| {
+            asked.push(cq);
+            if cq > 8192 { enomem() } else { Ok(cq) }
+        });
+        assert_eq!(got.unwrap(), (8192, 8192));
+        assert_eq!(asked, [65536, 65536, 32768, 16384, 8192]);
+        // Never below the floor, and the last error is reported.
+        let mut asked = Vec::new();
+        let e = shrink_on_enomem(8192, |cq| {
+            asked.push(cq);
+            enomem::<u32>()
+        });
+        assert_eq!(e.unwrap_err().raw_os_error(), Some(libc::ENOMEM));
+        assert_eq!(asked, [8192, 8192, CQ_ENTRIES_MIN]);
+        // Another error is not retried.
+        let mut n = 0;
+        let e = shrink_on_enomem(8192, |_| {
+            n += 1;
+            Err::<u32, _>(std::io::Error::from_raw_os_error(libc::EPERM))
+        });
+        assert_eq!((e.unwrap_err().raw_os_error(), n), (Some(libc::EPERM), 1));
     }
 }

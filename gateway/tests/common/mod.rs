@@ -61,7 +61,7 @@ impl Gateway {
         Gateway::spawn(dir, args, false)
     }
 
-    fn spawn(dir: &Path, args: &[&str], keep_stderr: bool) -> Gateway {
+    pub fn spawn(dir: &Path, args: &[&str], keep_stderr: bool) -> Gateway {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_gateway"));
         if !args.contains(&"--segment-bytes") {
             // Small segments keep test data directories small.
@@ -107,6 +107,13 @@ impl Gateway {
         let line = rx
             .recv_timeout(Duration::from_secs(60))
             .expect("gateway printed its address");
+        if line.is_empty() {
+            // It exited before listening: say why (its stderr, when kept here).
+            let st = child.wait();
+            std::thread::sleep(Duration::from_millis(200));
+            let err = stderr.as_ref().map(|l| l.lock().unwrap().join("\n"));
+            panic!("the gateway exited before listening ({st:?}): {err:?}");
+        }
         let addr = listening_addr(&line);
         let line = rx
             .recv_timeout(Duration::from_secs(10))
@@ -143,6 +150,15 @@ impl Gateway {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// Sends the gateway signal `sig` (`"HUP"`, `"TERM"`…).
+    pub fn signal(&self, sig: &str) {
+        let pid = self.child.id().to_string();
+        let st = Command::new("kill")
+            .args([&format!("-{sig}"), &pid])
+            .status();
+        assert!(st.unwrap().success(), "kill -{sig} {pid}");
     }
 
     /// Resident set size of the gateway process in KiB.
@@ -348,6 +364,9 @@ pub fn start_for_parked_window(extra: &[&str]) -> Gateway {
     Gateway::start(&args)
 }
 
+/// Flags for a log whose retention soon deletes events: 64 KiB segments, 64 KiB kept per shard.
+pub const SMALL_RETENTION: [&str; 4] = ["--segment-bytes", "65536", "--retain-bytes", "65536"];
+
 /// The sequence number of an event ID `{epoch}-{stream}-{seq}`.
 pub fn seq_of(id: &str) -> u64 {
     id.rsplit('-').next().unwrap().parse().unwrap()
@@ -533,4 +552,20 @@ impl Sse {
             }
         }
     }
+}
+
+/// Names of streams owned by core 0 and by core 1 of a 2-core gateway with the default 8
+/// shards (the gateway's documented FNV-1a 64 → shard → `shard % cores`).
+pub fn stream_on_core(core: u64, tag: &str) -> String {
+    (0..1000)
+        .map(|i| format!("{tag}{i}"))
+        .find(|n| {
+            let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+            for b in n.bytes() {
+                h ^= u64::from(b);
+                h = h.wrapping_mul(0x0100_0000_01b3);
+            }
+            (h % 8) % 2 == core
+        })
+        .unwrap()
 }

@@ -396,7 +396,8 @@ impl McpCore {
     }
 
     /// Refuses an `initialize` that carries a session id (400), does not accept SSE (406), or
-    /// would exceed `--mcp-sessions-max` (503). Returns true when it answered.
+    /// would exceed `--mcp-sessions-per-subject-max` (429) or `--mcp-sessions-max` (503).
+    /// Returns true when it answered.
     fn refuse_initialize(&mut self, conn: ConnId, h: &Headers<'_>, id: &RpcId) -> bool {
         if h.one(headers::SESSION_ID).ok().flatten().is_some() {
             self.error(conn, 400, Some(id), jsonrpc::INVALID_REQUEST, "Bad Request: initialize must not carry Mcp-Session-Id (start a new session without it)", None);
@@ -404,6 +405,14 @@ impl McpCore {
         }
         if !Self::accepts_sse(h) {
             self.not_acceptable(conn, Some(id));
+            return true;
+        }
+        if let Some(n) = self.subject_sessions_over_max() {
+            let msg = format!(
+                "Too Many Requests: this caller has {n} sessions open \
+                 (--mcp-sessions-per-subject-max); end one (DELETE) first"
+            );
+            self.error(conn, 429, Some(id), jsonrpc::LIMIT_EXCEEDED, &msg, None);
             return true;
         }
         if self.sessions.len() >= self.cfg.sessions_max && !self.evict_replay_only() {
@@ -421,6 +430,16 @@ impl McpCore {
             return true;
         }
         false
+    }
+
+    /// The live sessions (with an upstream) of the request's caller, if they are
+    /// `--mcp-sessions-per-subject-max` already. O(sessions), at `initialize` only.
+    fn subject_sessions_over_max(&self) -> Option<usize> {
+        let tag = super::subject_tag(self.subject.as_deref()?);
+        let n = (self.sessions.iter())
+            .filter(|(sid, s)| s.upstream.is_some() && sid.ends_with(&tag))
+            .count();
+        (n >= self.cfg.sessions_per_subject_max).then_some(n)
     }
 
     pub(super) fn legacy_get(

@@ -64,16 +64,19 @@ pub struct HttpRequest<'a> {
     pub method: HttpMethod,
     pub headers: &'a [(&'a str, &'a [u8])],
     pub body: &'a [u8],
-    /// The authenticated subject (the token's `sub`, `""` for a token without one) when the
-    /// gateway authenticates; `None` when it does not. A session is bound to the subject that
-    /// initialized it: another subject's request or resume gets 404, as an unknown session.
+    /// Who the caller is, when the gateway authenticates (`None` when it does not): an opaque
+    /// identity the gateway derives from the token's issuer and subject with a keyed hash
+    /// (the gateway's `mcp/identity.rs`), never the subject itself. A session is bound to the
+    /// identity that initialized it: another's request or resume gets 404, as an unknown
+    /// session; at most `sessions_per_subject_max` live sessions per identity.
     pub subject: Option<&'a str>,
 }
 
-/// The tag binding a session ID to a subject: `.` and the first 128 bits of SHA-256(subject)
+/// The tag binding a session ID to a caller: `.` and the first 128 bits of SHA-256(identity)
 /// in hex, appended to the ID's 128 random bits. The binding lives in the ID itself, so it
-/// holds for sessions recovered after a restart too (the log keeps only stream names). The
-/// random part stays the secret; the tag only says whose it is.
+/// holds for sessions recovered after a restart (and on other nodes that derive identities
+/// with the same key). The random part stays the secret; the tag only says whose it is, and
+/// as the identity is keyed (see [`HttpRequest::subject`]) it confirms no guessed subject.
 pub fn subject_tag(subject: &str) -> String {
     use sha2::Digest as _;
     let d = sha2::Sha256::digest(subject.as_bytes());
@@ -106,6 +109,9 @@ pub struct McpConfig {
     pub session_idle_ms: u64,
     /// Live + recovered sessions (`--mcp-sessions-max`).
     pub sessions_max: usize,
+    /// Live sessions (with an upstream) of one subject, when requests carry one
+    /// (`--mcp-sessions-per-subject-max`); an `initialize` beyond it gets 429.
+    pub sessions_per_subject_max: usize,
     /// Client requests awaiting a response, per session and for the modern front
     /// (`--mcp-requests-inflight-max`).
     pub requests_inflight_max: usize,
@@ -127,6 +133,7 @@ impl Default for McpConfig {
             post_hold_ms: None,
             session_idle_ms: 30 * 60 * 1000,
             sessions_max: 1024,
+            sessions_per_subject_max: 8,
             requests_inflight_max: 256,
             batch_len_max: 64,
             forward_authorization: false,

@@ -1,6 +1,6 @@
 //! The sans-IO HTTP/1.1 connection machine: the request buffer, parse → route → limits, the
 //! ordered outbox of answers (a publish's answer waits there until durable), pipelining with
-//! its answer-bytes cap, `100 Continue`, and the header / idle deadlines. It never touches a
+//! its answer-bytes cap, `100 Continue`, and the header / body / idle deadlines. It never touches a
 //! socket or a clock: the core feeds it received bytes, send results and the time, and it
 //! answers with a [`Step`] (arm a receive, a complete request, hand the connection over,
 //! nothing to do) or the bytes to transmit. Its buffers are moved out while an operation uses
@@ -12,14 +12,18 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 mod budget;
+mod chunked_body;
 mod outbox;
+mod record;
 
 use std::sync::Arc;
 
 pub use budget::BodyBudget;
 
 use super::access::{Admission, Gate};
+use super::chunked::Decoder;
 use super::http::{self, Head, HeadLimits};
+use super::request_log::{Finished, Record};
 use super::route::{self, Route};
 
 /// The smallest receive buffer (and what it shrinks back to after a large body).
@@ -44,6 +48,8 @@ pub struct ConnLimits {
     pub mcp: Option<(String, usize)>,
     pub header_timeout: Duration,
     pub idle_timeout: Duration,
+    /// `--body-timeout-secs`: the whole body of an API request, from its head on.
+    pub body_timeout: Duration,
 }
 
 /// What a request is for, decided by its path (the core decides where it runs).
@@ -123,6 +129,8 @@ struct Outgoing {
     close: bool,
     /// The request's extra header lines (CORS), for an answer rewritten by `fail_waits`.
     headers: String,
+    /// The access-log record of the request this answer is the final one of.
+    record: Option<Box<Record>>,
 }
 
 /// What the header / idle deadlines decided at a tick.
@@ -131,6 +139,9 @@ pub enum Deadline {
     None,
     /// The head did not complete in time: a 408 was queued (the connection closes after it).
     TimedOut,
+    /// An API request's body did not complete within `--body-timeout-secs`: a 408 was queued
+    /// (the connection closes after it).
+    BodyTimedOut,
     /// Idle too long: close now.
     Idle,
 }
@@ -155,7 +166,9 @@ pub struct HttpConn {
     close_requested: bool,
     sent_continue: bool,
     idle_since: Instant,
-    head_started: Option<Instant>,
+    /// When the part of a request being received began: its head's first byte, or, while an
+    /// API body is awaited, the head's completion (`--body-timeout-secs` runs from it).
+    started: Option<Instant>,
     /// The head is complete and the body is being received: the idle timeout applies.
     awaiting_body: bool,
     /// Extra header lines for the answers to the request being handled (the gate's CORS
@@ -166,9 +179,18 @@ pub struct HttpConn {
     budget: Option<Arc<BodyBudget>>,
     counted: u64,
     starved: bool,
+    /// The access-log record of the head being handled, until its final answer is queued
+    /// (or a subscriber takes it); then the answered ones, until the core takes them.
+    record: Option<Box<Record>>,
+    finished: Vec<Finished>,
+    /// The chunked body being decoded (in place, after its head), once it is known to be
+    /// served here.
+    chunked: Option<Box<Decoder>>,
 }
 
-/// Where a parsed head goes next (internal to [`HttpConn::poll`]).
+/// Where a parsed head goes next (internal to [`HttpConn::poll`]). A return value, never
+/// stored: boxing its large variant would only add an allocation per request.
+#[allow(clippy::large_enum_variant)]
 enum Parsed {
     Step(Step),
     /// An error answer was queued without closing: parse the next request.
@@ -206,12 +228,15 @@ impl HttpConn {
             close_requested: false,
             sent_continue: false,
             idle_since: now,
-            head_started: (rlen > 0).then_some(now),
+            started: (rlen > 0).then_some(now),
             awaiting_body: false,
             headers: String::new(),
             budget: None,
             counted: 0,
             starved: false,
+            record: None,
+            finished: Vec::new(),
+            chunked: None,
         }
     }
 
@@ -231,7 +256,7 @@ impl HttpConn {
             if busy && self.answer_bytes() >= lim.answer_bytes_max {
                 // Backpressure on pipelining: read no further request until the client takes
                 // some answers. The header timer must not run while the gateway refuses to read.
-                self.head_started = None;
+                self.started = None;
                 return Step::Wait;
             }
             let rbuf = self.rbuf.as_ref().expect("checked");
@@ -241,11 +266,16 @@ impl HttpConn {
                 Err(e) => {
                     let (status, code, msg) = e.status();
                     self.headers.clear();
+                    let started = self.started.unwrap_or(now);
+                    self.record = Some(Box::new(Record::unparsed(self.rlen - self.rpos, started)));
                     self.error(status, code, &msg, true);
                     return Step::Wait;
                 }
             };
             self.headers.clear();
+            let mcp_path = lim.mcp.as_ref().map(|(p, _)| p.as_str());
+            let started = self.started.unwrap_or(now);
+            self.record = Some(Box::new(Record::of(&head, mcp_path, started)));
             match self.on_head(head, busy, now, lim, remote, gate) {
                 Parsed::Step(s) => return s,
                 Parsed::Again => continue,
@@ -279,14 +309,22 @@ impl HttpConn {
         if let Some(step) = self.refuse_body(&head, body_max) {
             return Parsed::Step(step);
         }
+        if head.chunked {
+            let ctx = chunked_body::Ctx { busy, now, lim };
+            return Parsed::Step(self.on_chunked(head, route, access, body_max, ctx, remote));
+        }
         let total = head.head_len + head.content_length as usize;
         if self.rlen - self.rpos < total {
+            self.start_body_deadline(now);
             return Parsed::Step(self.await_body(&head, total, true));
         }
         let owner = route.stream().and_then(|s| remote(Target::Stream(s)));
         let takes_over = matches!(route, Route::Subscribe { .. }) || owner.is_some();
         if busy && takes_over {
-            return Parsed::Step(Step::Wait); // polled again once the answers are sent
+            // Polled again once the answers are sent. The body is complete: its deadline no
+            // longer runs (the wait is the gateway's, not the client's).
+            self.awaiting_body = false;
+            return Parsed::Step(Step::Wait);
         }
         if let Some(owner) = owner {
             return Parsed::Step(self.hand_off(owner));
@@ -295,7 +333,12 @@ impl HttpConn {
             self.compact(); // a subscribe: nothing is read after it
         }
         let body = self.take_request(head.head_len, total, now);
-        Parsed::Step(Step::Request(Request {
+        Parsed::Step(self.api_request(head, route, body, access))
+    }
+
+    /// The complete API request of `head` with its `body`.
+    fn api_request(&self, head: Head, route: Route, body: Vec<u8>, access: auth::Access) -> Step {
+        Step::Request(Request {
             kind: Kind::Api {
                 route,
                 event_type: head.event_type,
@@ -304,8 +347,8 @@ impl HttpConn {
             close: head.close,
             body,
             access,
-            headers: self.headers.clone(),
-        }))
+            headers: self.answer_headers(),
+        })
     }
 
     /// Routes an API head and asks the gate (origin, then grants): the route and who asked,
@@ -327,6 +370,7 @@ impl HttpConn {
                 match gate.admit(head, &route, std::mem::take(&mut self.headers)) {
                     Admission::Admit { headers, access } => {
                         self.headers = headers;
+                        self.note_subject(&access);
                         return Ok((route, access));
                     }
                     other => other,
@@ -355,7 +399,7 @@ impl HttpConn {
     /// Refuses a head with a JSON error. Its body (if any) was not read, so the connection is
     /// kept only if there is none.
     fn refuse_head(&mut self, head: &Head, status: u16, code: &str, msg: &str) -> Parsed {
-        let close = head.close || status == 411 || head.content_length > 0;
+        let close = head.close || status == 411 || head.content_length > 0 || head.chunked;
         if !close {
             self.consume(head.head_len);
         }
@@ -378,7 +422,10 @@ impl HttpConn {
             return Step::Wait;
         }
         let access = match gate.admit_mcp(&head) {
-            Admission::Admit { access, .. } => access,
+            Admission::Admit { access, .. } => {
+                self.note_subject(&access);
+                access
+            }
             Admission::Refuse {
                 status,
                 code,
@@ -391,6 +438,11 @@ impl HttpConn {
             }
             Admission::Preflight { .. } => unreachable!("admit_mcp answers no preflight"),
         };
+        if head.chunked {
+            let msg = "send /mcp bodies with a Content-Length";
+            self.error(411, "length_required", msg, true);
+            return Step::Wait;
+        }
         if head.content_length > body_max as u64 {
             let msg = format!(
                 "body of {} bytes exceeds --mcp-body-bytes-max {body_max}",
@@ -419,7 +471,7 @@ impl HttpConn {
 
     /// A 413 for a body over `body_max` (0: the route takes none).
     fn refuse_body(&mut self, head: &Head, body_max: usize) -> Option<Step> {
-        if head.content_length <= body_max as u64 {
+        if head.content_length <= body_max as u64 && !(head.chunked && body_max == 0) {
             return None;
         }
         let (code, msg) = if body_max == 0 {
@@ -441,7 +493,7 @@ impl HttpConn {
     fn await_head(&mut self, lim: &ConnLimits) -> Step {
         self.compact();
         if self.rlen == 0 {
-            self.head_started = None;
+            self.started = None;
         }
         let rbuf = self.rbuf.as_mut().expect("held");
         if rbuf.len() < lim.head.header_bytes_max {
@@ -491,6 +543,7 @@ impl HttpConn {
 
     fn hand_off(&mut self, owner: usize) -> Step {
         self.compact();
+        self.record = None; // the owner core parses the head again and records it
         let mut bytes = self.rbuf.take().expect("held");
         bytes.truncate(self.rlen);
         Step::HandOff { owner, bytes }
@@ -504,7 +557,7 @@ impl HttpConn {
         self.consume(total);
         self.sent_continue = false;
         self.awaiting_body = false;
-        self.head_started = (self.rlen > self.rpos).then_some(now);
+        self.started = (self.rlen > self.rpos).then_some(now);
         // A body grew the buffer: give the memory (and its budget) back.
         let rbuf = self.rbuf.as_mut().expect("held");
         if rbuf.len() > RECV_BYTES_KEEP_MAX && self.rlen - self.rpos <= RECV_BYTES_MIN {
@@ -542,18 +595,33 @@ impl HttpConn {
         self.rbuf = Some(buf);
         self.rlen += n;
         self.idle_since = now;
-        self.head_started.get_or_insert(now);
+        self.started.get_or_insert(now);
     }
 
-    /// The header and idle deadlines at a tick (none while answers are pending).
+    /// The header, body and idle deadlines at a tick (the header and idle ones wait while
+    /// answers are pending; the body's runs regardless: it bounds the whole body).
     pub fn on_tick(&mut self, now: Instant, lim: &ConnLimits) -> Deadline {
+        if let Some(t) = self.started
+            && self.awaiting_body
+            && !self.close_requested
+            && now.duration_since(t) >= lim.body_timeout
+        {
+            self.error(
+                408,
+                "request_timeout",
+                "request body not completed within --body-timeout-secs",
+                true,
+            );
+            return Deadline::BodyTimedOut;
+        }
         if self.busy() {
             return Deadline::None;
         }
-        if let Some(t) = self.head_started
+        if let Some(t) = self.started
             && !self.awaiting_body
             && now.duration_since(t) >= lim.header_timeout
         {
+            self.record = Some(Box::new(Record::unparsed(self.rlen - self.rpos, t)));
             self.error(
                 408,
                 "request_timeout",
@@ -562,7 +630,7 @@ impl HttpConn {
             );
             return Deadline::TimedOut;
         }
-        if (self.head_started.is_none() || self.awaiting_body)
+        if (self.started.is_none() || self.awaiting_body)
             && now.duration_since(self.idle_since) >= lim.idle_timeout
         {
             return Deadline::Idle;

@@ -6,19 +6,28 @@ use std::time::Instant;
 
 use super::super::access;
 use super::super::http;
+use super::super::request_log::{Finished, status_of};
 use super::{HttpConn, Outgoing, Wait};
 
 impl HttpConn {
     /// Queues an answer after the earlier ones; `wait`: held back until durable.
     pub fn answer(&mut self, bytes: Vec<u8>, wait: Option<Wait>, close: bool) {
         self.close_requested |= close;
-        let bytes = access::with_headers(bytes, &self.headers);
+        let headers = self.answer_headers();
+        let bytes = access::with_headers(bytes, &headers);
+        // A 1xx is not the request's answer: the record waits for the final one.
+        let record = if status_of(&bytes) >= 200 {
+            self.record.take()
+        } else {
+            None
+        };
         self.outbox_bytes += bytes.len();
         self.outbox.push_back(Outgoing {
             bytes,
             wait,
             close,
-            headers: self.headers.clone(),
+            headers,
+            record,
         });
     }
 
@@ -76,6 +85,13 @@ impl HttpConn {
                 let o = self.outbox.pop_front().expect("front exists");
                 self.outbox_bytes -= o.bytes.len();
                 buf.extend_from_slice(&o.bytes);
+                if let Some(record) = o.record {
+                    self.finished.push(Finished {
+                        record: *record,
+                        status: status_of(&o.bytes),
+                        bytes_out: o.bytes.len() as u64,
+                    });
+                }
                 if o.close {
                     self.close_after_write = true;
                     self.outbox.clear();

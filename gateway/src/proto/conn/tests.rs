@@ -15,6 +15,7 @@ fn limits() -> ConnLimits {
         mcp: Some(("/mcp".into(), 4096)),
         header_timeout: Duration::from_secs(10),
         idle_timeout: Duration::from_secs(60),
+        body_timeout: Duration::from_secs(30),
     }
 }
 
@@ -194,7 +195,8 @@ fn an_incomplete_head_times_out_with_408_exactly_at_the_deadline() {
 
 #[test]
 fn a_body_in_progress_is_under_the_idle_timeout_not_the_header_timeout() {
-    let (lim, t0) = (limits(), Instant::now());
+    let (mut lim, t0) = (limits(), Instant::now());
+    lim.body_timeout = lim.idle_timeout * 2;
     let mut c = HttpConn::new(Vec::new(), t0);
     feed(
         &mut c,
@@ -205,6 +207,67 @@ fn a_body_in_progress_is_under_the_idle_timeout_not_the_header_timeout() {
     let _recv = c.poll(t0, &lim, &local, &mut open_gate());
     assert_eq!(c.on_tick(t0 + lim.header_timeout * 2, &lim), Deadline::None);
     assert_eq!(c.on_tick(t0 + lim.idle_timeout, &lim), Deadline::Idle);
+}
+
+/// Polls for the receive step (the machine holds no buffer until it is completed).
+fn recv_step(c: &mut HttpConn, now: Instant, lim: &ConnLimits) -> (Vec<u8>, usize) {
+    match c.poll(now, lim, &local, &mut open_gate()) {
+        Step::Recv { buf, from } => (buf, from),
+        other => panic!("expected a receive step, got {other:?}"),
+    }
+}
+
+/// Completes the receive `r` with `bytes`.
+fn complete(c: &mut HttpConn, r: (Vec<u8>, usize), bytes: &[u8], now: Instant) {
+    let (mut buf, from) = r;
+    buf[from..from + bytes.len()].copy_from_slice(bytes);
+    c.on_recv(buf, bytes.len(), now);
+}
+
+#[test]
+fn a_trickled_body_gets_408_at_the_body_deadline_however_often_bytes_arrive() {
+    let (lim, t0) = (limits(), Instant::now());
+    let mut c = HttpConn::new(Vec::new(), t0);
+    let head = b"POST /v1/streams/a/events HTTP/1.1\r\nContent-Length: 100\r\n\r\n";
+    feed(&mut c, head, t0, &lim);
+    let mut r = recv_step(&mut c, t0, &lim);
+    // One byte a second: every receive restarts the idle timer, never the body's.
+    for i in 1..lim.body_timeout.as_secs() {
+        let t = t0 + Duration::from_secs(i);
+        complete(&mut c, r, b"x", t);
+        r = recv_step(&mut c, t, &lim);
+        assert_eq!(c.on_tick(t, &lim), Deadline::None, "at {i} s");
+    }
+    let t_end = t0 + lim.body_timeout;
+    assert_eq!(c.on_tick(t_end, &lim), Deadline::BodyTimedOut);
+    assert_eq!(c.on_tick(t_end, &lim), Deadline::None, "counted once");
+    drop(r);
+    let out = drain(&mut c, t_end);
+    let text = String::from_utf8_lossy(&out);
+    assert!(out.starts_with(b"HTTP/1.1 408 "), "{text}");
+    assert!(text.contains("--body-timeout-secs"), "{text}");
+    assert!(c.done(false));
+}
+
+#[test]
+fn the_body_deadline_is_per_request_on_a_keep_alive_connection() {
+    let (lim, t0) = (limits(), Instant::now());
+    let mut c = HttpConn::new(Vec::new(), t0);
+    let head = "POST /v1/streams/a/events HTTP/1.1\r\nContent-Length: 2\r\n\r\n";
+    feed(&mut c, format!("{head}x").as_bytes(), t0, &lim);
+    let r = recv_step(&mut c, t0, &lim);
+    let t1 = t0 + lim.body_timeout - Duration::from_secs(1);
+    complete(&mut c, r, b"y", t1);
+    assert_eq!(request(&mut c, t1, &lim).body, b"xy");
+    // The next request's body starts its own deadline.
+    let t2 = t1 + Duration::from_secs(1);
+    feed(&mut c, head.as_bytes(), t2, &lim);
+    let _r = recv_step(&mut c, t2, &lim);
+    assert_eq!(c.on_tick(t0 + lim.body_timeout, &lim), Deadline::None);
+    assert_eq!(
+        c.on_tick(t2 + lim.body_timeout, &lim),
+        Deadline::BodyTimedOut
+    );
 }
 
 #[test]
@@ -489,4 +552,191 @@ fn body_budget_admits_whole_bodies_and_starved_ones_resume() {
         step = b.poll(t0, &lim, &local, &mut open_gate());
     }
     assert!(!b.starved());
+}
+
+/// A chunked publish's head (HTTP/1.1, no Content-Length).
+fn chunked_head(path: &str) -> String {
+    format!("POST {path} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+}
+
+#[test]
+fn a_chunked_body_arriving_in_pieces_is_one_request_and_the_next_one_follows() {
+    let (lim, t0) = (limits(), Instant::now());
+    let mut c = HttpConn::new(Vec::new(), t0);
+    let mut bytes = chunked_head("/v1/streams/a/events").into_bytes();
+    bytes.extend(b"3;x=y\r\nhel\r\n2\r\nlo\r\n0\r\nT: 1\r\n\r\n");
+    bytes.extend(publish("a", "next"));
+    let (first, second) = bytes.split_at(50);
+    feed(&mut c, first, t0, &lim);
+    let r = recv_step(&mut c, t0, &lim);
+    complete(&mut c, r, second, t0);
+    let req = request(&mut c, t0, &lim);
+    assert_eq!(req.body, b"hello");
+    assert!(matches!(
+        req.kind,
+        Kind::Api {
+            route: Route::Publish { .. },
+            ..
+        }
+    ));
+    assert_eq!(request(&mut c, t0, &lim).body, b"next");
+}
+
+#[test]
+fn a_chunked_body_over_the_limit_is_refused_with_413_and_close() {
+    let (lim, t0) = (limits(), Instant::now());
+    let mut c = HttpConn::new(Vec::new(), t0);
+    let mut bytes = chunked_head("/v1/streams/a/events").into_bytes();
+    bytes.extend(format!("{:x}\r\n", lim.event_bytes_max + 1).as_bytes());
+    feed(&mut c, &bytes, t0, &lim);
+    assert!(matches!(
+        c.poll(t0, &lim, &local, &mut open_gate()),
+        Step::Wait
+    ));
+    let out = drain(&mut c, t0);
+    assert!(
+        out.starts_with(b"HTTP/1.1 413 "),
+        "{}",
+        String::from_utf8_lossy(&out)
+    );
+    assert!(c.done(false));
+}
+
+#[test]
+fn a_chunked_body_where_none_is_taken_is_refused_and_closes() {
+    // No body taken (413), refused by the router with its body unread (405), MCP (411).
+    for (method, path, status) in [
+        ("DELETE", "/v1/streams/a", "413"),
+        ("POST", "/v1/streams/a", "405"),
+        ("POST", "/mcp", "411"),
+    ] {
+        let (lim, t0) = (limits(), Instant::now());
+        let mut c = HttpConn::new(Vec::new(), t0);
+        let head = chunked_head(path).replacen("POST", method, 1);
+        feed(&mut c, format!("{head}0\r\n\r\n").as_bytes(), t0, &lim);
+        assert!(matches!(
+            c.poll(t0, &lim, &local, &mut open_gate()),
+            Step::Wait
+        ));
+        let out = String::from_utf8(drain(&mut c, t0)).unwrap();
+        assert!(
+            out.starts_with(&format!("HTTP/1.1 {status} ")),
+            "{path}: {out}"
+        );
+        assert!(c.done(false), "{path}");
+    }
+}
+
+#[test]
+fn a_chunked_publish_for_another_core_hands_over_its_raw_bytes() {
+    let (lim, t0) = (limits(), Instant::now());
+    let mut c = HttpConn::new(Vec::new(), t0);
+    let mut bytes = chunked_head("/v1/streams/elsewhere/events").into_bytes();
+    bytes.extend(b"5\r\nhel");
+    feed(&mut c, &bytes, t0, &lim);
+    let remote = |t: Target<'_>| (t == Target::Stream("elsewhere")).then_some(2);
+    match c.poll(t0, &lim, &remote, &mut open_gate()) {
+        Step::HandOff { owner, bytes: b } => assert_eq!((owner, b), (2, bytes)),
+        other => panic!("expected a handoff, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_chunked_body_without_its_final_chunk_gets_408_at_the_body_deadline() {
+    let (lim, t0) = (limits(), Instant::now());
+    let mut c = HttpConn::new(Vec::new(), t0);
+    let mut bytes = chunked_head("/v1/streams/a/events").into_bytes();
+    bytes.extend(b"5\r\nhello\r\n");
+    feed(&mut c, &bytes, t0, &lim);
+    let _r = recv_step(&mut c, t0, &lim);
+    assert_eq!(
+        c.on_tick(t0 + lim.body_timeout, &lim),
+        Deadline::BodyTimedOut
+    );
+}
+
+/// Feeds `input[*have..]` through receives as large as the machine offers, until a step
+/// other than a receive comes out.
+fn pump(c: &mut HttpConn, input: &[u8], have: &mut usize, now: Instant, lim: &ConnLimits) -> Step {
+    loop {
+        match c.poll(now, lim, &local, &mut open_gate()) {
+            Step::Recv { mut buf, from } => {
+                let n = (buf.len() - from).min(input.len() - *have);
+                assert!(n > 0, "the input ran out before a request");
+                buf[from..from + n].copy_from_slice(&input[*have..*have + n]);
+                *have += n;
+                c.on_recv(buf, n, now);
+            }
+            other => return other,
+        }
+    }
+}
+
+/// A chunked batch larger than the head buffer reserves the most its buffer can hold (the
+/// batch limit and one line of framing) from the body budget, like a `Content-Length` body
+/// reserves its size: a second one waits, starved, until the first gives its reservation back.
+#[test]
+fn a_chunked_body_takes_its_buffer_from_the_body_budget() {
+    let (lim, t0) = (limits(), Instant::now());
+    let cap = lim.batch_bytes_max + 2 * lim.head.header_bytes_max;
+    let budget = std::sync::Arc::new(BodyBudget::new(cap as u64));
+    let mut input = chunked_head("/v1/streams/a/events:batch").into_bytes();
+    let body: Vec<u8> = (0..100_000u32).map(|i| b'a' + (i % 26) as u8).collect();
+    for chunk in body.chunks(4000) {
+        input.extend(format!("{:x}\r\n", chunk.len()).as_bytes());
+        input.extend(chunk);
+        input.extend(b"\r\n");
+    }
+    input.extend(b"0\r\n\r\n");
+    let (mut a, mut b) = (HttpConn::new(Vec::new(), t0), HttpConn::new(Vec::new(), t0));
+    a.set_budget(budget.clone());
+    b.set_budget(budget.clone());
+    // `a` fills its head buffer and reserves; `b` then fills its own and waits, starved.
+    feed(&mut a, &input[..lim.head.header_bytes_max], t0, &lim);
+    let ra = recv_step(&mut a, t0, &lim);
+    let mut have = 0;
+    assert!(matches!(
+        pump(&mut b, &input, &mut have, t0, &lim),
+        Step::Wait
+    ));
+    assert!(b.starved());
+    drop(ra);
+    drop(a);
+    let Step::Request(req) = pump(&mut b, &input, &mut have, t0, &lim) else {
+        panic!("the body completes once the budget is back");
+    };
+    assert_eq!(req.body, body);
+    assert_eq!(have, input.len());
+}
+
+/// A complete body whose request waits for earlier answers (it moves the connection to
+/// another core) is past the client's part: its body deadline no longer runs.
+#[test]
+fn a_complete_body_waiting_for_earlier_answers_does_not_time_out() {
+    let (lim, t0) = (limits(), Instant::now());
+    let mut c = HttpConn::new(Vec::new(), t0);
+    let mut bytes = b"GET /healthz HTTP/1.1\r\n\r\n".to_vec();
+    let second = publish("elsewhere", "xy");
+    bytes.extend(&second[..second.len() - 1]);
+    feed(&mut c, &bytes, t0, &lim);
+    let remote = |t: Target<'_>| (t == Target::Stream("elsewhere")).then_some(1);
+    let Step::Request(_) = c.poll(t0, &lim, &remote, &mut open_gate()) else {
+        panic!("the local request first")
+    };
+    c.answer(b"ok".to_vec(), None, false); // not sent yet: the connection is busy
+    let Step::Recv { mut buf, from } = c.poll(t0, &lim, &remote, &mut open_gate()) else {
+        panic!("receives the rest of the body")
+    };
+    buf[from] = b'y';
+    c.on_recv(buf, 1, t0);
+    assert!(matches!(
+        c.poll(t0, &lim, &remote, &mut open_gate()),
+        Step::Wait
+    ));
+    assert_eq!(c.on_tick(t0 + lim.body_timeout, &lim), Deadline::None);
+    assert_eq!(drain(&mut c, t0), b"ok");
+    match c.poll(t0, &lim, &remote, &mut open_gate()) {
+        Step::HandOff { owner, bytes } => assert_eq!((owner, bytes), (1, second)),
+        other => panic!("expected a handoff, got {other:?}"),
+    }
 }

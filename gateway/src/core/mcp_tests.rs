@@ -1,0 +1,285 @@
+//! Unit tests of the MCP part without a reactor: requests and actions in, [`Effect`]s out,
+//! over a real log in a temporary directory and no upstream started.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use clap::Parser as _;
+use log_store::{Log, LogOptions};
+
+use super::mcp::{self, Effect, Mcp, McpCx, McpRequest};
+use crate::config::Config;
+use crate::mcp::core::Action;
+use crate::metrics::CoreMetrics;
+use crate::streams::hub::{Hub, SubRef};
+
+/// A core's parts as the MCP part borrows them.
+struct Parts {
+    _dir: tempfile::TempDir,
+    hub: Hub,
+    cfg: Config,
+    metrics: CoreMetrics,
+    now: Instant,
+}
+
+impl Parts {
+    fn new() -> Parts {
+        Parts::with(LogOptions::default())
+    }
+
+    fn with(opts: LogOptions) -> Parts {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = Log::open(dir.path(), opts).expect("open");
+        let cfg = Config::parse_from(["gateway", "--upstream-cmd", "true"]);
+        Parts {
+            _dir: dir,
+            hub: Hub::new(vec![(0, log)], 1),
+            cfg,
+            metrics: CoreMetrics::default(),
+            now: Instant::now(),
+        }
+    }
+
+    fn cx(&mut self) -> McpCx<'_> {
+        McpCx {
+            now: self.now,
+            hub: &mut self.hub,
+            cluster: None,
+            metrics: &self.metrics,
+            cfg: &self.cfg,
+            epochs: &[],
+        }
+    }
+
+    /// The MCP part of a one-shard, one-core node (no upstream is started by these tests).
+    fn mcp(&self) -> Mcp {
+        let (shard, owner) = mcp::mcp_owner(1, 1);
+        assert_eq!((shard, owner), (0, 0));
+        let ups = mcp::upstreams(&self.cfg, Arc::new(|| {}));
+        Mcp::new(&self.cfg, 0, shard, ups, &self.hub, false, self.now)
+    }
+
+    /// Every action the MCP core has queued, as effects (what `Core::mcp_apply` carries out).
+    fn drain(&mut self, m: &mut Mcp) -> Vec<Effect> {
+        let mut out = Vec::new();
+        while let Some(a) = m.next_action() {
+            out.extend(m.act(a, &mut self.cx()));
+        }
+        out
+    }
+
+    fn request(&mut self, m: &mut Mcp, conn: SubRef, head: &str) -> bool {
+        let req = McpRequest {
+            conn,
+            head: head.as_bytes(),
+            body: Vec::new(),
+            close: false,
+            subject: None,
+        };
+        m.handle_request(req, 32, &mut self.cx())
+    }
+}
+
+const PUT: &str = "PUT /mcp HTTP/1.1\r\nHost: localhost\r\n\r\n";
+
+#[test]
+fn a_request_comes_back_as_one_answer_on_its_connection() {
+    let mut p = Parts::new();
+    let mut m = p.mcp();
+    assert!(p.request(&mut m, (3, 7), PUT), "carried out, not held");
+    let effects = p.drain(&mut m);
+    let [Effect::Respond { conn, bytes, close }] = effects.as_slice() else {
+        panic!("one answer: {effects:?}");
+    };
+    assert_eq!(
+        (*conn, *close),
+        ((3, 7), false),
+        "on the request's slot and generation"
+    );
+    let text = String::from_utf8_lossy(bytes);
+    assert!(
+        text.starts_with("HTTP/1.1 405 Method Not Allowed\r\n"),
+        "{text}"
+    );
+    assert!(
+        !m.conn_closed(p.now, 3),
+        "answered: the slot carries no MCP connection any more"
+    );
+}
+
+#[test]
+fn an_answer_for_a_connection_that_closed_first_is_dropped() {
+    let mut p = Parts::new();
+    let mut m = p.mcp();
+    p.request(&mut m, (3, 7), PUT);
+    assert!(m.conn_closed(p.now, 3), "the slot carried an MCP request");
+    assert!(!m.conn_closed(p.now, 4), "another slot never did");
+    assert_eq!(
+        p.drain(&mut m),
+        vec![],
+        "nothing is sent on a closed connection"
+    );
+}
+
+/// Creates MCP stream `name` with one reader on `reader`; its key.
+fn stream_with_reader(p: &mut Parts, name: &str, reader: SubRef) -> crate::streams::StreamKey {
+    let sid = p.hub.log_mut(0).create_stream(name).expect("create");
+    p.hub.subscribe((0, sid), reader);
+    (0, sid)
+}
+
+fn open_sse(cid: u64, stream: &str) -> Action {
+    Action::OpenSse {
+        conn: cid,
+        stream: stream.to_owned(),
+        from_seq: 1,
+        retry_ms: None,
+        reprime: None,
+        headers: Vec::new(),
+        end_after: None,
+    }
+}
+
+#[test]
+fn a_broken_stream_closes_its_readers_and_refuses_to_be_served() {
+    let mut p = Parts::new();
+    let mut m = p.mcp();
+    let (name, reader) = ("mcp/0123abcd/1", (5, 2));
+    stream_with_reader(&mut p, name, reader);
+    let mut out = Vec::new();
+    m.break_stream(name.to_owned(), "disk full".into(), &p.cx(), &mut out);
+    assert_eq!(out, vec![Effect::Close(reader)]);
+    // A later GET on it gets an explicit 503, not a subscription.
+    m.conns.insert(9, (6, 1, false));
+    let effects = m.act(open_sse(9, name), &mut p.cx());
+    let [Effect::Respond { conn, bytes, .. }] = effects.as_slice() else {
+        panic!("one answer: {effects:?}");
+    };
+    assert_eq!(*conn, (6, 1));
+    let text = String::from_utf8_lossy(bytes);
+    assert!(text.starts_with("HTTP/1.1 503 "), "{text}");
+    assert!(
+        !text.contains("0123abcd"),
+        "the session ID is not in the answer: {text}"
+    );
+}
+
+#[test]
+fn an_open_stream_becomes_a_subscription_of_its_connection() {
+    let mut p = Parts::new();
+    let mut m = p.mcp();
+    let name = "mcp/0123abcd/1";
+    let key = stream_with_reader(&mut p, name, (5, 2));
+    m.conns.insert(9, (6, 1, false));
+    let effects = m.act(open_sse(9, name), &mut p.cx());
+    let [
+        Effect::Subscribe {
+            conn,
+            cid,
+            key: k,
+            from_seq,
+            head,
+            ..
+        },
+    ] = effects.as_slice()
+    else {
+        panic!("one subscription: {effects:?}");
+    };
+    assert_eq!((*conn, *cid, *k, *from_seq), ((6, 1), 9, Some(key), 1));
+    assert!(head.starts_with(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"));
+}
+
+#[test]
+fn a_complete_stream_ends_each_reader_after_its_last_seq() {
+    let mut p = Parts::new();
+    let mut m = p.mcp();
+    let name = "mcp/0123abcd/1";
+    let key = stream_with_reader(&mut p, name, (5, 2));
+    p.hub.subscribe(key, (8, 1));
+    let done = Action::StreamComplete {
+        stream: name.to_owned(),
+        last_seq: 4,
+    };
+    let effects = m.act(done, &mut p.cx());
+    assert_eq!(
+        effects,
+        vec![
+            Effect::EndAfter {
+                conn: (5, 2),
+                last_seq: 4
+            },
+            Effect::EndAfter {
+                conn: (8, 1),
+                last_seq: 4
+            },
+        ]
+    );
+}
+
+fn append(stream: &str, seq: u64, data: Vec<u8>) -> Action {
+    Action::Append {
+        stream: stream.to_owned(),
+        seq,
+        event_type: None,
+        data,
+    }
+}
+
+#[test]
+fn a_record_the_log_refuses_is_an_error_record_at_its_seq_and_then_the_stream_breaks() {
+    let mut p = Parts::with(LogOptions {
+        record_bytes_max: 4096,
+        ..LogOptions::default()
+    });
+    let mut m = p.mcp();
+    let name = "mcp/0123abcd/1";
+    let (_, sid) = stream_with_reader(&mut p, name, (5, 2));
+    let big = |id: &str| {
+        let pad = "x".repeat(8000);
+        format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{{"pad":"{pad}"}}}}"#).into_bytes()
+    };
+    // Too large: the JSON-RPC error for the same request stands at seq 1 instead.
+    assert_eq!(m.act(append(name, 1, big("7")), &mut p.cx()), vec![]);
+    assert_eq!(p.hub.log(0).bounds(sid).map(|b| b.tail), Some(1));
+    assert_eq!(m.records_refused, 1);
+    // The next record lands at its predicted seq.
+    let ok = br#"{"jsonrpc":"2.0","id":8,"result":{}}"#.to_vec();
+    assert_eq!(m.act(append(name, 2, ok.clone()), &mut p.cx()), vec![]);
+    assert_eq!(p.hub.log(0).bounds(sid).map(|b| b.tail), Some(2));
+    // An id too large for even the error record: nothing can stand at seq 3, the stream
+    // breaks (its reader is closed) and takes no more records.
+    let id = format!("\"{}\"", "i".repeat(8000));
+    assert_eq!(
+        m.act(append(name, 3, big(&id)), &mut p.cx()),
+        vec![Effect::Close((5, 2))]
+    );
+    assert_eq!(m.act(append(name, 3, ok), &mut p.cx()), vec![]);
+    assert_eq!(
+        p.hub.log(0).bounds(sid).map(|b| b.tail),
+        Some(2),
+        "nothing after the break"
+    );
+    assert_eq!((m.records_refused, m.broken.len()), (2, 1));
+}
+
+#[test]
+fn every_mcp_metric_family_has_help_and_type() {
+    let p = Parts::new();
+    let m = p.mcp();
+    let text = super::mcp_metrics::render(&m);
+    let lines: Vec<&str> = text.lines().collect();
+    let mut families = 0;
+    for (i, l) in lines.iter().enumerate() {
+        if let Some(rest) = l.strip_prefix("# TYPE ") {
+            families += 1;
+            let name = rest.split(' ').next().expect("a name");
+            let help = i.checked_sub(1).map(|j| lines[j]).unwrap_or_default();
+            assert!(
+                help.starts_with(&format!("# HELP {name} ")),
+                "{name}: {help:?}"
+            );
+        }
+    }
+    assert!(families >= 14, "{text}");
+    assert!(text.contains("gateway_mcp_resumes_total{class=\"ok\"} 0\n"));
+}
