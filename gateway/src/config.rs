@@ -202,6 +202,12 @@ pub struct Config {
     #[arg(long, default_value_t = 100_000)]
     pub streams_max: u64,
 
+    /// Streams one subject's publishes may create (a token's issuer and `sub`; anonymous
+    /// requests and tokens without `sub` count as one subject per source address) before a
+    /// create is refused with 429 `subject_quota`. 0 = a tenth of --streams-max.
+    #[arg(long, default_value_t = 0)]
+    pub streams_per_subject_max: u64,
+
     /// Seconds a publish's `Idempotency-Key` is remembered: a repeat with the same key on the
     /// same stream within it stores nothing and gets the original IDs (`Idempotent-Replay:
     /// true`); the same key with another body gets 422 `idempotency_key_reused`.
@@ -216,12 +222,6 @@ pub struct Config {
     /// forgotten first).
     #[arg(long, default_value_t = 100_000)]
     pub idempotency_keys_max: usize,
-
-    /// Streams one subject's publishes may create (a token's issuer and `sub`; anonymous
-    /// requests and tokens without `sub` count as one subject per source address) before a
-    /// create is refused with 429 `subject_quota`. 0 = a tenth of --streams-max.
-    #[arg(long, default_value_t = 0)]
-    pub streams_per_subject_max: u64,
 
     /// Seconds a stream with no retained events and no subscribers is kept before it is
     /// removed (its name is free again; its old IDs are refused as another stream's). 0 = never.

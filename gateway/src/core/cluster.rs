@@ -18,15 +18,14 @@ use log_store::{AppendError, EventId, Log};
 use super::cluster_state::{CatchUp, Pending, Ticket};
 use super::http::Caller;
 use super::mcp_cluster::{mcp_substitute, seq_mismatch_record};
-use super::{Core, Shared, State};
+use super::{Core, State};
 use crate::logging::Gate;
 use crate::metrics::CoreMetrics;
 use crate::proto::conn::Wait;
 use crate::proto::http;
 use crate::proto::route::SubscribeQuery;
 use crate::proto::sse;
-use crate::streams::hub::Hub;
-use crate::streams::idempotency::{Keyed, Keys};
+use crate::streams::idempotency::Keyed;
 use crate::streams::publish::{self, Event};
 use crate::streams::quarantine::{self, QUARANTINE_STREAM, Reason, Verdict};
 use crate::streams::subjects::{self, Subject};
@@ -55,12 +54,15 @@ impl Core {
         if let Err((status, code, msg)) = publish::check_events(&events) {
             return self.error(slot, status, code, &msg, close);
         }
-        if self.answered_known((slot, stream), keyed.as_ref(), close) {
-            return;
+        if let Some(p) = self
+            .idem
+            .known(&self.hub, stream, keyed.as_ref(), self.now, close)
+        {
+            return self.queue_published(slot, p, close);
         }
         let (shard, who) = (self.hub.shard_of(stream), (access, self.conn(slot).peer));
-        let cx = (&self.hub, &*self.shared, self.m());
-        if let Err((status, code, msg)) = check_cluster_publish(cx, stream, shard, &events, who) {
+        let checked = check_cluster_publish(self, stream, shard, &events, who);
+        if let Err((status, code, msg)) = checked {
             return self.error(slot, status, code, &msg, close);
         }
         let conn = (slot, self.io.generation(slot));
@@ -174,8 +176,10 @@ impl Core {
     fn apply(&mut self, a: &Applied) -> Result<(), AppendError> {
         let cc = self.cluster.as_mut().expect("cluster mode");
         let applied = *cc.applied.get(&a.shard).expect("a shard of this core");
-        if !in_chain(self.m(), applied, a) {
-            return Ok(());
+        match names::check_next(applied, a.seq) {
+            Ok(Next::Apply) => {}
+            Ok(Next::Again) => return note_redelivered(self.m(), a),
+            Err(b) => panic!("cluster: shard {}: chain broken: {b}", a.shard),
         }
         let log = self.hub.log(a.shard);
         let (name, substitute, reason) = place(a, log, self.hub.shards());
@@ -193,8 +197,11 @@ impl Core {
             None => (a.event.as_deref(), a.data.as_slice()),
         };
         let ap = self.hub.log_mut(key.0).append(key.1, event, data)?;
-        let m = &self.shared.metrics[self.id];
-        note_applied((m, &mut self.idem), a, (name, ap.id), reason, self.now);
+        match (reason, &a.idempotency) {
+            (Some(r), _) => note_quarantined(self.m(), a, r),
+            (None, Some(h)) => self.idem.on_applied(name, h, ap.id, self.now),
+            (None, None) => {}
+        }
         *self
             .cluster
             .as_mut()
@@ -261,22 +268,22 @@ impl Core {
 /// limit, and for a new stream a valid name, room under `--streams-max` and a place of the
 /// caller's under `--streams-per-subject-max`.
 fn check_cluster_publish(
-    (hub, sh, m): (&Hub, &Shared, &CoreMetrics),
+    core: &Core,
     stream: &str,
     shard: u32,
     events: &[Event],
     (access, peer): (&auth::Access, Option<std::net::IpAddr>),
 ) -> Result<(), (u16, &'static str, String)> {
-    let log = hub.log(shard);
+    let log = core.hub.log(shard);
     publish::check_framed_worst(log, events)?;
     if log.stream_id(stream).is_none() {
         if let Err(e) = log_store::Log::check_stream_name(stream) {
             let (status, code) = publish::append_status(&e);
             return Err((status, code, e.to_string()));
         }
-        let who = Subject::of(access, peer);
+        let (sh, who) = (&core.shared, Subject::of(access, peer));
         subjects::reserve_clustered(&sh.quota, &sh.subjects, &who, stream).map_err(|e| {
-            e.counter(m).fetch_add(1, Relaxed);
+            e.counter(&sh.metrics[core.id]).fetch_add(1, Relaxed);
             (e.status().0, e.status().1, e.to_string())
         })?;
     }
@@ -321,38 +328,16 @@ fn place<'a>(a: &'a Applied, log: &Log, shards: u32) -> (&'a str, Option<Record>
     }
 }
 
-/// After a message was applied as `(stream, id)`: a quarantined one is counted, a keyed one's
-/// key is learnt ([`Keys::on_applied`]).
-fn note_applied(
-    (m, keys): (&CoreMetrics, &mut Keys),
-    a: &Applied,
-    (stream, id): (&str, EventId),
-    reason: Option<Reason>,
-    now: std::time::Instant,
-) {
-    match (reason, &a.idempotency) {
-        (Some(r), _) => note_quarantined(m, a, r),
-        (None, Some(h)) => keys.on_applied(stream, h, id, now),
-        (None, None) => {}
-    }
-}
-
-/// Whether `a` is its shard's next message (`applied` so far): a gap stops the node (no node
-/// could number what follows); one applied already and delivered again is counted, logged
-/// once a minute and not applied again.
-fn in_chain(m: &CoreMetrics, applied: u64, a: &Applied) -> bool {
-    match names::check_next(applied, a.seq) {
-        Ok(Next::Apply) => return true,
-        Ok(Next::Again) => {}
-        Err(b) => panic!("cluster: shard {}: chain broken: {b}", a.shard),
-    }
+/// A message applied already was delivered again: counted, logged once a minute; nothing
+/// to apply.
+fn note_redelivered(m: &CoreMetrics, a: &Applied) -> Result<(), AppendError> {
     m.cluster_redeliveries_total.fetch_add(1, Relaxed);
     crate::warn_limited!(
         "cluster: shard {} message {} delivered again (applied already): ignored",
         a.shard,
         a.seq
     );
-    false
+    Ok(())
 }
 
 /// An event's type and data.

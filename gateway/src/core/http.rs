@@ -5,26 +5,23 @@
 use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::Ordering::Relaxed;
 
-use super::conns::Conns;
 use super::{Core, Handoff, PIPELINED_PER_CALL_MAX, State};
 use crate::proto::access;
 use crate::proto::conn::{Kind, Request, Step, Target};
 use crate::proto::http;
 use crate::proto::route::{self, Route};
 use crate::shards;
-use crate::streams::hub::SubRef;
 use crate::streams::idempotency::Keyed;
 use crate::streams::publish::{self, Event};
 use crate::streams::resume::{self, Ask, Start};
 use crate::streams::sub::{PENDING_STREAM, Sub};
 use crate::sys;
-use crate::uring::Driver;
-
-/// A publish's `Idempotency-Key`, if it has one.
-type Idem = Option<String>;
 
 /// A request's connection and who sent it (the gate's verdict).
 pub(super) type Caller<'a> = (u32, &'a auth::Access);
+
+/// A publish's `Idempotency-Key`, if it has one.
+type Idem = Option<String>;
 
 /// The answer to a publish whose group commit failed.
 const LOG_FAILED: &str = "the event could not be made durable: an fsync of its log failed, \
@@ -136,13 +133,8 @@ impl Core {
             } => match route {
                 Route::Publish { stream } => {
                     let ev = event_type.filter(|t| !t.is_empty());
-                    self.publish(
-                        (slot, &r.access),
-                        &stream,
-                        vec![(ev, r.body)],
-                        (close, false),
-                        key,
-                    );
+                    let from = (slot, &r.access);
+                    self.publish(from, &stream, vec![(ev, r.body)], (close, false), key);
                     return true;
                 }
                 Route::PublishBatch { stream } => {
@@ -323,8 +315,11 @@ impl Core {
         if let Err((status, code, msg)) = publish::check_events(&events) {
             return self.error(slot, status, code, &msg, close);
         }
-        if self.answered_known((slot, stream), keyed.as_ref(), close) {
-            return;
+        if let Some(p) = self
+            .idem
+            .known(&self.hub, stream, keyed.as_ref(), self.now, close)
+        {
+            return self.queue_published(slot, p, close);
         }
         let key = self.hub.stream_key(stream);
         let (shard, sid) = key.unwrap_or((self.hub.shard_of(stream), PENDING_STREAM));
@@ -335,29 +330,24 @@ impl Core {
             return;
         };
         let p = publish::append(self.hub.log_mut(key.0), key.0, key.1, &events, batch, close);
-        self.idem
-            .remember(stream, keyed, &p, events.len(), batch, self.now);
+        let n = events.len();
+        self.idem.remember(stream, keyed, &p, n, batch, self.now);
         self.hub.record_appends(key, p.appended);
         self.m()
             .events_appended_total
             .fetch_add(p.appended as u64, Relaxed);
-        queue_published(
-            &mut self.conns,
-            &self.io,
-            &mut self.waiting,
-            (slot, p),
-            close,
-        );
+        self.queue_published(slot, p, close);
     }
 
-    /// A keyed publish answered from the table, storing nothing (`Keys::known`): true if so.
-    pub(super) fn answered_known(&mut self, at: (u32, &str), k: Option<&Keyed>, c: bool) -> bool {
-        let (slot, s) = at;
-        let Some(p) = self.idem.known(&self.hub, s, k, self.now, c) else {
-            return false;
-        };
-        queue_published(&mut self.conns, &self.io, &mut self.waiting, (slot, p), c);
-        true
+    /// Queues a publish's answer, held while its wait is not visible.
+    pub(super) fn queue_published(&mut self, slot: u32, p: publish::Published, close: bool) {
+        let generation = self.io.generation(slot);
+        if p.wait.is_some() && !self.waiting.contains(&(slot, generation)) {
+            self.waiting.push((slot, generation));
+        }
+        if let State::Http(h) = &mut self.conn(slot).state {
+            h.answer(p.answer, p.wait, close);
+        }
     }
 
     // ---- subscribe ----
@@ -406,22 +396,5 @@ impl Core {
             }
             Start::Refuse(answer) => self.respond(slot, answer, true),
         }
-    }
-}
-
-/// Queues a publish's answer on connection `slot`, held while its wait is not visible.
-pub(super) fn queue_published(
-    conns: &mut Conns,
-    io: &Driver,
-    waiting: &mut Vec<SubRef>,
-    (slot, p): (u32, publish::Published),
-    close: bool,
-) {
-    let generation = io.generation(slot);
-    if p.wait.is_some() && !waiting.contains(&(slot, generation)) {
-        waiting.push((slot, generation));
-    }
-    if let Some(State::Http(h)) = conns.get(slot).map(|c| &mut c.state) {
-        h.answer(p.answer, p.wait, close);
     }
 }

@@ -172,6 +172,31 @@ impl HttpError {
     }
 }
 
+impl Head {
+    /// A head with its request line parsed and no header applied yet.
+    fn blank(method: Method, path: &str, query: &str, head_len: usize, close: bool) -> Head {
+        Head {
+            method,
+            path: path.to_owned(),
+            query: query.to_owned(),
+            head_len,
+            content_length: 0,
+            has_content_length: false,
+            chunked: false,
+            close,
+            expect_continue: false,
+            last_event_id: None,
+            accept: None,
+            event_type: None,
+            idempotency_key: None,
+            origin: None,
+            authorization: None,
+            cookie: None,
+            request_id: None,
+        }
+    }
+}
+
 /// Parses one request head at the start of `buf`.
 ///
 /// `Ok(None)` means incomplete (read more); it is only returned while `buf` is within the
@@ -216,26 +241,11 @@ pub fn parse_head(buf: &[u8], limits: &HeadLimits) -> Result<Option<Head>, HttpE
     }
     let method = Method::parse(req.method.ok_or(HttpError::Malformed("method"))?);
     let target = req.path.ok_or(HttpError::Malformed("target"))?;
-    let (path, query) = target.split_once('?').unwrap_or((target, ""));
-    let mut head = Head {
-        method,
-        path: path.to_owned(),
-        query: query.to_owned(),
-        head_len,
-        content_length: 0,
-        has_content_length: false,
-        chunked: false,
-        close: version == 0,
-        expect_continue: false,
-        last_event_id: None,
-        accept: None,
-        event_type: None,
-        idempotency_key: None,
-        origin: None,
-        authorization: None,
-        cookie: None,
-        request_id: None,
+    let (path, query) = match target.split_once('?') {
+        Some((p, q)) => (p, q),
+        None => (target, ""),
     };
+    let mut head = Head::blank(method, path, query, head_len, version == 0);
     for h in req.headers.iter() {
         apply_header(&mut head, h.name, h.value, version)?;
     }
