@@ -18,6 +18,7 @@ mod http;
 mod lifecycle;
 mod mcp;
 mod mcp_apply;
+mod mcp_calls;
 mod mcp_cluster;
 mod mcp_drive;
 mod mcp_metrics;
