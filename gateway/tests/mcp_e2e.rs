@@ -768,3 +768,59 @@ fn the_session_key_binds_sessions_across_restarts() {
     let g = Gateway::start_in(&data, &args);
     assert_eq!(resume(&g, &alice), 404, "another key: another identity");
 }
+
+/// An MCP and auth run at `--log-level trace` in JSON, through a call, a cut and a resume, a
+/// forged resume and the session's end: no log line holds the session ID (the session's only
+/// credential, part of every MCP stream name), the token's signature, or a cookie.
+#[test]
+fn no_session_id_token_or_cookie_reaches_a_log_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = authenticated_args(&dir, &["--log-level", "trace", "--log-format", "json"]);
+    args.push("--access-log".into());
+    args.push("on".into());
+    let mut g = Gateway::start_logged(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let auth = bearer("log-grepper");
+    let (sid, _) = initialize_as(g.addr, &auth);
+    let headers = [
+        ACCEPT,
+        ("Mcp-Session-Id", sid.as_str()),
+        ("Authorization", auth.as_str()),
+        ("Cookie", "session=cookie-secret-value"),
+    ];
+    let body = r#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"p","arguments":{"count":4,"interval_ms":10},"_meta":{"progressToken":5}}}"#;
+    let mut x = Exchange::send(g.addr, "POST", &headers, body);
+    assert_eq!(x.status, 200);
+    let first = x.next_event().and_then(|e| e.id).expect("an event id");
+    drop(x);
+    let get = |last: &str| {
+        let h = [
+            ("Accept", "text/event-stream"),
+            ("Mcp-Session-Id", sid.as_str()),
+            ("Authorization", auth.as_str()),
+            ("Last-Event-ID", last),
+        ];
+        Exchange::send(g.addr, "GET", &h, "")
+    };
+    let mut r = get(&first);
+    assert_eq!(r.status, 200);
+    while r.next_event().is_some() {}
+    let forged = get(&format!("{first}9"));
+    assert_ne!(forged.status, 0);
+    let end = Exchange::send(g.addr, "DELETE", &headers, "");
+    assert!(end.status < 300, "{}", end.status);
+    assert!(g.stop());
+    let lines = g.stderr_lines();
+    assert!(
+        lines.iter().any(|l| l.contains("\"route\":\"mcp\"")),
+        "{lines:#?}"
+    );
+    let signature = auth.rsplit('.').next().unwrap();
+    for l in &lines {
+        assert!(!l.contains(&sid), "the session ID in a log line: {l}");
+        assert!(!l.contains(signature), "a token in a log line: {l}");
+        assert!(
+            !l.contains("cookie-secret-value"),
+            "a cookie in a log line: {l}"
+        );
+    }
+}
