@@ -59,6 +59,8 @@ pub enum Invalid {
     PatternTooLong,
     /// No `sub` claim, on the MCP endpoint (its sessions are bound to the subject).
     MissingSub,
+    /// `exp` further away than `--jwt-lifetime-max-secs`.
+    LifetimeTooLong,
 }
 
 /// `WWW-Authenticate` when the request had no credentials (RFC 6750 §3.1: no error code).
@@ -139,6 +141,7 @@ impl Invalid {
             Invalid::MissingSub => {
                 "the MCP endpoint needs a sub claim (its sessions are bound to the subject)"
             }
+            Invalid::LifetimeTooLong => "token exp is further away than --jwt-lifetime-max-secs",
         }
     }
 }

@@ -94,6 +94,11 @@ pub(crate) fn verify(v: &Verifier, token: &str, now_unix_secs: u64) -> Result<Ve
         None => (Vec::new(), Vec::new(), false),
     };
     check_time(exp, nbf, now_unix_secs)?;
+    if v.lifetime_max_secs
+        .is_some_and(|max| exp - now_unix_secs > max)
+    {
+        return Err(Denied::Invalid(Invalid::LifetimeTooLong));
+    }
     for list in [&publish, &subscribe] {
         check_patterns(list).map_err(|e| {
             Denied::Invalid(match e {

@@ -36,6 +36,9 @@ pub struct AuthSettings {
     pub anonymous_publish: Vec<String>,
     /// `--jwt-cache-entries-max`: verified tokens each core keeps (0: no cache).
     pub cache_entries_max: usize,
+    /// `--jwt-lifetime-max-secs`: a token whose `exp` is further away than this is refused
+    /// (`None`: no bound).
+    pub lifetime_max_secs: Option<u64>,
 }
 
 impl Default for AuthSettings {
@@ -51,6 +54,7 @@ impl Default for AuthSettings {
             anonymous_subscribe: Vec::new(),
             anonymous_publish: Vec::new(),
             cache_entries_max: CACHE_ENTRIES_MAX_DEFAULT,
+            lifetime_max_secs: None,
         }
     }
 }
@@ -81,6 +85,7 @@ pub struct Verifier {
     pub(crate) cookie_name: Option<String>,
     pub(crate) query_token: bool,
     pub(crate) cache_entries_max: usize,
+    pub(crate) lifetime_max_secs: Option<u64>,
 }
 
 /// Why [`Verifier::load`] failed: always names the flag, and the file where there is one.
@@ -126,6 +131,7 @@ impl Verifier {
             cookie_name: s.cookie_name.clone(),
             query_token: s.query_token,
             cache_entries_max: s.cache_entries_max,
+            lifetime_max_secs: s.lifetime_max_secs,
         })
     }
 

@@ -440,3 +440,21 @@ fn denials_carry_the_rfc_6750_challenge() {
     assert_eq!(d, Denied::Missing);
     assert_eq!(d.www_authenticate(), Some("Bearer realm=\"gateway\""));
 }
+
+/// `--jwt-lifetime-max-secs`: a token whose `exp` is further away than the bound is refused
+/// at verification; one within it passes; no bound by default.
+#[test]
+fn a_token_living_longer_than_the_bound_is_refused() {
+    let (mut bounded, _d1) = hs_auth(|s| s.lifetime_max_secs = Some(3_600));
+    let (mut unbounded, _d2) = hs_auth(|_| {});
+    let long = sign_hs(SECRET_A, &claims("al", NOW + 3_601, &[], &["s"]));
+    let short = sign_hs(SECRET_A, &claims("al", NOW + 3_600, &[], &["s"]));
+    assert_eq!(
+        check(&mut bounded, &long, SUB, "s", NOW),
+        invalid(Invalid::LifetimeTooLong)
+    );
+    assert!(check(&mut bounded, &short, SUB, "s", NOW).is_ok());
+    assert!(check(&mut unbounded, &long, SUB, "s", NOW).is_ok());
+    let (status, code, _) = Denied::Invalid(Invalid::LifetimeTooLong).status();
+    assert_eq!((status, code), (401, "invalid_token"));
+}

@@ -316,6 +316,11 @@ pub struct AuthArgs {
     #[arg(long, default_value_t = 10_000)]
     pub jwt_cache_entries_max: usize,
 
+    /// Refuse (401 `invalid_token`) a token whose `exp` is more than this many seconds away
+    /// when it is verified: caps how long a leaked token stays usable. 0 = no bound.
+    #[arg(long, default_value_t = 0)]
+    pub jwt_lifetime_max_secs: u64,
+
     /// Streams anyone may subscribe to without a token (exact name, or `*` wildcards;
     /// repeatable).
     #[arg(long = "anonymous-subscribe", value_name = "PATTERN")]
@@ -338,6 +343,8 @@ impl AuthArgs {
             anonymous_subscribe: self.anonymous_subscribe.clone(),
             anonymous_publish: self.anonymous_publish.clone(),
             cache_entries_max: self.jwt_cache_entries_max,
+            lifetime_max_secs: (self.jwt_lifetime_max_secs > 0)
+                .then_some(self.jwt_lifetime_max_secs),
         }
     }
 
