@@ -14,6 +14,7 @@ use log_store::{AppendError, EventId};
 
 use super::cluster_state::{CatchUp, Pending, Ticket};
 use super::http::Caller;
+use super::mcp_cluster::barrier_known;
 use super::{Core, State};
 use crate::proto::conn::Wait;
 use crate::proto::http;
@@ -126,6 +127,7 @@ impl Core {
                     m.fetch_add(chunks, Relaxed);
                     self.snapshot_stored(shard, seq)
                 }
+                Inbound::LastSeq { token, last, .. } => barrier_known(&mut self.mcp, token, last),
             }
         }
         if n > 0 {

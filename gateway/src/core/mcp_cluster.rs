@@ -18,7 +18,9 @@
 //!   random bytes, so it never recovers its own (ended) sessions.
 //! - **Catch-up.** A resume naming what this node has not applied yet (or a complete stream
 //!   whose last records are still on their way) waits up to `--cluster-catchup-wait-ms`,
-//!   then gets 503 with `Retry-After`.
+//!   then gets 503 with `Retry-After`. A replay-only resume (a session minted elsewhere: the
+//!   MCP core ends its stream at this node's tail) also waits for a read barrier: JetStream's
+//!   last sequence of the shard when it arrived, applied here (else 503, never a short replay).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
@@ -84,7 +86,50 @@ impl Order {
     }
 }
 
-/// A `GET` + `Last-Event-ID` this node has not applied yet, held until it has.
+/// What a held resume waits for besides its `Last-Event-ID`: a replay-only resume (of a
+/// session this process did not mint) is read by the MCP core as ending at this node's tail,
+/// so it is served only once this node has applied every message JetStream held for the
+/// shard when the resume arrived (a node lagging by a few records would otherwise end the
+/// stream short: a silent partial replay).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Barrier {
+    /// None needed: this node's own session (`completing` covers its stream's end).
+    Unneeded,
+    /// JetStream's last sequence of the shard was asked for under this token.
+    Asked(u64),
+    /// Served once the shard's applied message count reaches this.
+    At(u64),
+    /// JetStream could not say (NATS down, a timeout): refused at once (503).
+    Failed,
+}
+
+/// What becomes of a held resume now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Due {
+    /// Carried out: its `Last-Event-ID` and its barrier are applied here.
+    Serve,
+    /// 503 with `Retry-After`: its barrier failed, or (`deadlines`) its deadline passed.
+    Refuse,
+    Wait,
+}
+
+/// The decision for one held resume: `id_applied` (the log holds its `Last-Event-ID` and a
+/// completing stream's end), its barrier, the shard's applied message count.
+pub(super) fn due(id_applied: bool, barrier: Barrier, shard_applied: u64, expired: bool) -> Due {
+    let barrier_met = match barrier {
+        Barrier::Unneeded => true,
+        Barrier::Asked(_) | Barrier::Failed => false,
+        Barrier::At(last) => shard_applied >= last,
+    };
+    match (id_applied && barrier_met, barrier, expired) {
+        (true, _, _) => Due::Serve,
+        (false, Barrier::Failed, _) | (false, _, true) => Due::Refuse,
+        (false, _, false) => Due::Wait,
+    }
+}
+
+/// A `GET` + `Last-Event-ID` this node has not applied yet (or that waits for its read
+/// barrier), held until it has.
 pub(super) struct CatchUp {
     pub(super) conn: SubRef,
     pub(super) id: EventId,
@@ -93,6 +138,7 @@ pub(super) struct CatchUp {
     pub(super) close: bool,
     pub(super) subject: Option<String>,
     pub(super) deadline: Instant,
+    pub(super) barrier: Barrier,
 }
 
 /// The MCP core's cluster state (`Debug` prints counts: its maps hold session IDs).
@@ -107,6 +153,10 @@ pub(super) struct McpCluster {
     catchup: Vec<CatchUp>,
     /// Complete streams with records still on their way: stream → its last seq.
     completing: HashMap<String, Seq>,
+    /// The next read barrier's token ([`Barrier::Asked`]).
+    next_barrier: u64,
+    /// Held resumes just found due: carried out without being held again.
+    passed: Vec<SubRef>,
 }
 
 /// The record every node stores instead of an MCP record that JetStream's order put at
@@ -141,6 +191,8 @@ impl McpCluster {
             queued_bytes: 0,
             catchup: Vec::new(),
             completing: HashMap::new(),
+            next_barrier: 0,
+            passed: Vec::new(),
         }
     }
 }
@@ -156,14 +208,25 @@ impl std::fmt::Debug for McpCluster {
 }
 
 impl McpCluster {
-    /// Takes the held resumes (the driver carries out those that caught up and hands the
-    /// rest back with [`McpCluster::keep_catchups`]).
-    pub(super) fn take_catchups(&mut self) -> Vec<CatchUp> {
-        std::mem::take(&mut self.catchup)
+    /// JetStream answered read barrier `token` (a resume that went away meanwhile is gone).
+    pub(super) fn barrier_known(&mut self, token: u64, last: Result<u64, String>) {
+        let Some(w) = (self.catchup.iter_mut()).find(|w| w.barrier == Barrier::Asked(token)) else {
+            return;
+        };
+        w.barrier = match last {
+            Ok(last) => Barrier::At(last),
+            Err(why) => {
+                crate::warn_limited!(reason = %why, "MCP resume refused: no read barrier");
+                Barrier::Failed
+            }
+        };
     }
+}
 
-    pub(super) fn keep_catchups(&mut self, keep: Vec<CatchUp>) {
-        self.catchup.extend(keep);
+/// [`McpCluster::barrier_known`] on the MCP part, if this core runs it in cluster mode.
+pub(super) fn barrier_known(mcp: &mut Option<Box<Mcp>>, token: u64, last: Result<u64, String>) {
+    if let Some(mc) = mcp.as_mut().and_then(|m| m.cluster.as_mut()) {
+        mc.barrier_known(token, last);
     }
 }
 
@@ -374,9 +437,23 @@ impl Mcp {
         let Some(id) = parse_id(last_event_id) else {
             return false;
         };
-        if self.applied(id, cx.hub) {
-            return false;
+        let mc = self.mcp_cluster();
+        if let Some(i) = mc.passed.iter().position(|&c| c == conn) {
+            mc.passed.swap_remove(i);
+            return false; // held before, and due now
         }
+        let barrier = match self.replay_only(id, cx.hub) {
+            false if self.applied(id, cx.hub) => return false,
+            false => Barrier::Unneeded,
+            true => {
+                let mc = self.mcp_cluster();
+                let token = mc.next_barrier;
+                mc.next_barrier += 1;
+                let cc = cx.cluster.as_deref().expect("cluster mode");
+                cc.handle.last_seq(self.shard, token);
+                Barrier::Asked(token)
+            }
+        };
         let wait = Duration::from_millis(cx.cfg.cluster.cluster_catchup_wait_ms);
         let c = CatchUp {
             conn,
@@ -386,10 +463,60 @@ impl Mcp {
             close,
             subject: subject.map(str::to_owned),
             deadline: cx.now + wait,
+            barrier,
         };
         cx.metrics.cluster_catchup_waits_total.fetch_add(1, Relaxed);
         self.mcp_cluster().catchup.push(c);
         true
+    }
+
+    /// Whether a resume from `id` would be replay-only here (the MCP core ends its stream at
+    /// this node's tail): its stream is of a session another process minted, or not known
+    /// here yet. Not for an ID of another epoch (the MCP core answers it at once).
+    fn replay_only(&self, id: EventId, hub: &Hub) -> bool {
+        let log = hub.log(self.shard);
+        let minted = &self.cluster.as_ref().expect("cluster mode").minted;
+        let name = log.stream_name(id.stream).and_then(parse_stream_name);
+        id.epoch == log.epoch() && name.is_none_or(|(sid, _)| !sid.starts_with(minted.as_str()))
+    }
+
+    /// Takes the held resumes now due: those to carry out (not held again when they come
+    /// back through [`Mcp::cluster_hold`]) and those to refuse; the rest wait.
+    pub(super) fn due_catchups(
+        &mut self,
+        deadlines: bool,
+        cx: &McpCx<'_>,
+    ) -> (Vec<CatchUp>, Vec<CatchUp>) {
+        let Some(mc) = self.cluster.as_ref() else {
+            return (Vec::new(), Vec::new());
+        };
+        if mc.catchup.is_empty() {
+            return (Vec::new(), Vec::new());
+        }
+        let cc = cx.cluster.as_deref().expect("cluster mode");
+        let shard_applied = *cc
+            .applied
+            .get(&self.shard)
+            .expect("the MCP shard is this core's");
+        let waiters = std::mem::take(&mut self.mcp_cluster().catchup);
+        let (mut serve, mut refuse, mut keep) = (Vec::new(), Vec::new(), Vec::new());
+        for w in waiters {
+            let expired = deadlines && cx.now >= w.deadline;
+            match due(
+                self.applied(w.id, cx.hub),
+                w.barrier,
+                shard_applied,
+                expired,
+            ) {
+                Due::Serve => serve.push(w),
+                Due::Refuse => refuse.push(w),
+                Due::Wait => keep.push(w),
+            }
+        }
+        let mc = self.mcp_cluster();
+        mc.catchup = keep;
+        mc.passed = serve.iter().map(|w| w.conn).collect();
+        (serve, refuse)
     }
 
     /// Whether the MCP log holds `id` (or `id` is not of its epoch: the MCP core answers),
@@ -429,7 +556,79 @@ fn parse_id(v: Option<&[u8]>) -> Option<EventId> {
 
 #[cfg(test)]
 mod tests {
-    use super::{Order, Queued, RecordLimit};
+    use std::time::Instant;
+
+    use super::{Barrier, CatchUp, Due, McpCluster, Order, Queued, RecordLimit, due};
+
+    /// Every held resume's case: served only once its `Last-Event-ID` is applied and, for a
+    /// replay-only one, the shard's applied count has reached JetStream's last sequence as it
+    /// was when the resume arrived (never before: a short replay); refused when the barrier
+    /// failed or the deadline passed; else it waits.
+    #[test]
+    fn a_replay_only_resume_is_served_only_past_its_read_barrier() {
+        let barriers = [
+            Barrier::Unneeded,
+            Barrier::Asked(0),
+            Barrier::At(5),
+            Barrier::Failed,
+        ];
+        for id_applied in [false, true] {
+            for barrier in barriers {
+                for shard_applied in [0, 4, 5, 6] {
+                    for expired in [false, true] {
+                        let met = match barrier {
+                            Barrier::Unneeded => true,
+                            Barrier::At(last) => shard_applied >= last,
+                            Barrier::Asked(_) | Barrier::Failed => false,
+                        };
+                        let want = if id_applied && met {
+                            Due::Serve
+                        } else if expired || barrier == Barrier::Failed {
+                            Due::Refuse
+                        } else {
+                            Due::Wait
+                        };
+                        let case = (id_applied, barrier, shard_applied, expired);
+                        assert_eq!(
+                            due(id_applied, barrier, shard_applied, expired),
+                            want,
+                            "{case:?}"
+                        );
+                    }
+                }
+            }
+        }
+        // The bug this prevents: the node holds the ID (1..40 of 42 applied) but not the
+        // rest JetStream held: the resume waits instead of ending the stream at 40.
+        assert_eq!(due(true, Barrier::At(42), 40, false), Due::Wait);
+        assert_eq!(due(true, Barrier::At(42), 40, true), Due::Refuse);
+        assert_eq!(due(true, Barrier::At(42), 42, false), Due::Serve);
+    }
+
+    #[test]
+    fn a_barrier_answer_reaches_only_its_resume() {
+        let held = |token| CatchUp {
+            conn: (1, token as u32),
+            id: log_store::EventId {
+                epoch: log_store::Epoch(1),
+                stream: log_store::StreamId(0),
+                seq: 1,
+            },
+            head: Vec::new(),
+            body: Vec::new(),
+            close: false,
+            subject: None,
+            deadline: Instant::now(),
+            barrier: Barrier::Asked(token),
+        };
+        let mut mc = McpCluster::new("00000000".into());
+        mc.catchup.extend([held(1), held(2)]);
+        mc.barrier_known(7, Ok(3)); // a resume that went away: nothing changes
+        mc.barrier_known(2, Ok(42));
+        mc.barrier_known(1, Err("NATS down".into()));
+        let got: Vec<Barrier> = mc.catchup.iter().map(|w| w.barrier).collect();
+        assert_eq!(got, [Barrier::Failed, Barrier::At(42)]);
+    }
 
     fn queued(seq: u64) -> Queued {
         Queued {
