@@ -204,6 +204,19 @@ impl Cluster {
         Ok((cluster, inboxes, streams))
     }
 
+    /// A handle and one inbox joined to no `nats` thread, for tests of what a core decides in
+    /// cluster mode: what is sent to the handle is dropped, and nothing arrives in the inbox.
+    pub fn detached() -> (Cluster, Inbox) {
+        let (cmd, _) = mpsc::unbounded_channel();
+        let (_, rx) = mpsc::channel(1);
+        let inbox = Inbox {
+            rx,
+            armed: Arc::new(AtomicBool::new(false)),
+        };
+        let nonce: Arc<str> = "detached".into();
+        (Cluster { cmd, nonce }, inbox)
+    }
+
     /// Publishes one event; its outcome arrives as its [`Applied`] (with its ticket) or as
     /// [`Inbound::Unconfirmed`].
     pub fn publish(&self, p: Publish) {
