@@ -127,7 +127,7 @@ impl Core {
                     m.fetch_add(chunks, Relaxed);
                     self.snapshot_stored(shard, seq)
                 }
-                Inbound::LastSeq { token, last, .. } => barrier_known(&mut self.mcp, token, last),
+                m @ Inbound::LastSeq { .. } => barrier_known(&mut self.mcp, &self.cluster, m),
             }
         }
         if n > 0 {

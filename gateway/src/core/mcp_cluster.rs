@@ -26,6 +26,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
+use cluster::Inbound;
 use log_store::{EventId, Seq};
 
 use super::mcp::{Effect, Mcp, McpCx};
@@ -153,7 +154,9 @@ pub(super) struct McpCluster {
     catchup: Vec<CatchUp>,
     /// Complete streams with records still on their way: stream → its last seq.
     completing: HashMap<String, Seq>,
-    /// The next read barrier's token ([`Barrier::Asked`]).
+    /// The read barrier request in flight (its token), and the next token
+    /// ([`McpCluster::barrier_token`]).
+    asked: Option<u64>,
     next_barrier: u64,
     /// Held resumes just found due: carried out without being held again.
     passed: Vec<SubRef>,
@@ -191,6 +194,7 @@ impl McpCluster {
             queued_bytes: 0,
             catchup: Vec::new(),
             completing: HashMap::new(),
+            asked: None,
             next_barrier: 0,
             passed: Vec::new(),
         }
@@ -208,25 +212,70 @@ impl std::fmt::Debug for McpCluster {
 }
 
 impl McpCluster {
-    /// JetStream answered read barrier `token` (a resume that went away meanwhile is gone).
-    pub(super) fn barrier_known(&mut self, token: u64, last: Result<u64, String>) {
-        let Some(w) = (self.catchup.iter_mut()).find(|w| w.barrier == Barrier::Asked(token)) else {
-            return;
+    /// The read barrier of a resume that arrives now: the token of a JetStream request sent
+    /// after it. At most one request is in flight per MCP shard (a flood of resumes is not
+    /// a flood of JetStream requests): a resume arriving meanwhile takes the next token,
+    /// asked when the one in flight is answered (an answer to a request sent before the
+    /// resume arrived could miss records stored in between).
+    fn barrier_token(&mut self, shard: u32, handle: &cluster::Cluster) -> u64 {
+        if self.asked.is_some() {
+            return self.next_barrier;
+        }
+        let token = self.next_barrier;
+        self.next_barrier += 1;
+        self.asked = Some(token);
+        handle.last_seq(shard, token);
+        token
+    }
+
+    /// JetStream answered read barrier `token`: every resume waiting for it learns its
+    /// barrier (the ones that went away meanwhile are gone); the next request goes out if
+    /// resumes wait for it.
+    pub(super) fn barrier_known(
+        &mut self,
+        token: u64,
+        last: Result<u64, String>,
+        (shard, handle): (u32, &cluster::Cluster),
+    ) {
+        let barrier = match &last {
+            Ok(last) => Barrier::At(*last),
+            Err(_) => Barrier::Failed,
         };
-        w.barrier = match last {
-            Ok(last) => Barrier::At(last),
-            Err(why) => {
-                crate::warn_limited!(reason = %why, "MCP resume refused: no read barrier");
-                Barrier::Failed
+        let waiting = self.catchup.iter_mut();
+        let mut told = 0;
+        for w in waiting.filter(|w| w.barrier == Barrier::Asked(token)) {
+            w.barrier = barrier;
+            told += 1;
+        }
+        if let (Err(why), 1..) = (&last, told) {
+            crate::warn_limited!(reason = %why, resumes = told, "MCP resumes refused: no read barrier");
+        }
+        if self.asked == Some(token) {
+            self.asked = None;
+            let next = Barrier::Asked(self.next_barrier);
+            if self.catchup.iter().any(|w| w.barrier == next) {
+                self.barrier_token(shard, handle);
             }
-        };
+        }
     }
 }
 
-/// [`McpCluster::barrier_known`] on the MCP part, if this core runs it in cluster mode.
-pub(super) fn barrier_known(mcp: &mut Option<Box<Mcp>>, token: u64, last: Result<u64, String>) {
-    if let Some(mc) = mcp.as_mut().and_then(|m| m.cluster.as_mut()) {
-        mc.barrier_known(token, last);
+/// An [`Inbound::LastSeq`] for the MCP part ([`McpCluster::barrier_known`]), if this core
+/// runs it in cluster mode.
+pub(super) fn barrier_known(
+    mcp: &mut Option<Box<Mcp>>,
+    cluster: &Option<Box<super::cluster_state::ClusterCore>>,
+    answer: Inbound,
+) {
+    let Inbound::LastSeq { token, last, .. } = answer else {
+        return;
+    };
+    let (Some(m), Some(cc)) = (mcp.as_deref_mut(), cluster.as_deref()) else {
+        return;
+    };
+    let shard = m.shard;
+    if let Some(mc) = m.cluster.as_mut() {
+        mc.barrier_known(token, last, (shard, &cc.handle));
     }
 }
 
@@ -446,12 +495,9 @@ impl Mcp {
             false if self.applied(id, cx.hub) => return false,
             false => Barrier::Unneeded,
             true => {
-                let mc = self.mcp_cluster();
-                let token = mc.next_barrier;
-                mc.next_barrier += 1;
-                let cc = cx.cluster.as_deref().expect("cluster mode");
-                cc.handle.last_seq(self.shard, token);
-                Barrier::Asked(token)
+                let handle = &cx.cluster.as_deref().expect("cluster mode").handle;
+                let shard = self.shard;
+                Barrier::Asked(self.mcp_cluster().barrier_token(shard, handle))
             }
         };
         let wait = Duration::from_millis(cx.cfg.cluster.cluster_catchup_wait_ms);
@@ -606,7 +652,7 @@ mod tests {
     }
 
     #[test]
-    fn a_barrier_answer_reaches_only_its_resume() {
+    fn one_barrier_request_at_a_time_and_each_answer_reaches_its_resumes() {
         let held = |token| CatchUp {
             conn: (1, token as u32),
             id: log_store::EventId {
@@ -621,13 +667,24 @@ mod tests {
             deadline: Instant::now(),
             barrier: Barrier::Asked(token),
         };
+        let (handle, _inbox) = cluster::Cluster::detached();
         let mut mc = McpCluster::new("00000000".into());
-        mc.catchup.extend([held(1), held(2)]);
-        mc.barrier_known(7, Ok(3)); // a resume that went away: nothing changes
-        mc.barrier_known(2, Ok(42));
-        mc.barrier_known(1, Err("NATS down".into()));
+        // One request in flight: resumes arriving meanwhile wait for the next one.
+        assert_eq!(mc.barrier_token(0, &handle), 0);
+        assert_eq!(mc.barrier_token(0, &handle), 1);
+        assert_eq!(mc.barrier_token(0, &handle), 1);
+        mc.catchup.extend([held(0), held(1), held(1)]);
+        mc.barrier_known(7, Ok(3), (0, &handle)); // no resume waits for it: nothing changes
+        mc.barrier_known(0, Ok(42), (0, &handle));
+        assert_eq!(
+            mc.asked,
+            Some(1),
+            "the next one is asked for the two waiting"
+        );
+        mc.barrier_known(1, Err("NATS down".into()), (0, &handle));
         let got: Vec<Barrier> = mc.catchup.iter().map(|w| w.barrier).collect();
-        assert_eq!(got, [Barrier::Failed, Barrier::At(42)]);
+        assert_eq!(got, [Barrier::At(42), Barrier::Failed, Barrier::Failed]);
+        assert_eq!(mc.asked, None, "none waits: nothing asked");
     }
 
     fn queued(seq: u64) -> Queued {

@@ -296,7 +296,7 @@ fn every_mcp_metric_family_has_help_and_type() {
 fn a_replay_only_resume_waits_for_its_read_barrier_or_gets_503() {
     let mut p = Parts::new();
     let (handle, inbox) = cluster::Cluster::detached();
-    p.cluster = Some(ClusterCore::new(inbox, handle, &[]));
+    p.cluster = Some(ClusterCore::new(inbox, handle.clone(), &[]));
     let ups = mcp::upstreams(&p.cfg, Arc::new(|| {}));
     let mut m = Mcp::new(&p.cfg, 0, 0, ups, &p.hub, true, p.now);
     m.cluster.as_mut().unwrap().minted = "ffffffff".into();
@@ -334,7 +334,8 @@ fn a_replay_only_resume_waits_for_its_read_barrier_or_gets_503() {
         none,
         "JetStream has not answered"
     );
-    m.cluster.as_mut().unwrap().barrier_known(0, Ok(42));
+    let to = (0, &handle);
+    m.cluster.as_mut().unwrap().barrier_known(0, Ok(42), to);
     assert_eq!(
         due(&mut p, &mut m, false),
         none,
@@ -346,6 +347,6 @@ fn a_replay_only_resume_waits_for_its_read_barrier_or_gets_503() {
     // JetStream cannot say (NATS down): 503 at once, never a replay of what is here.
     assert!(!p.request(&mut m, b, &head), "held");
     let mc = m.cluster.as_mut().unwrap();
-    mc.barrier_known(1, Err("no stream info".into()));
+    mc.barrier_known(1, Err("no stream info".into()), to);
     assert_eq!(due(&mut p, &mut m, false), (vec![], vec![b]));
 }
