@@ -13,13 +13,32 @@
 #     `--fsync never` run of (3) — a reader that sleeps in epoll_wait as bench's subscribers do,
 #     the writer paced to that run's events/s (so it too idles between events).
 # Every wait is bounded; each gateway is stopped after its run and on any exit.
+# Environment: SECS (seconds per step, default 5), PUBLISHERS (the publisher counts of (1) and
+# (2), default 1,64; e.g. 1,2,4,8,16,32,64 for a curve), OUT (where the results are kept,
+# default target/bench-durable/<UTC time>), BENCH_BIN (default target/release/bench).
+# OUT keeps the log (run.log) and each bench run's JSON report with its meta object (commit,
+# argv, CPUs, kernel, load average): durable-group.json, durable-never.json,
+# fanout-fan-{g,n}{1,16}.json, floor-spin.json, floor-epoll.json. Plot the durable rate against
+# publishers with: scripts/plot.py durable OUT/durable-group.json OUT/durable-never.json
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=$(realpath "${1:-target/release/gateway}")
 BENCH=$(realpath "${BENCH_BIN:-target/release/bench}")
 SECS=${SECS:-5}
+PUBLISHERS=${PUBLISHERS:-1,64}
+OUT=${OUT:-target/bench-durable/$(date -u +%Y%m%dT%H%M%SZ)}
+mkdir -p "$OUT"
+OUT=$(realpath "$OUT")
+exec > >(tee "$OUT/run.log") 2>&1
 WORK=$(mktemp -d /tmp/bench-durable.XXXXXX)
 GW=""
+RUN=""
+# keep NAME: the bench flags that write its JSON report to OUT/NAME.json (none for a bench
+# binary older than --json-file: then only run.log is kept).
+if "$BENCH" durable --help | grep -q -- --json-file; then KEEP=1; else
+  KEEP=0; echo "note: $BENCH has no --json-file; only $OUT/run.log is kept" >&2
+fi
+keep() { KEEP_ARGS=(); if [[ $KEEP == 1 ]]; then KEEP_ARGS=(--json-file "$OUT/$1.json"); fi; }
 stop() {
   [[ -n $GW ]] || return 0
   kill -TERM "$GW" 2>/dev/null || true
@@ -32,6 +51,7 @@ trap 'stop; rm -rf "$WORK"' EXIT
 # start NAME FLAGS...: a fresh gateway on core 0; sets GW and ADDR.
 start() {
   local name=$1; shift
+  RUN=$name
   mkdir -p "$WORK/$name"
   taskset -c 0 "$BIN" --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 --connections-per-ip-max 0 --cores 1 --data-dir "$WORK/$name/data" "$@" \
     >"$WORK/$name/out" 2>"$WORK/$name/err" &
@@ -41,15 +61,17 @@ start() {
   [[ -n $ADDR ]] || { echo "gateway $name did not start" >&2; cat "$WORK/$name/err" >&2; exit 1; }
 }
 durable() {
+  keep "durable-$RUN"
   taskset -c 1 "$BENCH" durable --publish-url "http://$ADDR/v1/streams/{stream}/events" \
-    --target-pid "$GW" --secs-per-run "$SECS" "$@"
+    --target-pid "$GW" --secs-per-run "$SECS" --publishers "$PUBLISHERS" "${KEEP_ARGS[@]}" "$@"
 }
 fanout() { # fanout PIPELINE
   local u="http://$ADDR/v1/streams/{stream}"
+  keep "fanout-$RUN"
   taskset -c 1 "$BENCH" fanout --streams 1 --subscribers-per-stream 100 --payload-bytes 300 \
     --publishers 1 --pipeline-depth "$1" --events-per-stream 100000000 --publish-secs-max "$SECS" \
     --publish-url "$u/events" --publish-batch-url "$u/events:batch" --subscribe-url "$u" \
-    --publish-style gateway --id-style gateway --target-pid "$GW" \
+    --publish-style gateway --id-style gateway --target-pid "$GW" "${KEEP_ARGS[@]}" \
     | tee "$WORK/fanout.txt" | grep -E "delivered events|server cpu s / 1M|gaps|violations" || true
 }
 echo "# bench-durable $(date -u +%FT%TZ) $(uname -r); load $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -71,6 +93,10 @@ for p in 1 16; do
   fi
 done
 echo "## 4. kernel floor"
-taskset -c 0,1 "$BENCH" floor --subscribers 100 --payload-bytes 300 --secs "$SECS" --reader spin
+keep floor-spin
+taskset -c 0,1 "$BENCH" floor --subscribers 100 --payload-bytes 300 --secs "$SECS" --reader spin \
+  "${KEEP_ARGS[@]}"
+keep floor-epoll
 taskset -c 0,1 "$BENCH" floor --subscribers 100 --payload-bytes 300 --secs "$SECS" --reader epoll \
-  --events-per-sec "$EPS"
+  --events-per-sec "$EPS" "${KEEP_ARGS[@]}"
+echo "== results in $OUT; plot: scripts/plot.py durable $OUT/durable-group.json $OUT/durable-never.json --out $OUT/durable.png"

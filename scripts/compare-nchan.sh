@@ -6,8 +6,9 @@
 #
 # It installs nginx + libnginx-mod-nchan from Debian if missing, writes a private nginx config
 # on loopback in a temp dir, builds bench and gateway in release, and kills every process it
-# started on exit (trap). Every wait is bounded. Results (JSON per scenario and system, the
-# ratio table, the gap demo, the latency plot) go to --out.
+# started on exit (trap). Every wait is bounded. Results (JSON per scenario and system, each
+# with the bench's meta object and the latency distribution; the ratio table, the gap demo;
+# with --plot the latency distributions drawn by scripts/plot.py) go to --out.
 #
 # Usage: scripts/compare-nchan.sh [--secs N] [--repeat N] [--idle-connections N] [--out DIR]
 #        [--quick] [--skip-idle] [--plot] [--only NAME[,NAME...]] [--tls]
@@ -23,7 +24,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
-# After ROOT, not before the cd: --help prints this file's lines 2-25.
+# After ROOT, not before the cd: --help prints this file's lines 2-23 (the header).
 # shellcheck source=SCRIPTDIR/lib/bench-common.sh
 source "$ROOT/scripts/lib/bench-common.sh"
 
@@ -56,7 +57,7 @@ while [[ $# -gt 0 ]]; do
     --plot) PLOT=1; shift ;;
     --only) ONLY=",$2,"; shift 2 ;;
     --tls) TLS=1; shift ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
 done
@@ -441,7 +442,7 @@ echo "== too-old Last-Event-ID: nchan (10-message buffer) vs gateway (512 KiB re
 } | tee "$OUT/gap-demo.txt"
 
 if [[ $PLOT == 1 ]]; then
-  python3 "$ROOT/bench/plot_latency.py" "$OUT" "$OUT/latency.png" || echo "plot failed (matplotlib missing?)"
+  python3 "$ROOT/scripts/plot.py" latency "$OUT" --out "$OUT/latency.png" || echo "plot failed"
 fi
 echo
 echo "== done: $OUT (exit $STATUS: 1 means a scenario reported invariant violations)"

@@ -14,11 +14,14 @@
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
 use crate::procstat;
+use crate::progress::Progress;
 use crate::target::{Bearer, UrlTemplate};
 
 /// What to run.
@@ -38,6 +41,8 @@ pub struct DurableConfig {
     pub target_pid: Option<u32>,
     /// `Authorization: Bearer <token>` on every publish (default: none).
     pub bearer: Bearer,
+    /// A progress line on stderr every this many seconds of a publisher count's run (0 = none).
+    pub progress_interval_secs: u64,
 }
 
 /// Latency percentiles in milliseconds.
@@ -180,26 +185,39 @@ fn fdatasync_probe(dir: &std::path::Path, n: usize) -> std::io::Result<Percentil
 struct Thread {
     us: Vec<u64>,
     errors: u64,
+    /// When its last answer arrived.
+    ended: Instant,
 }
 
 fn run_publishers(cfg: &DurableConfig, n: usize) -> Result<DurableRow, String> {
     let cpu_before = cpu_secs(cfg.target_pid)?;
     let start = Instant::now();
     let deadline = start + Duration::from_secs_f64(cfg.secs_per_run);
+    let acked = Arc::new(AtomicU64::new(0));
     let handles: Vec<_> = (0..n)
         .map(|i| {
-            let cfg = cfg.clone();
-            std::thread::spawn(move || publisher(&cfg, i, deadline))
+            let (cfg, acked) = (cfg.clone(), Arc::clone(&acked));
+            std::thread::spawn(move || publisher(&cfg, i, deadline, &acked))
         })
         .collect();
+    let mut progress = Progress::new(cfg.progress_interval_secs, start);
+    let what = format!("acknowledged by {n} publisher(s)");
+    while !handles.iter().all(|h| h.is_finished()) {
+        std::thread::sleep(Duration::from_millis(50));
+        let acked = acked.load(Ordering::Relaxed);
+        progress.tick(Instant::now(), &[(what.as_str(), acked)]);
+    }
     let mut us = Vec::new();
     let mut errors = 0;
+    let mut end = start;
     for h in handles {
         let t = h.join().map_err(|_| "a publisher thread panicked")??;
         us.extend(t.us);
         errors += t.errors;
+        end = end.max(t.ended);
     }
-    let secs = start.elapsed().as_secs_f64();
+    // To the last publisher's last answer, not to when the polling above noticed it.
+    let secs = end.duration_since(start).as_secs_f64();
     let cpu = cpu_secs(cfg.target_pid)?;
     let events = us.len() as u64;
     Ok(DurableRow {
@@ -225,7 +243,12 @@ fn cpu_secs(pid: Option<u32>) -> Result<Option<f64>, String> {
 }
 
 /// One sequential publisher: POST, wait for the 201, repeat until the deadline.
-fn publisher(cfg: &DurableConfig, i: usize, deadline: Instant) -> Result<Thread, String> {
+fn publisher(
+    cfg: &DurableConfig,
+    i: usize,
+    deadline: Instant,
+    acked: &AtomicU64,
+) -> Result<Thread, String> {
     let stream = format!("{}{i}", cfg.stream_prefix);
     let mut path = Vec::new();
     cfg.publish.render_path(&stream, &mut path);
@@ -240,6 +263,7 @@ fn publisher(cfg: &DurableConfig, i: usize, deadline: Instant) -> Result<Thread,
     let mut t = Thread {
         us: Vec::new(),
         errors: 0,
+        ended: Instant::now(),
     };
     while Instant::now() < deadline {
         let sent = Instant::now();
@@ -247,10 +271,12 @@ fn publisher(cfg: &DurableConfig, i: usize, deadline: Instant) -> Result<Thread,
         let status = read_answer(&mut r)?;
         if status == 201 {
             t.us.push(sent.elapsed().as_micros() as u64);
+            acked.fetch_add(1, Ordering::Relaxed);
         } else {
             t.errors += 1;
         }
     }
+    t.ended = Instant::now();
     Ok(t)
 }
 
@@ -310,6 +336,7 @@ mod tests {
             fsync_probe_dir: None,
             fsync_probes: 0,
             fsync_probe_cpus: Vec::new(),
+            progress_interval_secs: 0,
             target_pid: None,
             bearer,
         }

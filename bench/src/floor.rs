@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::procstat;
+use crate::progress::Progress;
 
 /// What to measure.
 #[derive(Debug, Clone)]
@@ -29,6 +30,8 @@ pub struct FloorConfig {
     /// Events per second the writer paces itself to (one send per subscriber each); 0: as
     /// fast as it can.
     pub events_per_sec: f64,
+    /// A progress line on stderr every this many seconds (0 = none).
+    pub progress_interval_secs: u64,
 }
 
 /// How the reader thread drains the sockets. The writer's cost depends on it: a send to a
@@ -122,12 +125,19 @@ pub fn run(cfg: &FloorConfig) -> Result<FloorReport, String> {
     let payload = vec![b'e'; cfg.payload_bytes];
     let mut writers = writers;
     let cpu0 = thread_cpu_secs()?;
-    let deadline = Instant::now() + Duration::from_secs_f64(cfg.secs);
+    let start = Instant::now();
+    let deadline = start + Duration::from_secs_f64(cfg.secs);
     let mut sends = 0u64;
     let tick =
         (cfg.events_per_sec > 0.0).then(|| Duration::from_secs_f64(1.0 / cfg.events_per_sec));
-    let mut next = Instant::now();
-    while Instant::now() < deadline {
+    let mut next = start;
+    let mut progress = Progress::new(cfg.progress_interval_secs, start);
+    loop {
+        let now = Instant::now();
+        if now >= deadline {
+            break;
+        }
+        progress.tick(now, &[("sends", sends)]);
         for w in writers.iter_mut() {
             w.write_all(&payload).map_err(|e| e.to_string())?;
             sends += 1;

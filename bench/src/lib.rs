@@ -7,7 +7,9 @@
 //!   gap/duplicate/reorder checker), [`target`] (URL templates, ID styles), [`procstat`]
 //!   parsing, [`report`] (table and JSON), [`scrape`] (Prometheus text sums),
 //!   [`resume_class`] (the server's `X-Resume-Class` answer, per-class resume latency),
-//!   [`tail`] (the last bytes of a connection, for protocol-error reports).
+//!   [`tail`] (the last bytes of a connection, for protocol-error reports), [`progress`]
+//!   (the progress lines of long runs, time passed in), [`meta`] (the `meta` object of JSON
+//!   reports: commit, argv, CPUs, kernel, load average).
 //! - Thin drivers: [`load`] (one mio/epoll loop for publishers and subscribers, in the clear or
 //!   over TLS through [`tls::Conn`]), [`probe`]
 //!   (a blocking too-old-ID probe) and [`mcp`] (MCP sessions with cut-and-resume tool calls).
@@ -22,9 +24,11 @@ pub mod durable;
 pub mod floor;
 pub mod load;
 pub mod mcp;
+pub mod meta;
 pub mod payload;
 pub mod probe;
 pub mod procstat;
+pub mod progress;
 pub mod report;
 pub mod resume_class;
 pub mod scrape;

@@ -20,6 +20,7 @@ use crate::checker::{CheckCounts, Checker};
 use crate::chunked::Dechunker;
 use crate::payload::{PAYLOAD_HEADER_BYTES, parse_payload, write_payload};
 use crate::procstat::{self, ProcSample};
+use crate::progress::Progress;
 use crate::resume_class::{ByClass, ResumeClass};
 use crate::sse::{Event, SseParser};
 use crate::tail::ByteTail;
@@ -92,6 +93,8 @@ pub struct LoadConfig {
     pub bearer: Bearer,
     /// Client TLS configuration for `https://` URLs (`--ca-file`); `None` = plaintext only.
     pub tls: Option<Arc<rustls::ClientConfig>>,
+    /// A progress line on stderr every this many seconds of a phase (0 = none).
+    pub progress_interval_secs: u64,
 }
 
 /// Server figures over the measured window.
@@ -666,10 +669,12 @@ impl<'c> LoadRun<'c> {
         let cfg = self.cfg;
         let nsubs = self.subs.all.len();
         let connect_deadline = self.ctx.origin + Duration::from_secs_f64(cfg.connect_secs_max);
+        let mut progress = Progress::new(cfg.progress_interval_secs, Instant::now());
         loop {
             self.subs
                 .start_connects(cfg, &self.poll, &mut self.ctx, Instant::now());
             let up = self.subs.count(SubPhase::Streaming);
+            progress.tick(Instant::now(), &[("subscribers up", up as u64)]);
             if up == nsubs {
                 break;
             }
@@ -750,8 +755,13 @@ impl<'c> LoadRun<'c> {
         let hold_until = Instant::now() + Duration::from_secs_f64(hold);
         let mut peak = after_connect.map(|s| s.rss_kib).unwrap_or(0);
         let mut last_sample = Instant::now();
+        let mut progress = Progress::new(cfg.progress_interval_secs, last_sample);
         while Instant::now() < hold_until {
             let now = self.poll_once(Duration::from_millis(50), Phase::Idle, None)?;
+            if progress.due(now) {
+                let up = self.subs.count(SubPhase::Streaming) as u64;
+                progress.tick(now, &[("idle subscribers up", up)]);
+            }
             if now.duration_since(last_sample) > Duration::from_millis(250) {
                 last_sample = now;
                 if let Some(s) = sample(&cfg.target_pids)? {
@@ -815,10 +825,14 @@ impl<'c> LoadRun<'c> {
         let me = [std::process::id()];
         let bench_start = procstat::sample(&me).map_err(LoadError::Proc)?;
         let mut w = Window::new(cfg, start_sample.map(|s| s.rss_kib).unwrap_or(0));
+        let mut progress = Progress::new(cfg.progress_interval_secs, w.start);
         let window_end = loop {
             if let Some(end) = self.load_turn(pubs, &mut w)? {
                 break end;
             }
+            let delivered = self.ctx.latency_fast.len() + self.ctx.latency_slow.len();
+            let counts = [("published", self.ctx.published), ("delivered", delivered)];
+            progress.tick(Instant::now(), &counts);
         };
         let end_sample = sample(&cfg.target_pids)?;
         let bench_end = procstat::sample(&me).map_err(LoadError::Proc)?;

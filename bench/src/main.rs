@@ -18,6 +18,7 @@ use bench::durable;
 use bench::floor;
 use bench::load::{self, LoadConfig};
 use bench::mcp;
+use bench::meta::{self, Meta};
 use bench::probe::{self, ProbeConfig};
 use bench::procstat;
 use bench::report::Report;
@@ -181,9 +182,8 @@ struct McpArgs {
     /// Label for the report.
     #[arg(long, default_value = "gateway")]
     label: String,
-    /// Print JSON instead of a table.
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    out: Output,
     /// Seed for cut offsets.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -223,8 +223,8 @@ struct DurableArgs {
     /// every publish. Without it no Authorization header is sent.
     #[arg(long, value_name = "PATH")]
     bearer_token_file: Option<PathBuf>,
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    out: Output,
 }
 
 // The flags of `bench floor`.
@@ -248,8 +248,8 @@ struct FloorArgs {
     /// e.g. a fan-out run's published events/s; 0: as fast as it can.
     #[arg(long, default_value_t = 0.0)]
     events_per_sec: f64,
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    out: Output,
 }
 
 #[derive(Debug, Args)]
@@ -284,9 +284,8 @@ struct Common {
     /// Label for the report (e.g. "gateway", "nchan").
     #[arg(long, default_value = "target")]
     label: String,
-    /// Print JSON instead of a table.
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    out: Output,
     /// Stream name prefix (default: unique per run, so streams start empty).
     #[arg(long)]
     stream_prefix: Option<String>,
@@ -329,6 +328,22 @@ struct Common {
     /// (rustls, ring) when a URL is `https://`; gap-probe, durable and mcp do not.
     #[arg(long, value_name = "PATH")]
     ca_file: Option<PathBuf>,
+}
+
+/// Where the report goes, and progress on stderr.
+#[derive(Debug, Clone, Args)]
+struct Output {
+    /// Print JSON instead of a table (with a `meta` object: commit, argv, CPUs, kernel, load
+    /// average at start).
+    #[arg(long)]
+    json: bool,
+    /// Also write the JSON report to this file (stdout keeps the table unless --json).
+    #[arg(long, value_name = "PATH")]
+    json_file: Option<PathBuf>,
+    /// A progress line on stderr (elapsed time, events so far and their rate) every this many
+    /// seconds of a run; 0 = none.
+    #[arg(long, default_value_t = bench::progress::INTERVAL_SECS_DEFAULT)]
+    progress_interval_secs: u64,
 }
 
 #[derive(Debug, Args)]
@@ -453,6 +468,7 @@ fn base_config(c: &Common) -> Result<LoadConfig, String> {
         target_pids: target_pids(c),
         seed: c.seed,
         bearer: Bearer::from_file(c.bearer_token_file.as_deref())?,
+        progress_interval_secs: c.out.progress_interval_secs,
         tls: c
             .ca_file
             .as_deref()
@@ -483,13 +499,29 @@ enum Outcome {
     Mcp(mcp::McpReport),
 }
 
-fn run(cmd: &Cmd) -> Result<(Outcome, bool), String> {
+impl Cmd {
+    /// The subcommand's output flags.
+    fn output(&self) -> &Output {
+        match self {
+            Cmd::Fanout { common, .. }
+            | Cmd::ResumeStorm { common, .. }
+            | Cmd::Slow { common, .. }
+            | Cmd::Idle { common, .. } => &common.out,
+            Cmd::GapProbe(a) => &a.common.out,
+            Cmd::Mcp(a) => &a.out,
+            Cmd::Durable(a) => &a.out,
+            Cmd::Floor(a) => &a.out,
+        }
+    }
+}
+
+fn run(cmd: &Cmd) -> Result<Outcome, String> {
     match cmd {
         Cmd::Fanout { common, load } => {
             let cfg = with_load(base_config(common)?, load);
-            Ok((
-                Outcome::Reports(vec![run_load("fanout", common, &cfg)?], None),
-                common.json,
+            Ok(Outcome::Reports(
+                vec![run_load("fanout", common, &cfg)?],
+                None,
             ))
         }
         Cmd::ResumeStorm {
@@ -505,9 +537,9 @@ fn run(cmd: &Cmd) -> Result<(Outcome, bool), String> {
             cfg.cut_at_boundary = *cut_at_boundary;
             cfg.cut_at_eagain = *cut_at_eagain;
             cfg.cut_pause_ms = *cut_pause_ms;
-            Ok((
-                Outcome::Reports(vec![run_load("resume-storm", common, &cfg)?], None),
-                common.json,
+            Ok(Outcome::Reports(
+                vec![run_load("resume-storm", common, &cfg)?],
+                None,
             ))
         }
         Cmd::Slow {
@@ -564,7 +596,7 @@ fn run_slow(
     base: LoadConfig,
     (slow_subscribers_per_stream, slow_rate_divisor): (usize, u32),
     no_baseline: bool,
-) -> Result<(Outcome, bool), String> {
+) -> Result<Outcome, String> {
     let mut reports = Vec::new();
     if !no_baseline {
         let mut b = base.clone();
@@ -584,7 +616,7 @@ fn run_slow(
             reports[1].latency.p99_us / reports[0].latency.p99_us
         )
     });
-    Ok((Outcome::Reports(reports, note), common.json))
+    Ok(Outcome::Reports(reports, note))
 }
 
 /// `bench idle`: `connections` subscribers (capped by RLIMIT_NOFILE, with a note saying so)
@@ -595,7 +627,7 @@ fn run_idle(
     streams: usize,
     hold_secs: f64,
     (source_addrs, source_addr_first): (u8, u8),
-) -> Result<(Outcome, bool), String> {
+) -> Result<Outcome, String> {
     let mut cfg = base_config(common)?;
     // Each connection is one descriptor here: without CAP_SYS_RESOURCE the hard
     // RLIMIT_NOFILE caps what one process can hold, so cap (and say so) rather than
@@ -630,7 +662,7 @@ fn run_idle(
     if let Some(n) = note {
         report.errors.insert(0, n);
     }
-    Ok((Outcome::Reports(vec![report], None), common.json))
+    Ok(Outcome::Reports(vec![report], None))
 }
 
 /// A URL template that must be plain HTTP (`flag` names it in errors).
@@ -640,7 +672,7 @@ fn plain_url(url: &str, flag: &str) -> Result<UrlTemplate, String> {
         .and_then(|u| plain_only(&u, flag).map(|()| u))
 }
 
-fn run_gap_probe(a: &GapProbeArgs) -> Result<(Outcome, bool), String> {
+fn run_gap_probe(a: &GapProbeArgs) -> Result<Outcome, String> {
     let base = base_config(&a.common)?;
     plain_only(&base.publish, "--publish-url")?;
     plain_only(&base.subscribe, "--subscribe-url")?;
@@ -656,13 +688,12 @@ fn run_gap_probe(a: &GapProbeArgs) -> Result<(Outcome, bool), String> {
         resume_query: a.resume_query.clone(),
         bearer: base.bearer,
     };
-    Ok((
-        Outcome::Probe(probe::run(&cfg, &a.common.label).map_err(|e| e.to_string())?),
-        a.common.json,
+    Ok(Outcome::Probe(
+        probe::run(&cfg, &a.common.label).map_err(|e| e.to_string())?,
     ))
 }
 
-fn run_mcp(a: &McpArgs) -> Result<(Outcome, bool), String> {
+fn run_mcp(a: &McpArgs) -> Result<Outcome, String> {
     let cfg = mcp::McpConfig {
         url: plain_url(&a.mcp_url, "--mcp-url")?,
         sessions: a.sessions,
@@ -673,14 +704,14 @@ fn run_mcp(a: &McpArgs) -> Result<(Outcome, bool), String> {
         cut_bytes_max: a.cut_bytes_max.max(1),
         timeout_secs: a.timeout_secs,
         seed: a.seed,
+        progress_interval_secs: a.out.progress_interval_secs,
     };
-    Ok((
-        Outcome::Mcp(mcp::run(&cfg, &a.label).map_err(|e| e.to_string())?),
-        a.json,
+    Ok(Outcome::Mcp(
+        mcp::run(&cfg, &a.label).map_err(|e| e.to_string())?,
     ))
 }
 
-fn run_durable(a: &DurableArgs) -> Result<(Outcome, bool), String> {
+fn run_durable(a: &DurableArgs) -> Result<Outcome, String> {
     let cfg = durable::DurableConfig {
         publish: plain_url(&a.publish_url, "--publish-url")?,
         stream_prefix: a.stream_prefix.clone(),
@@ -692,11 +723,12 @@ fn run_durable(a: &DurableArgs) -> Result<(Outcome, bool), String> {
         fsync_probe_cpus: a.fsync_probe_cpus.clone(),
         target_pid: a.target_pid,
         bearer: Bearer::from_file(a.bearer_token_file.as_deref())?,
+        progress_interval_secs: a.out.progress_interval_secs,
     };
-    Ok((Outcome::Durable(durable::run(&cfg)?), a.json))
+    Ok(Outcome::Durable(durable::run(&cfg)?))
 }
 
-fn run_floor(a: &FloorArgs) -> Result<(Outcome, bool), String> {
+fn run_floor(a: &FloorArgs) -> Result<Outcome, String> {
     let cfg = floor::FloorConfig {
         reader: a.reader,
         events_per_sec: a.events_per_sec,
@@ -705,117 +737,125 @@ fn run_floor(a: &FloorArgs) -> Result<(Outcome, bool), String> {
         secs: a.secs,
         writer_cpu: a.writer_cpu,
         reader_cpu: a.reader_cpu,
+        progress_interval_secs: a.out.progress_interval_secs,
     };
-    Ok((Outcome::Floor(floor::run(&cfg)?), a.json))
+    Ok(Outcome::Floor(floor::run(&cfg)?))
 }
 
 fn main() -> ExitCode {
+    // Before the run: the load average the run started under.
+    let meta = Meta::collect(std::env::args_os().map(|a| a.to_string_lossy().into_owned()));
     let cli = Cli::parse();
-    let (outcome, json) = match run(&cli.cmd) {
-        Ok(v) => v,
+    let out = cli.cmd.output().clone();
+    let done = match run(&cli.cmd) {
+        Ok(outcome) => finish(outcome),
         Err(e) => {
             eprintln!("bench: {e}");
             return ExitCode::from(2);
         }
     };
-    match outcome {
-        Outcome::Reports(reports, note) => print_reports(&reports, note, json),
-        Outcome::Floor(r) => {
-            emit(json, &r, || r.table());
-            ExitCode::SUCCESS
+    if let Some(path) = &out.json_file {
+        let text = json_text(&meta, &done.json);
+        if let Err(e) = std::fs::write(path, text + "\n") {
+            eprintln!("bench: --json-file {}: {e}", path.display());
+            return ExitCode::from(2);
         }
-        Outcome::Durable(r) => {
-            emit(json, &r, || r.table());
-            if r.errors() > 0 {
-                eprintln!("bench: {} publish(es) not answered 201", r.errors());
-                return ExitCode::from(1);
-            }
-            ExitCode::SUCCESS
-        }
-        Outcome::Mcp(r) => {
-            emit(json, &r, || r.table());
-            if r.violations > 0 {
-                eprintln!("bench: {} invariant violation(s)", r.violations);
-                return ExitCode::from(1);
-            }
-            ExitCode::SUCCESS
-        }
-        Outcome::Probe(p) => print_probe(&p, json),
     }
-}
-
-/// Prints load reports (JSON or tables, then the note); exit status 1 on any violation.
-fn print_reports(reports: &[Report], note: Option<String>, json: bool) -> ExitCode {
-    let violations: u64 = reports.iter().map(|r| r.violations).sum();
-    if json {
-        let v = serde_json::json!({ "reports": reports, "note": note });
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&v).expect("reports serialise")
-        );
+    if out.json {
+        println!("{}", json_text(&meta, &done.json));
     } else {
-        for r in reports {
-            print!("{}", r.table());
-        }
-        if let Some(n) = note {
-            println!("{n}");
-        }
+        print!("{}", done.table);
     }
-    if violations > 0 {
-        eprintln!("bench: {violations} invariant violation(s)");
+    if let Some(why) = &done.failure {
+        eprintln!("bench: {why}");
         return ExitCode::from(1);
     }
     ExitCode::SUCCESS
 }
 
-/// Prints the gap probe's report (JSON or its verdict); exit status 1 unless the answer was
-/// explicit or contiguous.
-fn print_probe(p: &probe::ProbeReport, json: bool) -> ExitCode {
-    if json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(p).expect("probe report serialises")
-        );
-    } else {
-        println!("== gap-probe [{}]", p.label);
-        println!(
-            "  published {} events; resumed with the ID of event {} ({})",
-            p.published, p.resume_after_counter, p.resume_id
-        );
-        let verdict = match &p.outcome {
-            probe::ProbeOutcome::Gone { body } => format!("EXPLICIT: HTTP 410 {body}"),
-            probe::ProbeOutcome::TruncatedEvent { data, next_counter } => {
-                format!("EXPLICIT: event: truncated {data} then event {next_counter:?}")
+/// A finished run: its report as JSON and as a table, and why it fails (exit status 1), if it
+/// does.
+struct Done {
+    json: serde_json::Value,
+    table: String,
+    failure: Option<String>,
+}
+
+fn json_text(meta: &Meta, report: &serde_json::Value) -> String {
+    let v = meta::with_meta(meta, report.clone());
+    serde_json::to_string_pretty(&v).expect("a JSON value serialises")
+}
+
+fn to_json(report: &impl serde::Serialize) -> serde_json::Value {
+    serde_json::to_value(report).expect("reports serialise")
+}
+
+/// The report of an outcome, and whether it fails the run.
+fn finish(outcome: Outcome) -> Done {
+    let violations = |n: u64| (n > 0).then(|| format!("{n} invariant violation(s)"));
+    match outcome {
+        Outcome::Reports(reports, note) => {
+            let mut table: String = reports.iter().map(Report::table).collect();
+            if let Some(n) = &note {
+                table.push_str(&format!("{n}\n"));
             }
-            probe::ProbeOutcome::Contiguous => {
-                "contiguous: the next event followed (history still retained)".into()
+            Done {
+                json: serde_json::json!({ "reports": reports, "note": note }),
+                table,
+                failure: violations(reports.iter().map(|r| r.violations).sum()),
             }
-            probe::ProbeOutcome::SilentGap {
-                expected_counter,
-                first_counter,
-                missing,
-            } => {
-                format!(
-                    "SILENT GAP: expected event {expected_counter}, got {first_counter} with no notice ({missing} events skipped)"
-                )
-            }
-            probe::ProbeOutcome::Other(s) => format!("other: {s}"),
-        };
-        println!("  outcome: {verdict}");
-    }
-    if p.outcome.is_ok() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
+        }
+        Outcome::Floor(r) => Done {
+            json: to_json(&r),
+            table: r.table(),
+            failure: None,
+        },
+        Outcome::Durable(r) => Done {
+            json: to_json(&r),
+            table: r.table(),
+            failure: (r.errors() > 0)
+                .then(|| format!("{} publish(es) not answered 201", r.errors())),
+        },
+        Outcome::Mcp(r) => Done {
+            json: to_json(&r),
+            table: r.table(),
+            failure: violations(r.violations),
+        },
+        Outcome::Probe(p) => Done {
+            json: to_json(&p),
+            table: probe_table(&p),
+            failure: (!p.outcome.is_ok()).then(|| {
+                "the gap probe's answer was a silent gap or \
+                 neither explicit nor contiguous"
+                    .to_string()
+            }),
+        },
     }
 }
 
-/// Prints a report as pretty JSON or as its table.
-fn emit(json: bool, report: &impl serde::Serialize, table: impl FnOnce() -> String) {
-    if json {
-        let text = serde_json::to_string_pretty(report).expect("report serialises");
-        println!("{text}");
-    } else {
-        print!("{}", table());
-    }
+/// The gap probe's verdict as text.
+fn probe_table(p: &probe::ProbeReport) -> String {
+    let verdict = match &p.outcome {
+        probe::ProbeOutcome::Gone { body } => format!("EXPLICIT: HTTP 410 {body}"),
+        probe::ProbeOutcome::TruncatedEvent { data, next_counter } => {
+            format!("EXPLICIT: event: truncated {data} then event {next_counter:?}")
+        }
+        probe::ProbeOutcome::Contiguous => {
+            "contiguous: the next event followed (history still retained)".into()
+        }
+        probe::ProbeOutcome::SilentGap {
+            expected_counter,
+            first_counter,
+            missing,
+        } => {
+            format!(
+                "SILENT GAP: expected event {expected_counter}, got {first_counter} with no notice ({missing} events skipped)"
+            )
+        }
+        probe::ProbeOutcome::Other(s) => format!("other: {s}"),
+    };
+    format!(
+        "== gap-probe [{}]\n  published {} events; resumed with the ID of event {} ({})\n  outcome: {verdict}\n",
+        p.label, p.published, p.resume_after_counter, p.resume_id
+    )
 }

@@ -18,6 +18,7 @@ use hdrhistogram::Histogram;
 use crate::checker::{CheckCounts, Checker};
 use crate::chunked::Dechunker;
 use crate::load::Rng;
+use crate::progress::Progress;
 use crate::sse::SseParser;
 use crate::target::{UrlTemplate, gateway_seq};
 
@@ -94,6 +95,8 @@ pub struct McpConfig {
     pub cut_bytes_max: usize,
     pub timeout_secs: f64,
     pub seed: u64,
+    /// A progress line on stderr every this many seconds (0 = none).
+    pub progress_interval_secs: u64,
 }
 
 /// What the scenario observed.
@@ -156,20 +159,8 @@ pub fn run(cfg: &McpConfig, label: &str) -> Result<McpReport, McpError> {
         errors: Vec::new(),
     });
     let start = Instant::now();
-    std::thread::scope(|s| {
-        for i in 0..cfg.sessions {
-            let shared = &shared;
-            s.spawn(move || {
-                if let Err(e) = session(cfg, i, shared) {
-                    let mut sh = shared.lock().expect("no panics while locked");
-                    if sh.errors.len() < 16 {
-                        sh.errors.push(format!("session {i}: {e}"));
-                    }
-                }
-            });
-        }
-    });
-    let window = start.elapsed().as_secs_f64();
+    let end = run_sessions(cfg, &shared, start);
+    let window = end.duration_since(start).as_secs_f64();
     let sh = shared.into_inner().expect("threads joined");
     let session_failures = (cfg.sessions - sh.sessions_up) as u64;
     let violations =
@@ -195,6 +186,40 @@ pub fn run(cfg: &McpConfig, label: &str) -> Result<McpReport, McpError> {
         window_secs: window,
         violations,
         errors: sh.errors,
+    })
+}
+
+/// Runs every session on a thread of its own, with progress lines while they run; returns when
+/// the last one ended (not when this thread noticed it).
+fn run_sessions(cfg: &McpConfig, shared: &Mutex<Shared>, start: Instant) -> Instant {
+    std::thread::scope(|s| {
+        let sessions: Vec<_> = (0..cfg.sessions)
+            .map(|i| {
+                s.spawn(move || {
+                    if let Err(e) = session(cfg, i, shared) {
+                        let mut sh = shared.lock().expect("no panics while locked");
+                        if sh.errors.len() < 16 {
+                            sh.errors.push(format!("session {i}: {e}"));
+                        }
+                    }
+                    Instant::now()
+                })
+            })
+            .collect();
+        let mut progress = Progress::new(cfg.progress_interval_secs, start);
+        while !sessions.iter().all(|h| h.is_finished()) {
+            std::thread::sleep(Duration::from_millis(50));
+            let (calls, events) = {
+                let sh = shared.lock().expect("no panics while locked");
+                (sh.completed, sh.counts.events)
+            };
+            let counts = [("calls completed", calls), ("progress events", events)];
+            progress.tick(Instant::now(), &counts);
+        }
+        sessions
+            .into_iter()
+            .map(|h| h.join().expect("a session thread panicked"))
+            .fold(start, Instant::max)
     })
 }
 

@@ -254,6 +254,7 @@ fn config(addr: SocketAddr, subscribers: usize, events: u64) -> LoadConfig {
         seed: 7,
         bearer: Bearer::none(),
         tls: None,
+        progress_interval_secs: 0,
     }
 }
 
@@ -744,4 +745,67 @@ fn server_closes_after_events_are_resumed_gap_free() {
             t0.elapsed()
         );
     }
+}
+
+/// The `bench` binary itself: `--json` on stdout is one JSON document carrying the `meta`
+/// object, `--json-file` holds the same document, and a run longer than the progress interval
+/// writes progress lines to stderr only. The run is at least 1.5 s long (300 events at 200/s),
+/// so an interval of 1 s gives at least one line whatever the machine's speed.
+#[test]
+fn the_binary_reports_meta_in_json_and_progress_on_stderr() {
+    let srv = start_server(Fault::None, false);
+    let addr = srv.addr;
+    let dir = tempfile::tempdir().unwrap();
+    let json_file = dir.path().join("report.json");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_bench"))
+        .args([
+            "fanout",
+            "--publish-style",
+            "nchan",
+            "--id-style",
+            "gateway",
+        ])
+        .arg("--publish-url")
+        .arg(format!("http://{addr}/pub?id={{stream}}"))
+        .arg("--subscribe-url")
+        .arg(format!("http://{addr}/sub?id={{stream}}"))
+        .args(["--streams", "1", "--subscribers-per-stream", "2"])
+        .args(["--events-per-stream", "300", "--rate-events-per-sec", "200"])
+        .args(["--progress-interval-secs", "1", "--json", "--json-file"])
+        .arg(&json_file)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(out.status.success(), "{stderr}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).expect("stdout is one JSON value");
+    let meta = &v["meta"];
+    let commit = meta["commit"].as_str().unwrap();
+    assert!(commit == "unknown" || commit.len() == 12, "{commit}");
+    assert_eq!(meta["argv"][1], "fanout");
+    assert!(
+        meta["argv"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a == "--json")
+    );
+    assert!(meta["cpus_online"].as_u64().unwrap() >= 1);
+    assert!(!meta["kernel_release"].as_str().unwrap().is_empty());
+    assert_eq!(meta["loadavg_start"].as_array().unwrap().len(), 3);
+    assert_eq!(v["reports"][0]["delivered"], 600, "{stdout}");
+    let from_file: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json_file).unwrap()).unwrap();
+    assert_eq!(from_file, v);
+    let progress: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("progress: "))
+        .collect();
+    assert!(!progress.is_empty(), "no progress line on stderr: {stderr}");
+    assert!(
+        progress[0].contains("; published ") && progress[0].contains("; delivered "),
+        "{}",
+        progress[0]
+    );
+    assert!(!stdout.contains("progress:"));
 }

@@ -171,6 +171,7 @@ fn config(addr: SocketAddr) -> McpConfig {
         cut_bytes_max: 2000,
         timeout_secs: 5.0,
         seed: 3,
+        progress_interval_secs: 0,
     }
 }
 

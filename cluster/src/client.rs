@@ -14,7 +14,9 @@ use async_nats::jetstream::{self, consumer, stream};
 use futures::StreamExt as _;
 use tokio::sync::mpsc;
 
-use crate::names::{self, HDR_EVENT, HDR_SEQ, HDR_STREAM, META_SHARDS};
+use crate::names::{
+    self, HDR_EVENT, HDR_IDEMPOTENCY, HDR_ORIGIN, HDR_SEQ, HDR_STREAM, META_SHARDS,
+};
 use crate::snapshot::{Manifest, Stored};
 use crate::{Applied, Config, Inbound, Publish, ShardStream, Wake};
 
@@ -345,12 +347,18 @@ impl Thread {
     /// its acknowledgement in a task.
     async fn publish(&self, p: Publish) {
         let out = self.route[p.shard as usize];
+        let origin = names::msg_id(&self.nonce, p.ticket);
+        let (id, keyed) = match p.keyed {
+            Some(k) => (k.msg_id, Some((k.header, origin))),
+            None => (origin, None),
+        };
         let msg = Msg {
             subject: names::subject(p.shard),
-            id: names::msg_id(&self.nonce, p.ticket),
+            id,
             stream: p.stream,
             event: p.event,
             expect_seq: p.expect_seq,
+            keyed,
             data: p.data.into(),
         };
         let first = send(&self.js, &msg).await;
@@ -536,6 +544,8 @@ struct Msg {
     stream: String,
     event: Option<String>,
     expect_seq: Option<u64>,
+    /// A keyed publish's `Gw-Idempotency` and `Gw-Origin` headers.
+    keyed: Option<(String, String)>,
     data: bytes::Bytes,
 }
 
@@ -551,6 +561,10 @@ async fn send(js: &jetstream::Context, m: &Msg) -> Result<AckFuture, String> {
     }
     if let Some(seq) = m.expect_seq {
         p = p.header(HDR_SEQ, seq.to_string().as_str());
+    }
+    if let Some((idem, origin)) = &m.keyed {
+        p = p.header(HDR_IDEMPOTENCY, idem.as_str());
+        p = p.header(HDR_ORIGIN, origin.as_str());
     }
     js.send_publish(m.subject.clone(), p)
         .await
@@ -569,6 +583,15 @@ async fn confirm(
     loop {
         let err = match attempt {
             Ok(ack) => match tokio::time::timeout_at(deadline, ack).await {
+                // A keyed publish's ID was stored already, perhaps by an earlier request
+                // (whose ticket is not ours): this one is not applied under its ticket.
+                Ok(Ok(a)) if a.duplicate && m.keyed.is_some() => {
+                    return Err(
+                        "JetStream already holds a publish with this Idempotency-Key: retry \
+                         it to get its IDs"
+                            .into(),
+                    );
+                }
                 Ok(Ok(_)) => return Ok(()),
                 Ok(Err(e)) => e.to_string(),
                 Err(_) => return Err(format!("no acknowledgement within {timeout:?}")),
@@ -619,13 +642,17 @@ async fn follow_from(
             seq,
             stream: header(HDR_STREAM),
             event: header(HDR_EVENT),
-            expect_seq: header(HDR_SEQ).and_then(|v| v.parse().ok()),
+            seq_header: header(HDR_SEQ),
+            idempotency: header(HDR_IDEMPOTENCY),
             data: m.payload.to_vec(),
             ticket: names::own_ticket(
                 nonce,
                 m.headers
                     .as_ref()
-                    .and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID))
+                    .and_then(|h| {
+                        h.get(HDR_ORIGIN)
+                            .or(h.get(async_nats::header::NATS_MESSAGE_ID))
+                    })
                     .map(|v| v.as_str()),
             ),
         };

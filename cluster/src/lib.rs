@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-pub use names::ChainBreak;
+pub use names::{ChainBreak, Next};
 pub use snapshot::Snapshot;
 
 /// What the cluster needs to know at start.
@@ -100,9 +100,12 @@ pub struct Applied {
     pub data: Vec<u8>,
     /// This process's publish ticket when this process published it.
     pub ticket: Option<u64>,
-    /// The per-stream seq its publisher expects it to get (`Gw-Seq`; MCP records): every
-    /// node checks it on apply.
-    pub expect_seq: Option<u64>,
+    /// The per-stream seq its publisher expects it to get (`Gw-Seq`; MCP records), as sent
+    /// (any writer of the subject may send anything): every node checks it on apply.
+    pub seq_header: Option<String>,
+    /// Its `Gw-Idempotency` header (a keyed publish's key, body hash and place; the gateway
+    /// reads it).
+    pub idempotency: Option<String>,
 }
 
 /// One event to publish.
@@ -116,6 +119,18 @@ pub struct Publish {
     pub data: Vec<u8>,
     /// The per-stream seq the publisher expects (sent as `Gw-Seq`), if it predicts one.
     pub expect_seq: Option<u64>,
+    /// A keyed publish's (`Idempotency-Key`) message ID, the same for every retry of it, so
+    /// JetStream stores it once within its duplicate window, and its `Gw-Idempotency` header.
+    /// Then the ticket travels in `Gw-Origin`, and a duplicate acknowledgement (JetStream
+    /// held the ID already) is reported as [`Inbound::Unconfirmed`]: a retry finds the IDs.
+    pub keyed: Option<Keyed>,
+}
+
+/// A keyed publish's message ID and `Gw-Idempotency` header.
+#[derive(Debug, Clone)]
+pub struct Keyed {
+    pub msg_id: String,
+    pub header: String,
 }
 
 /// A core's side of its channel from the client.

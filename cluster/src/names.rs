@@ -10,6 +10,11 @@ pub const HDR_EVENT: &str = "Gw-Event";
 /// Header carrying the per-stream seq the publisher expects the message to get (MCP records,
 /// whose seqs the MCP core predicts): checked by every node on apply.
 pub const HDR_SEQ: &str = "Gw-Seq";
+/// Header carrying a keyed publish's key, body hash and place in its request (the gateway's
+/// format).
+pub const HDR_IDEMPOTENCY: &str = "Gw-Idempotency";
+/// Header carrying a keyed publish's `<nonce>-<ticket>` (its `Nats-Msg-Id` is the key's).
+pub const HDR_ORIGIN: &str = "Gw-Origin";
 /// The KV bucket holding each shard's latest snapshot (key `shard-<k>`).
 pub const SNAPSHOT_BUCKET: &str = "GW_SNAPSHOTS";
 
@@ -80,46 +85,49 @@ pub fn own_ticket(nonce: &str, msg_id: Option<&str>) -> Option<u64> {
     rest.parse().ok()
 }
 
-/// Why an applied message cannot be taken: the chain is broken. Every node must apply every
+/// Why a delivered message cannot be taken: the chain is broken. Every node must apply every
 /// message of a shard in JetStream order, once; anything else would number events differently
 /// on different nodes (a silent gap or duplicate for a client that resumes elsewhere), so the
-/// node stops instead.
+/// node stops instead. (What a message carries never breaks the chain: the gateway
+/// quarantines what it cannot apply.)
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ChainBreak {
     /// The message is not the next one (JetStream moved a consumer past messages it no longer
     /// holds, or a message was skipped).
     NotNext { expected: u64, got: u64 },
-    /// The message lacks the stream header or it is not a valid stream name.
-    Foreign { seq: u64 },
 }
 
 impl std::fmt::Display for ChainBreak {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            ChainBreak::NotNext { expected, got } if got > expected => write!(
+            ChainBreak::NotNext { expected, got } => write!(
                 f,
                 "JetStream delivered sequence {got} where {expected} was next: sequences \
                  {expected}..{} are gone (retention or a purge) and this node cannot number \
                  what follows; rebuild it from a node that has them",
-                got - 1
-            ),
-            ChainBreak::NotNext { expected, got } => write!(
-                f,
-                "JetStream delivered sequence {got} again after {}: already applied",
-                expected - 1
-            ),
-            ChainBreak::Foreign { seq } => write!(
-                f,
-                "message {seq} was not published by a gateway (no {HDR_STREAM} header)"
+                got.saturating_sub(1)
             ),
         }
     }
 }
 
-/// The check every applied message passes: it is the next one of its shard.
-pub fn check_next(applied: u64, seq: u64) -> Result<(), ChainBreak> {
+/// What a delivered message is to its shard's chain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    /// The next one: apply it.
+    Apply,
+    /// One applied already (the ordered consumer delivered it again, as async-nats does when
+    /// it recreates its consumer around a reset): nothing to do, the node holds it.
+    Again,
+}
+
+/// The check every delivered message passes: the next one of its shard, or one applied
+/// already; a message past the next is a gap no node can number.
+pub fn check_next(applied: u64, seq: u64) -> Result<Next, ChainBreak> {
     if seq == applied + 1 {
-        Ok(())
+        Ok(Next::Apply)
+    } else if seq <= applied {
+        Ok(Next::Again)
     } else {
         Err(ChainBreak::NotNext {
             expected: applied + 1,
@@ -171,8 +179,10 @@ mod tests {
 
     #[test]
     fn only_the_next_sequence_applies() {
-        assert!(check_next(0, 1).is_ok());
-        assert!(check_next(41, 42).is_ok());
+        assert_eq!(check_next(0, 1), Ok(Next::Apply));
+        assert_eq!(check_next(41, 42), Ok(Next::Apply));
+        assert_eq!(check_next(41, 41), Ok(Next::Again), "a redelivery");
+        assert_eq!(check_next(41, 1), Ok(Next::Again));
         let skip = check_next(41, 50).unwrap_err();
         assert_eq!(
             skip,
@@ -182,11 +192,5 @@ mod tests {
             }
         );
         assert!(skip.to_string().contains("42..49 are gone"));
-        assert!(
-            check_next(41, 41)
-                .unwrap_err()
-                .to_string()
-                .contains("again")
-        );
     }
 }

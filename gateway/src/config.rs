@@ -208,6 +208,21 @@ pub struct Config {
     #[arg(long, default_value_t = 0)]
     pub streams_per_subject_max: u64,
 
+    /// Seconds a publish's `Idempotency-Key` is remembered: a repeat with the same key on the
+    /// same stream within it stores nothing and gets the original IDs (`Idempotent-Replay:
+    /// true`); the same key with another body gets 422 `idempotency_key_reused`.
+    #[arg(long, default_value_t = 600)]
+    pub idempotency_window_secs: u64,
+
+    /// `Idempotency-Key`s remembered per stream (the oldest is forgotten first).
+    #[arg(long, default_value_t = 1_000)]
+    pub idempotency_keys_per_stream_max: usize,
+
+    /// `Idempotency-Key`s remembered in total (split evenly over the cores; the oldest is
+    /// forgotten first).
+    #[arg(long, default_value_t = 100_000)]
+    pub idempotency_keys_max: usize,
+
     /// Seconds a stream with no retained events and no subscribers is kept before it is
     /// removed (its name is free again; its old IDs are refused as another stream's). 0 = never.
     #[arg(long, default_value_t = 3600)]
@@ -473,6 +488,12 @@ impl Config {
                 "--pipeline-answer-bytes-max",
             ),
             (self.streams_max, "--streams-max"),
+            (self.idempotency_window_secs, "--idempotency-window-secs"),
+            (
+                self.idempotency_keys_per_stream_max as u64,
+                "--idempotency-keys-per-stream-max",
+            ),
+            (self.idempotency_keys_max as u64, "--idempotency-keys-max"),
             (
                 self.tls_handshake_timeout_secs,
                 "--tls-handshake-timeout-secs",

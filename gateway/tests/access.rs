@@ -307,6 +307,7 @@ fn cors_preflight_origins_and_headers() {
         "Content-Type",
         "Last-Event-ID",
         "Event-Type",
+        "Idempotency-Key",
     ] {
         assert!(allowed.contains(want), "{allowed}");
     }
@@ -344,7 +345,8 @@ fn cors_preflight_origins_and_headers() {
     );
     assert_eq!(st, 201);
     assert_eq!(header(&h, "access-control-allow-origin"), Some(ORIGIN));
-    assert!(header(&h, "access-control-expose-headers").is_some());
+    let exposed = header(&h, "access-control-expose-headers").unwrap();
+    assert!(exposed.contains("Idempotent-Replay"), "{exposed}");
     let (st, h, _) = request(
         g.addr,
         "POST",

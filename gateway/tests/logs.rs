@@ -390,3 +390,37 @@ fn the_access_log_can_be_turned_off() {
     assert!(g.stop());
     assert_eq!(access_lines(&mut g), Vec::<Value>::new());
 }
+
+/// A live subscriber's events are timed from the moment they became durable to the send that
+/// took them (`gateway_delivery_lag_seconds`), one observation per woken send.
+#[test]
+fn delivery_lag_is_observed_for_live_subscribers() {
+    let dir = tempfile::tempdir().unwrap();
+    let g = start(&dir, &["--cores", "1"]);
+    let auth = format!("Bearer {}", token("carol"));
+    let headers = [("Authorization", auth.as_str())];
+    let mut sse = common::Sse::open_with(g.addr, "/v1/streams/lag", None, &headers);
+    assert_eq!(sse.status, 200);
+    assert_eq!(lag_count(&g), 0);
+    for i in 0..3 {
+        let (status, _, _) = request(g.addr, "POST", "/v1/streams/lag/events", &headers, b"x");
+        assert_eq!(status, 201);
+        let ev = sse.next_event().expect("the event");
+        assert_eq!(ev.data, "x", "event {i}");
+    }
+    // Each publish was answered after it was durable and its event read by this client: its
+    // send completed before the next publish.
+    let n = lag_count(&g);
+    assert!(n >= 3, "{n}");
+}
+
+/// `gateway_delivery_lag_seconds_count` (a series without labels).
+fn lag_count(g: &Gateway) -> u64 {
+    let (_, _, body) = request(g.admin_addr, "GET", "/metrics", &[], b"");
+    let text = String::from_utf8(body).unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("gateway_delivery_lag_seconds_count "));
+    line.and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .expect("the count")
+}

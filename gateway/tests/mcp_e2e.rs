@@ -356,6 +356,13 @@ fn mcp_modern_request_round_trip() {
     }
     assert_eq!(msgs[3]["id"], "client-7");
     assert_eq!(msgs[3]["result"]["structuredContent"]["sent"], 3);
+    // The call was timed, request to response (`gateway_mcp_upstream_call_seconds`).
+    let (_, _, body) = common::request(g.admin_addr, "GET", "/metrics", &[], b"");
+    let text = String::from_utf8(body).unwrap();
+    assert!(
+        text.contains("\ngateway_mcp_upstream_call_seconds_count 1\n"),
+        "{text}"
+    );
     // GET is 405 in this era, whatever the session header says.
     let x = Exchange::send(
         a,

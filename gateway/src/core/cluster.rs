@@ -1,7 +1,10 @@
 //! Cluster mode on a core (`--nats-url`): publishes go to JetStream (one message per event)
 //! and are answered once the node's own follower has applied them and they are durable in the
 //! local log; every message of this core's shards is applied in JetStream order (checked: the
-//! n-th message of a shard must be applied n-th, else the node stops loudly); a subscribe to a
+//! n-th message of a shard must be applied n-th, else the node stops loudly; one applied
+//! already and delivered again is ignored), each as the
+//! quarantine decides (`streams::quarantine`: as it is, an error record in its place, or
+//! skipped — a message never stops a node); a subscribe to a
 //! stream not created yet is served from its event 1 once it is; a resume that names what this
 //! node has not applied yet waits up to `--cluster-catchup-wait-ms`, then gets 503 with
 //! `Retry-After`.
@@ -9,18 +12,22 @@
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
-use cluster::{Applied, Inbound, names};
-use log_store::{AppendError, EventId};
+use cluster::{Applied, Inbound, Next, names};
+use log_store::{AppendError, EventId, Log};
 
 use super::cluster_state::{CatchUp, Pending, Ticket};
 use super::http::Caller;
-use super::mcp_cluster::barrier_known;
+use super::mcp_cluster::{barrier_known, mcp_substitute, seq_mismatch_record};
 use super::{Core, State};
+use crate::logging::Gate;
+use crate::metrics::CoreMetrics;
 use crate::proto::conn::Wait;
 use crate::proto::http;
 use crate::proto::route::SubscribeQuery;
 use crate::proto::sse;
+use crate::streams::idempotency::Keyed;
 use crate::streams::publish::{self, Event};
+use crate::streams::quarantine::{self, QUARANTINE_STREAM, Reason, Verdict};
 use crate::streams::subjects::{self, Subject};
 
 /// Messages taken from the inbox per turn (the rest wait for the next turn).
@@ -41,20 +48,27 @@ impl Core {
         (slot, access): Caller<'_>,
         stream: &str,
         events: Vec<Event>,
-        close: bool,
-        batch: bool,
+        (close, batch): (bool, bool),
+        keyed: Option<Keyed>,
     ) {
         if let Err((status, code, msg)) = publish::check_events(&events) {
             return self.error(slot, status, code, &msg, close);
         }
+        if let Some(p) = self
+            .idem
+            .known(&self.hub, stream, keyed.as_ref(), self.now, close)
+        {
+            return self.queue_published(slot, p, close);
+        }
         let (shard, who) = (self.hub.shard_of(stream), (access, self.conn(slot).peer));
-        if let Err((status, code, msg)) = self.check_cluster_publish(stream, shard, &events, who) {
+        let checked = check_cluster_publish(self, stream, shard, &events, who);
+        if let Err((status, code, msg)) = checked {
             return self.error(slot, status, code, &msg, close);
         }
         let conn = (slot, self.io.generation(slot));
         let cc = self.cluster.as_mut().expect("cluster mode");
         let n = events.len();
-        let first = cc.publish_events(shard, stream, events);
+        let first = cc.publish_events(shard, stream, events, keyed.as_ref(), batch);
         let p = Pending {
             conn,
             shard,
@@ -74,32 +88,6 @@ impl Core {
         if let State::Http(h) = &mut self.conn(slot).state {
             h.answer(Vec::new(), Some(ticket_wait(shard, first)), close);
         }
-    }
-
-    /// What a publish is checked for before anything is sent: every event within the record
-    /// limit, and for a new stream a valid name, room under `--streams-max` and a place of the
-    /// caller's under `--streams-per-subject-max`.
-    fn check_cluster_publish(
-        &self,
-        stream: &str,
-        shard: u32,
-        events: &[Event],
-        (access, peer): (&auth::Access, Option<std::net::IpAddr>),
-    ) -> Result<(), (u16, &'static str, String)> {
-        let log = self.hub.log(shard);
-        publish::check_framed_worst(log, events)?;
-        if log.stream_id(stream).is_none() {
-            if let Err(e) = log_store::Log::check_stream_name(stream) {
-                let (status, code) = publish::append_status(&e);
-                return Err((status, code, e.to_string()));
-            }
-            let (sh, who) = (&self.shared, Subject::of(access, peer));
-            subjects::reserve_clustered(&sh.quota, &sh.subjects, &who, stream).map_err(|e| {
-                e.counter(self.m()).fetch_add(1, Relaxed);
-                (e.status().0, e.status().1, e.to_string())
-            })?;
-        }
-        Ok(())
     }
 
     /// Applies what the followers delivered (bounded per turn); answers publishes whose
@@ -185,49 +173,35 @@ impl Core {
         }
     }
 
-    /// Applies one message: the next of its shard, one event of its stream.
+    /// Applies one message: the next of its shard, placed as the quarantine decides ([`place`]).
     fn apply(&mut self, a: &Applied) -> Result<(), AppendError> {
         let cc = self.cluster.as_mut().expect("cluster mode");
         let applied = *cc.applied.get(&a.shard).expect("a shard of this core");
-        if let Err(b) = names::check_next(applied, a.seq) {
-            panic!("cluster: shard {}: chain broken: {b}", a.shard);
+        match names::check_next(applied, a.seq) {
+            Ok(Next::Apply) => {}
+            Ok(Next::Again) => return note_redelivered(self.m(), a),
+            Err(b) => panic!("cluster: shard {}: chain broken: {b}", a.shard),
         }
-        let Some(name) = a.stream.as_deref() else {
-            let b = cluster::ChainBreak::Foreign { seq: a.seq };
-            panic!("cluster: shard {}: {b}", a.shard);
-        };
-        assert_eq!(
-            self.hub.shard_of(name),
-            a.shard,
-            "cluster: message {} of shard {} names a stream of another shard",
-            a.seq,
-            a.shard
-        );
-        let key = match self.hub.stream_key(name) {
-            Some(k) => k,
+        let log = self.hub.log(a.shard);
+        let (name, substitute, reason) = place(a, log, self.hub.shards());
+        let key = match log.stream_id(name) {
+            Some(sid) => (a.shard, sid),
             None => {
-                let k = self.hub.open_stream(name)?;
+                let key = (a.shard, self.hub.log_mut(a.shard).create_stream(name)?);
                 self.shared.quota.count_created(name);
-                self.adopt_unborn(name, k);
-                k
+                self.adopt_unborn(name, key);
+                key
             }
         };
-        // A record whose publisher predicted its seq (an MCP record) and got another one (a
-        // record before it was lost, or overtaken by this one): every node stores an explicit
-        // error record in its place instead, so the break is in the log itself.
-        let substitute = a.expect_seq.and_then(|e| {
-            let log = self.hub.log(key.0);
-            let next = log.bounds(key.1).map_or(1, |b| b.tail + 1);
-            let limit = publish::RecordLimit::of(log);
-            (e != next).then(|| super::mcp_cluster::seq_mismatch_record(&a.data, e, next, limit))
-        });
         let (event, data) = match &substitute {
             Some((t, d)) => (*t, d.as_slice()),
             None => (a.event.as_deref(), a.data.as_slice()),
         };
         let ap = self.hub.log_mut(key.0).append(key.1, event, data)?;
-        if substitute.is_some() {
-            self.m().cluster_seq_mismatches_total.fetch_add(1, Relaxed);
+        match (reason, &a.idempotency) {
+            (Some(r), _) => note_quarantined(self.m(), a, r),
+            (None, Some(h)) => self.idem.on_applied(name, h, ap.id, self.now),
+            (None, None) => {}
         }
         *self
             .cluster
@@ -239,7 +213,8 @@ impl Core {
         self.hub.record_appends(key, 1);
         self.m().events_appended_total.fetch_add(1, Relaxed);
         self.m().cluster_applied_total.fetch_add(1, Relaxed);
-        if let Some(t) = a.ticket
+        // A skipped message's ID is no stream's: never an answer (no publish of ours is skipped).
+        if let Some(t) = a.ticket.filter(|_| name != QUARANTINE_STREAM)
             && !self.mcp_ticket_done(t, Ok(ap.id))
         {
             self.resolve(t, Ticket::Applied(ap.id), None);
@@ -287,6 +262,105 @@ impl Core {
         }
         // A ready answer (the 503) goes now; one that waits is released by `complete_waits`.
         self.flush(p.conn.0);
+    }
+}
+
+/// What a publish is checked for before anything is sent: every event within the record
+/// limit, and for a new stream a valid name, room under `--streams-max` and a place of the
+/// caller's under `--streams-per-subject-max`.
+fn check_cluster_publish(
+    core: &Core,
+    stream: &str,
+    shard: u32,
+    events: &[Event],
+    (access, peer): (&auth::Access, Option<std::net::IpAddr>),
+) -> Result<(), (u16, &'static str, String)> {
+    let log = core.hub.log(shard);
+    publish::check_framed_worst(log, events)?;
+    if log.stream_id(stream).is_none() {
+        if let Err(e) = log_store::Log::check_stream_name(stream) {
+            let (status, code) = publish::append_status(&e);
+            return Err((status, code, e.to_string()));
+        }
+        let (sh, who) = (&core.shared, Subject::of(access, peer));
+        subjects::reserve_clustered(&sh.quota, &sh.subjects, &who, stream).map_err(|e| {
+            e.counter(&sh.metrics[core.id]).fetch_add(1, Relaxed);
+            (e.status().0, e.status().1, e.to_string())
+        })?;
+    }
+    Ok(())
+}
+
+/// Where a message goes, carrying out [`quarantine::decide`] over its shard's log: the stream
+/// (the internal [`QUARANTINE_STREAM`] for a skipped one), the record that replaces its own
+/// (an MCP stream's kind of error record, or the API's), and the quarantine reason.
+fn place<'a>(a: &'a Applied, log: &Log, shards: u32) -> (&'a str, Option<Record>, Option<Reason>) {
+    let m = quarantine::Message {
+        shard: a.shard,
+        stream: a.stream.as_deref(),
+        event: a.event.as_deref(),
+        seq_header: a.seq_header.as_deref(),
+        data: &a.data,
+    };
+    let limit = publish::RecordLimit::of(log);
+    let cx = quarantine::Context { shards, limit };
+    let next = |name: &str| {
+        let sid = log.stream_id(name);
+        sid.and_then(|s| log.bounds(s)).map_or(1, |b| b.tail + 1)
+    };
+    match quarantine::decide(&m, &cx, next) {
+        Verdict::Apply { stream } => (stream, None, None),
+        Verdict::Skip { reason } => {
+            let record = quarantine::skip_record(reason, a.seq);
+            (QUARANTINE_STREAM, Some(record), Some(reason))
+        }
+        Verdict::Substitute {
+            stream,
+            reason,
+            expected,
+        } => {
+            let record = match (quarantine::is_mcp(stream), expected) {
+                (true, Some(e)) => seq_mismatch_record(&a.data, e, next(stream), limit),
+                (true, None) => mcp_substitute(&a.data, reason.describe(), limit),
+                (false, _) => quarantine::error_record(reason),
+            };
+            (stream, Some(record), Some(reason))
+        }
+    }
+}
+
+/// A message applied already was delivered again: counted, logged once a minute; nothing
+/// to apply.
+fn note_redelivered(m: &CoreMetrics, a: &Applied) -> Result<(), AppendError> {
+    m.cluster_redeliveries_total.fetch_add(1, Relaxed);
+    crate::warn_limited!(
+        "cluster: shard {} message {} delivered again (applied already): ignored",
+        a.shard,
+        a.seq
+    );
+    Ok(())
+}
+
+/// An event's type and data.
+type Record = (Option<&'static str>, Vec<u8>);
+
+/// Counts a quarantined message and logs it, once per reason per minute (any writer of the
+/// subject can send them at will). Neither the stream's name nor any header is printed.
+fn note_quarantined(m: &CoreMetrics, a: &Applied, reason: Reason) {
+    m.cluster_quarantined_total[reason.index()].fetch_add(1, Relaxed);
+    if reason == Reason::SeqMismatch {
+        m.cluster_seq_mismatches_total.fetch_add(1, Relaxed);
+    }
+    static GATES: [Gate; Reason::ALL.len()] = [const { Gate::new() }; Reason::ALL.len()];
+    if let Some(suppressed) = GATES[reason.index()].pass() {
+        tracing::warn!(
+            suppressed,
+            reason = reason.label(),
+            "cluster: shard {} message {} quarantined ({}); every node does the same",
+            a.shard,
+            a.seq,
+            reason.describe()
+        );
     }
 }
 

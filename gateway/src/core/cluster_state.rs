@@ -12,6 +12,7 @@ use log_store::EventId;
 
 use crate::proto::route::SubscribeQuery;
 use crate::streams::hub::{Hub, SubRef};
+use crate::streams::idempotency::{self, Keyed};
 use crate::streams::publish::Event;
 
 /// One ticket of a publish.
@@ -106,6 +107,7 @@ impl ClusterCore {
         event: Option<String>,
         data: Vec<u8>,
         expect_seq: Option<u64>,
+        keyed: Option<cluster::Keyed>,
     ) -> u64 {
         let ticket = self.next_ticket;
         self.next_ticket += 1;
@@ -116,16 +118,30 @@ impl ClusterCore {
             event,
             data,
             expect_seq,
+            keyed,
         };
         self.handle.publish(p);
         ticket
     }
 
-    /// Sends a request's events under consecutive tickets; returns the first.
-    pub(super) fn publish_events(&mut self, shard: u32, stream: &str, events: Vec<Event>) -> u64 {
+    /// Sends a request's events under consecutive tickets; returns the first. A keyed
+    /// request's events carry its key ([`idempotency::cluster_msg_id`]).
+    pub(super) fn publish_events(
+        &mut self,
+        shard: u32,
+        stream: &str,
+        events: Vec<Event>,
+        keyed: Option<&Keyed>,
+        batch: bool,
+    ) -> u64 {
         let first = self.next_ticket;
-        for (event, data) in events {
-            self.publish(shard, stream.to_owned(), event, data, None);
+        let n = events.len();
+        for (i, (event, data)) in events.into_iter().enumerate() {
+            let keyed = keyed.map(|k| cluster::Keyed {
+                msg_id: idempotency::cluster_msg_id(stream, k, i),
+                header: idempotency::cluster_header(k, i, n, batch),
+            });
+            self.publish(shard, stream.to_owned(), event, data, None, keyed);
         }
         first
     }

@@ -32,6 +32,9 @@ pub(super) struct Conn {
     pub(super) tls: Option<Box<tls::Tls>>,
     /// A subscription's access-log record, written when it ends.
     pub(super) record: Option<Box<crate::proto::request_log::Record>>,
+    /// A subscriber: when its stream's visible tail last moved with none of it sent yet
+    /// (`gateway_delivery_lag_seconds` at its next send carrying events).
+    pub(super) woken: Option<std::time::Instant>,
 }
 
 /// The connections of a core, by slot.

@@ -144,6 +144,7 @@ impl Core {
             peer,
             tls: tls.map(|s| Box::new(Tls::new(s))),
             record: None,
+            woken: None,
         };
         self.conns.insert(slot, conn);
         self.m().connections.fetch_add(1, Relaxed);

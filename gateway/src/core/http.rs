@@ -11,6 +11,7 @@ use crate::proto::conn::{Kind, Request, Step, Target};
 use crate::proto::http;
 use crate::proto::route::{self, Route};
 use crate::shards;
+use crate::streams::idempotency::Keyed;
 use crate::streams::publish::{self, Event};
 use crate::streams::resume::{self, Ask, Start};
 use crate::streams::sub::{PENDING_STREAM, Sub};
@@ -18,6 +19,9 @@ use crate::sys;
 
 /// A request's connection and who sent it (the gate's verdict).
 pub(super) type Caller<'a> = (u32, &'a auth::Access);
+
+/// A publish's `Idempotency-Key`, if it has one.
+type Idem = Option<String>;
 
 /// The answer to a publish whose group commit failed.
 const LOG_FAILED: &str = "the event could not be made durable: an fsync of its log failed, \
@@ -122,10 +126,19 @@ impl Core {
                 self.mcp_request(slot, &head, r.body, close, who.as_deref());
                 return false;
             }
-            Kind::Api { route, event_type } => match route {
+            Kind::Api {
+                route,
+                event_type,
+                idempotency_key: key,
+            } => match route {
                 Route::Publish { stream } => {
                     let ev = event_type.filter(|t| !t.is_empty());
-                    self.publish((slot, &r.access), &stream, vec![(ev, r.body)], close, false);
+                    let from = (slot, &r.access);
+                    self.publish(from, &stream, vec![(ev, r.body)], (close, false), key);
+                    return true;
+                }
+                Route::PublishBatch { stream } => {
+                    self.publish_batch((slot, &r.access), &stream, &r.body, close, key);
                     return true;
                 }
                 other => other,
@@ -138,26 +151,11 @@ impl Core {
             }
             Route::Delete { stream } => self.delete_stream(slot, &stream, close),
             Route::Preflight => unreachable!("preflights are answered by the connection machine"),
-            Route::PublishBatch { stream } => {
-                match route::parse_batch(&r.body, self.shared.cfg.event_bytes_max) {
-                    Ok(events) => {
-                        let evs = events
-                            .into_iter()
-                            .map(|e| (e.event, e.data.into_bytes()))
-                            .collect();
-                        self.publish((slot, &r.access), &stream, evs, close, true);
-                    }
-                    Err(e) => {
-                        let (status, code, msg) = e.status();
-                        self.error(slot, status, code, &msg, close);
-                    }
-                }
-            }
             Route::Subscribe { stream, q } => {
                 self.subscribe(slot, &stream, &q, &r.headers, r.access.expires_unix_secs);
                 return false;
             }
-            Route::Publish { .. } => unreachable!("handled above"),
+            Route::Publish { .. } | Route::PublishBatch { .. } => unreachable!("handled above"),
         }
         true
     }
@@ -279,20 +277,49 @@ impl Core {
 
     // ---- publish ----
 
+    fn publish_batch(
+        &mut self,
+        from: Caller<'_>,
+        stream: &str,
+        body: &[u8],
+        close: bool,
+        key: Idem,
+    ) {
+        match route::parse_batch(body, self.shared.cfg.event_bytes_max) {
+            Ok(events) => {
+                let evs = events.into_iter().map(|e| (e.event, e.data.into_bytes()));
+                self.publish(from, stream, evs.collect(), (close, true), key);
+            }
+            Err(e) => {
+                let (status, code, msg) = e.status();
+                self.error(from.0, status, code, &msg, close);
+            }
+        }
+    }
+
+    /// A publish (`batch`: of `events:batch`); with an `Idempotency-Key`, a repeat stores
+    /// nothing (`streams::idempotency::Keys::known`).
     fn publish(
         &mut self,
         from: Caller<'_>,
         stream: &str,
         events: Vec<Event>,
-        close: bool,
-        batch: bool,
+        how: (bool, bool),
+        key: Idem,
     ) {
+        let ((close, batch), keyed) = (how, key.map(|k| Keyed::new(k, &events)));
         if self.cluster.is_some() {
-            return self.cluster_publish(from, stream, events, close, batch);
+            return self.cluster_publish(from, stream, events, how, keyed);
         }
         let slot = from.0;
         if let Err((status, code, msg)) = publish::check_events(&events) {
             return self.error(slot, status, code, &msg, close);
+        }
+        if let Some(p) = self
+            .idem
+            .known(&self.hub, stream, keyed.as_ref(), self.now, close)
+        {
+            return self.queue_published(slot, p, close);
         }
         let key = self.hub.stream_key(stream);
         let (shard, sid) = key.unwrap_or((self.hub.shard_of(stream), PENDING_STREAM));
@@ -303,10 +330,17 @@ impl Core {
             return;
         };
         let p = publish::append(self.hub.log_mut(key.0), key.0, key.1, &events, batch, close);
+        let n = events.len();
+        self.idem.remember(stream, keyed, &p, n, batch, self.now);
         self.hub.record_appends(key, p.appended);
         self.m()
             .events_appended_total
             .fetch_add(p.appended as u64, Relaxed);
+        self.queue_published(slot, p, close);
+    }
+
+    /// Queues a publish's answer, held while its wait is not visible.
+    pub(super) fn queue_published(&mut self, slot: u32, p: publish::Published, close: bool) {
         let generation = self.io.generation(slot);
         if p.wait.is_some() && !self.waiting.contains(&(slot, generation)) {
             self.waiting.push((slot, generation));

@@ -106,6 +106,8 @@ pub(super) struct Mcp {
     pub(super) next_metrics: Instant,
     /// Cluster mode: MCP records on their way through JetStream, held resumes.
     pub(super) cluster: Option<super::mcp_cluster::McpCluster>,
+    /// Upstream calls being timed.
+    pub(super) calls: super::mcp_calls::Calls,
 }
 
 impl std::fmt::Debug for Mcp {
@@ -260,6 +262,7 @@ impl Mcp {
                 let hex: String = minted.iter().map(|b| format!("{b:02x}")).collect();
                 super::mcp_cluster::McpCluster::new(hex)
             }),
+            calls: Default::default(),
         }
     }
 

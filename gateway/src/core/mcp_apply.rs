@@ -53,8 +53,11 @@ impl Mcp {
                 body,
             } => self.respond(conn, status, &headers, &body, &mut out),
             // In cluster mode a stream is born with its first applied message.
-            Action::CreateStream { .. } if cx.cluster.is_some() => {}
+            Action::CreateStream { stream } if cx.cluster.is_some() => {
+                self.calls.created(&stream, cx.now);
+            }
             Action::CreateStream { stream } => {
+                self.calls.created(&stream, cx.now);
                 if let Err(e) = cx.hub.log_mut(self.shard).create_stream(&stream) {
                     let stream = redacted(&stream);
                     crate::warn_limited!(
@@ -197,6 +200,7 @@ impl Mcp {
         if self.broken.contains_key(stream) {
             return; // its connections are closed; the log ends before last_seq
         }
+        self.calls.completed(stream, cx.now, cx.metrics);
         self.cluster_complete(stream, last_seq);
         for conn in self.stream_subs(stream, cx) {
             out.push(Effect::EndAfter { conn, last_seq });
@@ -297,6 +301,7 @@ impl Mcp {
             "MCP stream broken (no record could be stored)",
         );
         self.cluster_forget(&stream);
+        self.calls.dropped(&stream);
         let subs = self.stream_subs(&stream, cx);
         let max = cx.cfg.mcp.mcp_sessions_max * BROKEN_PER_SESSION_MAX;
         // First: closing re-enters the core.

@@ -177,7 +177,17 @@ pub(super) fn seq_mismatch_record(
         "its publisher expected seq {expected}, JetStream's order gave {got} (a record before \
          it was lost, or it overtook one): the stream is broken from here"
     );
-    let (t, d) = jsonrpc::not_stored_substitute(data, &why);
+    mcp_substitute(data, &why, limit)
+}
+
+/// The record that takes an MCP record's place in its stream (`why` it could not be stored):
+/// the MCP front's substitute, or a bare error record if that would not fit the log.
+pub(super) fn mcp_substitute(
+    data: &[u8],
+    why: &str,
+    limit: RecordLimit,
+) -> (Option<&'static str>, Vec<u8>) {
+    let (t, d) = jsonrpc::not_stored_substitute(data, why);
     if limit.overflow_any_id(t, &d).is_none() {
         return (t, d);
     }
@@ -344,7 +354,7 @@ impl Mcp {
     ) {
         let cc = cx.cluster.as_deref_mut().expect("cluster mode");
         let event = event_type.map(str::to_owned);
-        let ticket = cc.publish(self.shard, stream.clone(), event, data, Some(seq));
+        let ticket = cc.publish(self.shard, stream.clone(), event, data, Some(seq), None);
         cx.metrics.cluster_publishes_total.fetch_add(1, Relaxed);
         let mc = self.mcp_cluster();
         let order = mc.streams.get_mut(&stream).expect("the stream's order");

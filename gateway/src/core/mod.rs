@@ -18,6 +18,7 @@ mod http;
 mod lifecycle;
 mod mcp;
 mod mcp_apply;
+mod mcp_calls;
 mod mcp_cluster;
 mod mcp_drive;
 mod mcp_metrics;
@@ -45,6 +46,7 @@ use crate::proto::conn::{BodyBudget, ConnLimits};
 use crate::proto::http::HeadLimits;
 use crate::streams::catalog::StreamQuota;
 use crate::streams::hub::{Hub, SubRef};
+use crate::streams::idempotency::{self, Keys};
 use crate::streams::parked::{ParkLimits, ParkedWindows};
 use crate::streams::sub::SubLimits;
 use crate::streams::subjects::SubjectQuota;
@@ -56,6 +58,15 @@ use conns::{Conn, Conns, State};
 const TICK: Duration = Duration::from_millis(100);
 /// Requests one connection may have processed per call before others get a turn.
 const PIPELINED_PER_CALL_MAX: usize = 256;
+
+/// A core's `Idempotency-Key` table, sized by the flags.
+fn idempotency_keys(shared: &Shared) -> Keys {
+    let c = &shared.cfg;
+    let (secs, per_stream) = (c.idempotency_window_secs, c.idempotency_keys_per_stream_max);
+    let limits =
+        idempotency::Limits::of_flags(secs, per_stream, c.idempotency_keys_max, shared.cores);
+    Keys::new(limits)
+}
 
 /// State shared by all cores (read-mostly).
 #[derive(Debug)]
@@ -146,6 +157,8 @@ struct Core {
     conns: Conns,
     hub: Hub,
     parked: ParkedWindows,
+    /// The `Idempotency-Key`s of this core's streams' publishes.
+    idem: Keys,
     /// Connections with an answer waiting for durability.
     waiting: Vec<SubRef>,
     /// Scratch: the subscribers to pump at the end of a turn.
@@ -219,15 +232,11 @@ pub fn run_core(setup: CoreSetup, shared: Arc<Shared>, ready: impl FnOnce(Result
             "cannot pin to cpu {cpu}: {e} (continuing unpinned)"
         );
     }
-    let io = match Driver::new(shared.cfg.connections_max) {
+    let io = Driver::new(shared.cfg.connections_max)
+        .map_err(|e| format!("core {}: io_uring setup failed: {e}", setup.id));
+    let io = match io {
         Ok(d) => d,
-        Err(e) => {
-            ready(Err(format!(
-                "core {}: io_uring setup failed: {e}",
-                setup.id
-            )));
-            return;
-        }
+        Err(e) => return ready(Err(e)),
     };
     let now = Instant::now();
     let shared_efd = shared.eventfds[setup.id].as_raw_fd();
@@ -248,6 +257,7 @@ pub fn run_core(setup: CoreSetup, shared: Arc<Shared>, ready: impl FnOnce(Result
         id: setup.id,
         lim: limits(&shared.cfg),
         hub: Hub::new(setup.logs, shared.shards),
+        idem: idempotency_keys(&shared),
         shared,
         io,
         listener: setup.listener,
@@ -378,12 +388,12 @@ impl Core {
     /// Pumps the subscribers of `touched` streams.
     fn wake(&mut self, touched: &[crate::streams::StreamKey]) {
         // Collected first (pumping may close a subscriber and edit the registry).
-        let mut to_pump = std::mem::take(&mut self.to_pump);
+        let (mut to_pump, now) = (std::mem::take(&mut self.to_pump), self.now);
         for &key in touched {
             to_pump.extend_from_slice(self.hub.subscribers(key));
         }
         for &r in &to_pump {
-            if self.conn_at(r).is_some() {
+            if requests::woken(self.conn_at(r), now) {
                 self.pump(r.0);
             }
         }

@@ -47,6 +47,11 @@ pub(super) fn resumed(m: &CoreMetrics, conn: &mut Conn, class: Option<ResumeClas
 pub(super) fn sent(shared: &Shared, core: usize, conn: &mut Conn, sent: Sent, now: Instant) {
     let m = &shared.metrics[core];
     count_sent(m, sent);
+    if sent.events_sent > 0
+        && let Some(t) = conn.woken.take()
+    {
+        m.delivery_lag.observe(now.saturating_duration_since(t));
+    }
     let first = |r: &&mut Box<Record>| r.first_event.is_none() && sent.events_sent > 0;
     if let Some(r) = conn.record.as_mut().filter(first) {
         let d = now.saturating_duration_since(r.started);
@@ -55,6 +60,16 @@ pub(super) fn sent(shared: &Shared, core: usize, conn: &mut Conn, sent: Sent, no
             m.first_event[i].observe(d);
         }
     }
+}
+
+/// A subscriber of a stream whose visible tail moved at `now` (`None`: the connection is
+/// gone): its delivery lag runs from the first such move not yet sent. True if it is live.
+pub(super) fn woken(conn: Option<&mut Conn>, now: Instant) -> bool {
+    let Some(c) = conn else {
+        return false;
+    };
+    c.woken.get_or_insert(now);
+    true
 }
 
 /// The connection becomes a subscriber: its record waits for the subscription's end.

@@ -316,4 +316,42 @@ pub(super) const FAMILIES: &[Family] = &[
         "Cluster mode: applied MCP records whose publisher predicted another seq (stored as error records).",
         &[("", |m| &m.cluster_seq_mismatches_total)],
     ),
+    one(
+        "gateway_cluster_redeliveries_total",
+        "counter",
+        "Cluster mode: JetStream messages delivered again after this node applied them (ignored).",
+        &[("", |m| &m.cluster_redeliveries_total)],
+    ),
+    one(
+        "gateway_cluster_quarantined_total",
+        "counter",
+        "Cluster mode: JetStream messages that could not be applied as they were, by reason (skipped, or stored as an error record in their stream's place).",
+        &[
+            ("reason=\"no_stream_header\"", |m| {
+                &m.cluster_quarantined_total[0]
+            }),
+            ("reason=\"invalid_stream_name\"", |m| {
+                &m.cluster_quarantined_total[1]
+            }),
+            ("reason=\"wrong_shard\"", |m| {
+                &m.cluster_quarantined_total[2]
+            }),
+            ("reason=\"bad_seq_header\"", |m| {
+                &m.cluster_quarantined_total[3]
+            }),
+            ("reason=\"mcp_without_seq\"", |m| {
+                &m.cluster_quarantined_total[4]
+            }),
+            ("reason=\"seq_mismatch\"", |m| {
+                &m.cluster_quarantined_total[5]
+            }),
+            ("reason=\"data_not_utf8\"", |m| {
+                &m.cluster_quarantined_total[6]
+            }),
+            ("reason=\"bad_event_type\"", |m| {
+                &m.cluster_quarantined_total[7]
+            }),
+            ("reason=\"oversized\"", |m| &m.cluster_quarantined_total[8]),
+        ],
+    ),
 ];

@@ -55,6 +55,16 @@ const HISTOGRAMS: &[HistFamily] = &[
         ],
     },
     HistFamily {
+        name: "gateway_mcp_upstream_call_seconds",
+        help: "MCP requests from their POST stream's creation (the request handed to the upstream) to the stream's completion (the upstream's response stored).",
+        series: &[("", |m| &m.mcp_upstream_call)],
+    },
+    HistFamily {
+        name: "gateway_delivery_lag_seconds",
+        help: "From a stream's visible (durable) tail moving to the completion of each woken subscriber's next send carrying events: how long a durable event waits for the kernel to take it, for subscribers that keep up (a backlogged one's lag shows in gateway_lag_events_max).",
+        series: &[("", |m| &m.delivery_lag)],
+    },
+    HistFamily {
         name: "gateway_resume_first_event_seconds",
         help: "Resumes (Last-Event-ID) from the request head's first byte to the completion of the first send carrying an event, by resume class (up_to_date waits for the next publish).",
         series: &[

@@ -84,6 +84,10 @@ pub struct CoreMetrics {
     pub cluster_snapshot_chunks_total: AtomicU64,
     /// Applied records whose publisher predicted another seq (MCP), stored as error records.
     pub cluster_seq_mismatches_total: AtomicU64,
+    /// Messages delivered again after they were applied (ignored).
+    pub cluster_redeliveries_total: AtomicU64,
+    /// Messages quarantined, by `streams::quarantine::Reason::ALL` index.
+    pub cluster_quarantined_total: [AtomicU64; 9],
     pub events_sent_total: AtomicU64,
     pub events_confirmed_total: AtomicU64,
     pub bytes_sent_total: AtomicU64,
@@ -150,6 +154,10 @@ pub struct CoreMetrics {
     /// `gateway_publish_duration_seconds`, by [`PUBLISH_ROUTES`].
     pub publish_duration: [Histogram; 2],
     pub fsync_duration: Histogram,
+    /// `gateway_mcp_upstream_call_seconds` (the MCP owner core's).
+    pub mcp_upstream_call: Histogram,
+    /// `gateway_delivery_lag_seconds`.
+    pub delivery_lag: Histogram,
     /// `gateway_resume_first_event_seconds`, by [`SERVED_RESUMES`].
     pub first_event: [Histogram; 3],
     /// Ticks this core ran (not exported: the systemd watchdog's proof the reactor turns).
@@ -348,6 +356,24 @@ mod tests {
         assert!(t.contains("gateway_resumes_total{core=\"0\",class=\"aligned\"} 1\n"));
         assert!(t.contains("gateway_resumes_total{core=\"1\",class=\"other_stream\"} 0\n"));
         assert!(t.contains("gateway_stream_tail{shard=\"3\",stream=\"s\"} 9\n"));
+    }
+
+    #[test]
+    fn quarantine_reasons_are_labelled_by_their_index() {
+        use crate::streams::quarantine::Reason;
+        let cores = [CoreMetrics::default()];
+        for (i, r) in Reason::ALL.iter().enumerate() {
+            cores[0].cluster_quarantined_total[r.index()].fetch_add(i as u64 + 10, Relaxed);
+        }
+        let t = render(&cores);
+        for (i, r) in Reason::ALL.iter().enumerate() {
+            let line = format!(
+                "gateway_cluster_quarantined_total{{core=\"0\",reason=\"{}\"}} {}\n",
+                r.label(),
+                i + 10
+            );
+            assert!(t.contains(&line), "{line}");
+        }
     }
 
     /// Every `# TYPE` has a `# HELP` just before it and at least one sample after it.

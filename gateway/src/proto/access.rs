@@ -23,11 +23,12 @@ use super::http::Head;
 use super::route::Route;
 
 /// Request headers a browser may send to the API (answered in preflights).
-const ALLOW_HEADERS: &str = "Authorization, Content-Type, Last-Event-ID, Event-Type";
+const ALLOW_HEADERS: &str =
+    "Authorization, Content-Type, Last-Event-ID, Event-Type, Idempotency-Key";
 /// Methods the API takes.
 const ALLOW_METHODS: &str = "GET, POST, DELETE, OPTIONS";
 /// Response headers a page may read besides the CORS-safelisted ones.
-const EXPOSE_HEADERS: &str = "X-Resume-Class, WWW-Authenticate, Retry-After";
+const EXPOSE_HEADERS: &str = "X-Resume-Class, WWW-Authenticate, Retry-After, Idempotent-Replay";
 /// Seconds a browser may cache a preflight's answer.
 const PREFLIGHT_MAX_AGE_SECS: u32 = 600;
 

@@ -69,6 +69,8 @@ pub struct Head {
     pub accept: Option<String>,
     /// `Event-Type` header: the SSE `event:` field of a single publish.
     pub event_type: Option<String>,
+    /// `Idempotency-Key` header of a publish (checked by the router).
+    pub idempotency_key: Option<String>,
     /// `Origin` (sent by browsers; checked against `--cors-allow-origin`).
     pub origin: Option<String>,
     /// `Authorization` (a Bearer token when authentication is on).
@@ -95,6 +97,7 @@ impl std::fmt::Debug for Head {
             .field("last_event_id", &self.last_event_id)
             .field("accept", &self.accept)
             .field("event_type", &self.event_type)
+            .field("idempotency_key", &self.idempotency_key)
             .field("origin", &self.origin)
             .field("authorization", &redacted(&self.authorization))
             .field("cookie", &redacted(&self.cookie))
@@ -169,6 +172,31 @@ impl HttpError {
     }
 }
 
+impl Head {
+    /// A head with its request line parsed and no header applied yet.
+    fn blank(method: Method, path: &str, query: &str, head_len: usize, close: bool) -> Head {
+        Head {
+            method,
+            path: path.to_owned(),
+            query: query.to_owned(),
+            head_len,
+            content_length: 0,
+            has_content_length: false,
+            chunked: false,
+            close,
+            expect_continue: false,
+            last_event_id: None,
+            accept: None,
+            event_type: None,
+            idempotency_key: None,
+            origin: None,
+            authorization: None,
+            cookie: None,
+            request_id: None,
+        }
+    }
+}
+
 /// Parses one request head at the start of `buf`.
 ///
 /// `Ok(None)` means incomplete (read more); it is only returned while `buf` is within the
@@ -217,24 +245,7 @@ pub fn parse_head(buf: &[u8], limits: &HeadLimits) -> Result<Option<Head>, HttpE
         Some((p, q)) => (p, q),
         None => (target, ""),
     };
-    let mut head = Head {
-        method,
-        path: path.to_owned(),
-        query: query.to_owned(),
-        head_len,
-        content_length: 0,
-        has_content_length: false,
-        chunked: false,
-        close: version == 0,
-        expect_continue: false,
-        last_event_id: None,
-        accept: None,
-        event_type: None,
-        origin: None,
-        authorization: None,
-        cookie: None,
-        request_id: None,
-    };
+    let mut head = Head::blank(method, path, query, head_len, version == 0);
     for h in req.headers.iter() {
         apply_header(&mut head, h.name, h.value, version)?;
     }
@@ -293,6 +304,9 @@ fn apply_header(head: &mut Head, name: &str, value: &[u8], version: u8) -> Resul
         head.accept = Some(text(value, "Accept")?.to_owned());
     } else if name.eq_ignore_ascii_case("event-type") {
         head.event_type = Some(text(value, "Event-Type")?.trim().to_owned());
+    } else if name.eq_ignore_ascii_case("idempotency-key") {
+        let v = text(value, "Idempotency-Key")?.trim();
+        single(&mut head.idempotency_key, v, "Idempotency-Key")?;
     } else if name.eq_ignore_ascii_case("origin") {
         single(&mut head.origin, text(value, "Origin")?.trim(), "Origin")?;
     } else if name.eq_ignore_ascii_case("authorization") {

@@ -86,6 +86,8 @@ pub enum RouteError {
     NotAcceptable,
     /// POST with neither Content-Length nor a chunked body.
     LengthRequired,
+    /// `Idempotency-Key` is not 1..=64 visible ASCII bytes.
+    BadIdempotencyKey,
     /// `Event-Type` names a type only the gateway emits ([`RESERVED_EVENT_TYPES`]).
     ReservedEventType,
 }
@@ -118,6 +120,11 @@ impl RouteError {
                 411,
                 "length_required",
                 "POST needs a Content-Length or chunked body".into(),
+            ),
+            RouteError::BadIdempotencyKey => (
+                400,
+                "bad_idempotency_key",
+                "Idempotency-Key must be 1 to 64 visible ASCII bytes".into(),
             ),
             RouteError::ReservedEventType => (
                 400,
@@ -180,6 +187,13 @@ fn publish_route(head: &Head, stream: String, single: bool) -> Result<Route, Rou
     if !head.has_content_length && !head.chunked {
         return Err(RouteError::LengthRequired);
     }
+    if head
+        .idempotency_key
+        .as_deref()
+        .is_some_and(|k| !valid_idempotency_key(k))
+    {
+        return Err(RouteError::BadIdempotencyKey);
+    }
     if single
         && head
             .event_type
@@ -197,15 +211,26 @@ fn publish_route(head: &Head, stream: String, single: bool) -> Result<Route, Rou
 
 /// A stream name as routed: 1..=STREAM_NAME_BYTES_MAX bytes of `[A-Za-z0-9._~-]`.
 fn valid_name(n: &str) -> Result<String, RouteError> {
-    if n.is_empty()
-        || n.len() > STREAM_NAME_BYTES_MAX
-        || !n
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'~' | b'-'))
-    {
+    if !is_api_name(n) {
         return Err(RouteError::BadStreamName);
     }
     Ok(n.to_owned())
+}
+
+/// `Idempotency-Key`'s value: 1 to this many visible ASCII bytes.
+pub const IDEMPOTENCY_KEY_BYTES_MAX: usize = 64;
+
+/// Whether `v` is a valid `Idempotency-Key` (1..=64 bytes of 0x21..=0x7e).
+pub fn valid_idempotency_key(v: &str) -> bool {
+    (1..=IDEMPOTENCY_KEY_BYTES_MAX).contains(&v.len()) && v.bytes().all(|b| b.is_ascii_graphic())
+}
+
+/// Whether `n` is a name the API can route (what [`route`] accepts in a path).
+pub fn is_api_name(n: &str) -> bool {
+    !n.is_empty()
+        && n.len() <= STREAM_NAME_BYTES_MAX
+        && n.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'~' | b'-'))
 }
 
 /// True if an Accept header admits `text/event-stream` (with q > 0).
@@ -562,5 +587,24 @@ mod tests {
             parse_batch(br#"[{"data":"x"},{"data":"y","event":"truncated"}]"#, 10),
             Err(BatchError::ReservedEventType { index: 1 })
         );
+    }
+
+    #[test]
+    fn idempotency_keys_are_one_to_sixty_four_visible_ascii_bytes() {
+        assert!(valid_idempotency_key("a"));
+        assert!(valid_idempotency_key(&"~".repeat(64)));
+        for bad in ["", "a b", "a\tb", "é", "a\u{7f}"] {
+            assert!(!valid_idempotency_key(bad), "{bad:?}");
+        }
+        assert!(!valid_idempotency_key(&"a".repeat(65)));
+        let post = |k: &str| {
+            route(&head(&format!(
+                "POST /v1/streams/a/events:batch HTTP/1.1\r\nContent-Length: 1\r\n\
+                 Idempotency-Key: {k}\r\n\r\n"
+            )))
+        };
+        assert!(post("order-17").is_ok());
+        assert_eq!(post(&"k".repeat(65)), Err(RouteError::BadIdempotencyKey));
+        assert!(!valid_idempotency_key("a\u{7f}"));
     }
 }

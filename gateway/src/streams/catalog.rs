@@ -26,12 +26,20 @@ pub enum StreamKind {
     /// An MCP session's stream: named with session IDs (never listed in `/metrics`), not idle
     /// expired (the MCP front owns its life), not counted against `--streams-max`.
     Mcp,
+    /// The gateway's own (`gw/…`, e.g. cluster mode's quarantine record of skipped messages):
+    /// unreachable from the API and the MCP front, not counted, listed or expired.
+    Internal,
 }
+
+/// Every internal stream's name starts with this.
+pub const INTERNAL_STREAM_PREFIX: &str = "gw/";
 
 impl StreamKind {
     pub fn of(name: &str) -> StreamKind {
         if name.starts_with(MCP_STREAM_PREFIX) {
             StreamKind::Mcp
+        } else if name.starts_with(INTERNAL_STREAM_PREFIX) {
+            StreamKind::Internal
         } else {
             StreamKind::Api
         }
@@ -80,7 +88,7 @@ impl StreamQuota {
     /// Takes a place for a new stream named `name` before it is created (an MCP stream takes
     /// none). Give it back with [`StreamQuota::release`] if the creation fails.
     pub fn reserve(&self, name: &str) -> Result<(), StreamsExhausted> {
-        if StreamKind::of(name) == StreamKind::Mcp {
+        if StreamKind::of(name) != StreamKind::Api {
             return Ok(());
         }
         if self.live.fetch_add(1, Relaxed) >= self.max {
@@ -125,11 +133,11 @@ impl StreamQuota {
 
 /// Live API streams in `log`.
 pub fn api_stream_count(log: &Log) -> u64 {
-    let mcp = log
+    let others = log
         .streams()
-        .filter(|(_, name, _)| StreamKind::of(name) == StreamKind::Mcp)
+        .filter(|(_, name, _)| StreamKind::of(name) != StreamKind::Api)
         .count();
-    (log.live_stream_count() - mcp) as u64
+    (log.live_stream_count() - others) as u64
 }
 
 #[cfg(test)]
@@ -141,6 +149,7 @@ mod tests {
         assert_eq!(StreamKind::of("mcp/abc/1"), StreamKind::Mcp);
         assert_eq!(StreamKind::of("orders"), StreamKind::Api);
         assert_eq!(StreamKind::of("mcp"), StreamKind::Api);
+        assert_eq!(StreamKind::of("gw/quarantined"), StreamKind::Internal);
     }
 
     #[test]
@@ -148,6 +157,7 @@ mod tests {
         let q = StreamQuota::new(2, []);
         assert_eq!(q.reserve("a"), Ok(()));
         assert_eq!(q.reserve("mcp/s/1"), Ok(()), "MCP streams take no place");
+        assert_eq!(q.reserve("gw/x"), Ok(()), "internal streams take no place");
         assert_eq!(q.check("b"), Ok(()));
         assert_eq!(q.reserve("b"), Ok(()));
         assert_eq!(q.live(), 2);

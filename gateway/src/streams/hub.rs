@@ -69,6 +69,11 @@ impl Hub {
         }
     }
 
+    /// The cluster's (or the data directory's) shard count.
+    pub fn shards(&self) -> u32 {
+        self.shards
+    }
+
     /// The shard owning `stream`.
     pub fn shard_of(&self, stream: &str) -> u32 {
         shards::shard_of(stream, self.shards)
@@ -151,7 +156,7 @@ impl Hub {
         for (&s, log) in &self.logs {
             for (id, name, _) in log.streams() {
                 let key = (s, id);
-                if StreamKind::of(name) == StreamKind::Mcp
+                if StreamKind::of(name) != StreamKind::Api
                     || !log.stream_is_empty(id)
                     || self.subs.contains_key(&key)
                 {

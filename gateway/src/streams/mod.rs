@@ -1,15 +1,18 @@
 //! The pub/sub layer, with no I/O: the catalog's rules (stream kinds, `--streams-max`:
 //! [`catalog`]; `--streams-per-subject-max`: [`subjects`]), the streams a core owns and their
-//! logs ([`hub`]), publishing ([`publish`]), subscribers and their send windows ([`sub`],
-//! [`window`]), parked windows ([`parked`]), subscribers of streams not created yet
-//! ([`unborn`]) and where a subscription or resume starts ([`resume`]). The core drives it
-//! and carries out its decisions with the io_uring driver.
+//! logs ([`hub`]), publishing ([`publish`]) and its `Idempotency-Key`s ([`idempotency`]),
+//! cluster mode's quarantine of messages it cannot apply ([`quarantine`]), subscribers and
+//! their send windows ([`sub`], [`window`]), parked windows ([`parked`]), subscribers of
+//! streams not created yet ([`unborn`]) and where a subscription or resume starts
+//! ([`resume`]). The core drives it and carries out its decisions with the io_uring driver.
 #![forbid(unsafe_code)]
 
 pub mod catalog;
 pub mod hub;
+pub mod idempotency;
 pub mod parked;
 pub mod publish;
+pub mod quarantine;
 pub mod resume;
 pub mod sub;
 pub mod subjects;

@@ -19,6 +19,8 @@ pub struct Published {
     pub answer: Vec<u8>,
     pub wait: Option<Wait>,
     pub appended: usize,
+    /// The IDs of the events stored (all of them when the answer is 201).
+    pub ids: Vec<EventId>,
 }
 
 /// The log's record limit as a publisher sees it, the one place that decides whether an
@@ -163,6 +165,7 @@ pub fn append(
                     answer: refused_answer(status, code, &e.to_string(), &ids, close),
                     wait: None,
                     appended: ids.len(),
+                    ids,
                 };
             }
         }
@@ -172,6 +175,7 @@ pub fn append(
         answer,
         wait,
         appended: ids.len(),
+        ids,
     }
 }
 

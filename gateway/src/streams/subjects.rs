@@ -101,14 +101,15 @@ impl fmt::Display for CreateRefused {
 
 /// Takes the places of a new stream `stream` that `who` creates: one of `who`'s
 /// (`--streams-per-subject-max`), then one of the gateway's (`--streams-max`). Give them back
-/// with [`release`] when the creation fails or the stream is removed. An MCP stream takes none.
+/// with [`release`] when the creation fails or the stream is removed. An MCP (or internal)
+/// stream takes none.
 pub fn reserve(
     quota: &StreamQuota,
     subjects: &SubjectQuota,
     who: &Subject,
     stream: &str,
 ) -> Result<(), CreateRefused> {
-    if StreamKind::of(stream) == StreamKind::Mcp {
+    if StreamKind::of(stream) != StreamKind::Api {
         return Ok(());
     }
     subjects
@@ -138,7 +139,7 @@ pub fn reserve_clustered(
 ) -> Result<(), CreateRefused> {
     quota.check(stream).map_err(CreateRefused::Streams)?;
     match StreamKind::of(stream) {
-        StreamKind::Mcp => Ok(()),
+        StreamKind::Mcp | StreamKind::Internal => Ok(()),
         StreamKind::Api => subjects
             .reserve(who, stream)
             .map_err(CreateRefused::Subject),

@@ -74,10 +74,12 @@ pub struct Request {
 
 #[derive(Debug)]
 pub enum Kind {
-    /// An API request; `event_type` is the `Event-Type` header of a single publish.
+    /// An API request; `event_type` is the `Event-Type` header of a single publish,
+    /// `idempotency_key` a publish's `Idempotency-Key` (valid: the router checked it).
     Api {
         route: Route,
         event_type: Option<String>,
+        idempotency_key: Option<String>,
     },
     /// A request on the MCP path, with its head's bytes (the MCP front reads every header).
     Mcp { head: Vec<u8> },
@@ -340,6 +342,7 @@ impl HttpConn {
             kind: Kind::Api {
                 route,
                 event_type: head.event_type,
+                idempotency_key: head.idempotency_key,
             },
             close: head.close,
             body,

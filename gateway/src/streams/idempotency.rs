@@ -1,0 +1,452 @@
+//! Idempotent publishing (`Idempotency-Key`): a core's table of the keys its streams' publishes
+//! carried, so a retry within `--idempotency-window-secs` stores nothing and gets the original
+//! IDs again, and the same key with another body is refused. Bounded per stream
+//! (`--idempotency-keys-per-stream-max`) and in total (`--idempotency-keys-max`), the oldest
+//! key evicted first. No I/O; time is passed in.
+//!
+//! In cluster mode the key travels with each event through JetStream ([`cluster_header`],
+//! [`cluster_msg_id`]) and every node learns it as it applies them ([`Keys::on_applied`]).
+//!
+//! What it does not do yet: the table is in memory, so a restart forgets it (the key is not
+//! in the log's record format).
+#![forbid(unsafe_code)]
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use log_store::EventId;
+
+use super::hub::Hub;
+use super::publish::{self, Published};
+use crate::proto::access::with_headers;
+use crate::proto::http;
+
+/// The hash of a publish's events a key is bound to (FNV-1a over each event's type and data,
+/// each prefixed by its length: stable across processes and versions).
+pub fn body_hash(events: &[(Option<String>, Vec<u8>)]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |bytes: &[u8]| {
+        for &b in (bytes.len() as u64).to_le_bytes().iter().chain(bytes) {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    };
+    for (ev, data) in events {
+        eat(ev.as_deref().map_or(b"\0" as &[u8], str::as_bytes));
+        eat(data);
+    }
+    h
+}
+
+/// The table's limits.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub window: Duration,
+    pub per_stream_max: usize,
+    pub total_max: usize,
+}
+
+impl Limits {
+    /// One core's share of the flags (`--idempotency-keys-max` is split over the cores).
+    pub fn of_flags(
+        window_secs: u64,
+        per_stream_max: usize,
+        total_max: usize,
+        cores: usize,
+    ) -> Limits {
+        Limits {
+            window: Duration::from_secs(window_secs),
+            per_stream_max,
+            total_max: (total_max / cores.max(1)).max(1),
+        }
+    }
+}
+
+/// A publish's `Idempotency-Key` and the hash of its body.
+#[derive(Debug, Clone)]
+pub struct Keyed {
+    pub key: String,
+    pub hash: u64,
+}
+
+impl Keyed {
+    pub fn new(key: String, events: &[(Option<String>, Vec<u8>)]) -> Keyed {
+        Keyed {
+            hash: body_hash(events),
+            key,
+        }
+    }
+}
+
+/// The header a replayed answer carries.
+pub const REPLAY_HEADER: &str = "Idempotent-Replay: true\r\n";
+
+impl Keys {
+    /// The answer to a keyed publish on `stream` that must store nothing: the original IDs
+    /// again, marked and held until they are durable (as the original was), or the 422 for
+    /// a reused key. `None`: publish (no key, a new key, or a stream not created yet).
+    pub fn known(
+        &mut self,
+        hub: &Hub,
+        stream: &str,
+        keyed: Option<&Keyed>,
+        now: Instant,
+        close: bool,
+    ) -> Option<Published> {
+        let (keyed, key) = keyed.zip(hub.stream_key(stream))?;
+        let (answer, wait) = match self.lookup(stream, &keyed.key, keyed.hash, key.1.0, now) {
+            Lookup::New => return None,
+            Lookup::Replay { ids, batch } => {
+                let (b, wait) = publish::stored_answer(key.0, &ids, false, batch, close);
+                // Durable already (the usual case): nothing would release a wait.
+                (
+                    with_headers(b, REPLAY_HEADER),
+                    wait.filter(|w| !hub.visible(*w)),
+                )
+            }
+            Lookup::Reused => {
+                let body = serde_json::json!({
+                    "error": "idempotency_key_reused",
+                    "message": "this Idempotency-Key was used on this stream with another body",
+                });
+                (http::json_response(422, &body, close), None)
+            }
+        };
+        Some(Published {
+            answer,
+            wait,
+            appended: 0,
+            ids: Vec::new(),
+        })
+    }
+}
+
+/// What a publish with a key finds.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Lookup {
+    /// No live entry: publish, then [`Keys::insert`].
+    New,
+    /// The same key and body within the window: answer these IDs again (a batch or not).
+    Replay { ids: Vec<EventId>, batch: bool },
+    /// The same key with another body: 422.
+    Reused,
+}
+
+/// In cluster mode, the `Nats-Msg-Id` every retry of event `i` of a keyed publish on `stream`
+/// shares (without the body hash: another body under the same key is then not stored either,
+/// and its retry gets the 422).
+pub fn cluster_msg_id(stream: &str, keyed: &Keyed, i: usize) -> String {
+    format!("gw-idem:{stream}:{i}:{}", keyed.key)
+}
+
+/// In cluster mode, the `Gw-Idempotency` header of event `i` of `n` of a keyed publish:
+/// `<s|b>/<hash, 16 hex digits>/<i>/<n>/<key>`. Every node that applies the events learns the
+/// key from it ([`Keys::on_applied`]), so a retry on any node, and on a node rebuilt from
+/// JetStream, gets the original IDs.
+pub fn cluster_header(keyed: &Keyed, i: usize, n: usize, batch: bool) -> String {
+    let kind = if batch { 'b' } else { 's' };
+    format!("{kind}/{:016x}/{i}/{n}/{}", keyed.hash, keyed.key)
+}
+
+/// A `Gw-Idempotency` header read back: (batch, hash, i, n, key); `None` if malformed (any
+/// writer of the subject may send anything: such a header is ignored).
+fn parse_cluster_header(h: &str) -> Option<(bool, u64, usize, usize, &str)> {
+    let mut it = h.splitn(5, '/');
+    let batch = match it.next()? {
+        "b" => true,
+        "s" => false,
+        _ => return None,
+    };
+    let hash = u64::from_str_radix(it.next()?, 16).ok()?;
+    let i: usize = it.next()?.parse().ok()?;
+    let n: usize = it.next()?.parse().ok()?;
+    let key = it.next()?;
+    let ok = i < n && crate::proto::route::valid_idempotency_key(key);
+    ok.then_some((batch, hash, i, n, key))
+}
+
+#[derive(Debug)]
+struct Entry {
+    hash: u64,
+    ids: Vec<EventId>,
+    batch: bool,
+    at: Instant,
+    serial: u64,
+}
+
+/// One core's keys.
+#[derive(Debug)]
+pub struct Keys {
+    limits: Limits,
+    entries: HashMap<(String, String), Entry>,
+    /// Every entry by insertion serial (oldest first): (stream, key).
+    order: BTreeMap<u64, (String, String)>,
+    /// Each stream's entries' serials, oldest first.
+    per_stream: HashMap<String, VecDeque<u64>>,
+    next_serial: u64,
+    /// Cluster mode: keyed requests whose first events were applied, not yet all.
+    partial: HashMap<(String, String), (u64, Vec<EventId>)>,
+}
+
+impl Keys {
+    pub fn new(limits: Limits) -> Keys {
+        Keys {
+            limits,
+            entries: HashMap::new(),
+            order: BTreeMap::new(),
+            per_stream: HashMap::new(),
+            next_serial: 0,
+            partial: HashMap::new(),
+        }
+    }
+
+    /// What a publish of `hash` with `key` on `stream` finds at `now`. An entry past the
+    /// window, or one of an earlier stream of the same name (`sid`: the stream's id now), is
+    /// forgotten.
+    pub fn lookup(&mut self, stream: &str, key: &str, hash: u64, sid: u32, now: Instant) -> Lookup {
+        let k = (stream.to_owned(), key.to_owned());
+        let Some(e) = self.entries.get(&k) else {
+            return Lookup::New;
+        };
+        let stale = now.duration_since(e.at) >= self.limits.window
+            || e.ids.first().is_some_and(|id| id.stream.0 != sid);
+        if stale {
+            self.remove(e.serial);
+            return Lookup::New;
+        }
+        if e.hash != hash {
+            return Lookup::Reused;
+        }
+        Lookup::Replay {
+            ids: e.ids.clone(),
+            batch: e.batch,
+        }
+    }
+
+    /// Remembers a stored publish (replacing an entry of the same key), evicting the stream's
+    /// oldest and then the oldest overall past their limits.
+    pub fn insert(
+        &mut self,
+        stream: &str,
+        key: &str,
+        hash: u64,
+        stored: (Vec<EventId>, bool),
+        now: Instant,
+    ) {
+        let k = (stream.to_owned(), key.to_owned());
+        if let Some(old) = self.entries.get(&k) {
+            self.remove(old.serial);
+        }
+        let serial = self.next_serial;
+        self.next_serial += 1;
+        let (ids, batch) = stored;
+        self.entries.insert(
+            k.clone(),
+            Entry {
+                hash,
+                ids,
+                batch,
+                at: now,
+                serial,
+            },
+        );
+        self.order.insert(serial, k);
+        let q = self.per_stream.entry(stream.to_owned()).or_default();
+        q.push_back(serial);
+        if q.len() > self.limits.per_stream_max {
+            let oldest = q[0];
+            self.remove(oldest);
+        }
+        while self.entries.len() > self.limits.total_max {
+            let (&oldest, _) = self.order.first_key_value().expect("entries are ordered");
+            self.remove(oldest);
+        }
+    }
+
+    /// Remembers `p` under `keyed` if every one of the `n` events was stored.
+    pub fn remember(
+        &mut self,
+        stream: &str,
+        keyed: Option<Keyed>,
+        p: &Published,
+        n: usize,
+        batch: bool,
+        now: Instant,
+    ) {
+        if let Some(k) = keyed.filter(|_| p.ids.len() == n && n > 0) {
+            self.insert(stream, &k.key, k.hash, (p.ids.clone(), batch), now);
+        }
+    }
+
+    /// Cluster mode: a message carrying `Gw-Idempotency` was applied as event `id` of
+    /// `stream` (every node does this in JetStream order). Its request's IDs gather in order;
+    /// the last one makes the key known.
+    pub fn on_applied(&mut self, stream: &str, header: &str, id: EventId, now: Instant) {
+        let Some((batch, hash, i, n, key)) = parse_cluster_header(header) else {
+            return;
+        };
+        let k = (stream.to_owned(), key.to_owned());
+        if i == 0 {
+            if self.partial.len() >= self.limits.total_max {
+                self.partial.clear(); // requests whose other events never came
+            }
+            self.partial
+                .insert(k.clone(), (hash, Vec::with_capacity(n)));
+        }
+        let Some((h, ids)) = self.partial.get_mut(&k) else {
+            return;
+        };
+        if *h != hash || ids.len() != i {
+            self.partial.remove(&k);
+            return;
+        }
+        ids.push(id);
+        if ids.len() == n {
+            let (_, ids) = self.partial.remove(&k).expect("present");
+            self.insert(stream, key, hash, (ids, batch), now);
+        }
+    }
+
+    /// Keys held now.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    fn remove(&mut self, serial: u64) {
+        let Some(k) = self.order.remove(&serial) else {
+            return;
+        };
+        self.entries.remove(&k);
+        if let Some(q) = self.per_stream.get_mut(&k.0) {
+            q.retain(|&s| s != serial);
+            if q.is_empty() {
+                self.per_stream.remove(&k.0);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use log_store::{Epoch, StreamId};
+
+    fn id(sid: u32, seq: u64) -> EventId {
+        EventId {
+            epoch: Epoch(7),
+            stream: StreamId(sid),
+            seq,
+        }
+    }
+
+    fn keys(per_stream_max: usize, total_max: usize) -> Keys {
+        Keys::new(Limits {
+            window: Duration::from_secs(600),
+            per_stream_max,
+            total_max,
+        })
+    }
+
+    #[test]
+    fn hashes_tell_bodies_and_types_apart() {
+        let e = |t: Option<&str>, d: &str| vec![(t.map(String::from), d.as_bytes().to_vec())];
+        assert_eq!(body_hash(&e(None, "x")), body_hash(&e(None, "x")));
+        assert_ne!(body_hash(&e(None, "x")), body_hash(&e(None, "y")));
+        assert_ne!(body_hash(&e(None, "x")), body_hash(&e(Some("t"), "x")));
+        let two = vec![(None, b"ab".to_vec()), (None, b"c".to_vec())];
+        let other = vec![(None, b"a".to_vec()), (None, b"bc".to_vec())];
+        assert_ne!(body_hash(&two), body_hash(&other));
+    }
+
+    #[test]
+    fn a_repeat_replays_another_body_is_refused_and_the_window_ends_it() {
+        let mut k = keys(10, 10);
+        let t0 = Instant::now();
+        assert_eq!(k.lookup("s", "k1", 5, 0, t0), Lookup::New);
+        k.insert("s", "k1", 5, (vec![id(0, 1)], false), t0);
+        let replay = Lookup::Replay {
+            ids: vec![id(0, 1)],
+            batch: false,
+        };
+        assert_eq!(k.lookup("s", "k1", 5, 0, t0), replay);
+        assert_eq!(k.lookup("s", "k1", 6, 0, t0), Lookup::Reused);
+        assert_eq!(k.lookup("t", "k1", 6, 0, t0), Lookup::New, "per stream");
+        assert_eq!(
+            k.lookup("s", "k1", 5, 3, t0),
+            Lookup::New,
+            "a new stream of that name"
+        );
+        k.insert("s", "k1", 5, (vec![id(0, 1)], false), t0);
+        let later = t0 + Duration::from_secs(600);
+        assert_eq!(
+            k.lookup("s", "k1", 5, 0, later),
+            Lookup::New,
+            "past the window"
+        );
+        assert!(k.is_empty());
+    }
+
+    #[test]
+    fn applied_keyed_messages_make_their_key_known_once_all_are_applied() {
+        let mut k = keys(10, 10);
+        let t = Instant::now();
+        let keyed = Keyed::new("k".into(), &[(None, b"a".to_vec()), (None, b"b".to_vec())]);
+        let h0 = cluster_header(&keyed, 0, 2, true);
+        let h1 = cluster_header(&keyed, 1, 2, true);
+        k.on_applied("s", &h0, id(0, 4), t);
+        assert_eq!(
+            k.lookup("s", "k", keyed.hash, 0, t),
+            Lookup::New,
+            "one of two"
+        );
+        k.on_applied("s", &h1, id(0, 5), t);
+        let want = Lookup::Replay {
+            ids: vec![id(0, 4), id(0, 5)],
+            batch: true,
+        };
+        assert_eq!(k.lookup("s", "k", keyed.hash, 0, t), want);
+        // Out of order or malformed: ignored.
+        k.on_applied("s", &cluster_header(&keyed, 1, 2, true), id(0, 6), t);
+        for junk in [
+            "",
+            "x/1/0/1/k",
+            "s/zz/0/1/k",
+            "s/1/1/1/k",
+            "s/1/0/1/a b",
+            "s/1/0/1/",
+        ] {
+            k.on_applied("t", junk, id(1, 1), t);
+        }
+        assert_eq!(k.len(), 1);
+        assert_eq!(cluster_msg_id("s", &keyed, 1), "gw-idem:s:1:k");
+    }
+
+    #[test]
+    fn the_oldest_key_goes_first_per_stream_and_in_total() {
+        let mut k = keys(2, 3);
+        let t = Instant::now();
+        for (s, key) in [("a", "1"), ("a", "2"), ("a", "3")] {
+            k.insert(s, key, 0, (vec![id(0, 1)], false), t);
+        }
+        assert_eq!(k.len(), 2);
+        assert_eq!(
+            k.lookup("a", "1", 0, 0, t),
+            Lookup::New,
+            "a's oldest evicted"
+        );
+        k.insert("b", "1", 0, (vec![id(1, 1)], false), t);
+        k.insert("b", "2", 0, (vec![id(1, 2)], false), t);
+        assert_eq!(k.len(), 3);
+        assert_eq!(
+            k.lookup("a", "2", 0, 0, t),
+            Lookup::New,
+            "the oldest overall evicted"
+        );
+        assert!(matches!(k.lookup("a", "3", 0, 0, t), Lookup::Replay { .. }));
+        assert!(matches!(k.lookup("b", "2", 0, 1, t), Lookup::Replay { .. }));
+    }
+}
