@@ -26,6 +26,7 @@ pub(crate) enum Command {
     Publish(Publish),
     Follow { shard: u32, from: u64 },
     Snapshot { shard: u32, snap: crate::Snapshot },
+    LastSeq { shard: u32, token: u64 },
 }
 
 /// The thread's side of one core's inbox.
@@ -320,6 +321,7 @@ impl Thread {
             match cmd {
                 Command::Publish(p) => self.publish(p).await,
                 Command::Follow { shard, from } => self.follow(shard, from),
+                Command::LastSeq { shard, token } => self.last_seq(shard, token),
                 Command::Snapshot { shard, snap } => {
                     let (kv, chunk_bytes) = (self.snapshots.clone(), self.chunk_bytes);
                     let (outs, out) = (self.outs.clone(), self.route[shard as usize]);
@@ -371,6 +373,27 @@ impl Thread {
                 };
                 outs[out].send(m).await;
             }
+        });
+    }
+
+    /// Reads `shard`'s stream info from JetStream in a task (publishes keep going) and
+    /// answers its core with the stream's last sequence, or an error after the publish timeout.
+    fn last_seq(&self, shard: u32, token: u64) {
+        let s = self.streams.get(&shard).cloned();
+        let (outs, out) = (self.outs.clone(), self.route[shard as usize]);
+        let timeout = self.cfg.publish_timeout;
+        tokio::spawn(async move {
+            let last = match s {
+                None => Err(format!("shard {shard} has no stream here")),
+                Some(s) => match tokio::time::timeout(timeout, s.get_info()).await {
+                    Ok(Ok(info)) => Ok(info.state.last_sequence),
+                    Ok(Err(e)) => Err(format!("JetStream stream info: {e}")),
+                    Err(_) => Err(format!("no stream info within {timeout:?}")),
+                },
+            };
+            outs[out]
+                .send(Inbound::LastSeq { shard, token, last })
+                .await;
         });
     }
 

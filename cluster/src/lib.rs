@@ -79,6 +79,13 @@ pub enum Inbound {
     /// A snapshot of `shard` at message `seq` is stored (or a newer one already was), in
     /// `chunks` chunks (0: whole).
     SnapshotStored { shard: u32, seq: u64, chunks: u64 },
+    /// The answer to [`Cluster::last_seq`] `token`: the last sequence `shard`'s JetStream
+    /// stream held when asked (a read barrier), or why JetStream could not say.
+    LastSeq {
+        shard: u32,
+        token: u64,
+        last: Result<u64, String>,
+    },
 }
 
 /// One message of a shard's JetStream stream.
@@ -212,6 +219,19 @@ impl Cluster {
         Ok((cluster, inboxes, streams))
     }
 
+    /// A handle and one inbox joined to no `nats` thread, for tests of what a core decides in
+    /// cluster mode: what is sent to the handle is dropped, and nothing arrives in the inbox.
+    pub fn detached() -> (Cluster, Inbox) {
+        let (cmd, _) = mpsc::unbounded_channel();
+        let (_, rx) = mpsc::channel(1);
+        let inbox = Inbox {
+            rx,
+            armed: Arc::new(AtomicBool::new(false)),
+        };
+        let nonce: Arc<str> = "detached".into();
+        (Cluster { cmd, nonce }, inbox)
+    }
+
     /// Publishes one event; its outcome arrives as its [`Applied`] (with its ticket) or as
     /// [`Inbound::Unconfirmed`].
     pub fn publish(&self, p: Publish) {
@@ -226,6 +246,13 @@ impl Cluster {
             shard,
             snap: snap.clone(),
         });
+    }
+
+    /// Asks JetStream for `shard`'s last sequence now; the answer comes back to the shard's
+    /// core as [`Inbound::LastSeq`] with `token` (within the publish timeout, else an error).
+    /// Once the core has applied up to it, it has applied everything stored before it asked.
+    pub fn last_seq(&self, shard: u32, token: u64) {
+        let _ = self.cmd.send(client::Command::LastSeq { shard, token });
     }
 
     /// Starts following `shard` from JetStream sequence `from` (the first not yet applied).

@@ -17,7 +17,7 @@ use log_store::{AppendError, EventId, Log};
 
 use super::cluster_state::{CatchUp, Pending, Ticket};
 use super::http::Caller;
-use super::mcp_cluster::{mcp_substitute, seq_mismatch_record};
+use super::mcp_cluster::{barrier_known, mcp_substitute, seq_mismatch_record};
 use super::{Core, State};
 use crate::logging::Gate;
 use crate::metrics::CoreMetrics;
@@ -115,6 +115,7 @@ impl Core {
                     m.fetch_add(chunks, Relaxed);
                     self.snapshot_stored(shard, seq)
                 }
+                m @ Inbound::LastSeq { .. } => barrier_known(&mut self.mcp, &self.cluster, m),
             }
         }
         if n > 0 {

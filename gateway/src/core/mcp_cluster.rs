@@ -18,12 +18,15 @@
 //!   random bytes, so it never recovers its own (ended) sessions.
 //! - **Catch-up.** A resume naming what this node has not applied yet (or a complete stream
 //!   whose last records are still on their way) waits up to `--cluster-catchup-wait-ms`,
-//!   then gets 503 with `Retry-After`.
+//!   then gets 503 with `Retry-After`. A replay-only resume (a session minted elsewhere: the
+//!   MCP core ends its stream at this node's tail) also waits for a read barrier: JetStream's
+//!   last sequence of the shard when it arrived, applied here (else 503, never a short replay).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
+use cluster::Inbound;
 use log_store::{EventId, Seq};
 
 use super::mcp::{Effect, Mcp, McpCx};
@@ -84,7 +87,50 @@ impl Order {
     }
 }
 
-/// A `GET` + `Last-Event-ID` this node has not applied yet, held until it has.
+/// What a held resume waits for besides its `Last-Event-ID`: a replay-only resume (of a
+/// session this process did not mint) is read by the MCP core as ending at this node's tail,
+/// so it is served only once this node has applied every message JetStream held for the
+/// shard when the resume arrived (a node lagging by a few records would otherwise end the
+/// stream short: a silent partial replay).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Barrier {
+    /// None needed: this node's own session (`completing` covers its stream's end).
+    Unneeded,
+    /// JetStream's last sequence of the shard was asked for under this token.
+    Asked(u64),
+    /// Served once the shard's applied message count reaches this.
+    At(u64),
+    /// JetStream could not say (NATS down, a timeout): refused at once (503).
+    Failed,
+}
+
+/// What becomes of a held resume now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Due {
+    /// Carried out: its `Last-Event-ID` and its barrier are applied here.
+    Serve,
+    /// 503 with `Retry-After`: its barrier failed, or (`deadlines`) its deadline passed.
+    Refuse,
+    Wait,
+}
+
+/// The decision for one held resume: `id_applied` (the log holds its `Last-Event-ID` and a
+/// completing stream's end), its barrier, the shard's applied message count.
+pub(super) fn due(id_applied: bool, barrier: Barrier, shard_applied: u64, expired: bool) -> Due {
+    let barrier_met = match barrier {
+        Barrier::Unneeded => true,
+        Barrier::Asked(_) | Barrier::Failed => false,
+        Barrier::At(last) => shard_applied >= last,
+    };
+    match (id_applied && barrier_met, barrier, expired) {
+        (true, _, _) => Due::Serve,
+        (false, Barrier::Failed, _) | (false, _, true) => Due::Refuse,
+        (false, _, false) => Due::Wait,
+    }
+}
+
+/// A `GET` + `Last-Event-ID` this node has not applied yet (or that waits for its read
+/// barrier), held until it has.
 pub(super) struct CatchUp {
     pub(super) conn: SubRef,
     pub(super) id: EventId,
@@ -93,6 +139,7 @@ pub(super) struct CatchUp {
     pub(super) close: bool,
     pub(super) subject: Option<String>,
     pub(super) deadline: Instant,
+    pub(super) barrier: Barrier,
 }
 
 /// The MCP core's cluster state (`Debug` prints counts: its maps hold session IDs).
@@ -107,6 +154,12 @@ pub(super) struct McpCluster {
     catchup: Vec<CatchUp>,
     /// Complete streams with records still on their way: stream → its last seq.
     completing: HashMap<String, Seq>,
+    /// The read barrier request in flight (its token), and the next token
+    /// ([`McpCluster::barrier_token`]).
+    asked: Option<u64>,
+    next_barrier: u64,
+    /// Held resumes just found due: carried out without being held again.
+    passed: Vec<SubRef>,
 }
 
 /// The record every node stores instead of an MCP record that JetStream's order put at
@@ -151,6 +204,9 @@ impl McpCluster {
             queued_bytes: 0,
             catchup: Vec::new(),
             completing: HashMap::new(),
+            asked: None,
+            next_barrier: 0,
+            passed: Vec::new(),
         }
     }
 }
@@ -166,14 +222,70 @@ impl std::fmt::Debug for McpCluster {
 }
 
 impl McpCluster {
-    /// Takes the held resumes (the driver carries out those that caught up and hands the
-    /// rest back with [`McpCluster::keep_catchups`]).
-    pub(super) fn take_catchups(&mut self) -> Vec<CatchUp> {
-        std::mem::take(&mut self.catchup)
+    /// The read barrier of a resume that arrives now: the token of a JetStream request sent
+    /// after it. At most one request is in flight per MCP shard (a flood of resumes is not
+    /// a flood of JetStream requests): a resume arriving meanwhile takes the next token,
+    /// asked when the one in flight is answered (an answer to a request sent before the
+    /// resume arrived could miss records stored in between).
+    fn barrier_token(&mut self, shard: u32, handle: &cluster::Cluster) -> u64 {
+        if self.asked.is_some() {
+            return self.next_barrier;
+        }
+        let token = self.next_barrier;
+        self.next_barrier += 1;
+        self.asked = Some(token);
+        handle.last_seq(shard, token);
+        token
     }
 
-    pub(super) fn keep_catchups(&mut self, keep: Vec<CatchUp>) {
-        self.catchup.extend(keep);
+    /// JetStream answered read barrier `token`: every resume waiting for it learns its
+    /// barrier (the ones that went away meanwhile are gone); the next request goes out if
+    /// resumes wait for it.
+    pub(super) fn barrier_known(
+        &mut self,
+        token: u64,
+        last: Result<u64, String>,
+        (shard, handle): (u32, &cluster::Cluster),
+    ) {
+        let barrier = match &last {
+            Ok(last) => Barrier::At(*last),
+            Err(_) => Barrier::Failed,
+        };
+        let waiting = self.catchup.iter_mut();
+        let mut told = 0;
+        for w in waiting.filter(|w| w.barrier == Barrier::Asked(token)) {
+            w.barrier = barrier;
+            told += 1;
+        }
+        if let (Err(why), 1..) = (&last, told) {
+            crate::warn_limited!(reason = %why, resumes = told, "MCP resumes refused: no read barrier");
+        }
+        if self.asked == Some(token) {
+            self.asked = None;
+            let next = Barrier::Asked(self.next_barrier);
+            if self.catchup.iter().any(|w| w.barrier == next) {
+                self.barrier_token(shard, handle);
+            }
+        }
+    }
+}
+
+/// An [`Inbound::LastSeq`] for the MCP part ([`McpCluster::barrier_known`]), if this core
+/// runs it in cluster mode.
+pub(super) fn barrier_known(
+    mcp: &mut Option<Box<Mcp>>,
+    cluster: &Option<Box<super::cluster_state::ClusterCore>>,
+    answer: Inbound,
+) {
+    let Inbound::LastSeq { token, last, .. } = answer else {
+        return;
+    };
+    let (Some(m), Some(cc)) = (mcp.as_deref_mut(), cluster.as_deref()) else {
+        return;
+    };
+    let shard = m.shard;
+    if let Some(mc) = m.cluster.as_mut() {
+        mc.barrier_known(token, last, (shard, &cc.handle));
     }
 }
 
@@ -384,9 +496,20 @@ impl Mcp {
         let Some(id) = parse_id(last_event_id) else {
             return false;
         };
-        if self.applied(id, cx.hub) {
-            return false;
+        let mc = self.mcp_cluster();
+        if let Some(i) = mc.passed.iter().position(|&c| c == conn) {
+            mc.passed.swap_remove(i);
+            return false; // held before, and due now
         }
+        let barrier = match self.replay_only(id, cx.hub) {
+            false if self.applied(id, cx.hub) => return false,
+            false => Barrier::Unneeded,
+            true => {
+                let handle = &cx.cluster.as_deref().expect("cluster mode").handle;
+                let shard = self.shard;
+                Barrier::Asked(self.mcp_cluster().barrier_token(shard, handle))
+            }
+        };
         let wait = Duration::from_millis(cx.cfg.cluster.cluster_catchup_wait_ms);
         let c = CatchUp {
             conn,
@@ -396,10 +519,60 @@ impl Mcp {
             close,
             subject: subject.map(str::to_owned),
             deadline: cx.now + wait,
+            barrier,
         };
         cx.metrics.cluster_catchup_waits_total.fetch_add(1, Relaxed);
         self.mcp_cluster().catchup.push(c);
         true
+    }
+
+    /// Whether a resume from `id` would be replay-only here (the MCP core ends its stream at
+    /// this node's tail): its stream is of a session another process minted, or not known
+    /// here yet. Not for an ID of another epoch (the MCP core answers it at once).
+    fn replay_only(&self, id: EventId, hub: &Hub) -> bool {
+        let log = hub.log(self.shard);
+        let minted = &self.cluster.as_ref().expect("cluster mode").minted;
+        let name = log.stream_name(id.stream).and_then(parse_stream_name);
+        id.epoch == log.epoch() && name.is_none_or(|(sid, _)| !sid.starts_with(minted.as_str()))
+    }
+
+    /// Takes the held resumes now due: those to carry out (not held again when they come
+    /// back through [`Mcp::cluster_hold`]) and those to refuse; the rest wait.
+    pub(super) fn due_catchups(
+        &mut self,
+        deadlines: bool,
+        cx: &McpCx<'_>,
+    ) -> (Vec<CatchUp>, Vec<CatchUp>) {
+        let Some(mc) = self.cluster.as_ref() else {
+            return (Vec::new(), Vec::new());
+        };
+        if mc.catchup.is_empty() {
+            return (Vec::new(), Vec::new());
+        }
+        let cc = cx.cluster.as_deref().expect("cluster mode");
+        let shard_applied = *cc
+            .applied
+            .get(&self.shard)
+            .expect("the MCP shard is this core's");
+        let waiters = std::mem::take(&mut self.mcp_cluster().catchup);
+        let (mut serve, mut refuse, mut keep) = (Vec::new(), Vec::new(), Vec::new());
+        for w in waiters {
+            let expired = deadlines && cx.now >= w.deadline;
+            match due(
+                self.applied(w.id, cx.hub),
+                w.barrier,
+                shard_applied,
+                expired,
+            ) {
+                Due::Serve => serve.push(w),
+                Due::Refuse => refuse.push(w),
+                Due::Wait => keep.push(w),
+            }
+        }
+        let mc = self.mcp_cluster();
+        mc.catchup = keep;
+        mc.passed = serve.iter().map(|w| w.conn).collect();
+        (serve, refuse)
     }
 
     /// Whether the MCP log holds `id` (or `id` is not of its epoch: the MCP core answers),
@@ -439,7 +612,90 @@ fn parse_id(v: Option<&[u8]>) -> Option<EventId> {
 
 #[cfg(test)]
 mod tests {
-    use super::{Order, Queued, RecordLimit};
+    use std::time::Instant;
+
+    use super::{Barrier, CatchUp, Due, McpCluster, Order, Queued, RecordLimit, due};
+
+    /// Every held resume's case: served only once its `Last-Event-ID` is applied and, for a
+    /// replay-only one, the shard's applied count has reached JetStream's last sequence as it
+    /// was when the resume arrived (never before: a short replay); refused when the barrier
+    /// failed or the deadline passed; else it waits.
+    #[test]
+    fn a_replay_only_resume_is_served_only_past_its_read_barrier() {
+        let barriers = [
+            Barrier::Unneeded,
+            Barrier::Asked(0),
+            Barrier::At(5),
+            Barrier::Failed,
+        ];
+        for id_applied in [false, true] {
+            for barrier in barriers {
+                for shard_applied in [0, 4, 5, 6] {
+                    for expired in [false, true] {
+                        let met = match barrier {
+                            Barrier::Unneeded => true,
+                            Barrier::At(last) => shard_applied >= last,
+                            Barrier::Asked(_) | Barrier::Failed => false,
+                        };
+                        let want = if id_applied && met {
+                            Due::Serve
+                        } else if expired || barrier == Barrier::Failed {
+                            Due::Refuse
+                        } else {
+                            Due::Wait
+                        };
+                        let case = (id_applied, barrier, shard_applied, expired);
+                        assert_eq!(
+                            due(id_applied, barrier, shard_applied, expired),
+                            want,
+                            "{case:?}"
+                        );
+                    }
+                }
+            }
+        }
+        // The bug this prevents: the node holds the ID (1..40 of 42 applied) but not the
+        // rest JetStream held: the resume waits instead of ending the stream at 40.
+        assert_eq!(due(true, Barrier::At(42), 40, false), Due::Wait);
+        assert_eq!(due(true, Barrier::At(42), 40, true), Due::Refuse);
+        assert_eq!(due(true, Barrier::At(42), 42, false), Due::Serve);
+    }
+
+    #[test]
+    fn one_barrier_request_at_a_time_and_each_answer_reaches_its_resumes() {
+        let held = |token| CatchUp {
+            conn: (1, token as u32),
+            id: log_store::EventId {
+                epoch: log_store::Epoch(1),
+                stream: log_store::StreamId(0),
+                seq: 1,
+            },
+            head: Vec::new(),
+            body: Vec::new(),
+            close: false,
+            subject: None,
+            deadline: Instant::now(),
+            barrier: Barrier::Asked(token),
+        };
+        let (handle, _inbox) = cluster::Cluster::detached();
+        let mut mc = McpCluster::new("00000000".into());
+        // One request in flight: resumes arriving meanwhile wait for the next one.
+        assert_eq!(mc.barrier_token(0, &handle), 0);
+        assert_eq!(mc.barrier_token(0, &handle), 1);
+        assert_eq!(mc.barrier_token(0, &handle), 1);
+        mc.catchup.extend([held(0), held(1), held(1)]);
+        mc.barrier_known(7, Ok(3), (0, &handle)); // no resume waits for it: nothing changes
+        mc.barrier_known(0, Ok(42), (0, &handle));
+        assert_eq!(
+            mc.asked,
+            Some(1),
+            "the next one is asked for the two waiting"
+        );
+        mc.barrier_known(1, Err("NATS down".into()), (0, &handle));
+        let got: Vec<Barrier> = mc.catchup.iter().map(|w| w.barrier).collect();
+        assert_eq!(got, [Barrier::At(42), Barrier::Failed, Barrier::Failed]);
+        assert_eq!(mc.asked, None, "none waits: nothing asked");
+    }
 
     fn queued(seq: u64) -> Queued {
         Queued {

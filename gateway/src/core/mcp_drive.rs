@@ -229,37 +229,23 @@ impl Core {
         mcp
     }
 
-    /// Carries out the held resumes that caught up; on `deadlines`, refuses the ones past
-    /// theirs (503 with `Retry-After`).
+    /// Carries out the held resumes now due (`Mcp::due_catchups`); refuses those whose read
+    /// barrier failed and, on `deadlines`, those past theirs (503 with `Retry-After`).
     pub(super) fn mcp_serve_catchups(&mut self, deadlines: bool) {
-        let Some(mc) = self.mcp.as_mut().and_then(|m| m.cluster.as_mut()) else {
+        let Some((m, cx)) = self.mcp_split() else {
             return;
         };
-        let waiters = mc.take_catchups();
-        if waiters.is_empty() {
-            return;
+        let (mut serve, mut refuse) = m.due_catchups(deadlines, &cx);
+        serve.retain(|w| self.conn_at(w.conn).is_some_and(|c| !c.closing));
+        refuse.retain(|w| self.conn_at(w.conn).is_some_and(|c| !c.closing));
+        for w in refuse {
+            self.m()
+                .cluster_catchup_timeouts_total
+                .fetch_add(1, Relaxed);
+            self.refuse_catchup(w.conn.0);
         }
-        let mut keep = Vec::new();
-        for w in waiters {
-            if self.conn_at(w.conn).is_none_or(|c| c.closing) {
-                continue;
-            }
-            let m = self.mcp.as_ref().expect("MCP part");
-            if m.applied(w.id, &self.hub) {
-                let subject = w.subject.as_deref();
-                self.mcp_request(w.conn.0, &w.head, w.body, w.close, subject);
-            } else if deadlines && self.now >= w.deadline {
-                let timeouts = &self.m().cluster_catchup_timeouts_total;
-                timeouts.fetch_add(1, Relaxed);
-                self.refuse_catchup(w.conn.0);
-            } else {
-                keep.push(w);
-            }
+        for w in serve {
+            self.mcp_request(w.conn.0, &w.head, w.body, w.close, w.subject.as_deref());
         }
-        let m = self.mcp.as_mut().expect("MCP part");
-        m.cluster
-            .as_mut()
-            .expect("cluster mode")
-            .keep_catchups(keep);
     }
 }

@@ -7,6 +7,7 @@ use std::time::Instant;
 use clap::Parser as _;
 use log_store::{Log, LogOptions};
 
+use super::cluster_state::ClusterCore;
 use super::mcp::{self, Effect, Mcp, McpCx, McpRequest};
 use crate::config::Config;
 use crate::mcp::core::Action;
@@ -20,6 +21,8 @@ struct Parts {
     cfg: Config,
     metrics: CoreMetrics,
     now: Instant,
+    /// Cluster mode's part (joined to no NATS thread), if the test runs in cluster mode.
+    cluster: Option<ClusterCore>,
 }
 
 impl Parts {
@@ -37,6 +40,7 @@ impl Parts {
             cfg,
             metrics: CoreMetrics::default(),
             now: Instant::now(),
+            cluster: None,
         }
     }
 
@@ -44,7 +48,7 @@ impl Parts {
         McpCx {
             now: self.now,
             hub: &mut self.hub,
-            cluster: None,
+            cluster: self.cluster.as_mut(),
             metrics: &self.metrics,
             cfg: &self.cfg,
             epochs: &[],
@@ -282,4 +286,67 @@ fn every_mcp_metric_family_has_help_and_type() {
     }
     assert!(families >= 14, "{text}");
     assert!(text.contains("gateway_mcp_resumes_total{class=\"ok\"} 0\n"));
+}
+
+/// Cluster mode: a `GET` + `Last-Event-ID` of another node's session (replay only: the MCP
+/// core ends the stream at this node's tail) waits until this node has applied what
+/// JetStream held for the shard when it arrived, not just its `Last-Event-ID`: a node lagging
+/// by two records would otherwise replay 1..40 of 42 and end the response there.
+#[test]
+fn a_replay_only_resume_waits_for_its_read_barrier_or_gets_503() {
+    let mut p = Parts::new();
+    let (handle, inbox) = cluster::Cluster::detached();
+    p.cluster = Some(ClusterCore::new(inbox, handle.clone(), &[]));
+    let ups = mcp::upstreams(&p.cfg, Arc::new(|| {}));
+    let mut m = Mcp::new(&p.cfg, 0, 0, ups, &p.hub, true, p.now);
+    m.cluster.as_mut().unwrap().minted = "ffffffff".into();
+    // Another node's session: 40 records of its stream applied here (JetStream holds 42).
+    let sid = p.hub.log_mut(0).create_stream("mcp/0123abcd/1").unwrap();
+    let append = |p: &mut Parts, n: u64| {
+        for _ in 0..n {
+            p.hub.log_mut(0).append(sid, None, b"{}").unwrap();
+        }
+        *p.cluster.as_mut().unwrap().applied.entry(0).or_default() += n;
+    };
+    append(&mut p, 40);
+    let id = log_store::EventId {
+        epoch: p.hub.log(0).epoch(),
+        stream: sid,
+        seq: 1,
+    };
+    let head = format!(
+        "GET /mcp HTTP/1.1\r\nHost: localhost\r\nAccept: text/event-stream\r\n\
+         Mcp-Session-Id: 0123abcd\r\nLast-Event-ID: {id}\r\n\r\n"
+    );
+    let (a, b) = ((3, 1), (4, 1));
+    assert!(
+        !p.request(&mut m, a, &head),
+        "held though its ID is applied"
+    );
+    let due = |p: &mut Parts, m: &mut Mcp, deadlines| {
+        let (serve, refuse) = m.due_catchups(deadlines, &p.cx());
+        let conns = |v: Vec<super::mcp_cluster::CatchUp>| v.iter().map(|w| w.conn).collect();
+        (conns(serve), conns(refuse))
+    };
+    let none: (Vec<_>, Vec<_>) = (vec![], vec![]);
+    assert_eq!(
+        due(&mut p, &mut m, false),
+        none,
+        "JetStream has not answered"
+    );
+    let to = (0, &handle);
+    m.cluster.as_mut().unwrap().barrier_known(0, Ok(42), to);
+    assert_eq!(
+        due(&mut p, &mut m, false),
+        none,
+        "40 of 42 applied: not served"
+    );
+    append(&mut p, 2);
+    assert_eq!(due(&mut p, &mut m, false), (vec![a], vec![]), "42 applied");
+    assert!(p.request(&mut m, a, &head), "carried out, not held again");
+    // JetStream cannot say (NATS down): 503 at once, never a replay of what is here.
+    assert!(!p.request(&mut m, b, &head), "held");
+    let mc = m.cluster.as_mut().unwrap();
+    mc.barrier_known(1, Err("no stream info".into()), to);
+    assert_eq!(due(&mut p, &mut m, false), (vec![], vec![b]));
 }
