@@ -52,7 +52,7 @@ impl Core {
         keyed: Option<Keyed>,
     ) {
         if let Err((status, code, msg)) = publish::check_events(&events) {
-            return self.error(slot, status, code, &msg, close);
+            return self.net.error(slot, status, code, &msg, close);
         }
         if let Some(p) = self
             .idem
@@ -60,12 +60,15 @@ impl Core {
         {
             return self.queue_published(slot, p, close);
         }
-        let (shard, who) = (self.hub.shard_of(stream), (access, self.conn(slot).peer));
+        let (shard, who) = (
+            self.hub.shard_of(stream),
+            (access, self.net.conn(slot).peer),
+        );
         let checked = check_cluster_publish(self, stream, shard, &events, who);
         if let Err((status, code, msg)) = checked {
-            return self.error(slot, status, code, &msg, close);
+            return self.net.error(slot, status, code, &msg, close);
         }
-        let conn = (slot, self.io.generation(slot));
+        let conn = (slot, self.net.io.generation(slot));
         let cc = self.cluster.as_mut().expect("cluster mode");
         let n = events.len();
         let first = cc.publish_events(shard, stream, events, keyed.as_ref(), batch);
@@ -85,7 +88,7 @@ impl Core {
         if !self.waiting.contains(&conn) {
             self.waiting.push(conn);
         }
-        if let State::Http(h) = &mut self.conn(slot).state {
+        if let State::Http(h) = &mut self.net.conn(slot).state {
             h.answer(Vec::new(), Some(ticket_wait(shard, first)), close);
         }
     }
@@ -254,14 +257,14 @@ impl Core {
             let b = publish::refused_answer(503, "publish_unconfirmed", &msg, &ids, p.close);
             (b, None)
         };
-        let Some(c) = self.conn_at(p.conn).filter(|c| !c.closing) else {
+        let Some(c) = self.net.conn_at(p.conn).filter(|c| !c.closing) else {
             return;
         };
         if let State::Http(h) = &mut c.state {
             h.replace_wait(ticket_wait(p.shard, p.first), bytes, wait);
         }
         // A ready answer (the 503) goes now; one that waits is released by `complete_waits`.
-        self.flush(p.conn.0);
+        self.net.flush(p.conn.0);
     }
 }
 
@@ -386,7 +389,7 @@ impl Core {
         }
         let wait = Duration::from_millis(self.shared.cfg.cluster.cluster_catchup_wait_ms);
         let c = CatchUp {
-            conn: (slot, self.io.generation(slot)),
+            conn: (slot, self.net.io.generation(slot)),
             stream: stream.to_owned(),
             q: q.clone(),
             headers: headers.to_owned(),
@@ -431,7 +434,7 @@ impl Core {
         let waiters = std::mem::take(&mut cc.catchup);
         let mut keep = Vec::new();
         for w in waiters {
-            if self.conn_at(w.conn).is_none_or(|c| c.closing) {
+            if self.net.conn_at(w.conn).is_none_or(|c| c.closing) {
                 continue;
             }
             let slot = w.conn.0;
@@ -458,6 +461,6 @@ impl Core {
         });
         let b = http::json_response(503, &body, true);
         let b = crate::proto::access::with_headers(b, "Retry-After: 1\r\n");
-        self.respond(slot, b, true);
+        self.net.respond(slot, b, true);
     }
 }

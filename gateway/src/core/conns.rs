@@ -1,7 +1,8 @@
-//! The connections part of a core: the table of connections by slot (a slot is the io_uring
-//! driver's; the driver's generation tells a slot's incarnations apart), each with its socket,
-//! what it is doing (an HTTP connection machine or a subscriber) and its TLS. It owns them and
-//! nothing else: decisions come from `proto` and `streams`, submissions go through the driver.
+//! The connection table of a core's connections part (`core::net::Net`): connections by slot
+//! (a slot is the io_uring driver's; the driver's generation tells a slot's incarnations
+//! apart), each with its socket, what it is doing (an HTTP connection machine or a subscriber)
+//! and its transport. It holds them and nothing else: decisions come from `proto` and
+//! `streams`, submissions go through the driver.
 
 use std::net::IpAddr;
 use std::os::fd::OwnedFd;
@@ -10,7 +11,7 @@ use crate::proto::conn::HttpConn;
 use crate::streams::hub::SubRef;
 use crate::streams::sub::Sub;
 
-use super::tls;
+use super::net::transport::Transport;
 
 /// What a connection is doing.
 #[derive(Debug)]
@@ -28,8 +29,8 @@ pub(super) struct Conn {
     pub(super) state: State,
     /// The peer's address, counted in `Shared::per_ip` until the connection closes.
     pub(super) peer: Option<IpAddr>,
-    /// TLS on this connection (`--tls-cert-file`).
-    pub(super) tls: Option<Box<tls::Tls>>,
+    /// Plaintext or TLS (`--tls-cert-file`), chosen once.
+    pub(super) transport: Transport,
     /// A subscription's access-log record, written when it ends.
     pub(super) record: Option<Box<crate::proto::request_log::Record>>,
     /// A subscriber: when its stream's visible tail last moved with none of it sent yet

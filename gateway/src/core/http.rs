@@ -2,10 +2,9 @@
 //! answers), carries out API requests (health, metrics, publish, subscribe) through the
 //! streams layer, and releases answers once their publish is durable.
 
-use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::Ordering::Relaxed;
 
-use super::{Core, Handoff, PIPELINED_PER_CALL_MAX, State};
+use super::{Core, PIPELINED_PER_CALL_MAX, State, Then};
 use crate::proto::access;
 use crate::proto::conn::{Kind, Request, Step, Target};
 use crate::proto::http;
@@ -15,7 +14,6 @@ use crate::streams::idempotency::Keyed;
 use crate::streams::publish::{self, Event};
 use crate::streams::resume::{self, Ask, Start};
 use crate::streams::sub::{PENDING_STREAM, Sub};
-use crate::sys;
 
 /// A request's connection and who sent it (the gate's verdict).
 pub(super) type Caller<'a> = (u32, &'a auth::Access);
@@ -37,30 +35,18 @@ impl Core {
             };
             match step {
                 Step::Wait => {
-                    self.note_starved(slot);
+                    self.net.note_starved(slot);
                     break;
                 }
-                Step::Recv { buf, from } => {
-                    if self.conn(slot).tls.is_some() {
-                        if self.tls_want_plain(slot, buf, from) {
-                            continue; // decrypted plaintext was waiting
-                        }
+                Step::Recv { buf, from } => match self.net.want_plain(slot, buf, from) {
+                    Then::Drive => continue, // decrypted plaintext was waiting
+                    then => {
+                        self.then(slot, then);
                         break;
                     }
-                    let fd = self.conn(slot).fd.as_raw_fd();
-                    self.io.recv(slot, fd, buf, from);
-                    break;
-                }
+                },
                 Step::HandOff { owner, bytes } => {
-                    if let Some(t) = self.conn(slot).tls.as_mut()
-                        && t.s.sending()
-                    {
-                        // The session's own bytes (its last handshake flight, tickets) are
-                        // going out: move the connection once the kernel has them.
-                        t.handoff = Some((owner, bytes));
-                        return;
-                    }
-                    return self.hand_off(slot, owner, bytes);
+                    return self.net.hand_off_when_sent(slot, owner, bytes);
                 }
                 Step::Request(r) => {
                     if !self.carry_out(slot, r) {
@@ -69,7 +55,7 @@ impl Core {
                 }
             }
         }
-        self.flush(slot);
+        self.net.flush(slot);
     }
 
     /// The connection machine's next step (`None`: the connection is not in HTTP or closing).
@@ -84,32 +70,15 @@ impl Core {
             (owner != id).then_some(owner)
         };
         let (now, lim) = (self.now, &self.lim.conn);
-        let Some(super::Conn {
+        let Some(super::conns::Conn {
             state: State::Http(h),
             closing: false,
             ..
-        }) = self.conns.get(slot)
+        }) = self.net.conns.get(slot)
         else {
             return None;
         };
         Some(h.poll(now, lim, &remote, &mut self.gate))
-    }
-
-    /// A connection waiting because the body budget is spent is retried once some is given
-    /// back (`--request-buffer-bytes-max`).
-    fn note_starved(&mut self, slot: u32) {
-        if let Some(super::Conn {
-            state: State::Http(h),
-            ..
-        }) = self.conns.get(slot)
-            && h.starved()
-        {
-            let r = (slot, self.io.generation(slot));
-            self.deferred_recvs.push(r);
-            if !self.retrying {
-                self.m().request_buffer_waits_total.fetch_add(1, Relaxed);
-            }
-        }
     }
 
     /// Carries out one request; false if the connection left HTTP (a subscriber, an MCP
@@ -147,7 +116,7 @@ impl Core {
         match route {
             Route::Healthz => {
                 let b = http::json_response(200, &serde_json::json!({"status": "ok"}), close);
-                self.answer(slot, b, close);
+                self.net.answer(slot, b, close);
             }
             Route::Delete { stream } => self.delete_stream(slot, &stream, close),
             Route::Preflight => unreachable!("preflights are answered by the connection machine"),
@@ -160,79 +129,15 @@ impl Core {
         true
     }
 
-    /// Queues an answer that is ready now (behind any earlier ones).
-    pub(super) fn answer(&mut self, slot: u32, bytes: Vec<u8>, close: bool) {
-        if let State::Http(h) = &mut self.conn(slot).state {
-            h.answer(bytes, None, close);
+    /// Retries the receives starved by the body budget (oldest first), once some budget was
+    /// given back since they starved.
+    pub(super) fn retry_deferred_recvs(&mut self) {
+        for r in self.net.deferred_due() {
+            if self.net.conn_at(r).is_some_and(|c| !c.closing) {
+                self.drive_http(r.0);
+            }
         }
-    }
-
-    /// Queues an answer and sends what is ready.
-    pub(super) fn respond(&mut self, slot: u32, bytes: Vec<u8>, close: bool) {
-        self.answer(slot, bytes, close);
-        self.flush(slot);
-    }
-
-    pub(super) fn error(&mut self, slot: u32, status: u16, code: &str, msg: &str, close: bool) {
-        self.answer(slot, http::error_response(status, code, msg, close), close);
-    }
-
-    /// Sends what the machine has ready, unless a send is in flight.
-    pub(super) fn flush(&mut self, slot: u32) {
-        let c = self.conn(slot);
-        let fd = c.fd.as_raw_fd();
-        if c.closing {
-            return;
-        }
-        if c.tls.is_some() {
-            self.tls_flush(slot);
-        } else if let State::Http(h) = &mut c.state
-            && let Some((buf, from)) = h.poll_transmit()
-        {
-            self.io.send(slot, fd, buf, from);
-        }
-        super::requests::answered(&self.shared, self.id, self.now, self.conns.live(slot));
-    }
-
-    pub(super) fn on_http_sent(&mut self, slot: u32, res: i32, buf: Vec<u8>) {
-        if res < 0 {
-            return self.close_conn(slot);
-        }
-        let (now, shutting_down) = (self.now, self.shutting_down.is_some());
-        let State::Http(h) = &mut self.conn(slot).state else {
-            unreachable!("a buffer send belongs to an HTTP connection");
-        };
-        h.on_sent(buf, res as usize, now);
-        if h.done(shutting_down) {
-            return self.close_conn(slot);
-        }
-        // The rest of a partial send, the next answers, and pipelined requests.
-        self.drive_http(slot);
-    }
-
-    /// Moves the connection to core `owner` with the bytes it received.
-    pub(super) fn hand_off(&mut self, slot: u32, owner: usize, bytes: Vec<u8>) {
-        assert!(
-            !self.io.owning_in_flight(slot),
-            "a handed-off connection has no operation in flight"
-        );
-        let conn = self.conns.take(slot);
-        self.io.close_slot(slot);
-        self.m().connections.fetch_sub(1, Relaxed);
-        self.m().handoffs_out_total.fetch_add(1, Relaxed);
-        let h = Handoff {
-            fd: conn.fd,
-            bytes,
-            peer: conn.peer,
-            tls: conn.tls.map(|t| t.into_session()),
-        };
-        if let Err(e) = self.shared.handoff_tx[owner].send(h) {
-            // The owner is gone (shutting down): the fd is dropped, which closes it.
-            self.shared.connections.fetch_sub(1, Relaxed);
-            self.release_peer(e.0.peer);
-            return;
-        }
-        sys::eventfd_wake(self.shared.eventfds[owner].as_fd());
+        self.net.retried();
     }
 
     /// Releases answers whose publish became visible (durable), then sends what is ready.
@@ -242,10 +147,10 @@ impl Core {
         }
         for r in std::mem::take(&mut self.waiting) {
             let hub = &self.hub;
-            let Some(c) = self.conns.get(r.0) else {
+            let Some(c) = self.net.conns.get(r.0) else {
                 continue;
             };
-            if c.closing || self.io.generation(r.0) != r.1 {
+            if c.closing || self.net.io.generation(r.0) != r.1 {
                 continue;
             }
             let State::Http(h) = &mut c.state else {
@@ -254,7 +159,7 @@ impl Core {
             if h.release_waits(|w| hub.visible(w)) {
                 self.waiting.push(r);
             }
-            self.flush(r.0);
+            self.net.flush(r.0);
         }
     }
 
@@ -262,7 +167,7 @@ impl Core {
     /// become explicit errors — the events may be lost, so no 201 may claim them.
     pub(super) fn fail_waits(&mut self, shard: u32) {
         for r in self.waiting.clone() {
-            let Some(c) = self.conn_at(r).filter(|c| !c.closing) else {
+            let Some(c) = self.net.conn_at(r).filter(|c| !c.closing) else {
                 continue;
             };
             if let State::Http(h) = &mut c.state {
@@ -271,7 +176,7 @@ impl Core {
                     |close| http::error_response(500, "log_failed", LOG_FAILED, close),
                 );
             }
-            self.flush(r.0);
+            self.net.flush(r.0);
         }
     }
 
@@ -292,7 +197,7 @@ impl Core {
             }
             Err(e) => {
                 let (status, code, msg) = e.status();
-                self.error(from.0, status, code, &msg, close);
+                self.net.error(from.0, status, code, &msg, close);
             }
         }
     }
@@ -313,7 +218,7 @@ impl Core {
         }
         let slot = from.0;
         if let Err((status, code, msg)) = publish::check_events(&events) {
-            return self.error(slot, status, code, &msg, close);
+            return self.net.error(slot, status, code, &msg, close);
         }
         if let Some(p) = self
             .idem
@@ -324,7 +229,7 @@ impl Core {
         let key = self.hub.stream_key(stream);
         let (shard, sid) = key.unwrap_or((self.hub.shard_of(stream), PENDING_STREAM));
         if let Err((status, code, msg)) = publish::check_framed(self.hub.log(shard), sid, &events) {
-            return self.error(slot, status, code, &msg, close);
+            return self.net.error(slot, status, code, &msg, close);
         }
         let Some(key) = self.open_stream(from, stream, close) else {
             return;
@@ -341,11 +246,11 @@ impl Core {
 
     /// Queues a publish's answer, held while its wait is not visible.
     pub(super) fn queue_published(&mut self, slot: u32, p: publish::Published, close: bool) {
-        let generation = self.io.generation(slot);
+        let generation = self.net.io.generation(slot);
         if p.wait.is_some() && !self.waiting.contains(&(slot, generation)) {
             self.waiting.push((slot, generation));
         }
-        if let State::Http(h) = &mut self.conn(slot).state {
+        if let State::Http(h) = &mut self.net.conn(slot).state {
             h.answer(p.answer, p.wait, close);
         }
     }
@@ -377,7 +282,11 @@ impl Core {
             now: self.now,
         };
         let (start, class) = resume::start(self.hub.log(key.0), &mut self.parked, &ask);
-        super::requests::resumed(&self.shared.metrics[self.id], self.conns.live(slot), class);
+        super::requests::resumed(
+            &self.shared.metrics[self.id],
+            self.net.conns.live(slot),
+            class,
+        );
         self.m()
             .parked_windows
             .store(self.parked.count() as u64, Relaxed);
@@ -394,7 +303,7 @@ impl Core {
                 }
                 self.become_subscriber(slot, key, cursor, preamble, aligned, setup)
             }
-            Start::Refuse(answer) => self.respond(slot, answer, true),
+            Start::Refuse(answer) => self.net.respond(slot, answer, true),
         }
     }
 }

@@ -33,11 +33,12 @@ impl Core {
         }
         let (sh, who) = (
             &self.shared,
-            Subject::of(access, self.conns.live(slot).peer),
+            Subject::of(access, self.net.conns.live(slot).peer),
         );
         if let Err(e) = subjects::reserve(&sh.quota, &sh.subjects, &who, stream) {
             e.counter(self.m()).fetch_add(1, Relaxed);
-            self.error(slot, e.status().0, e.status().1, &e.to_string(), close);
+            self.net
+                .error(slot, e.status().0, e.status().1, &e.to_string(), close);
             return None;
         }
         match self.hub.open_stream(stream) {
@@ -48,7 +49,7 @@ impl Core {
             Err(e) => {
                 subjects::release(&self.shared.quota, &self.shared.subjects, stream);
                 let (status, code) = publish::append_status(&e);
-                self.error(slot, status, code, &e.to_string(), close);
+                self.net.error(slot, status, code, &e.to_string(), close);
                 None
             }
         }
@@ -67,7 +68,7 @@ impl Core {
         setup: impl FnOnce(&mut Sub),
     ) {
         let key = (self.hub.shard_of(stream), PENDING_STREAM);
-        let r = (slot, self.io.generation(slot));
+        let r = (slot, self.net.io.generation(slot));
         self.hub.unborn_mut().wait(stream, r);
         self.become_subscriber(slot, key, cursor, preamble, None, setup);
     }
@@ -80,8 +81,8 @@ impl Core {
     /// The stream `name` was just created as `key`: its waiting subscribers move to it.
     pub(super) fn adopt_unborn(&mut self, name: &str, key: StreamKey) {
         for r in self.hub.adopt_unborn(name, key) {
-            let c = self.conn_at(r).filter(|c| !c.closing);
-            if let Some(super::Conn {
+            let c = self.net.conn_at(r).filter(|c| !c.closing);
+            if let Some(super::conns::Conn {
                 state: State::Sub(sub),
                 ..
             }) = c
@@ -98,10 +99,12 @@ impl Core {
         if self.cluster.is_some() {
             let msg = "streams cannot be deleted in cluster mode (every node would have to \
                        remove it at the same point of the replicated log)";
-            return self.error(slot, 501, "not_in_cluster_mode", msg, close);
+            return self.net.error(slot, 501, "not_in_cluster_mode", msg, close);
         }
         let Some(key) = self.hub.stream_key(stream) else {
-            return self.error(slot, 404, "unknown_stream", "no stream of that name", close);
+            return self
+                .net
+                .error(slot, 404, "unknown_stream", "no stream of that name", close);
         };
         match self.remove_stream(key) {
             Ok(removed) => {
@@ -111,13 +114,13 @@ impl Core {
                     stream: key.1.0,
                     seq: u64::MAX,
                 });
-                let generation = self.io.generation(slot);
+                let generation = self.net.io.generation(slot);
                 if wait.is_some() && !self.waiting.contains(&(slot, generation)) {
                     self.waiting.push((slot, generation));
                 }
                 let body = serde_json::json!({"stream": stream, "deleted": true});
                 let answer = http::json_response(200, &body, close);
-                if let State::Http(h) = &mut self.conn(slot).state {
+                if let State::Http(h) = &mut self.net.conn(slot).state {
                     h.answer(answer, wait, close);
                 }
             }
@@ -127,7 +130,7 @@ impl Core {
                     RemoveError::Poisoned => (500, "log_failed"),
                     _ => (500, "remove_failed"),
                 };
-                self.error(slot, status, code, &e.to_string(), close);
+                self.net.error(slot, status, code, &e.to_string(), close);
             }
         }
     }
@@ -136,7 +139,7 @@ impl Core {
     fn remove_stream(&mut self, key: StreamKey) -> Result<log_store::Removed, RemoveError> {
         let subs: Vec<_> = self.hub.subscribers(key).to_vec();
         for r in subs {
-            if self.conn_at(r).is_some_and(|c| !c.closing) {
+            if self.net.conn_at(r).is_some_and(|c| !c.closing) {
                 self.close_conn(r.0);
             }
         }

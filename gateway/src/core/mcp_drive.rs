@@ -68,12 +68,12 @@ impl Core {
         close: bool,
         subject: Option<&str>,
     ) {
-        let conn = (slot, self.io.generation(slot));
+        let conn = (slot, self.net.io.generation(slot));
         let header_count_max = self.lim.conn.head.header_count_max;
         let Some((m, mut cx)) = self.mcp_split() else {
             let msg = "the MCP front is not running on this core";
             let b = crate::proto::http::error_response(503, "mcp_unavailable", msg, true);
-            return self.respond(slot, b, true);
+            return self.net.respond(slot, b, true);
         };
         let req = McpRequest {
             conn,
@@ -115,17 +115,17 @@ impl Core {
         for e in effects {
             match e {
                 Effect::Respond { conn, bytes, close } => {
-                    if self.conn_at(conn).is_some_and(|c| !c.closing) {
-                        self.respond(conn.0, bytes, close);
+                    if self.net.conn_at(conn).is_some_and(|c| !c.closing) {
+                        self.net.respond(conn.0, bytes, close);
                     }
                 }
                 Effect::Close(conn) => {
-                    if self.conn_at(conn).is_some_and(|c| !c.closing) {
+                    if self.net.conn_at(conn).is_some_and(|c| !c.closing) {
                         self.close_conn(conn.0);
                     }
                 }
                 Effect::EndAfter { conn, last_seq } => {
-                    if let Some(c) = self.conn_at(conn)
+                    if let Some(c) = self.net.conn_at(conn)
                         && let State::Sub(sub) = &mut c.state
                     {
                         sub.end_after(last_seq);
@@ -151,7 +151,7 @@ impl Core {
         else {
             unreachable!("called with Subscribe only");
         };
-        if self.conn_at(conn).is_none_or(|c| c.closing) {
+        if self.net.conn_at(conn).is_none_or(|c| c.closing) {
             let now = self.now;
             return self.mcp.as_mut().expect("MCP part").conn_gone(now, cid);
         }
@@ -236,8 +236,8 @@ impl Core {
             return;
         };
         let (mut serve, mut refuse) = m.due_catchups(deadlines, &cx);
-        serve.retain(|w| self.conn_at(w.conn).is_some_and(|c| !c.closing));
-        refuse.retain(|w| self.conn_at(w.conn).is_some_and(|c| !c.closing));
+        serve.retain(|w| self.net.conn_at(w.conn).is_some_and(|c| !c.closing));
+        refuse.retain(|w| self.net.conn_at(w.conn).is_some_and(|c| !c.closing));
         for w in refuse {
             self.m()
                 .cluster_catchup_timeouts_total

@@ -7,7 +7,6 @@
 //! machine (`proto::conn`), stream decisions from `streams`, every submission goes through
 //! `uring`.
 
-mod bounds;
 mod close;
 mod cluster;
 mod cluster_state;
@@ -24,10 +23,10 @@ mod mcp_drive;
 mod mcp_metrics;
 #[cfg(test)]
 mod mcp_tests;
+mod net;
 mod requests;
 mod subs;
 mod tick;
-mod tls;
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -52,7 +51,8 @@ use crate::streams::sub::SubLimits;
 use crate::streams::subjects::SubjectQuota;
 use crate::sys;
 use crate::uring::{Cqe, Driver};
-use conns::{Conn, Conns, State};
+use conns::State;
+use net::{Net, Then};
 
 /// The tick: timers, `SIOCOUTQ` confirmation, keep-alives.
 const TICK: Duration = Duration::from_millis(100);
@@ -148,13 +148,11 @@ struct Limits {
 struct Core {
     id: usize,
     shared: Arc<Shared>,
-    io: Driver,
-    listener: Option<OwnedFd>,
+    /// The connections, the listener and the driver their bytes go through.
+    net: Net,
     /// This core's eventfd (owned by `shared`).
     efd: RawFd,
     rx: Receiver<Handoff>,
-    /// Connections by slot.
-    conns: Conns,
     hub: Hub,
     parked: ParkedWindows,
     /// The `Idempotency-Key`s of this core's streams' publishes.
@@ -170,21 +168,12 @@ struct Core {
     next_retention: Instant,
     shutting_down: Option<Instant>,
     lim: Limits,
-    /// The multishot accept ended on an error; re-armed by the next tick.
-    accept_paused: bool,
     /// The MCP front, on the core that owns the MCP shard when it is on.
     mcp: Option<Box<mcp::Mcp>>,
     /// The core that owns the MCP shard (requests on the MCP path are handed to it).
     mcp_core: usize,
     /// CORS and authentication (with this core's token cache).
     gate: Gate,
-    /// Receives not armed because `--request-buffer-bytes-max` was reached: retried at the
-    /// tick and whenever buffer bytes are released.
-    deferred_recvs: Vec<(u32, u32)>,
-    /// `BodyBudget::gives` when the deferred receives were last retried.
-    deferred_gives: u64,
-    /// Retrying deferred receives (a re-deferral is not counted again).
-    retrying: bool,
     /// Cluster mode (`--nats-url`).
     cluster: Option<Box<cluster_state::ClusterCore>>,
 }
@@ -252,18 +241,18 @@ pub fn run_core(setup: CoreSetup, shared: Arc<Shared>, ready: impl FnOnce(Result
         ))),
         _ => None,
     };
+    let lim = limits(&shared.cfg);
+    let net = Net::new(io, setup.listener, shared.clone(), setup.id, lim.sub, now);
     let mut core = Core {
         cluster: clustered,
         id: setup.id,
-        lim: limits(&shared.cfg),
+        lim,
+        net,
         hub: Hub::new(setup.logs, shared.shards),
         idem: idempotency_keys(&shared),
         shared,
-        io,
-        listener: setup.listener,
         efd: shared_efd,
         rx: setup.rx,
-        conns: Conns::default(),
         parked: ParkedWindows::default(),
         waiting: Vec::new(),
         to_pump: Vec::new(),
@@ -272,19 +261,13 @@ pub fn run_core(setup: CoreSetup, shared: Arc<Shared>, ready: impl FnOnce(Result
         next_tick: now + TICK,
         next_retention: now,
         shutting_down: None,
-        accept_paused: false,
         mcp: None,
         mcp_core: 0,
         gate,
-        deferred_recvs: Vec::new(),
-        deferred_gives: 0,
-        retrying: false,
     };
     core.mcp_core = core.mcp_owner_core();
-    if let Some(l) = &core.listener {
-        core.io.accept(l.as_raw_fd());
-    }
-    core.io.read_eventfd(core.efd);
+    core.net.arm_accept();
+    core.net.io.read_eventfd(core.efd);
     core.mcp_setup();
     ready(Ok(()));
     core.run();
@@ -305,13 +288,14 @@ impl Core {
     fn run(&mut self) {
         let mut cqes: Vec<Cqe> = Vec::with_capacity(4096);
         loop {
-            self.io.submit_and_wait(self.wait_duration());
+            self.net.io.submit_and_wait(self.wait_duration());
             self.now = Instant::now();
+            self.net.now = self.now;
             self.gate.now_unix_secs = unix_secs();
             cqes.clear();
-            self.io.reap(&mut cqes);
+            self.net.io.reap(&mut cqes);
             for &cqe in &cqes {
-                if let Some(c) = self.io.complete(cqe) {
+                if let Some(c) = self.net.io.complete(cqe) {
                     self.dispatch(c);
                 }
             }
@@ -335,7 +319,7 @@ impl Core {
     }
 
     fn live_connections(&self) -> usize {
-        self.conns.len()
+        self.net.conns.len()
     }
 
     fn wait_duration(&self) -> Duration {
@@ -356,13 +340,14 @@ impl Core {
             .max(Duration::from_micros(50))
     }
 
-    /// The live connection on `slot` if it is still generation `generation`.
-    fn conn_at(&mut self, (slot, generation): SubRef) -> Option<&mut Conn> {
-        self.conns.at((slot, generation), self.io.generation(slot))
-    }
-
-    fn conn(&mut self, slot: u32) -> &mut Conn {
-        self.conns.live(slot)
+    /// What the core does next with a connection `Net` moved bytes for.
+    fn then(&mut self, slot: u32, then: Then) {
+        match then {
+            Then::Wait => {}
+            Then::Close => self.close_conn(slot),
+            Then::Drive => self.drive_http(slot),
+            Then::Pump => self.pump(slot),
+        }
     }
 
     /// Answers that became durable (or whose group commit failed), the subscribers of the
@@ -378,7 +363,7 @@ impl Core {
             self.wake(&touched);
         }
         for (shard, fd) in self.hub.start_syncs(self.now) {
-            self.io.fsync(shard, fd);
+            self.net.io.fsync(shard, fd);
         }
         // Receives deferred by --request-buffer-bytes-max, now that this turn's requests and
         // closes may have released bytes (a deferral re-queues itself: no loop).
@@ -393,7 +378,7 @@ impl Core {
             to_pump.extend_from_slice(self.hub.subscribers(key));
         }
         for &r in &to_pump {
-            if requests::woken(self.conn_at(r), now) {
+            if requests::woken(self.net.conn_at(r), now) {
                 self.pump(r.0);
             }
         }

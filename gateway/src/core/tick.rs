@@ -2,11 +2,12 @@
 //! deadlines, subscribers' `SIOCOUTQ` confirmation and keep-alives, parked-window expiry,
 //! retention, the metrics snapshot; and shutdown.
 
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::AsFd;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant, SystemTime};
 
 use super::counts::count_confirmed;
+use super::net::transport::outq_plain;
 use super::{Core, State};
 use crate::metrics::CoreMetrics;
 use crate::proto::conn::Deadline;
@@ -33,25 +34,19 @@ fn count_deadline(m: &CoreMetrics, d: Deadline) -> Deadline {
 impl Core {
     pub(super) fn tick(&mut self) {
         let now = self.now;
-        if self.accept_paused
-            && self.shutting_down.is_none()
-            && let Some(l) = &self.listener
-        {
-            self.accept_paused = false;
-            self.io.accept(l.as_raw_fd());
-        }
+        self.net.rearm_paused_accept();
         let (to_close, to_flush, to_pump, g) = self.tick_connections(now);
         let m = &self.shared.metrics[self.id];
         crate::metrics::bump_own(&m.ticks, 1);
         m.inflight_bytes.store(g.inflight_bytes, Relaxed);
         m.answer_bytes_queued.store(g.answers, Relaxed);
         m.lag_events_max.store(g.lag_max, Relaxed);
-        let u = self.io.unmatched();
+        let u = self.net.io.unmatched();
         m.unmatched_completions_total
             .store(u.repeat + u.unknown, Relaxed);
         m.cq_stale_slots_total.store(u.stale_slot, Relaxed);
         for slot in to_flush {
-            self.flush(slot);
+            self.net.flush(slot);
         }
         for slot in to_close {
             self.close_conn(slot);
@@ -98,13 +93,13 @@ impl Core {
         let (mut to_close, mut to_flush, mut to_pump) = (Vec::new(), Vec::new(), Vec::new());
         let mut g = Gauges::default();
         let m = &self.shared.metrics[self.id];
-        for (slot, conn) in self.conns.iter_mut() {
+        for (slot, conn) in self.net.conns.iter_mut() {
             if conn.closing {
                 continue;
             }
-            if let Some(t) = &conn.tls
-                && !t.s.established()
-                && now.duration_since(t.s.started()) >= self.lim.tls_handshake
+            if conn
+                .transport
+                .handshake_overdue(now, self.lim.tls_handshake)
             {
                 m.tls_handshake_failures_total.fetch_add(1, Relaxed);
                 to_close.push(slot);
@@ -124,10 +119,10 @@ impl Core {
                         m.token_expired_closes_total.fetch_add(1, Relaxed);
                     }
                     if sub.wants_outq_poll(now)
-                        && let Some(q) = super::tls::outq_plain(
+                        && let Some(q) = outq_plain(
                             conn.fd.as_fd(),
-                            &mut conn.tls,
-                            self.io.in_flight(slot, Op::Send),
+                            &mut conn.transport,
+                            self.net.io.in_flight(slot, Op::Send),
                         )
                     {
                         count_confirmed(m, sub.confirm_outq(q));
@@ -136,7 +131,9 @@ impl Core {
                     if let Some(b) = self.hub.log(sub.key.0).bounds(sub.key.1) {
                         g.lag_max = g.lag_max.max(sub.lag(b.tail));
                     }
-                    if !self.io.in_flight(slot, Op::Send) && !self.io.in_flight(slot, Op::PollOut) {
+                    if !self.net.io.in_flight(slot, Op::Send)
+                        && !self.net.io.in_flight(slot, Op::PollOut)
+                    {
                         sub.keepalive(now, &self.lim.sub);
                     }
                     to_pump.push(slot);
@@ -152,18 +149,17 @@ impl Core {
             return;
         }
         self.shutting_down = Some(self.now + Duration::from_secs(3));
+        self.net.shutting_down = true;
         self.mcp_shutdown();
-        if let Some(l) = self.listener.take() {
-            self.io.cancel_fd(l.as_raw_fd()); // dropping `l` closes the listener
-        }
+        self.net.stop_listening();
         self.hub.sync_all(self.id);
         self.complete_waits();
-        for i in self.conns.slots() {
-            let Some(conn) = self.conns.get(i) else {
+        for i in self.net.conns.slots() {
+            let Some(conn) = self.net.conns.get(i) else {
                 continue;
             };
             match &mut conn.state {
-                State::Http(h) if self.io.in_flight(i, Op::Send) => h.close_after_send(),
+                State::Http(h) if self.net.io.in_flight(i, Op::Send) => h.close_after_send(),
                 _ if !conn.closing => self.close_conn(i),
                 _ => {}
             }

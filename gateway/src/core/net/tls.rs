@@ -15,156 +15,34 @@
 //!   mapped log), and it confirms by the kernel's record count and byte counts
 //!   ([`KernelTx`](crate::tls::kernel::KernelTx)).
 
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::Ordering::Relaxed;
 
-use zeroize::Zeroizing;
-
-use super::{Core, State};
+use super::transport::{Held, Refusal, Tls, Transport, kernel_rec_seq, outq_plain, to_kernel};
+use super::{Net, Then};
 use crate::config::TlsKernel;
-use crate::sys;
-use crate::tls::kernel::{self, CryptoInfo, KernelTx};
-use crate::tls::{CIPHER_RECV_BYTES, SealFrom, TlsConn};
+use crate::core::conns::State;
+use crate::tls::CIPHER_RECV_BYTES;
+use crate::tls::SealFrom;
+use crate::tls::kernel;
 use crate::uring::{Op, Vectored};
 
-/// A connection's TLS state on its core.
-#[derive(Debug)]
-pub(super) struct Tls {
-    pub s: Box<TlsConn>,
-    /// The connection machine's receive buffer waiting for plaintext (`Step::Recv`).
-    plain: Option<(Vec<u8>, usize)>,
-    /// The ciphertext receive buffer (`None` while a receive holds it).
-    crecv: Option<Vec<u8>>,
-    /// What the batch being sent carries.
-    held: Held,
-    /// Close once the batch being sent (an alert) is out.
-    close_after_send: bool,
-    /// The handshake completion was counted.
-    counted: bool,
-    /// A handoff to another core waiting for the batch being sent: (core, bytes received).
-    pub handoff: Option<(usize, Vec<u8>)>,
-}
-
-#[derive(Debug)]
-enum Held {
-    Nothing,
-    Http(Vec<u8>),
-    Sub(Box<Vectored>),
-}
-
-impl Tls {
-    /// The session alone, to move to another core (nothing may be in flight).
-    pub fn into_session(self) -> Box<TlsConn> {
-        assert!(
-            self.plain.is_none() && !self.s.sending() && self.handoff.is_none(),
-            "a TLS connection is handed off with nothing in flight"
-        );
-        self.s
-    }
-
-    /// The connection reads nothing more (a subscriber): the ciphertext receive buffer goes.
-    pub fn stop_reading(&mut self) {
-        self.crecv = None;
-    }
-
-    pub fn new(s: Box<TlsConn>) -> Tls {
-        Tls {
-            s,
-            plain: None,
-            crecv: None,
-            held: Held::Nothing,
-            close_after_send: false,
-            counted: false,
-            handoff: None,
-        }
+/// The TLS state of a connection whose transport is TLS.
+fn tls_of(transport: &mut Transport) -> &mut Tls {
+    match transport {
+        Transport::Tls(t) => t,
+        Transport::Plain => unreachable!("a TLS connection"),
     }
 }
 
-/// What a subscriber's window counts as sent but not yet ACKed (`SIOCOUTQ` in the clear):
-/// through the session's ciphertext map for a TLS connection, from a kernel reading for kernel
-/// TLS — which needs no send in flight (`send_in_flight`: `None` then). `None`: no reading.
-pub(super) fn outq_plain(
-    fd: BorrowedFd<'_>,
-    tls: &mut Option<Box<Tls>>,
-    send_in_flight: bool,
-) -> Option<u64> {
-    let Some(t) = tls else {
-        return sys::outq_bytes(fd).ok();
-    };
-    let Some(k) = t.s.kernel() else {
-        let q = sys::outq_bytes(fd).ok()?;
-        return Some(t.s.map.plain_outq(q));
-    };
-    if send_in_flight {
-        return None;
-    }
-    // In this order (tls/kernel.rs): the record count, then the ACKed bytes, then SIOCOUTQ.
-    let rec_seq = kernel_rec_seq(fd, k);
-    let bytes_acked = sys::tcp_bytes_acked(fd).ok()?;
-    let outq = sys::outq_bytes(fd).ok()?;
-    Some(k.on_reading(kernel::Reading {
-        rec_seq,
-        bytes_acked,
-        outq,
-    }))
-}
-
-/// The kernel's record sequence number for a kernel TLS connection's transmit keys.
-fn kernel_rec_seq(fd: BorrowedFd<'_>, k: &KernelTx) -> Option<u64> {
-    // The answer carries the key too: wiped when dropped.
-    let mut buf = Zeroizing::new(vec![0u8; k.info_len()]);
-    let n = sys::getsockopt_bytes(fd, libc::SOL_TLS, kernel::TLS_TX, &mut buf).ok()?;
-    k.rec_seq_of(&buf[..n])
-}
-
-/// Why the kernel did not take (or cannot serve) a subscriber's keys.
-#[derive(Debug)]
-enum Refusal {
-    /// No `tls` ULP (ENOENT): the kernel has no TLS; ask no more.
-    NoUlp,
-    /// The kernel refuses this key form (`CryptoInfo::form_bit`), or took it but cannot
-    /// answer its record count: ask no more for that form.
-    Form(u8),
-    /// Anything else (this connection only): its byte counts disagreed with ours, or a call
-    /// failed.
-    Other,
-}
-
-/// Hands `info` to the kernel on `fd`, which has written `written` ciphertext bytes so far.
-fn to_kernel(fd: BorrowedFd<'_>, info: &CryptoInfo, written: u64) -> Result<(), Refusal> {
-    // The accounting counts in the kernel's bytes (`tcpi_bytes_acked` + `SIOCOUTQ`): they must
-    // be ours. An ACK between the two reads makes them disagree for a moment: read again.
-    let agree = (0..3).any(|_| {
-        let acked = sys::tcp_bytes_acked(fd);
-        let outq = sys::outq_bytes(fd);
-        matches!((acked, outq), (Ok(a), Ok(q)) if a + q == written)
-    });
-    if !agree {
-        return Err(Refusal::Other);
-    }
-    sys::set_tcp_ulp(fd, "tls").map_err(|e| match e.raw_os_error() {
-        Some(libc::ENOENT) => Refusal::NoUlp,
-        _ => Refusal::Other,
-    })?;
-    // Refused here (a version or cipher this kernel lacks), the socket keeps the ULP in its
-    // pass-through state: the record layer's ciphertext goes out as before.
-    sys::setsockopt_bytes(fd, libc::SOL_TLS, kernel::TLS_TX, info.as_bytes()).map_err(|e| {
-        match e.raw_os_error() {
-            Some(libc::EINVAL | libc::ENOPROTOOPT | libc::EOPNOTSUPP) => {
-                Refusal::Form(info.form_bit())
-            }
-            _ => Refusal::Other,
-        }
-    })
-}
-
-impl Core {
+impl Net {
     /// `Step::Recv` of a TLS connection: plaintext already decrypted goes into `buf` at once
-    /// (true: poll the machine again); otherwise the buffer waits and ciphertext is received.
-    pub(super) fn tls_want_plain(&mut self, slot: u32, mut buf: Vec<u8>, from: usize) -> bool {
+    /// (`Then::Drive`: poll the machine again); otherwise the buffer waits and ciphertext is
+    /// received.
+    pub(super) fn tls_want_plain(&mut self, slot: u32, mut buf: Vec<u8>, from: usize) -> Then {
         let now = self.now;
         let conn = self.conn(slot);
-        let tls = conn.tls.as_mut().expect("a TLS connection");
+        let tls = tls_of(&mut conn.transport);
         let n = tls.s.read_plain(&mut buf[from..]);
         if n > 0 {
             if let State::Http(h) = &mut conn.state {
@@ -172,18 +50,16 @@ impl Core {
             }
             // Ciphertext rustls refused while its plaintext buffer was full goes in now.
             if tls.s.feed().is_err() {
-                self.tls_failed(slot);
-                return false;
+                return self.tls_failed(slot);
             }
-            return true;
+            return Then::Drive;
         }
         if tls.s.eof {
-            self.close_conn(slot);
-            return false;
+            return Then::Close;
         }
         tls.plain = Some((buf, from));
         self.tls_arm_recv(slot);
-        false
+        Then::Wait
     }
 
     /// Receives ciphertext unless a receive is out or rustls still holds some back.
@@ -193,7 +69,7 @@ impl Core {
         }
         let conn = self.conn(slot);
         let fd = conn.fd.as_raw_fd();
-        let tls = conn.tls.as_mut().expect("a TLS connection");
+        let tls = tls_of(&mut conn.transport);
         if tls.s.backlog() || tls.s.eof {
             return;
         }
@@ -205,12 +81,12 @@ impl Core {
     }
 
     /// Ciphertext arrived.
-    pub(super) fn on_tls_recv(&mut self, slot: u32, res: i32, buf: Vec<u8>) {
+    pub(super) fn on_tls_recv(&mut self, slot: u32, res: i32, buf: Vec<u8>) -> Then {
         if res <= 0 {
-            return self.close_conn(slot);
+            return Then::Close;
         }
         let conn = self.conn(slot);
-        let tls = conn.tls.as_mut().expect("a TLS connection");
+        let tls = tls_of(&mut conn.transport);
         let r = tls.s.on_cipher(&buf[..res as usize]);
         tls.crecv = Some(buf);
         if r.is_err() {
@@ -221,27 +97,27 @@ impl Core {
             self.m().tls_handshakes_total.fetch_add(1, Relaxed);
         }
         self.flush(slot); // the handshake's flight, tickets, or waiting answers
-        let tls = self.conn(slot).tls.as_mut().expect("a TLS connection");
+        let tls = tls_of(&mut self.conn(slot).transport);
         // A subscriber reads nothing more; anything else re-arms when it wants plaintext.
-        if let Some((b, from)) = tls.plain.take()
-            && self.tls_want_plain(slot, b, from)
-        {
-            self.drive_http(slot);
+        match tls.plain.take() {
+            Some((b, from)) => self.tls_want_plain(slot, b, from),
+            None => Then::Wait,
         }
     }
 
     /// A protocol error (plaintext HTTP or garbage on the TLS port, a bad handshake): the
     /// alert rustls queued goes out, then the connection closes.
-    fn tls_failed(&mut self, slot: u32) {
+    fn tls_failed(&mut self, slot: u32) -> Then {
         self.m().tls_handshake_failures_total.fetch_add(1, Relaxed);
-        let tls = self.conn(slot).tls.as_mut().expect("a TLS connection");
+        let tls = tls_of(&mut self.conn(slot).transport);
         tls.close_after_send = true;
         tls.s.eof = true;
         tls.plain = None;
         self.flush(slot);
-        if !self.io.in_flight(slot, Op::Send) {
-            self.close_conn(slot);
+        if self.io.in_flight(slot, Op::Send) {
+            return Then::Wait;
         }
+        Then::Close
     }
 
     /// Sends the next ciphertext batch if none is being sent: an HTTP answer's bytes, or
@@ -249,7 +125,7 @@ impl Core {
     pub(super) fn tls_flush(&mut self, slot: u32) {
         let conn = self.conn(slot);
         let fd = conn.fd.as_raw_fd();
-        let tls = conn.tls.as_mut().expect("a TLS connection");
+        let tls = tls_of(&mut conn.transport);
         if tls.s.sending() {
             return;
         }
@@ -273,16 +149,16 @@ impl Core {
 
     /// A subscriber's runs: encrypted into one batch and sent (or, with kernel TLS, sent as
     /// they are).
-    pub(super) fn tls_send_sub(&mut self, slot: u32, v: Box<Vectored>) {
+    pub(super) fn tls_send_sub(&mut self, slot: u32, v: Box<Vectored>) -> Then {
         let conn = self.conn(slot);
-        let tls = conn.tls.as_mut().expect("a TLS connection");
+        let tls = tls_of(&mut conn.transport);
         assert!(!tls.s.sending(), "one batch at a time");
         if !tls.s.sealed() && !self.tls_seal_from_now(slot) {
-            return self.close_conn(slot);
+            return Then::Close;
         }
         let conn = self.conn(slot);
         let fd = conn.fd.as_raw_fd();
-        let tls = conn.tls.as_mut().expect("a TLS connection");
+        let tls = tls_of(&mut conn.transport);
         if let Some(k) = tls.s.kernel() {
             let len = v.len();
             if !k.may_send(len)
@@ -295,11 +171,12 @@ impl Core {
                 self.m()
                     .tls_key_exhausted_closes_total
                     .fetch_add(1, Relaxed);
-                return self.close_conn(slot);
+                return Then::Close;
             }
             // The plaintext path: iovecs into the mapped log; the completion comes back as a
             // plaintext subscriber's (`on_sub_sent`).
-            return self.io.send_vectored(slot, fd, v);
+            self.io.send_vectored(slot, fd, v);
+            return Then::Wait;
         }
         let Ok(plain) = tls.s.encrypt(v.run_slices()) else {
             // The key sealed as many records as it may: end the stream (the client resumes
@@ -307,7 +184,7 @@ impl Core {
             self.m()
                 .tls_key_exhausted_closes_total
                 .fetch_add(1, Relaxed);
-            return self.close_conn(slot);
+            return Then::Close;
         };
         tls.held = Held::Sub(v);
         let (buf, off) = tls
@@ -315,6 +192,7 @@ impl Core {
             .poll_send(plain as u64)
             .expect("encrypted application data is ready to send");
         self.io.send(slot, fd, buf, off);
+        Then::Wait
     }
 
     /// A subscriber's first send (no batch is being sent): its records are sealed by the
@@ -324,7 +202,7 @@ impl Core {
         let ask_kernel = self.shared.cfg.tls_kernel == TlsKernel::Auto;
         let refused_forms = self.shared.ktls_refused.load(Relaxed);
         let conn = self.conn(slot);
-        let tls = conn.tls.as_mut().expect("a TLS connection");
+        let tls = tls_of(&mut conn.transport);
         let mut refusal = None;
         let bfd = conn.fd.as_fd();
         let r = tls.s.seal_from_now(|info, written| {
@@ -384,24 +262,27 @@ impl Core {
     }
 
     /// The kernel took `res` bytes of a ciphertext batch.
-    pub(super) fn on_tls_sent(&mut self, slot: u32, res: i32, buf: Vec<u8>) {
+    pub(super) fn on_tls_sent(&mut self, slot: u32, res: i32, buf: Vec<u8>) -> Then {
         if res < 0 {
-            return self.close_conn(slot);
+            return Then::Close;
         }
-        let (now, shutting_down) = (self.now, self.shutting_down.is_some());
-        let lim = self.lim.sub;
+        let (now, shutting_down, lim) = (self.now, self.shutting_down, self.sub_lim);
         let conn = self.conn(slot);
         let fd = conn.fd.as_raw_fd();
-        let tls = conn.tls.as_mut().expect("a TLS connection");
+        let tls = tls_of(&mut conn.transport);
         let plain = match tls.s.on_sent(buf, res as usize) {
             Ok(p) => p,
-            Err((buf, off)) => return self.io.send(slot, fd, buf, off),
+            Err((buf, off)) => {
+                self.io.send(slot, fd, buf, off);
+                return Then::Wait;
+            }
         };
         if tls.close_after_send {
-            return self.close_conn(slot);
+            return Then::Close;
         }
         if let Some((owner, bytes)) = tls.handoff.take() {
-            return self.hand_off(slot, owner, bytes);
+            self.hand_off(slot, owner, bytes);
+            return Then::Wait;
         }
         match std::mem::replace(&mut tls.held, Held::Nothing) {
             Held::Http(b) => {
@@ -410,26 +291,26 @@ impl Core {
                 };
                 h.on_sent(b, plain as usize, now);
                 if h.done(shutting_down) {
-                    return self.close_conn(slot);
+                    return Then::Close;
                 }
-                self.drive_http(slot);
+                Then::Drive
             }
             Held::Sub(v) => {
                 let State::Sub(sub) = &mut conn.state else {
                     unreachable!("a subscriber's batch belongs to a subscriber")
                 };
                 let outq = if sub.outq_due(now, &lim) {
-                    outq_plain(conn.fd.as_fd(), &mut conn.tls, false)
+                    outq_plain(conn.fd.as_fd(), &mut conn.transport, false)
                 } else {
                     None
                 };
                 let sent = sub.on_sent(v, plain, outq);
-                super::counts::count_sent(&self.shared.metrics[self.id], sent);
-                self.pump(slot);
+                crate::core::counts::count_sent(&self.shared.metrics[self.id], sent);
+                Then::Pump
             }
             Held::Nothing => match conn.state {
-                State::Http(_) => self.drive_http(slot),
-                State::Sub(_) => self.pump(slot),
+                State::Http(_) => Then::Drive,
+                State::Sub(_) => Then::Pump,
             },
         }
     }
