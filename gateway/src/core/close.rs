@@ -3,14 +3,10 @@
 //! `Net` shuts the socket down, cancels every operation in flight, and closes the fd and
 //! frees the slot only once no memory-owning operation is in flight (`Net::maybe_free`).
 
-use std::os::fd::AsFd;
 use std::sync::atomic::Ordering::Relaxed;
 
-use super::counts::count_confirmed;
-use super::net::transport::outq_plain;
 use super::{Core, State};
 use crate::streams::sub::PENDING_STREAM;
-use crate::uring::Op;
 
 impl Core {
     pub(super) fn close_conn(&mut self, slot: u32) {
@@ -22,21 +18,11 @@ impl Core {
         }
         conn.closing = true;
         super::requests::subscription_ended(&self.shared, self.id, now, conn);
-        let fd = conn.fd.as_fd();
+        self.net.confirm_at_close(slot);
         let mut unborn = false;
-        if let State::Sub(sub) = &mut conn.state {
+        if let State::Sub(sub) = &mut self.net.conns.live(slot).state {
             let key = sub.key;
             unborn = key.1 == PENDING_STREAM;
-            // ACKs whose timestamp completions are not reaped yet: SIOCOUTQ (write_seq -
-            // snd_una, still meaningful after a reset) tightens the window to what the peer
-            // really confirmed, so the parked head is as exact as the kernel knows it.
-            if let Some(q) = outq_plain(
-                fd,
-                &mut conn.transport,
-                self.net.io.in_flight(slot, Op::Send),
-            ) {
-                count_confirmed(&self.shared.metrics[self.id], sub.confirm_outq(q));
-            }
             let events = sub.take_parkable();
             self.hub.unsubscribe(key, slot);
             self.shared.metrics[self.id]

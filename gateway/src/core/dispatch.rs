@@ -70,15 +70,9 @@ impl Core {
             self.net.io.read_eventfd(self.efd);
         }
         while let Ok(h) = self.rx.try_recv() {
-            self.m().handoffs_in_total.fetch_add(1, Relaxed);
-            if self.shutting_down.is_some() {
-                drop(h.fd);
-                self.shared.connections.fetch_sub(1, Relaxed);
-                self.net.release_peer(h.peer);
-                continue;
+            if let Some(slot) = self.net.on_handoff(h) {
+                self.drive_http(slot);
             }
-            let slot = self.net.insert_conn(h.fd, h.bytes, h.peer, h.tls);
-            self.drive_http(slot);
         }
     }
 }

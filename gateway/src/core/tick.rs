@@ -1,41 +1,20 @@
-//! The core's timers (every tick): the accept re-arm after an error, HTTP header and idle
-//! deadlines, subscribers' `SIOCOUTQ` confirmation and keep-alives, parked-window expiry,
-//! retention, the metrics snapshot; and shutdown.
+//! The core's timers (every tick): the accept re-arm after an error and every connection's
+//! timers (`net/tick.rs`), then closing, flushing and pumping what they name, parked-window
+//! expiry, retention, the metrics snapshot; and shutdown.
 
-use std::os::fd::AsFd;
 use std::sync::atomic::Ordering::Relaxed;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
-use super::counts::count_confirmed;
-use super::net::transport::outq_plain;
 use super::{Core, State};
-use crate::metrics::CoreMetrics;
-use crate::proto::conn::Deadline;
 use crate::uring::Op;
-
-/// Gauges summed over a core's connections at a tick.
-#[derive(Debug, Default)]
-struct Gauges {
-    inflight_bytes: u64,
-    lag_max: u64,
-    answers: u64,
-}
-
-/// Counts a 408 a connection's deadline queued; returns the deadline.
-fn count_deadline(m: &CoreMetrics, d: Deadline) -> Deadline {
-    match d {
-        Deadline::TimedOut => m.head_timeouts_total.fetch_add(1, Relaxed),
-        Deadline::BodyTimedOut => m.body_timeouts_total.fetch_add(1, Relaxed),
-        Deadline::None | Deadline::Idle => 0,
-    };
-    d
-}
 
 impl Core {
     pub(super) fn tick(&mut self) {
         let now = self.now;
         self.net.rearm_paused_accept();
-        let (to_close, to_flush, to_pump, g) = self.tick_connections(now);
+        let (to_close, to_flush, to_pump, g) =
+            self.net
+                .tick_connections(&self.hub, &self.lim, self.gate.now_unix_secs);
         let m = &self.shared.metrics[self.id];
         crate::metrics::bump_own(&m.ticks, 1);
         m.inflight_bytes.store(g.inflight_bytes, Relaxed);
@@ -85,62 +64,6 @@ impl Core {
         if self.shared.shutdown.load(Relaxed) && self.shutting_down.is_none() {
             self.begin_shutdown();
         }
-    }
-
-    /// Every connection's deadlines and confirmations: the slots to close, to flush (a 408
-    /// queued) and to pump, and the gauges.
-    fn tick_connections(&mut self, now: Instant) -> (Vec<u32>, Vec<u32>, Vec<u32>, Gauges) {
-        let (mut to_close, mut to_flush, mut to_pump) = (Vec::new(), Vec::new(), Vec::new());
-        let mut g = Gauges::default();
-        let m = &self.shared.metrics[self.id];
-        for (slot, conn) in self.net.conns.iter_mut() {
-            if conn.closing {
-                continue;
-            }
-            if conn
-                .transport
-                .handshake_overdue(now, self.lim.tls_handshake)
-            {
-                m.tls_handshake_failures_total.fetch_add(1, Relaxed);
-                to_close.push(slot);
-                continue;
-            }
-            match &mut conn.state {
-                State::Http(h) => {
-                    g.answers += h.answer_bytes() as u64;
-                    match count_deadline(m, h.on_tick(now, &self.lim.conn)) {
-                        Deadline::None => {}
-                        Deadline::TimedOut | Deadline::BodyTimedOut => to_flush.push(slot),
-                        Deadline::Idle => to_close.push(slot),
-                    }
-                }
-                State::Sub(sub) => {
-                    if sub.expire(self.gate.now_unix_secs) {
-                        m.token_expired_closes_total.fetch_add(1, Relaxed);
-                    }
-                    if sub.wants_outq_poll(now)
-                        && let Some(q) = outq_plain(
-                            conn.fd.as_fd(),
-                            &mut conn.transport,
-                            self.net.io.in_flight(slot, Op::Send),
-                        )
-                    {
-                        count_confirmed(m, sub.confirm_outq(q));
-                    }
-                    g.inflight_bytes += sub.unconfirmed_bytes();
-                    if let Some(b) = self.hub.log(sub.key.0).bounds(sub.key.1) {
-                        g.lag_max = g.lag_max.max(sub.lag(b.tail));
-                    }
-                    if !self.net.io.in_flight(slot, Op::Send)
-                        && !self.net.io.in_flight(slot, Op::PollOut)
-                    {
-                        sub.keepalive(now, &self.lim.sub);
-                    }
-                    to_pump.push(slot);
-                }
-            }
-        }
-        (to_close, to_flush, to_pump, g)
     }
 
     /// Stop accepting, make everything durable, answer waiting publishes, close the rest.

@@ -12,6 +12,7 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use super::Net;
 use super::transport::Transport;
+use crate::core::Handoff;
 use crate::core::conns::{Conn, State};
 use crate::proto::conn::HttpConn;
 use crate::proto::http;
@@ -98,6 +99,19 @@ impl Net {
         Some(self.insert_conn(fd, Vec::new(), peer, tls))
     }
 
+    /// A connection another core handed over: the slot it takes, to poll its HTTP machine
+    /// (none while shutting down: it is closed).
+    pub(in crate::core) fn on_handoff(&mut self, h: Handoff) -> Option<u32> {
+        self.m().handoffs_in_total.fetch_add(1, Relaxed);
+        if self.shutting_down {
+            drop(h.fd);
+            self.shared.connections.fetch_sub(1, Relaxed);
+            self.release_peer(h.peer);
+            return None;
+        }
+        Some(self.insert_conn(h.fd, h.bytes, h.peer, h.tls))
+    }
+
     /// A 503 to a connection refused at accept (it was counted; the fd closes when dropped).
     fn refuse_accepted(&self, fd: &OwnedFd, code: &str, msg: &str) {
         self.shared.connections.fetch_sub(1, Relaxed);
@@ -105,7 +119,7 @@ impl Net {
     }
 
     /// Takes a slot for a connection that received `bytes` so far.
-    pub(in crate::core) fn insert_conn(
+    fn insert_conn(
         &mut self,
         fd: OwnedFd,
         bytes: Vec<u8>,

@@ -10,6 +10,7 @@
 //! subscriber), so `Net` never calls back into the core.
 
 mod accept;
+mod tick;
 mod tls;
 pub(super) mod transport;
 
@@ -391,6 +392,20 @@ impl Net {
             return;
         }
         sys::eventfd_wake(self.shared.eventfds[owner].as_fd());
+    }
+
+    /// A closing subscriber's window tightened to what the peer confirmed: ACKs whose
+    /// timestamp completions are not reaped yet are read by `SIOCOUTQ` (write_seq - snd_una,
+    /// still meaningful after a reset; through the transport), so a parked head is as exact
+    /// as the kernel knows it.
+    pub(super) fn confirm_at_close(&mut self, slot: u32) {
+        let send_in_flight = self.io.in_flight(slot, Op::Send);
+        let conn = self.conns.live(slot);
+        if let State::Sub(sub) = &mut conn.state
+            && let Some(q) = outq_plain(conn.fd.as_fd(), &mut conn.transport, send_in_flight)
+        {
+            count_confirmed(&self.shared.metrics[self.id], sub.confirm_outq(q));
+        }
     }
 
     /// The socket side of closing (the core has marked the connection closing): shut down,

@@ -18,13 +18,14 @@
 use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::Ordering::Relaxed;
 
-use super::transport::{Held, Refusal, Tls, Transport, kernel_rec_seq, outq_plain, to_kernel};
+use super::transport::{
+    Held, Refusal, Tls, Transport, count_seal, kernel_rec_seq, outq_plain, to_kernel,
+};
 use super::{Net, Then};
 use crate::config::TlsKernel;
 use crate::core::conns::State;
 use crate::tls::CIPHER_RECV_BYTES;
 use crate::tls::SealFrom;
-use crate::tls::kernel;
 use crate::uring::{Op, Vectored};
 
 /// The TLS state of a connection whose transport is TLS.
@@ -219,46 +220,17 @@ impl Net {
             let k = tls.s.kernel().expect("the kernel took the keys");
             if kernel_rec_seq(bfd, k) != Some(k.seq0()) {
                 let form = k.form_bit();
-                self.count_seal(SealFrom::Lost, Some(Refusal::Form(form)));
+                count_seal(
+                    &self.shared,
+                    self.id,
+                    SealFrom::Lost,
+                    Some(Refusal::Form(form)),
+                );
                 return false;
             }
         }
-        self.count_seal(r, refusal);
+        count_seal(&self.shared, self.id, r, refusal);
         r != SealFrom::Lost
-    }
-
-    /// Counts where a subscriber's keys went; a kernel with no TLS is asked no more.
-    fn count_seal(&mut self, r: SealFrom, refusal: Option<Refusal>) {
-        let m = &self.shared.metrics[self.id];
-        match r {
-            SealFrom::Kernel => {
-                m.tls_kernel_subscribers_total.fetch_add(1, Relaxed);
-                m.tls_kernel.store(1, Relaxed);
-            }
-            SealFrom::Sealed => {
-                m.tls_record_layer_subscribers_total.fetch_add(1, Relaxed);
-            }
-            SealFrom::Kept | SealFrom::Lost => {}
-        }
-        let Some(refusal) = refusal else {
-            return;
-        };
-        m.tls_kernel_refusals_total.fetch_add(1, Relaxed);
-        let bits = match refusal {
-            Refusal::NoUlp => kernel::ALL_FORMS,
-            Refusal::Form(bit) => bit,
-            Refusal::Other => 0,
-        };
-        let before = self.shared.ktls_refused.fetch_or(bits, Relaxed);
-        if matches!(refusal, Refusal::NoUlp) && before != kernel::ALL_FORMS {
-            for m in &self.shared.metrics {
-                m.tls_kernel.store(0, Relaxed);
-            }
-            tracing::warn!(
-                "the kernel has no TLS (TCP_ULP \"tls\": ENOENT): TLS subscribers' \
-                 records are sealed by the gateway's record layer"
-            );
-        }
     }
 
     /// The kernel took `res` bytes of a ciphertext batch.

@@ -8,13 +8,15 @@
 //! This file holds the state and the socket readings; `net/tls.rs` the TLS paths of `Net`.
 
 use std::os::fd::BorrowedFd;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use zeroize::Zeroizing;
 
+use crate::core::Shared;
 use crate::sys;
-use crate::tls::TlsConn;
 use crate::tls::kernel::{self, CryptoInfo, KernelTx};
+use crate::tls::{SealFrom, TlsConn};
 use crate::uring::Vectored;
 
 /// How a connection's bytes reach its socket, decided once per connection.
@@ -202,4 +204,38 @@ pub(super) fn to_kernel(
             _ => Refusal::Other,
         }
     })
+}
+
+/// Counts where a subscriber's keys went (on core `id`); a kernel with no TLS is asked no more.
+pub(super) fn count_seal(shared: &Shared, id: usize, r: SealFrom, refusal: Option<Refusal>) {
+    let m = &shared.metrics[id];
+    match r {
+        SealFrom::Kernel => {
+            m.tls_kernel_subscribers_total.fetch_add(1, Relaxed);
+            m.tls_kernel.store(1, Relaxed);
+        }
+        SealFrom::Sealed => {
+            m.tls_record_layer_subscribers_total.fetch_add(1, Relaxed);
+        }
+        SealFrom::Kept | SealFrom::Lost => {}
+    }
+    let Some(refusal) = refusal else {
+        return;
+    };
+    m.tls_kernel_refusals_total.fetch_add(1, Relaxed);
+    let bits = match refusal {
+        Refusal::NoUlp => kernel::ALL_FORMS,
+        Refusal::Form(bit) => bit,
+        Refusal::Other => 0,
+    };
+    let before = shared.ktls_refused.fetch_or(bits, Relaxed);
+    if matches!(refusal, Refusal::NoUlp) && before != kernel::ALL_FORMS {
+        for m in &shared.metrics {
+            m.tls_kernel.store(0, Relaxed);
+        }
+        tracing::warn!(
+            "the kernel has no TLS (TCP_ULP \"tls\": ENOENT): TLS subscribers' \
+             records are sealed by the gateway's record layer"
+        );
+    }
 }

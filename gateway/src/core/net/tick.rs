@@ -1,0 +1,95 @@
+//! Every connection's timers at a core's tick: a TLS handshake past
+//! `--tls-handshake-timeout-secs`, the HTTP machine's header, body and idle deadlines, and a
+//! subscriber's token expiry, `SIOCOUTQ` confirmation (through its transport) and keep-alive;
+//! with the gauges summed over the connections. What to close, flush or pump goes back to the
+//! core.
+
+use std::os::fd::AsFd;
+use std::sync::atomic::Ordering::Relaxed;
+
+use super::Net;
+use super::transport::outq_plain;
+use crate::core::Limits;
+use crate::core::conns::State;
+use crate::core::counts::count_confirmed;
+use crate::metrics::CoreMetrics;
+use crate::proto::conn::Deadline;
+use crate::streams::hub::Hub;
+use crate::uring::Op;
+
+/// Gauges summed over a core's connections at a tick.
+#[derive(Debug, Default)]
+pub(in crate::core) struct Gauges {
+    pub(in crate::core) inflight_bytes: u64,
+    pub(in crate::core) lag_max: u64,
+    pub(in crate::core) answers: u64,
+}
+
+/// Counts a 408 a connection's deadline queued; returns the deadline.
+fn count_deadline(m: &CoreMetrics, d: Deadline) -> Deadline {
+    match d {
+        Deadline::TimedOut => m.head_timeouts_total.fetch_add(1, Relaxed),
+        Deadline::BodyTimedOut => m.body_timeouts_total.fetch_add(1, Relaxed),
+        Deadline::None | Deadline::Idle => 0,
+    };
+    d
+}
+
+impl Net {
+    /// Every connection's deadlines and confirmations: the slots to close, to flush (a 408
+    /// queued) and to pump, and the gauges.
+    pub(in crate::core) fn tick_connections(
+        &mut self,
+        hub: &Hub,
+        lim: &Limits,
+        now_unix_secs: u64,
+    ) -> (Vec<u32>, Vec<u32>, Vec<u32>, Gauges) {
+        let now = self.now;
+        let (mut to_close, mut to_flush, mut to_pump) = (Vec::new(), Vec::new(), Vec::new());
+        let mut g = Gauges::default();
+        let m = &self.shared.metrics[self.id];
+        for (slot, conn) in self.conns.iter_mut() {
+            if conn.closing {
+                continue;
+            }
+            if conn.transport.handshake_overdue(now, lim.tls_handshake) {
+                m.tls_handshake_failures_total.fetch_add(1, Relaxed);
+                to_close.push(slot);
+                continue;
+            }
+            match &mut conn.state {
+                State::Http(h) => {
+                    g.answers += h.answer_bytes() as u64;
+                    match count_deadline(m, h.on_tick(now, &lim.conn)) {
+                        Deadline::None => {}
+                        Deadline::TimedOut | Deadline::BodyTimedOut => to_flush.push(slot),
+                        Deadline::Idle => to_close.push(slot),
+                    }
+                }
+                State::Sub(sub) => {
+                    if sub.expire(now_unix_secs) {
+                        m.token_expired_closes_total.fetch_add(1, Relaxed);
+                    }
+                    if sub.wants_outq_poll(now)
+                        && let Some(q) = outq_plain(
+                            conn.fd.as_fd(),
+                            &mut conn.transport,
+                            self.io.in_flight(slot, Op::Send),
+                        )
+                    {
+                        count_confirmed(m, sub.confirm_outq(q));
+                    }
+                    g.inflight_bytes += sub.unconfirmed_bytes();
+                    if let Some(b) = hub.log(sub.key.0).bounds(sub.key.1) {
+                        g.lag_max = g.lag_max.max(sub.lag(b.tail));
+                    }
+                    if !self.io.in_flight(slot, Op::Send) && !self.io.in_flight(slot, Op::PollOut) {
+                        sub.keepalive(now, &lim.sub);
+                    }
+                    to_pump.push(slot);
+                }
+            }
+        }
+        (to_close, to_flush, to_pump, g)
+    }
+}
