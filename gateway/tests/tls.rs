@@ -1,8 +1,8 @@
 //! End to end over TLS (`--tls-cert-file`, `--tls-key-file`; certificates generated here with
 //! rcgen, none committed): publish and subscribe, resume across random mid-record cuts
 //! (exactly once), the cross-core handoff of a TLS session, bad handshakes (plaintext HTTP,
-//! garbage, a silent client) that cost a close and a counter, and a certificate reload by
-//! SIGHUP under a live stream.
+//! garbage, a silent client) that cost a close and a counter, a request and its `close_notify`
+//! in one flight, and a certificate reload by SIGHUP under a live stream.
 #![forbid(unsafe_code)]
 
 mod common;
@@ -428,4 +428,33 @@ fn sighup_reloads_the_certificate_under_live_streams() {
         g.child.try_wait().unwrap().is_none(),
         "SIGHUP must not stop the gateway"
     );
+}
+
+/// A client that sends a request and its `close_notify` in one flight, on a connection with
+/// nothing in flight (a request answered before): the core reads both, closes the connection,
+/// and goes on serving — the close frees the slot at once, and nothing may touch it after.
+#[test]
+fn a_request_and_close_notify_in_one_flight_leave_the_core_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let cert = make_cert(dir.path(), "a");
+    let cfg = client_config(&cert);
+    let g = start(dir.path(), &cert, &["--cores", "1"]);
+    for i in 0..5 {
+        let mut s = connect(g.addr, &cfg).unwrap();
+        // The handshake's tickets and a first answer are out: no send is in flight.
+        publish(&mut s, "half-closed", &format!("{i}"));
+        s.conn
+            .writer()
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
+            .unwrap();
+        s.conn.send_close_notify();
+        while s.conn.wants_write() {
+            s.conn.write_tls(&mut s.sock).unwrap();
+        }
+        let _ = s.sock.read_to_end(&mut Vec::new());
+    }
+    // The one core still serves.
+    let mut s = connect(g.addr, &cfg).expect("the core still accepts");
+    let id = publish(&mut s, "half-closed", "after");
+    assert!(id.ends_with("-6"), "{id}");
 }

@@ -40,10 +40,10 @@ impl Core {
                 }
                 Step::Recv { buf, from } => match self.net.want_plain(slot, buf, from) {
                     Then::Drive => continue, // decrypted plaintext was waiting
-                    then => {
-                        self.then(slot, then);
-                        break;
-                    }
+                    // The session ended (or failed): the slot may be freed already, so
+                    // nothing after the close may touch it.
+                    Then::Close => return self.close_conn(slot),
+                    Then::Wait | Then::Pump => break, // a receive is armed
                 },
                 Step::HandOff { owner, bytes } => {
                     return self.net.hand_off_when_sent(slot, owner, bytes);
