@@ -94,25 +94,71 @@ pub(crate) fn spawn(
         .map_err(|_| "the nats thread ended during start".to_string())?
 }
 
-/// The client's connection events, as log lines (async-nats's own lines are filtered to
-/// warnings by default: `GATEWAY_LOG=async_nats=debug` shows them).
-fn log_event(e: async_nats::Event) {
-    use async_nats::Event;
-    match e {
-        Event::Connected => tracing::info!("NATS connected"),
-        Event::Disconnected => tracing::warn!("NATS disconnected; reconnecting"),
-        Event::LameDuckMode => tracing::warn!("NATS server entered lame duck mode"),
-        Event::SlowConsumer(sid) => tracing::warn!(sid, "NATS slow consumer: messages dropped"),
-        Event::Draining => tracing::info!("NATS connection draining"),
-        Event::Closed => tracing::warn!("NATS connection closed"),
-        Event::ServerError(err) => tracing::warn!("NATS server error: {err}"),
-        Event::ClientError(err) => {
-            // Repeats at every reconnect attempt while a server is down: once a minute.
-            static LAST: std::sync::Mutex<Option<std::time::Instant>> = std::sync::Mutex::new(None);
-            let mut last = LAST.lock().unwrap_or_else(|p| p.into_inner());
-            if last.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
-                *last = Some(std::time::Instant::now());
-                tracing::warn!("NATS client error: {err} (repeats are not logged for a minute)");
+/// The client's connection events, as log lines with the server they concern (its name and
+/// the address it announces in `INFO`, never the URL it was reached by, which may carry
+/// credentials). async-nats's own lines are filtered to warnings by default:
+/// `GATEWAY_LOG=async_nats=debug` shows them.
+#[derive(Default)]
+struct Events {
+    /// The client, once `connect_with_options` returned it (events before: no server named).
+    client: std::sync::OnceLock<async_nats::Client>,
+    /// A connection was made before: the next `Connected` is a reconnection.
+    connected_once: AtomicBool,
+}
+
+impl Events {
+    /// The server of the current (or, after a disconnection, the last) connection.
+    fn server(&self) -> String {
+        match self.client.get().and_then(|c| c.try_server_info()) {
+            Some(i) if !i.server_name.is_empty() => {
+                format!("{} at {}:{}", i.server_name, i.host, i.port)
+            }
+            Some(i) => format!("{}:{}", i.host, i.port),
+            None => "(not known yet)".into(),
+        }
+    }
+
+    async fn log(&self, e: async_nats::Event) {
+        use async_nats::Event;
+        match e {
+            Event::Connected => {
+                // async-nats announces the connection before it publishes the server's INFO.
+                tokio::task::yield_now().await;
+                let server = self.server();
+                if self.connected_once.swap(true, Ordering::Relaxed) {
+                    tracing::info!(server, "NATS reconnected");
+                } else {
+                    tracing::info!(server, "NATS connected");
+                }
+            }
+            Event::Disconnected => {
+                tracing::warn!(server = self.server(), "NATS disconnected; reconnecting")
+            }
+            Event::LameDuckMode => tracing::warn!(
+                server = self.server(),
+                "NATS server entered lame duck mode: it will close this connection soon"
+            ),
+            Event::SlowConsumer(sid) => tracing::warn!(
+                server = self.server(),
+                sid,
+                "NATS slow consumer: the server dropped messages of this subscription"
+            ),
+            Event::Draining => tracing::info!(server = self.server(), "NATS connection draining"),
+            Event::Closed => tracing::warn!(server = self.server(), "NATS connection closed"),
+            Event::ServerError(err) => {
+                tracing::warn!(server = self.server(), "NATS server error: {err}")
+            }
+            Event::ClientError(err) => {
+                // Repeats at every reconnect attempt while a server is down: once a minute.
+                static LAST: std::sync::Mutex<Option<std::time::Instant>> =
+                    std::sync::Mutex::new(None);
+                let mut last = LAST.lock().unwrap_or_else(|p| p.into_inner());
+                if last.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
+                    *last = Some(std::time::Instant::now());
+                    tracing::warn!(
+                        "NATS client error: {err} (repeats are not logged for a minute)"
+                    );
+                }
             }
         }
     }
@@ -125,14 +171,29 @@ impl Thread {
         outs: Vec<Out>,
         nonce: Arc<str>,
     ) -> Result<(Thread, Vec<ShardStream>), String> {
+        let events = Arc::new(Events::default());
+        let on_event = events.clone();
         let opts = async_nats::ConnectOptions::new()
             .name("gateway")
             .retry_on_initial_connect()
-            .event_callback(|e| async move { log_event(e) });
-        let connect = async_nats::connect_with_options(cfg.urls.clone(), opts);
+            .event_callback(move |e| {
+                let events = on_event.clone();
+                async move { events.log(e).await }
+            });
+        // With `retry_on_initial_connect` the client comes back before any connection: the
+        // flush is what waits for the first one (its server's INFO gives `max_payload` below).
+        let connect = async {
+            let client = async_nats::connect_with_options(cfg.urls.clone(), opts)
+                .await
+                .map_err(|e| e.to_string())?;
+            let _ = events.client.set(client.clone());
+            client.flush().await.map_err(|e| e.to_string())?;
+            Ok::<_, String>(client)
+        };
         // URLs may carry credentials (user:password@): only their redacted form is printed.
         let shown: Vec<String> = cfg.urls.iter().map(|u| names::redact_url(u)).collect();
-        let client = tokio::time::timeout(cfg.connect_timeout, connect)
+        let deadline = tokio::time::Instant::now() + cfg.connect_timeout;
+        let client = tokio::time::timeout_at(deadline, connect)
             .await
             .map_err(|_| {
                 format!(
@@ -148,7 +209,6 @@ impl Thread {
             .min(payload_max.saturating_sub(4096))
             .max(256);
         let js = jetstream::new(client);
-        let deadline = tokio::time::Instant::now() + cfg.connect_timeout;
         let snapshots = snapshot_bucket(&js, cfg.replicas, deadline).await?;
         let mut t = Thread {
             cfg,
@@ -552,7 +612,7 @@ struct Msg {
 type AckFuture = jetstream::context::PublishAckFuture;
 
 async fn send(js: &jetstream::Context, m: &Msg) -> Result<AckFuture, String> {
-    let mut p = jetstream::context::Publish::build()
+    let mut p = jetstream::message::PublishMessage::build()
         .message_id(&m.id)
         .header(HDR_STREAM, m.stream.as_str())
         .payload(m.data.clone());
