@@ -11,6 +11,7 @@
 //! knows nothing of the log, HTTP or io_uring.
 #![forbid(unsafe_code)]
 
+mod batch;
 mod client;
 pub mod names;
 mod snapshot;
@@ -21,6 +22,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
+pub use batch::BATCH_MESSAGES_MAX;
 pub use names::{ChainBreak, Next};
 pub use snapshot::Snapshot;
 
@@ -237,6 +239,14 @@ impl Cluster {
     pub fn publish(&self, p: Publish) {
         // The thread lives until the process exits: the send cannot fail before.
         let _ = self.cmd.send(client::Command::Publish(p));
+    }
+
+    /// Publishes one request's events (2 to [`BATCH_MESSAGES_MAX`], all of one shard) as one
+    /// JetStream atomic batch: JetStream stores all of them, contiguous and in this order, or
+    /// none (a resend can neither reorder nor split it). Each outcome arrives as for
+    /// [`Cluster::publish`]; a batch not confirmed is reported unconfirmed ticket by ticket.
+    pub fn publish_batch(&self, ps: Vec<Publish>) {
+        let _ = self.cmd.send(client::Command::PublishBatch(ps));
     }
 
     /// Stores `snap` as shard `shard`'s latest snapshot unless a newer one of the same epoch
