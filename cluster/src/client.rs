@@ -777,6 +777,9 @@ fn stored(
     }
 }
 
+/// The longest a follower's pull waits (its idle heartbeats come at half of it).
+const FOLLOW_PULL_EXPIRES: Duration = Duration::from_secs(4);
+
 /// Delivers `shard`'s messages from `from` to its core until the consumer ends; returns the
 /// next sequence to ask for.
 async fn follow_from(
@@ -791,6 +794,11 @@ async fn follow_from(
             start_sequence: from,
         },
         filter_subject: names::subject(shard),
+        // Each pull waits at most this long, with idle heartbeats at half of it; two missed
+        // heartbeats make async-nats recreate the consumer. Its default (30 s, heartbeats of
+        // 15 s) left a node applying nothing, and its publishes unanswered, for 30 to 40 s
+        // after a kill of the server holding the consumer (the stream's leader).
+        max_expires: FOLLOW_PULL_EXPIRES,
         ..Default::default()
     };
     let c = s

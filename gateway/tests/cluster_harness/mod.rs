@@ -337,7 +337,9 @@ pub fn nats_publish_raw(port: u16, subject: &str, headers: &[(&str, &str)], payl
 /// lines (`id:`, `event:`, `data:`), and their IDs. Retried (bounded) while the node has not
 /// applied them all.
 pub fn events_on(addr: SocketAddr, stream: &str, n: usize) -> (Vec<u8>, Vec<String>) {
-    let deadline = Instant::now() + Duration::from_secs(30);
+    // Up to a minute: after a kill of a stream's JetStream leader a node's follower recreates
+    // its consumer once it missed its heartbeats, on a loaded machine in tens of seconds.
+    let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         assert!(Instant::now() < deadline, "{addr} never served {n} events");
         if let Some(got) = try_events(addr, stream, n, None) {
