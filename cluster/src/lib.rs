@@ -1,6 +1,7 @@
 //! Cluster mode: gateways over NATS JetStream. Each shard is one JetStream stream (`GW_<k>`,
-//! subject `gw.<k>`, file storage, replicated); a publish is one JetStream message per event;
-//! every node follows every shard with an ordered consumer and applies each message, in
+//! subject `gw.<k>`, file storage, replicated); a publish is one JetStream message per event,
+//! and a batch's messages are one JetStream atomic batch (stored whole and in order, or not at
+//! all: `batch.rs`); every node follows every shard with an ordered consumer and applies each message, in
 //! JetStream order, to its local log. A stream's sequence numbers are a pure function of that
 //! order (the n-th message naming a stream is its event n), so every node numbers every event
 //! alike without any coordination of its own (see ARCHITECTURE.md, "Cluster mode").
