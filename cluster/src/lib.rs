@@ -1,6 +1,7 @@
 //! Cluster mode: gateways over NATS JetStream. Each shard is one JetStream stream (`GW_<k>`,
-//! subject `gw.<k>`, file storage, replicated); a publish is one JetStream message per event;
-//! every node follows every shard with an ordered consumer and applies each message, in
+//! subject `gw.<k>`, file storage, replicated); a publish is one JetStream message per event,
+//! and a batch's messages are one JetStream atomic batch (stored whole and in order, or not at
+//! all: `batch.rs`); every node follows every shard with an ordered consumer and applies each message, in
 //! JetStream order, to its local log. A stream's sequence numbers are a pure function of that
 //! order (the n-th message naming a stream is its event n), so every node numbers every event
 //! alike without any coordination of its own (see ARCHITECTURE.md, "Cluster mode").
@@ -11,6 +12,7 @@
 //! knows nothing of the log, HTTP or io_uring.
 #![forbid(unsafe_code)]
 
+mod batch;
 mod client;
 pub mod names;
 mod snapshot;
@@ -21,6 +23,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
+pub use batch::BATCH_MESSAGES_MAX;
 pub use names::{ChainBreak, Next};
 pub use snapshot::Snapshot;
 
@@ -237,6 +240,14 @@ impl Cluster {
     pub fn publish(&self, p: Publish) {
         // The thread lives until the process exits: the send cannot fail before.
         let _ = self.cmd.send(client::Command::Publish(p));
+    }
+
+    /// Publishes one request's events (2 to [`BATCH_MESSAGES_MAX`], all of one shard) as one
+    /// JetStream atomic batch: JetStream stores all of them, contiguous and in this order, or
+    /// none (a resend can neither reorder nor split it). Each outcome arrives as for
+    /// [`Cluster::publish`]; a batch not confirmed is reported unconfirmed ticket by ticket.
+    pub fn publish_batch(&self, ps: Vec<Publish>) {
+        let _ = self.cmd.send(client::Command::PublishBatch(ps));
     }
 
     /// Stores `snap` as shard `shard`'s latest snapshot unless a newer one of the same epoch

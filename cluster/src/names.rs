@@ -45,6 +45,14 @@ pub fn redact_url(url: &str) -> String {
     format!("{scheme}{sep}{host}{tail}")
 }
 
+/// Whether a NATS server of `version` (its `INFO`, e.g. `2.12.1`) has JetStream atomic
+/// batches: 2.12 or later. A version that does not parse is taken as too old.
+pub fn atomic_batches(version: &str) -> bool {
+    let mut parts = version.trim_start_matches('v').split(['.', '-']);
+    let mut next = || parts.next().and_then(|p| p.parse::<u64>().ok());
+    matches!((next(), next()), (Some(major), Some(minor)) if (major, minor) >= (2, 12))
+}
+
 /// The JetStream stream holding shard `shard`.
 pub fn stream_name(shard: u32) -> String {
     format!("GW_{shard}")
@@ -139,6 +147,16 @@ pub fn check_next(applied: u64, seq: u64) -> Result<Next, ChainBreak> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn atomic_batches_from_server_2_12() {
+        for v in ["2.12.0", "2.12.1", "v2.14.0-beta.1", "2.15.1", "3.0.0"] {
+            assert!(atomic_batches(v), "{v}");
+        }
+        for v in ["2.11.9", "2.10.0", "1.99.0", "", "two", "2"] {
+            assert!(!atomic_batches(v), "{v}");
+        }
+    }
 
     #[test]
     fn printed_urls_carry_no_credentials() {

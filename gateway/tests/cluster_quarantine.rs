@@ -8,11 +8,11 @@
 mod cluster_harness;
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use cluster_harness::{Nats, nats_publish_raw, shard_of, start_gateway, tools};
+use cluster_harness::{
+    events_on, nats_and_gateways, nats_publish_raw, shard_of, start_gateway, try_events,
+};
 use common::Gateway;
 
 /// A name of shard `shard` (of 4) with `prefix`.
@@ -21,65 +21,6 @@ fn name_in_shard(prefix: &str, shard: u64) -> String {
         .map(|i| format!("{prefix}{i}"))
         .find(|n| shard_of(n, 4) == shard)
         .unwrap()
-}
-
-/// The first `n` events of `stream` on `addr`, from its first, as the raw bytes of their
-/// lines (`id:`, `event:`, `data:`), and their IDs. Retried (bounded) while the node has not
-/// applied them all.
-fn events_on(addr: SocketAddr, stream: &str, n: usize) -> (Vec<u8>, Vec<String>) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        assert!(Instant::now() < deadline, "{addr} never served {n} events");
-        if let Some(got) = try_events(addr, stream, n, None) {
-            return got;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
-/// One subscribe (`last`: as a resume with that `Last-Event-ID`); `None` if it ended or
-/// stalled before `n` events.
-fn try_events(
-    addr: SocketAddr,
-    stream: &str,
-    n: usize,
-    last: Option<&str>,
-) -> Option<(Vec<u8>, Vec<String>)> {
-    let mut s = TcpStream::connect(addr).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-    let resume = last.map_or(String::new(), |id| format!("Last-Event-ID: {id}\r\n"));
-    write!(
-        s,
-        "GET /v1/streams/{stream}?from=earliest HTTP/1.1\r\nHost: t\r\n{resume}\r\n"
-    )
-    .ok()?;
-    let mut r = BufReader::new(s);
-    let mut line = Vec::new();
-    r.read_until(b'\n', &mut line).ok()?;
-    if !line.starts_with(b"HTTP/1.1 200") {
-        return None;
-    }
-    loop {
-        line.clear();
-        r.read_until(b'\n', &mut line).ok()?;
-        if line == b"\r\n" || line.is_empty() {
-            break;
-        }
-    }
-    let (mut bytes, mut ids) = (Vec::new(), Vec::new());
-    while ids.len() < n {
-        line.clear();
-        if r.read_until(b'\n', &mut line).ok()? == 0 {
-            return None;
-        }
-        if let Some(id) = line.strip_prefix(b"id: ") {
-            ids.push(String::from_utf8_lossy(id).trim().to_owned());
-        }
-        if line.starts_with(b"id:") || line.starts_with(b"event:") || line.starts_with(b"data:") {
-            bytes.extend_from_slice(&line);
-        }
-    }
-    Some((bytes, ids))
 }
 
 /// A raw message: headers, payload, and whether it goes to another shard's subject than
@@ -162,13 +103,10 @@ fn agree(nodes: &[&Gateway], stream: &str, n: usize) -> Vec<String> {
 
 #[test]
 fn junk_on_the_shards_stops_no_node_and_every_node_agrees() {
-    let Some((nats_bin, _)) = tools() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let nats = Nats::start(&nats_bin, dir.path());
+    let Some((dir, nats, mut gs)) = nats_and_gateways(3) else {
+        return;
+    };
     let urls = nats.urls();
-    let mut gs: Vec<Gateway> = (0..3)
-        .map(|i| start_gateway(&dir.path().join(format!("g{i}")), &urls, &[]))
-        .collect();
     let a = name_in_shard("quar-a", 1);
     let fresh = name_in_shard("quar-new", 1);
     let mcp_shard = shard_of("mcp/", 4);

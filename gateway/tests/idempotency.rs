@@ -59,6 +59,8 @@ fn a_repeat_with_the_same_key_stores_nothing_and_answers_the_original_ids() {
     let (st, h, again) = post(g.addr, "/v1/streams/idem/events:batch", "b-1", batch);
     assert_eq!((st, &again), (201, &ids));
     assert!(replayed(&h));
+    // Two replays counted (the 422 is not one).
+    assert_eq!(g.metric("gateway_idempotent_replays_total", ""), 2);
     // One event and one batch of two were stored: the next is the fourth.
     let next = common::publish(g.addr, "idem", "after");
     assert_eq!(seq_of(&next), 4, "{next}");
@@ -146,6 +148,7 @@ fn cluster_a_publish_unconfirmed_while_nats_is_paused_and_retried_is_stored_once
     );
     let (st, _, reused) = retry(g1.addr, path, "pay-1", "unpaid");
     assert_eq!(st, 422, "{reused}");
+    assert_eq!(g1.metric("gateway_idempotent_replays_total", ""), 1);
     let next = common::publish(g1.addr, "cl-idem", "after");
     assert_eq!(seq_of(&next), seq_of(&id) + 1, "stored once: {next}");
     // A keyed batch: its IDs gather on every node as its events are applied.

@@ -278,6 +278,14 @@ fn check_cluster_publish(
     events: &[Event],
     (access, peer): (&auth::Access, Option<std::net::IpAddr>),
 ) -> Result<(), (u16, &'static str, String)> {
+    if events.len() > cluster::BATCH_MESSAGES_MAX {
+        let msg = format!(
+            "{} events: a batch holds at most {} in cluster mode (one JetStream atomic batch)",
+            events.len(),
+            cluster::BATCH_MESSAGES_MAX
+        );
+        return Err((413, "batch_too_many_events", msg));
+    }
     let log = core.hub.log(shard);
     publish::check_framed_worst(log, events)?;
     if log.stream_id(stream).is_none() {

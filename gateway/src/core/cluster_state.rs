@@ -109,9 +109,24 @@ impl ClusterCore {
         expect_seq: Option<u64>,
         keyed: Option<cluster::Keyed>,
     ) -> u64 {
+        let p = self.ticketed(shard, stream, (event, data), expect_seq, keyed);
+        let ticket = p.ticket;
+        self.handle.publish(p);
+        ticket
+    }
+
+    /// One event under a new ticket.
+    fn ticketed(
+        &mut self,
+        shard: u32,
+        stream: String,
+        (event, data): Event,
+        expect_seq: Option<u64>,
+        keyed: Option<cluster::Keyed>,
+    ) -> cluster::Publish {
         let ticket = self.next_ticket;
         self.next_ticket += 1;
-        let p = cluster::Publish {
+        cluster::Publish {
             shard,
             ticket,
             stream,
@@ -119,12 +134,11 @@ impl ClusterCore {
             data,
             expect_seq,
             keyed,
-        };
-        self.handle.publish(p);
-        ticket
+        }
     }
 
-    /// Sends a request's events under consecutive tickets; returns the first. A keyed
+    /// Sends a request's events under consecutive tickets; returns the first. Two or more go
+    /// as one JetStream atomic batch: stored together and in order, or not at all. A keyed
     /// request's events carry its key ([`idempotency::cluster_msg_id`]).
     pub(super) fn publish_events(
         &mut self,
@@ -136,12 +150,18 @@ impl ClusterCore {
     ) -> u64 {
         let first = self.next_ticket;
         let n = events.len();
-        for (i, (event, data)) in events.into_iter().enumerate() {
+        let mut ps = Vec::with_capacity(n);
+        for (i, event) in events.into_iter().enumerate() {
             let keyed = keyed.map(|k| cluster::Keyed {
                 msg_id: idempotency::cluster_msg_id(stream, k, i),
                 header: idempotency::cluster_header(k, i, n, batch),
             });
-            self.publish(shard, stream.to_owned(), event, data, None, keyed);
+            ps.push(self.ticketed(shard, stream.to_owned(), event, None, keyed));
+        }
+        match ps.len() {
+            0 => unreachable!("a publish has events (an empty batch is refused when parsed)"),
+            1 => self.handle.publish(ps.pop().expect("one")),
+            _ => self.handle.publish_batch(ps),
         }
         first
     }

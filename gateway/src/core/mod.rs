@@ -59,13 +59,13 @@ const TICK: Duration = Duration::from_millis(100);
 /// Requests one connection may have processed per call before others get a turn.
 const PIPELINED_PER_CALL_MAX: usize = 256;
 
-/// A core's `Idempotency-Key` table, sized by the flags.
-fn idempotency_keys(shared: &Shared) -> Keys {
+/// Core `id`'s `Idempotency-Key` table, sized by the flags.
+fn idempotency_keys(shared: &Shared, id: usize) -> Keys {
     let c = &shared.cfg;
     let (secs, per_stream) = (c.idempotency_window_secs, c.idempotency_keys_per_stream_max);
     let limits =
         idempotency::Limits::of_flags(secs, per_stream, c.idempotency_keys_max, shared.cores);
-    Keys::new(limits)
+    Keys::new(limits, shared.metrics[id].idempotent_replays_total.clone())
 }
 
 /// State shared by all cores (read-mostly).
@@ -249,7 +249,7 @@ pub fn run_core(setup: CoreSetup, shared: Arc<Shared>, ready: impl FnOnce(Result
         lim,
         net,
         hub: Hub::new(setup.logs, shared.shards),
-        idem: idempotency_keys(&shared),
+        idem: idempotency_keys(&shared, setup.id),
         shared,
         efd: shared_efd,
         rx: setup.rx,

@@ -264,6 +264,13 @@ pub(super) const FAMILIES: &[Family] = &[
         &[("", |m| &m.tls_kernel_refusals_total)],
     ),
     one(
+        "gateway_idempotent_replays_total",
+        "counter",
+        "Publishes with an Idempotency-Key seen before that stored nothing and were answered \
+         with the original IDs (Idempotent-Replay: true).",
+        &[("", |m| &m.idempotent_replays_total)],
+    ),
+    one(
         "gateway_cluster_publishes_total",
         "counter",
         "Cluster mode: events sent to JetStream.",

@@ -5,8 +5,8 @@
 #![forbid(unsafe_code)]
 
 use std::fmt::Write as _;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
 
 use log_store::ResumeClass;
 
@@ -68,6 +68,9 @@ pub struct CoreMetrics {
     /// Access-log lines dropped because the writer's queue was full.
     pub access_log_dropped_total: AtomicU64,
     pub events_appended_total: AtomicU64,
+    /// Keyed publishes answered from the `Idempotency-Key` table (stored nothing); the core's
+    /// table counts them itself (`streams::idempotency::Keys`).
+    pub idempotent_replays_total: Arc<AtomicU64>,
     /// Cluster mode: events sent to JetStream, messages applied to the local logs, publishes
     /// answered 503 unconfirmed, applies paused by a full disk, subscribes that waited for
     /// this node to catch up and those that gave up.

@@ -12,6 +12,9 @@
 #![forbid(unsafe_code)]
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use log_store::EventId;
@@ -83,8 +86,9 @@ pub const REPLAY_HEADER: &str = "Idempotent-Replay: true\r\n";
 
 impl Keys {
     /// The answer to a keyed publish on `stream` that must store nothing: the original IDs
-    /// again, marked and held until they are durable (as the original was), or the 422 for
-    /// a reused key. `None`: publish (no key, a new key, or a stream not created yet).
+    /// again, marked and held until they are durable (as the original was; counted), or the
+    /// 422 for a reused key. `None`: publish (no key, a new key, or a
+    /// stream not created yet).
     pub fn known(
         &mut self,
         hub: &Hub,
@@ -97,6 +101,7 @@ impl Keys {
         let (answer, wait) = match self.lookup(stream, &keyed.key, keyed.hash, key.1.0, now) {
             Lookup::New => return None,
             Lookup::Replay { ids, batch } => {
+                self.replays.fetch_add(1, Relaxed);
                 let (b, wait) = publish::stored_answer(key.0, &ids, false, batch, close);
                 // Durable already (the usual case): nothing would release a wait.
                 (
@@ -186,12 +191,15 @@ pub struct Keys {
     next_serial: u64,
     /// Cluster mode: keyed requests whose first events were applied, not yet all.
     partial: HashMap<(String, String), (u64, Vec<EventId>)>,
+    /// Replays answered (`gateway_idempotent_replays_total`, read by the metrics export).
+    replays: Arc<AtomicU64>,
 }
 
 impl Keys {
-    pub fn new(limits: Limits) -> Keys {
+    pub fn new(limits: Limits, replays: Arc<AtomicU64>) -> Keys {
         Keys {
             limits,
+            replays,
             entries: HashMap::new(),
             order: BTreeMap::new(),
             per_stream: HashMap::new(),
@@ -344,11 +352,12 @@ mod tests {
     }
 
     fn keys(per_stream_max: usize, total_max: usize) -> Keys {
-        Keys::new(Limits {
+        let limits = Limits {
             window: Duration::from_secs(600),
             per_stream_max,
             total_max,
-        })
+        };
+        Keys::new(limits, Default::default())
     }
 
     #[test]

@@ -1,13 +1,13 @@
-//! The cluster tests' harness (shared by `cluster.rs` and `cluster_mcp.rs`): a 3-node NATS
+//! The cluster tests' harness (shared by `cluster*.rs` and `idempotency.rs`): a 3-node NATS
 //! JetStream cluster (R=3, `sync_interval: always`), HAProxy in front of the gateways, and
 //! the gateways' cluster flags, all on loopback with bounded waits.
 //!
-//! Needs `nats-server` >= 2.11 and `haproxy` ($NATS_SERVER / $HAPROXY or PATH; the test command
+//! Needs `nats-server` >= 2.12 and `haproxy` ($NATS_SERVER / $HAPROXY or PATH; the test command
 //! installs both with scripts/setup-cluster.sh). Without them the tests fail, unless
 //! GATEWAY_TESTS_WITHOUT_CLUSTER=1 is set (then they print SKIPPED).
 #![allow(dead_code)]
 
-use std::io::{Read, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -276,6 +276,19 @@ pub fn start_gateway(dir: &Path, urls: &[String], extra: &[&str]) -> Gateway {
     Gateway::start_in(dir, &args)
 }
 
+/// A new temporary directory, the NATS cluster in it and `n` gateways on it (`None`: the
+/// tools are missing and the test is skipped).
+pub fn nats_and_gateways(n: usize) -> Option<(tempfile::TempDir, Nats, Vec<Gateway>)> {
+    let (nats_bin, _) = tools()?;
+    let dir = tempfile::tempdir().unwrap();
+    let nats = Nats::start(&nats_bin, dir.path());
+    let urls = nats.urls();
+    let gs = (0..n)
+        .map(|i| start_gateway(&dir.path().join(format!("g{i}")), &urls, &[]))
+        .collect();
+    Some((dir, nats, gs))
+}
+
 /// The shard of a stream (the gateway's FNV-1a of the name, mod the shard count).
 pub fn shard_of(name: &str, shards: u64) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
@@ -318,4 +331,65 @@ pub fn nats_publish_raw(port: u16, subject: &str, headers: &[(&str, &str)], payl
             String::from_utf8_lossy(&got)
         );
     }
+}
+
+/// The first `n` events of `stream` on `addr`, from its first, as the raw bytes of their
+/// lines (`id:`, `event:`, `data:`), and their IDs. Retried (bounded) while the node has not
+/// applied them all.
+pub fn events_on(addr: SocketAddr, stream: &str, n: usize) -> (Vec<u8>, Vec<String>) {
+    // Up to a minute: after a kill of a stream's JetStream leader a node's follower recreates
+    // its consumer once it missed its heartbeats, on a loaded machine in tens of seconds.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        assert!(Instant::now() < deadline, "{addr} never served {n} events");
+        if let Some(got) = try_events(addr, stream, n, None) {
+            return got;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// One subscribe (`last`: as a resume with that `Last-Event-ID`); `None` if it ended or
+/// stalled before `n` events.
+pub fn try_events(
+    addr: SocketAddr,
+    stream: &str,
+    n: usize,
+    last: Option<&str>,
+) -> Option<(Vec<u8>, Vec<String>)> {
+    let mut s = TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let resume = last.map_or(String::new(), |id| format!("Last-Event-ID: {id}\r\n"));
+    write!(
+        s,
+        "GET /v1/streams/{stream}?from=earliest HTTP/1.1\r\nHost: t\r\n{resume}\r\n"
+    )
+    .ok()?;
+    let mut r = BufReader::new(s);
+    let mut line = Vec::new();
+    r.read_until(b'\n', &mut line).ok()?;
+    if !line.starts_with(b"HTTP/1.1 200") {
+        return None;
+    }
+    loop {
+        line.clear();
+        r.read_until(b'\n', &mut line).ok()?;
+        if line == b"\r\n" || line.is_empty() {
+            break;
+        }
+    }
+    let (mut bytes, mut ids) = (Vec::new(), Vec::new());
+    while ids.len() < n {
+        line.clear();
+        if r.read_until(b'\n', &mut line).ok()? == 0 {
+            return None;
+        }
+        if let Some(id) = line.strip_prefix(b"id: ") {
+            ids.push(String::from_utf8_lossy(id).trim().to_owned());
+        }
+        if line.starts_with(b"id:") || line.starts_with(b"event:") || line.starts_with(b"data:") {
+            bytes.extend_from_slice(&line);
+        }
+    }
+    Some((bytes, ids))
 }
