@@ -90,6 +90,8 @@
 
 mod agent;
 mod answer;
+#[cfg(test)]
+mod client_tests;
 mod proxy;
 mod shared;
 mod tls;
