@@ -132,9 +132,14 @@ impl Shared {
     }
 }
 
+/// What a failed send means, by how far the request got (`a`).
 fn classify(e: ureq::Error, a: Attempt, note: &str) -> SendError {
-    match a.sent {
-        false => SendError::Unreachable(format!("cannot reach the upstream: {e}{note}")),
-        true => SendError::Unreadable(format!("upstream answer unreadable: {e}{note}")),
+    match (&e, a.sent) {
+        // A header value the upstream gave us (its session id) that no request may carry.
+        (ureq::Error::Http(_), _) => {
+            SendError::Unreachable(format!("the upstream request cannot be made: {e}{note}"))
+        }
+        (_, false) => SendError::Unreachable(format!("cannot reach the upstream: {e}{note}")),
+        (_, true) => SendError::Unreadable(format!("upstream answer unreadable: {e}{note}")),
     }
 }
