@@ -1157,7 +1157,8 @@ fn mcp_https_upstream_with_a_bad_certificate_is_an_explicit_error() {
 
 /// Keep-alive, plain and TLS: 60 sequential calls (JSON and SSE answers) with
 /// `--upstream-pool-connections-max 3` reach the upstream over at most 3 POST connections
-/// (plus the GET stream's own); the gateway counts the reuses.
+/// (plus the GET stream's own); the gateway counts the reuses and the connections opened and
+/// open.
 #[test]
 fn mcp_http_upstream_reuses_pooled_connections() {
     let dir = tempfile::tempdir().unwrap();
@@ -1211,6 +1212,17 @@ fn mcp_http_upstream_reuses_pooled_connections() {
             metric(g.admin_addr, "gateway_mcp_upstream_requests_retried_total"),
             Some(0)
         );
+        // Every connection the upstream accepted was counted, and what is open now is at
+        // most the pool and the GET stream.
+        assert_eq!(
+            metric(
+                g.admin_addr,
+                "gateway_mcp_upstream_connections_opened_total"
+            ),
+            Some(up.accepted() as u64)
+        );
+        let open = metric(g.admin_addr, "gateway_mcp_upstream_connections_open").unwrap();
+        assert!((1..=4).contains(&open), "{open}");
     }
 }
 

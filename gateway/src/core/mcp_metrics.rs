@@ -55,7 +55,7 @@ const PLAIN: [(&str, &str, &str); 12] = [
     ),
 ];
 
-/// The families of the HTTP upstream's connection pool (after `gateway_mcp_upstream_`).
+/// The families of the HTTP upstream's connections (after `gateway_mcp_upstream_`).
 const HTTP_UPSTREAM: [(&str, &str, &str); 4] = [
     (
         "connections_opened_total",
