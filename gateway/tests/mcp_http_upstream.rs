@@ -1296,3 +1296,111 @@ fn mcp_http_upstream_survives_the_server_closing_pooled_connections() {
         Some(0)
     );
 }
+
+// ------------------------------------------------------------ proxies
+
+/// A gateway in front of `up` with its environment's proxy variables replaced by `vars`;
+/// killed when dropped.
+struct EnvGateway {
+    child: std::process::Child,
+    addr: SocketAddr,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for EnvGateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+const PROXY_VARS: [&str; 8] = [
+    "http_proxy",
+    "HTTP_PROXY",
+    "https_proxy",
+    "HTTPS_PROXY",
+    "all_proxy",
+    "ALL_PROXY",
+    "no_proxy",
+    "NO_PROXY",
+];
+
+fn start_with_env(up: &Upstream, vars: &[(&str, &str)]) -> EnvGateway {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_gateway"));
+    PROXY_VARS.iter().for_each(|v| _ = cmd.env_remove(v));
+    let mut child = cmd
+        .envs(vars.iter().copied())
+        .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+        .args(["--cores", "2", "--upstream-url", &up.url])
+        .arg("--data-dir")
+        .arg(dir.path())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    // Keep draining so the gateway never blocks on (or fails writing to) its stdout.
+    std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
+    EnvGateway {
+        child,
+        addr: common::listening_addr(&line),
+        _dir: dir,
+    }
+}
+
+/// A proxy that records each `CONNECT` target and refuses it (403).
+fn refusing_proxy() -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let targets = Arc::new(Mutex::new(Vec::new()));
+    let t = targets.clone();
+    std::thread::spawn(move || {
+        for mut s in l.incoming().map_while(Result::ok) {
+            // The whole head first: closing with some of it unread would reset the connection.
+            let head: Vec<String> = BufReader::new(&s)
+                .lines()
+                .map_while(Result::ok)
+                .take_while(|l| !l.is_empty())
+                .collect();
+            t.lock()
+                .unwrap()
+                .push(head.first().cloned().unwrap_or_default());
+            let _ = s.write_all(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n");
+        }
+    });
+    (addr, targets)
+}
+
+/// The gateway takes its proxy from its environment: under `http_proxy` the upstream is
+/// reached only through the proxy's `CONNECT` (this proxy refuses it: `initialize` gets an
+/// explicit error naming the proxy, and the upstream sees nothing); with `NO_PROXY` naming the
+/// upstream's host the same gateway setup goes direct.
+#[test]
+fn mcp_http_upstream_goes_through_the_environments_proxy() {
+    let up = Upstream::start();
+    let (proxy, targets) = refusing_proxy();
+    let via = format!("http://{proxy}");
+    let g = start_with_env(&up, &[("http_proxy", &via)]);
+    let init = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"e2e","version":"1"}}}"#;
+    let mut x = Exchange::send(g.addr, "POST", &[ACCEPT], init);
+    assert_eq!(x.status, 200);
+    let m = messages(&mut x);
+    assert_eq!(m.len(), 1, "{m:?}");
+    assert_error_mentions(&m[0], "proxy");
+    let authority = up
+        .url
+        .trim_start_matches("http://")
+        .trim_end_matches("/mcp");
+    let want = format!("CONNECT {authority} HTTP/1.1");
+    assert_eq!(*targets.lock().unwrap(), vec![want]);
+    assert!(up.seen().is_empty(), "{:?}", up.seen());
+    drop(g);
+
+    let g = start_with_env(&up, &[("http_proxy", &via), ("NO_PROXY", "127.0.0.1")]);
+    let sid = initialize(g.addr);
+    sequential_calls(g.addr, &sid, 1, 1);
+    assert_each_call_seen_once(&up, 1..2);
+    assert_eq!(targets.lock().unwrap().len(), 1, "no second CONNECT");
+}
