@@ -1095,7 +1095,7 @@ fn assert_each_call_seen_once(up: &Upstream, ids: std::ops::Range<u64>) {
 
 /// The round trip over `https://` with `--upstream-ca-file` (a test CA): initialize, a
 /// progress stream cut by the client and resumed exactly once, explicit errors; the upstream
-/// saw ALPN `http/1.1` and no SNI (the host is an IP literal, RFC 6066).
+/// saw no ALPN (HTTP/1.1 by default) and no SNI (the host is an IP literal, RFC 6066).
 #[test]
 fn mcp_https_upstream_round_trip_and_resume_from_our_log() {
     let dir = tempfile::tempdir().unwrap();
@@ -1299,8 +1299,8 @@ fn mcp_http_upstream_survives_the_server_closing_pooled_connections() {
 
 // ------------------------------------------------------------ proxies
 
-/// A gateway in front of `up` with its environment's proxy variables replaced by `vars`;
-/// killed when dropped.
+/// A gateway in front of `up` (plus `extra` flags) with its environment's proxy variables
+/// replaced by `vars`; killed when dropped.
 struct EnvGateway {
     child: std::process::Child,
     addr: SocketAddr,
@@ -1325,7 +1325,7 @@ const PROXY_VARS: [&str; 8] = [
     "NO_PROXY",
 ];
 
-fn start_with_env(up: &Upstream, vars: &[(&str, &str)]) -> EnvGateway {
+fn start_with_env(up: &Upstream, vars: &[(&str, &str)], extra: &[&str]) -> EnvGateway {
     let dir = tempfile::tempdir().unwrap();
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_gateway"));
     PROXY_VARS.iter().for_each(|v| _ = cmd.env_remove(v));
@@ -1333,6 +1333,7 @@ fn start_with_env(up: &Upstream, vars: &[(&str, &str)]) -> EnvGateway {
         .envs(vars.iter().copied())
         .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
         .args(["--cores", "2", "--upstream-url", &up.url])
+        .args(extra)
         .arg("--data-dir")
         .arg(dir.path())
         .stdout(std::process::Stdio::piped())
@@ -1350,57 +1351,78 @@ fn start_with_env(up: &Upstream, vars: &[(&str, &str)]) -> EnvGateway {
     }
 }
 
-/// A proxy that records each `CONNECT` target and refuses it (403).
-fn refusing_proxy() -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
+/// A `CONNECT` proxy of the test's own: records each request line, then tunnels bytes both
+/// ways between the client and the target.
+fn tunnel_proxy() -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();
     let targets = Arc::new(Mutex::new(Vec::new()));
     let t = targets.clone();
     std::thread::spawn(move || {
-        for mut s in l.incoming().map_while(Result::ok) {
-            // The whole head first: closing with some of it unread would reset the connection.
-            let head: Vec<String> = BufReader::new(&s)
-                .lines()
-                .map_while(Result::ok)
-                .take_while(|l| !l.is_empty())
-                .collect();
-            t.lock()
-                .unwrap()
-                .push(head.first().cloned().unwrap_or_default());
-            let _ = s.write_all(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n");
+        for s in l.incoming().map_while(Result::ok) {
+            let t = t.clone();
+            std::thread::spawn(move || tunnel(s, &t));
         }
     });
     (addr, targets)
 }
 
-/// The gateway takes its proxy from its environment: under `http_proxy` the upstream is
-/// reached only through the proxy's `CONNECT` (this proxy refuses it: `initialize` gets an
-/// explicit error naming the proxy, and the upstream sees nothing); with `NO_PROXY` naming the
-/// upstream's host the same gateway setup goes direct.
+fn tunnel(mut down: TcpStream, targets: &Mutex<Vec<String>>) {
+    let mut r = BufReader::new(down.try_clone().unwrap());
+    let head: Vec<String> = r
+        .by_ref()
+        .lines()
+        .map_while(Result::ok)
+        .take_while(|l| !l.is_empty())
+        .collect();
+    let line = head.first().cloned().unwrap_or_default();
+    targets.lock().unwrap().push(line.clone());
+    let Some(Ok(up)) = line.split(' ').nth(1).map(TcpStream::connect) else {
+        return;
+    };
+    down.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        .unwrap();
+    let (mut up_r, mut up_w) = (up.try_clone().unwrap(), up);
+    std::thread::spawn(move || {
+        let _ = std::io::copy(&mut r, &mut up_w);
+        let _ = up_w.shutdown(std::net::Shutdown::Write);
+    });
+    let _ = std::io::copy(&mut up_r, &mut down);
+    let _ = down.shutdown(std::net::Shutdown::Write);
+}
+
+/// The gateway takes its proxy from its environment: under `https_proxy` an `https://`
+/// upstream is reached through the proxy's `CONNECT` tunnel, TLS end to end inside it (the
+/// certificate checked against `--upstream-ca-file` and the URL's host); with `NO_PROXY`
+/// naming the upstream's host the same setup goes direct.
 #[test]
-fn mcp_http_upstream_goes_through_the_environments_proxy() {
-    let up = Upstream::start();
-    let (proxy, targets) = refusing_proxy();
+fn mcp_https_upstream_goes_through_the_environments_proxy() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new(dir.path(), "good");
+    let up = tls_upstream(&ca, Wire::default());
+    let (proxy, targets) = tunnel_proxy();
     let via = format!("http://{proxy}");
-    let g = start_with_env(&up, &[("http_proxy", &via)]);
-    let init = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"e2e","version":"1"}}}"#;
-    let mut x = Exchange::send(g.addr, "POST", &[ACCEPT], init);
-    assert_eq!(x.status, 200);
-    let m = messages(&mut x);
-    assert_eq!(m.len(), 1, "{m:?}");
-    assert_error_mentions(&m[0], "proxy");
     let authority = up
         .url
-        .trim_start_matches("http://")
+        .trim_start_matches("https://")
         .trim_end_matches("/mcp");
-    let want = format!("CONNECT {authority} HTTP/1.1");
-    assert_eq!(*targets.lock().unwrap(), vec![want]);
-    assert!(up.seen().is_empty(), "{:?}", up.seen());
-    drop(g);
-
-    let g = start_with_env(&up, &[("http_proxy", &via), ("NO_PROXY", "127.0.0.1")]);
-    let sid = initialize(g.addr);
-    sequential_calls(g.addr, &sid, 1, 1);
-    assert_each_call_seen_once(&up, 1..2);
-    assert_eq!(targets.lock().unwrap().len(), 1, "no second CONNECT");
+    let connect = format!("CONNECT {authority} HTTP/1.1");
+    for (vars, tunnelled, first) in [
+        (vec![("https_proxy", via.as_str())], true, 1),
+        (
+            vec![("https_proxy", &via), ("NO_PROXY", "127.0.0.1")],
+            false,
+            3,
+        ),
+    ] {
+        targets.lock().unwrap().clear();
+        let g = start_with_env(&up, &vars, &["--upstream-ca-file", ca.path()]);
+        let sid = initialize(g.addr);
+        sequential_calls(g.addr, &sid, first, 2);
+        let seen = targets.lock().unwrap().clone();
+        assert_eq!(seen.is_empty(), !tunnelled, "{vars:?}: {seen:?}");
+        assert!(seen.iter().all(|t| *t == connect), "{seen:?}");
+    }
+    assert_each_call_seen_once(&up, 1..5);
+    assert!(!up.state.tls.lock().unwrap().is_empty());
 }
