@@ -1426,3 +1426,43 @@ fn mcp_https_upstream_goes_through_the_environments_proxy() {
     assert_each_call_seen_once(&up, 1..5);
     assert!(!up.state.tls.lock().unwrap().is_empty());
 }
+
+/// At `--log-level trace` nothing the HTTP client sends or receives reaches the log: the
+/// forwarded token appears in no line, not even cut into the 16-byte rows of a hex dump (any
+/// 12 bytes of it), and neither does the upstream's session id.
+#[test]
+fn mcp_http_upstream_logs_no_credential_at_trace_level() {
+    let up = Upstream::start();
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("hs256.secret");
+    std::fs::write(&secret, SECRET).unwrap();
+    let mut g = Gateway::start_logged(&[
+        "--cores",
+        "2",
+        "--upstream-url",
+        &up.url,
+        "--jwt-hs256-secret-file",
+        secret.to_str().unwrap(),
+        "--mcp-forward-authorization",
+        "--log-level",
+        "trace",
+    ]);
+    let jwt = token("alice", 1);
+    let auth = format!("Bearer {jwt}");
+    let sid = initialize_as(g.addr, &auth);
+    assert_eq!(call_as(g.addr, &sid, &auth, 1, "first")[0]["id"], 1);
+    assert_eq!(
+        seen_call(&up, "first").header("authorization"),
+        Some(auth.as_str())
+    );
+    g.stop();
+    let lines = g.stderr_lines();
+    assert!(lines.len() > 10, "a trace-level run logs: {lines:?}");
+    let pieces: Vec<&str> = (0..=jwt.len() - 12).map(|i| &jwt[i..i + 12]).collect();
+    for line in &lines {
+        assert!(!line.contains(UP_SESSION), "{line}");
+        if let Some(p) = pieces.iter().find(|p| line.contains(**p)) {
+            panic!("a piece of the token ({p}) is logged: {line}");
+        }
+    }
+}
