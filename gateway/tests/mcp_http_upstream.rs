@@ -1095,7 +1095,7 @@ fn assert_each_call_seen_once(up: &Upstream, ids: std::ops::Range<u64>) {
 
 /// The round trip over `https://` with `--upstream-ca-file` (a test CA): initialize, a
 /// progress stream cut by the client and resumed exactly once, explicit errors; the upstream
-/// saw ALPN `http/1.1` and no SNI (the host is an IP literal, RFC 6066).
+/// saw no ALPN (HTTP/1.1 by default) and no SNI (the host is an IP literal, RFC 6066).
 #[test]
 fn mcp_https_upstream_round_trip_and_resume_from_our_log() {
     let dir = tempfile::tempdir().unwrap();
@@ -1107,7 +1107,9 @@ fn mcp_https_upstream_round_trip_and_resume_from_our_log() {
     let tls = up.state.tls.lock().unwrap().clone();
     assert!(!tls.is_empty());
     for (alpn, sni) in tls {
-        assert_eq!(alpn.as_deref(), Some(&b"http/1.1"[..]));
+        // No ALPN offered (the client speaks HTTP/1.1 only, the default without ALPN), and
+        // no SNI for an IP address.
+        assert_eq!(alpn, None);
         assert_eq!(sni, None);
     }
 }
@@ -1155,7 +1157,8 @@ fn mcp_https_upstream_with_a_bad_certificate_is_an_explicit_error() {
 
 /// Keep-alive, plain and TLS: 60 sequential calls (JSON and SSE answers) with
 /// `--upstream-pool-connections-max 3` reach the upstream over at most 3 POST connections
-/// (plus the GET stream's own); the gateway counts the reuses.
+/// (plus the GET stream's own); the gateway counts the reuses and the connections opened and
+/// open.
 #[test]
 fn mcp_http_upstream_reuses_pooled_connections() {
     let dir = tempfile::tempdir().unwrap();
@@ -1209,6 +1212,17 @@ fn mcp_http_upstream_reuses_pooled_connections() {
             metric(g.admin_addr, "gateway_mcp_upstream_requests_retried_total"),
             Some(0)
         );
+        // Every connection the upstream accepted was counted, and what is open now is at
+        // most the pool and the GET stream.
+        assert_eq!(
+            metric(
+                g.admin_addr,
+                "gateway_mcp_upstream_connections_opened_total"
+            ),
+            Some(up.accepted() as u64)
+        );
+        let open = metric(g.admin_addr, "gateway_mcp_upstream_connections_open").unwrap();
+        assert!((1..=4).contains(&open), "{open}");
     }
 }
 
@@ -1281,4 +1295,174 @@ fn mcp_http_upstream_survives_the_server_closing_pooled_connections() {
         metric(g.admin_addr, "gateway_mcp_upstream_requests_retried_total"),
         Some(0)
     );
+}
+
+// ------------------------------------------------------------ proxies
+
+/// A gateway in front of `up` (plus `extra` flags) with its environment's proxy variables
+/// replaced by `vars`; killed when dropped.
+struct EnvGateway {
+    child: std::process::Child,
+    addr: SocketAddr,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for EnvGateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+const PROXY_VARS: [&str; 8] = [
+    "http_proxy",
+    "HTTP_PROXY",
+    "https_proxy",
+    "HTTPS_PROXY",
+    "all_proxy",
+    "ALL_PROXY",
+    "no_proxy",
+    "NO_PROXY",
+];
+
+fn start_with_env(up: &Upstream, vars: &[(&str, &str)], extra: &[&str]) -> EnvGateway {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_gateway"));
+    PROXY_VARS.iter().for_each(|v| _ = cmd.env_remove(v));
+    let mut child = cmd
+        .envs(vars.iter().copied())
+        .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+        .args(["--cores", "2", "--upstream-url", &up.url])
+        .args(extra)
+        .arg("--data-dir")
+        .arg(dir.path())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    // Keep draining so the gateway never blocks on (or fails writing to) its stdout.
+    std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
+    EnvGateway {
+        child,
+        addr: common::listening_addr(&line),
+        _dir: dir,
+    }
+}
+
+/// A `CONNECT` proxy of the test's own: records each request line, then tunnels bytes both
+/// ways between the client and the target.
+fn tunnel_proxy() -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let targets = Arc::new(Mutex::new(Vec::new()));
+    let t = targets.clone();
+    std::thread::spawn(move || {
+        for s in l.incoming().map_while(Result::ok) {
+            let t = t.clone();
+            std::thread::spawn(move || tunnel(s, &t));
+        }
+    });
+    (addr, targets)
+}
+
+fn tunnel(mut down: TcpStream, targets: &Mutex<Vec<String>>) {
+    let mut r = BufReader::new(down.try_clone().unwrap());
+    let head: Vec<String> = r
+        .by_ref()
+        .lines()
+        .map_while(Result::ok)
+        .take_while(|l| !l.is_empty())
+        .collect();
+    let line = head.first().cloned().unwrap_or_default();
+    targets.lock().unwrap().push(line.clone());
+    let Some(Ok(up)) = line.split(' ').nth(1).map(TcpStream::connect) else {
+        return;
+    };
+    down.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        .unwrap();
+    let (mut up_r, mut up_w) = (up.try_clone().unwrap(), up);
+    std::thread::spawn(move || {
+        let _ = std::io::copy(&mut r, &mut up_w);
+        let _ = up_w.shutdown(std::net::Shutdown::Write);
+    });
+    let _ = std::io::copy(&mut up_r, &mut down);
+    let _ = down.shutdown(std::net::Shutdown::Write);
+}
+
+/// The gateway takes its proxy from its environment: under `https_proxy` an `https://`
+/// upstream is reached through the proxy's `CONNECT` tunnel, TLS end to end inside it (the
+/// certificate checked against `--upstream-ca-file` and the URL's host); with `NO_PROXY`
+/// naming the upstream's host the same setup goes direct.
+#[test]
+fn mcp_https_upstream_goes_through_the_environments_proxy() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new(dir.path(), "good");
+    let up = tls_upstream(&ca, Wire::default());
+    let (proxy, targets) = tunnel_proxy();
+    let via = format!("http://{proxy}");
+    let authority = up
+        .url
+        .trim_start_matches("https://")
+        .trim_end_matches("/mcp");
+    let connect = format!("CONNECT {authority} HTTP/1.1");
+    for (vars, tunnelled, first) in [
+        (vec![("https_proxy", via.as_str())], true, 1),
+        (
+            vec![("https_proxy", &via), ("NO_PROXY", "127.0.0.1")],
+            false,
+            3,
+        ),
+    ] {
+        targets.lock().unwrap().clear();
+        let g = start_with_env(&up, &vars, &["--upstream-ca-file", ca.path()]);
+        let sid = initialize(g.addr);
+        sequential_calls(g.addr, &sid, first, 2);
+        let seen = targets.lock().unwrap().clone();
+        assert_eq!(seen.is_empty(), !tunnelled, "{vars:?}: {seen:?}");
+        assert!(seen.iter().all(|t| *t == connect), "{seen:?}");
+    }
+    assert_each_call_seen_once(&up, 1..5);
+    assert!(!up.state.tls.lock().unwrap().is_empty());
+}
+
+/// At `--log-level trace` nothing the HTTP client sends or receives reaches the log: the
+/// forwarded token appears in no line, not even cut into the 16-byte rows of a hex dump (any
+/// 12 bytes of it), and neither does the upstream's session id.
+#[test]
+fn mcp_http_upstream_logs_no_credential_at_trace_level() {
+    let up = Upstream::start();
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("hs256.secret");
+    std::fs::write(&secret, SECRET).unwrap();
+    let mut g = Gateway::start_logged(&[
+        "--cores",
+        "2",
+        "--upstream-url",
+        &up.url,
+        "--jwt-hs256-secret-file",
+        secret.to_str().unwrap(),
+        "--mcp-forward-authorization",
+        "--log-level",
+        "trace",
+    ]);
+    let jwt = token("alice", 1);
+    let auth = format!("Bearer {jwt}");
+    let sid = initialize_as(g.addr, &auth);
+    assert_eq!(call_as(g.addr, &sid, &auth, 1, "first")[0]["id"], 1);
+    assert_eq!(
+        seen_call(&up, "first").header("authorization"),
+        Some(auth.as_str())
+    );
+    g.stop();
+    let lines = g.stderr_lines();
+    assert!(lines.len() > 10, "a trace-level run logs: {lines:?}");
+    let pieces: Vec<&str> = (0..=jwt.len() - 12).map(|i| &jwt[i..i + 12]).collect();
+    for line in &lines {
+        assert!(!line.contains(UP_SESSION), "{line}");
+        if let Some(p) = pieces.iter().find(|p| line.contains(**p)) {
+            panic!("a piece of the token ({p}) is logged: {line}");
+        }
+    }
 }

@@ -19,7 +19,7 @@
 //!   decisions via `log_store::ResumePlan::outcome`, timers (hold, idle).
 //! - [`upstream_event`]: the events and limits both upstream drivers share.
 //! - [`upstream`], [`http_upstream`] (drivers, threads): stdio children (`--upstream-cmd`) or
-//!   streamable-HTTP clients (`--upstream-url`) behind one interface.
+//!   streamable-HTTP clients (`--upstream-url`, over ureq) behind one interface.
 //! - [`credential`]: a client's `Authorization` value on its way to an HTTP upstream
 //!   (`--mcp-forward-authorization`); never printable.
 #![forbid(unsafe_code)]

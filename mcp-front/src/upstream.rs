@@ -16,9 +16,10 @@
 //! another `kill_grace_ms`, SIGKILL. Exited children are reaped by `poll`.
 //!
 //! With `--upstream-url` the same set holds HTTP clients instead of children
-//! ([`crate::http_upstream`]), all sharing one [`HttpEndpoint`] (the URL, the TLS client for
-//! `https://`, the keep-alive pool, closed by `stop_all`); the interface and the events are the
-//! same, so the core and the driver do not know which kind they talk to.
+//! ([`crate::http_upstream`]), all built from one [`HttpEndpoint`] (the URL, the trust for
+//! `https://`, the proxy, the connection counters), each with its own connections, shut down
+//! when it stops; the interface and the events are the same, so the core and the driver do
+//! not know which kind they talk to.
 #![forbid(unsafe_code)]
 
 use crate::core::UpstreamId;
@@ -107,8 +108,8 @@ pub struct UpstreamSet {
     rx: Receiver<UpstreamEvent>,
     wake: Arc<dyn Fn() + Send + Sync>,
     procs: HashMap<UpstreamId, Proc>,
-    /// `--upstream-url`: HTTP clients instead of children, all of them sharing this endpoint
-    /// (and so its keep-alive pool).
+    /// `--upstream-url`: HTTP clients instead of children, all of them built from this endpoint
+    /// (and counted in its connection counters).
     target: Option<Arc<HttpEndpoint>>,
     http: HashMap<UpstreamId, (HttpUpstream, Option<Instant>)>,
 }
@@ -176,7 +177,7 @@ impl UpstreamSet {
         self.procs.len() + self.http.len()
     }
 
-    /// The HTTP upstream's connection pool counters (`None` for stdio children).
+    /// The HTTP upstream's connection counters (`None` for stdio children).
     pub fn http_stats(&self) -> Option<PoolStats> {
         self.target.as_ref().map(|t| t.stats())
     }
@@ -388,9 +389,6 @@ impl UpstreamSet {
             h.force();
         }
         self.http.clear();
-        if let Some(t) = &self.target {
-            t.close_idle();
-        }
         let deadline = Instant::now() + Duration::from_secs(2);
         while self.procs.values().any(term_pending) && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(5));

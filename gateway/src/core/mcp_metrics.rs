@@ -55,7 +55,7 @@ const PLAIN: [(&str, &str, &str); 12] = [
     ),
 ];
 
-/// The families of the HTTP upstream's connection pool (after `gateway_mcp_upstream_`).
+/// The families of the HTTP upstream's connections (after `gateway_mcp_upstream_`).
 const HTTP_UPSTREAM: [(&str, &str, &str); 4] = [
     (
         "connections_opened_total",
@@ -63,9 +63,9 @@ const HTTP_UPSTREAM: [(&str, &str, &str); 4] = [
         "Connections opened to the HTTP upstream.",
     ),
     (
-        "connections_idle",
+        "connections_open",
         "gauge",
-        "Idle connections to the HTTP upstream.",
+        "Connections to the HTTP upstream open now, idle or carrying a request.",
     ),
     (
         "requests_reused_total",
@@ -138,7 +138,7 @@ pub(super) fn render(m: &Mcp) -> String {
     if let Some(p) = m.ups.http_stats() {
         let values = [
             p.connections_opened,
-            p.connections_idle,
+            p.connections_open,
             p.requests_reused,
             p.requests_retried,
         ];

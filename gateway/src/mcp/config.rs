@@ -5,7 +5,7 @@
 
 use super::core::McpConfig;
 use super::headers::OriginPolicy;
-use super::http_upstream::{HttpEndpoint, HttpOptions};
+use super::http_upstream::{HttpEndpoint, HttpOptions, ProxyEnv};
 use super::upstream::UpstreamLimits;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -33,9 +33,10 @@ pub struct McpArgs {
     #[arg(long)]
     pub upstream_ca_file: Vec<PathBuf>,
 
-    /// Idle keep-alive connections kept to the --upstream-url server for later requests
-    /// (shared by all sessions). A request never waits for one: with none idle it opens a new
-    /// connection. 0 = a new connection (`Connection: close`) for every request.
+    /// Idle keep-alive connections kept to the --upstream-url server for later requests, per
+    /// upstream client (one per legacy session, one shared by 2026-07-28 clients). A request
+    /// never waits for one: with none idle it opens a new connection. 0 = a new connection for
+    /// every request.
     #[arg(long, default_value_t = 8)]
     pub upstream_pool_connections_max: usize,
 
@@ -144,8 +145,9 @@ impl McpArgs {
         }
     }
 
-    /// The --upstream-url server (URL, TLS client, keep-alive pool), if one is given; an
-    /// error names what cannot work (bad URL, unreadable CA file, no system roots, …).
+    /// The --upstream-url server (URL, trust, proxy from HTTPS_PROXY/HTTP_PROXY/NO_PROXY), if
+    /// one is given; an error names what cannot work (bad URL, unreadable CA file, no system
+    /// roots, an unusable proxy variable, …).
     pub fn http_endpoint(&self) -> Result<Option<Arc<HttpEndpoint>>, String> {
         let Some(url) = &self.upstream_url else {
             if let Some(f) = self.upstream_ca_file.first() {
@@ -160,6 +162,7 @@ impl McpArgs {
             ca_files: self.upstream_ca_file.clone(),
             pool_connections_max: self.upstream_pool_connections_max,
             pool_idle: Duration::from_secs(self.upstream_pool_idle_secs),
+            proxy_env: ProxyEnv::from_process(),
         };
         HttpEndpoint::new(url, &opts)
             .map(Some)

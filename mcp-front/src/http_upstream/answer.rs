@@ -1,15 +1,35 @@
 //! Reading one answer of the upstream (a JSON body or an SSE stream) and handing its JSON-RPC
 //! messages on; a request left unanswered gets an error response made here.
 
-use super::pool::Conn;
-use super::shared::Shared;
-use super::wire::{Body, Head, header, is_sse};
+use super::shared::{SendError, Shared};
 use crate::credential::Credential;
 use crate::upstream_event::UpstreamEvent;
 use serde_json::Value;
-use std::io::{BufRead, Read};
+use std::io::{BufRead, BufReader, Read};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use ureq::Body;
+use ureq::http::{HeaderMap, Response};
+
+/// A header's value, when it is text.
+pub(super) fn header<'a>(hs: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    hs.get(name).and_then(|v| v.to_str().ok())
+}
+
+pub(super) fn is_sse(hs: &HeaderMap) -> bool {
+    header(hs, "content-type").is_some_and(|v| v.trim_start().starts_with("text/event-stream"))
+}
+
+/// An answer's body, read as it arrives (ureq decodes `Content-Length` and chunked framing;
+/// a body read to its end gives its connection back to the pool, one dropped before ends it).
+pub(super) fn body_reader(body: Body) -> BufReader<ureq::BodyReader<'static>> {
+    BufReader::with_capacity(16 * 1024, body.into_reader())
+}
+
+/// Reads at most `max` bytes of a body we do not need, so that its connection can be reused.
+pub(super) fn drain(body: &mut impl Read, max: u64) {
+    let _ = std::io::copy(&mut body.take(max), &mut std::io::sink());
+}
 
 /// Does this message answer `id`?
 fn answers(msg: &[u8], id: &Value) -> bool {
@@ -48,41 +68,40 @@ fn forward(sh: &Shared, msg: Vec<u8>, want: Option<&Value>, answered: &mut bool,
 /// its keep-alive connection can be reused; a longer one ends that connection instead.
 pub(super) const DRAIN_BYTES_MAX: u64 = 64 * 1024;
 
-/// Reads the answer to one POST (`req`, already written on `c`; kept until the answer begins) and forwards its messages;
-/// a request left unanswered gets an error response made here. A JSON answer is read to its
-/// end and its connection put back into the pool before its message is handed on (so the
-/// next request finds it idle); an SSE answer keeps its connection until the stream ends.
-/// `auth`: the `Authorization` the POST carried, scrubbed from any upstream text quoted in a
-/// log line or an error.
+/// Reads the answer to one POST (`sent`: what sending it gave) and forwards its messages; a
+/// request left unanswered gets an error response made here, and an upstream that cannot be
+/// reached ends. A JSON answer is read to its end (its connection back in the pool) before
+/// its message is handed on, so the next request finds the connection idle; an SSE answer
+/// keeps its connection until the stream ends. `auth`: the `Authorization` the POST carried,
+/// scrubbed from any upstream text quoted in a log line or an error.
 pub(super) fn read_answer(
     sh: &Arc<Shared>,
-    c: Conn,
-    req: Vec<u8>,
+    sent: Result<Response<Body>, SendError>,
     request_id: Option<&Value>,
     init: bool,
     auth: Option<&Credential>,
 ) {
-    let mut reg = sh.register(c.tcp());
     let mut answered = false;
-    let head = sh.answer(c, &req, &mut reg);
-    drop(req); // not sent again once its answer has begun
-    let failure = match head {
-        Err(e) => Some(format!("upstream answer unreadable: {e}")),
-        Ok((head, c)) => {
+    let failure = match sent {
+        Err(SendError::Unreachable(why)) => return sh.die(&why),
+        Err(SendError::Unreadable(why)) => Some(why),
+        Ok(resp) => {
+            let (head, body) = resp.into_parts();
             if init && let Some(sid) = header(&head.headers, "mcp-session-id") {
                 sh.session.lock().expect("session lock").0 = Some(sid.trim().to_owned());
             }
-            let mut body = Body::new(c, &head);
+            let mut body = body_reader(body);
             let want = request_id.map(|id| (id, &mut answered, init));
-            let (failure, msg) = take_answer(sh, &head, &mut body, want, auth);
-            sh.release(body, &head, &mut reg);
+            let status = head.status.as_u16();
+            let sse = is_sse(&head.headers);
+            let (failure, msg) = take_answer(sh, status, sse, &mut body, want, auth);
+            drop(body);
             if let Some(msg) = msg {
                 forward(sh, msg, request_id, &mut answered, init);
             }
             failure
         }
     };
-    sh.unregister(reg);
     settle(sh, request_id, answered, failure);
 }
 
@@ -91,13 +110,14 @@ pub(super) fn read_answer(
 /// an error answer means.
 fn take_answer(
     sh: &Shared,
-    head: &Head,
-    body: &mut Body<Conn>,
+    status: u16,
+    sse: bool,
+    body: &mut impl BufRead,
     want: Option<(&Value, &mut bool, bool)>,
     auth: Option<&Credential>,
 ) -> (Option<String>, Option<Vec<u8>>) {
-    match head.status {
-        200 if is_sse(&head.headers) => {
+    match status {
+        200 if sse => {
             read_sse(sh, body, want);
             (None, None)
         }
@@ -111,7 +131,7 @@ fn take_answer(
             }
         }
         202 => {
-            body.drain(DRAIN_BYTES_MAX);
+            drain(body, DRAIN_BYTES_MAX);
             (None, None)
         }
         404 if sh.session.lock().expect("session lock").0.is_some() => {
@@ -120,7 +140,7 @@ fn take_answer(
         }
         status => {
             let why = refused(status, body, auth);
-            body.drain(DRAIN_BYTES_MAX);
+            drain(body, DRAIN_BYTES_MAX);
             (Some(why), None)
         }
     }

@@ -1,53 +1,66 @@
 //! Upstream MCP servers reached over streamable HTTP (`--upstream-url http(s)://host:port/path`):
-//! one client per upstream id (= per gateway MCP session, or the shared modern upstream), all
-//! of them sharing one [`HttpEndpoint`] (the URL, the TLS client, the keep-alive pool). A
-//! dispatcher thread takes the lines the core sends upstream, in order, and POSTs each as its
-//! body; the answer — 202, a JSON body or an SSE stream — is read by a thread per POST, and
-//! every JSON-RPC message in it is handed on as [`UpstreamEvent::Line`], exactly like a stdout
-//! line of a stdio child, so the core and the log see no difference. The upstream's
+//! one client per upstream id (= per gateway MCP session, or the shared modern upstream), each
+//! with its own ureq agent (its connections and keep-alive pool) built from the one
+//! [`HttpEndpoint`] (the URL, the trust, the proxy, the counters). A dispatcher thread takes
+//! the lines the core sends upstream, in order, and POSTs each as its body; the answer — 202,
+//! a JSON body or an SSE stream — is read by a thread per POST, and every JSON-RPC message in
+//! it is handed on as [`UpstreamEvent::Line`], exactly like a stdout line of a stdio child, so
+//! the core and the log see no difference. The dispatcher takes the next line once a POST is
+//! written whole (not answered), so the upstream gets them in order. The upstream's
 //! `Mcp-Session-Id` (from the `initialize` answer, which the dispatcher reads itself before
 //! sending anything else) and its negotiated protocol version go on every later request;
 //! after `initialize` the upstream's GET stream is opened (405 is fine: the upstream has none).
-//! Stopping sends `DELETE` with the session id and shuts every socket of the client down.
+//! Stopping sends `DELETE` with the session id, then shuts every connection of the client down
+//! (`Agent::shutdown`: readers blocked on an answer return at once).
 //!
 //! Explicit errors, never a silent gap: a request the upstream refuses (4xx/5xx other than 404),
 //! whose answer cannot be read, or whose SSE stream ends without its response (an upstream
 //! without resumability cannot be resumed by us) gets a JSON-RPC error response made here for
-//! its id; 404 on a session request, or an upstream that cannot be connected (refused, TLS
-//! handshake failed — a certificate that does not verify, for one), ends the upstream with
-//! [`UpstreamEvent::Failed`] naming why (the core then answers its in-flight requests with
-//! errors quoting it). Once a message is in our log it is resumable by our clients even though
-//! the upstream keeps no history.
+//! its id; 404 on a session request, or an upstream that cannot be reached (no address
+//! accepts, the proxy refuses, the TLS handshake fails — a certificate that does not verify,
+//! for one), ends the upstream with [`UpstreamEvent::Failed`] naming why (the core then answers
+//! its in-flight requests with errors quoting it). Once a message is in our log it is
+//! resumable by our clients even though the upstream keeps no history.
+//!
+//! # The HTTP client: ureq
+//! HTTP/1.1 framing, the keep-alive pool, TLS and proxy tunnels are ureq 3's (blocking, like
+//! these threads; rustls with our ring provider; MIT OR Apache-2.0). Each new connection
+//! resolves the host again (ureq's resolver: the system's `getaddrinfo`, at most 16 addresses)
+//! and tries every address in order until one accepts, so an upstream that moves (a Kubernetes
+//! service, a load balancer's addresses) is found again. Proxies: `proxy.rs`
+//! (`HTTPS_PROXY`/`HTTP_PROXY`/`NO_PROXY`). Timeouts: resolving, connecting (each address
+//! included), the proxy tunnel, the TLS handshake and writing a request each 10 s; no read
+//! timeout on POST answers and SSE streams (they live as long as the request and end when the
+//! client stops); the closing `DELETE` 10 s in all. Heads up to 64 KiB; bodies are read as
+//! they arrive, a JSON message or an SSE line at most the line limit. Redirects are not
+//! followed (a 3xx is an error answer).
 //!
 //! # TLS (`https://`)
-//! rustls with the ring provider, TLS 1.2/1.3, ALPN `http/1.1`, over the same blocking sockets
-//! (`rustls::StreamOwned`). Trust: the system roots, or only the `--upstream-ca-file` PEM
-//! files when given. The certificate must match the URL's host (a DNS name via SNI, an IP
-//! literal against the certificate's IP addresses). The handshake completes before a byte of
-//! a request is written; a failed one is a failed connection, never a plaintext fallback.
+//! TLS 1.2/1.3 (`tls.rs`). Trust: the system roots, or only the `--upstream-ca-file` PEM files
+//! when given. The certificate must match the URL's host (a DNS name via SNI, an IP literal
+//! against the certificate's IP addresses). The handshake completes before a byte of a request
+//! is written; a failed one is a failed connection, never a plaintext fallback.
 //!
 //! # Keep-alive and retries
-//! POSTs and the closing DELETE go over HTTP/1.1 keep-alive connections from the endpoint's
-//! pool (at most `--upstream-pool-connections-max` idle, each closed after
-//! `--upstream-pool-idle-secs` unused; 0 connections = `Connection: close` on every request).
-//! A request takes the most recently used idle connection that passes a non-blocking probe
-//! (nothing readable: no FIN, no alert, no stray byte), else opens one; it never waits for
-//! one. A connection goes back only after an answer read exactly to its end (`Content-Length`
-//! or chunked; a 202 or error body up to 64 KiB is read for that) from a server that did not
-//! say `Connection: close`; an SSE answer holds its connection until the stream ends, a body
-//! delimited by close is never reused. The GET stream always has a connection of its own.
+//! A client's POSTs and its closing DELETE go over HTTP/1.1 keep-alive connections from its
+//! agent's pool (at most `--upstream-pool-connections-max` idle, each closed once
+//! `--upstream-pool-idle-secs` unused — at the client's next request, or when it stops; 0
+//! connections = none kept). A request takes the most recently used idle connection that
+//! passes ureq's non-blocking probe (nothing readable: no FIN, no stray byte), else opens one;
+//! it never waits for one. A connection goes back only after an answer read exactly to its
+//! end (a 202 or error body up to 64 KiB is read for that); an SSE answer holds its connection
+//! until the stream ends.
 //!
-//! A request is sent again — once, on a freshly opened connection — only when it went out on
-//! a *reused* connection and either (a) writing it failed (the server did not get all of it,
-//! so it cannot have acted on it), or (b) the connection ended (EOF or an error) before one
-//! byte of the answer arrived: the usual sign of a server that closed the idle connection as
-//! the request was sent. MCP POSTs are not idempotent, and (b) is HTTP's retry caveat (RFC
-//! 9110 §9.2.2): a server that read the request, acted on it and then closed without a byte
-//! of an answer (a crash) would get it twice; the probe leaves (b) only to a close racing the
-//! request. Nothing else is retried: a failure on a fresh connection ends the upstream (as
-//! above), and a request of which any byte of the answer arrived gets an explicit error if
-//! the answer is cut. A retried request can reach the upstream after requests sent after it
-//! (each request has its own connection, so their order at the upstream was never strict).
+//! A request is sent again — once, on a fresh connection — only when it went out on a
+//! *reused* connection and either (a) writing it failed (the server did not get all of it,
+//! so it cannot have acted on it), or (b) the connection ended before one byte of the answer
+//! arrived: the usual sign of a server that closed the idle connection as the request was
+//! sent. MCP POSTs are not idempotent, and (b) is HTTP's retry caveat (RFC 9110 §9.2.2): a
+//! server that read the request, acted on it and then closed without a byte of an answer (a
+//! crash) would get it twice; the probe leaves (b) only to a close racing the request. Nothing
+//! else is retried: a failure on a fresh connection ends the upstream (as above), and a
+//! request of which any byte of the answer arrived gets an explicit error if the answer is
+//! cut. (ureq does not retry; `agent.rs` watches each connection to tell these cases apart.)
 //!
 //! `Authorization` (`--mcp-forward-authorization`, off by default): the client's header value
 //! goes on the upstream requests made on its behalf, and never on another client's. A
@@ -60,59 +73,56 @@
 //! ([`Outbound::authorization`], the request's; a cancellation the cancelled request's) and
 //! nothing else does (its GET stream and DELETE go without). The value is written into the
 //! request head and nowhere else: never logged, never in an error made here (an upstream
-//! error body quoted in one has it scrubbed, [`Credential::scrub`]). Pooled connections are
-//! shared by every client of the endpoint; a credential lives in a request, never in a
-//! connection.
+//! error body quoted in one has it scrubbed, [`Credential::scrub`]). A credential lives in a
+//! request, never in a connection.
 //!
 //! Not done: resuming the upstream's own streams with `Last-Event-ID`, TLS client
-//! certificates, and the 2026-07-28 `Mcp-Method`/`Mcp-Name` mirror headers towards the
-//! upstream (the body's `_meta` protocol version is sent as `MCP-Protocol-Version`).
+//! certificates, SOCKS proxies, and the 2026-07-28 `Mcp-Method`/`Mcp-Name` mirror headers
+//! towards the upstream (the body's `_meta` protocol version is sent as
+//! `MCP-Protocol-Version`).
 //!
 //! # Layout
 //! This file: the URL, the endpoint, the client and its dispatcher thread, the GET stream.
 //! `shared`: what a client's threads share; one request out and its answer's head in (the
-//! retry). `answer`: reading one answer (JSON or SSE) and forwarding its messages. `pool`:
-//! connections (TCP, TLS) and the keep-alive pool. `tls`: the TLS client configuration.
-//! `wire`: HTTP/1.1 response framing (head, chunked and length-delimited bodies).
+//! retry). `answer`: reading one answer (JSON or SSE) and forwarding its messages. `agent`:
+//! the ureq agents and the connection watch. `proxy`: which proxy. `tls`: the roots.
 #![forbid(unsafe_code)]
 
+mod agent;
 mod answer;
-mod pool;
+#[cfg(test)]
+mod client_tests;
+mod proxy;
 mod shared;
 mod tls;
-mod wire;
 
 use crate::core::UpstreamId;
 use crate::credential::Credential;
 use crate::upstream_event::UpstreamEvent;
-use answer::{DRAIN_BYTES_MAX, read_answer, read_sse};
+pub use agent::PoolStats;
+use agent::{AgentParts, Counters, SharedResolver};
+use answer::{DRAIN_BYTES_MAX, body_reader, drain, is_sse, read_answer, read_sse};
 use crossbeam::channel::{self, Receiver, Sender};
-use pool::Pool;
-pub use pool::PoolStats;
-use rustls::pki_types::ServerName;
+pub use proxy::ProxyEnv;
 use serde_json::Value;
 use shared::Shared;
-use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use wire::{Body, is_sse, read_head};
+use ureq::http::Uri;
+use ureq::unversioned::resolver::{DefaultResolver, Resolver};
 
-/// Read timeout for answers that must be short (DELETE); POST answers and SSE streams have
-/// none (they live as long as the request and are shut down when the upstream is stopped).
-const SHORT_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// The whole of the closing `DELETE` (connecting, sending, its answer).
+const DELETE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Where the upstream is: an `http://` or `https://` URL, resolved once at start.
+/// Where the upstream is: an `http://` or `https://` URL (resolved per connection).
 #[derive(Debug, Clone)]
 pub struct HttpTarget {
-    /// `host[:port]` as written, for the `Host` header.
-    pub authority: String,
-    pub addr: SocketAddr,
-    /// Path and query, starting with `/`.
-    pub path: String,
-    /// `https://`: the name the upstream's certificate must carry (the URL's host).
-    pub server_name: Option<ServerName<'static>>,
+    pub uri: Uri,
+    /// `host[:port]` and path, for log lines.
+    pub shown: String,
+    pub https: bool,
 }
 
 /// Why `--upstream-url` was refused.
@@ -121,7 +131,7 @@ pub enum UrlError {
     NotHttp,
     NoHost,
     BadTlsName(String),
-    Unresolvable(String),
+    Invalid(String),
 }
 
 impl std::fmt::Display for UrlError {
@@ -130,12 +140,13 @@ impl std::fmt::Display for UrlError {
             UrlError::NotHttp => write!(f, "the URL must start with http:// or https://"),
             UrlError::NoHost => write!(f, "the URL has no host"),
             UrlError::BadTlsName(e) => write!(f, "{e}"),
-            UrlError::Unresolvable(e) => write!(f, "the host cannot be resolved: {e}"),
+            UrlError::Invalid(e) => write!(f, "not a valid URL: {e}"),
         }
     }
 }
 
-/// Parses `http(s)://host[:port][/path]` (port 80 or 443 by default, path `/` by default).
+/// Parses `http(s)://host[:port][/path]` (port 80 or 443 by default, path `/` by default; no
+/// user info). Nothing is resolved here: each connection resolves the host.
 pub fn parse_url(url: &str) -> Result<HttpTarget, UrlError> {
     let lower = url.to_ascii_lowercase();
     let (rest, https) = if lower.starts_with("https://") {
@@ -153,27 +164,18 @@ pub fn parse_url(url: &str) -> Result<HttpTarget, UrlError> {
     if authority.is_empty() || authority.contains('@') {
         return Err(UrlError::NoHost);
     }
-    let (host, with_port) = if authority.ends_with(']') || !authority.contains(':') {
-        let port = if https { 443 } else { 80 };
-        (authority, format!("{authority}:{port}"))
-    } else {
-        let colon = authority.rfind(':').expect("contains ':'");
-        (&authority[..colon], authority.to_owned())
-    };
-    let server_name = match https {
-        true => Some(tls::server_name(host).map_err(UrlError::BadTlsName)?),
-        false => None,
-    };
-    let addr = with_port
-        .to_socket_addrs()
-        .map_err(|e| UrlError::Unresolvable(e.to_string()))?
-        .next()
-        .ok_or_else(|| UrlError::Unresolvable("no address".into()))?;
+    let scheme = if https { "https" } else { "http" };
+    let uri: Uri = format!("{scheme}://{authority}{path}")
+        .parse()
+        .map_err(|e: ureq::http::uri::InvalidUri| UrlError::Invalid(e.to_string()))?;
+    let host = uri.host().ok_or(UrlError::NoHost)?;
+    if https {
+        tls::server_name(host).map_err(UrlError::BadTlsName)?;
+    }
     Ok(HttpTarget {
-        authority: authority.to_owned(),
-        addr,
-        path,
-        server_name,
+        shown: format!("{authority}{path}"),
+        uri,
+        https,
     })
 }
 
@@ -183,43 +185,67 @@ pub struct HttpOptions {
     /// `--upstream-ca-file`: the only roots an `https://` upstream is verified against
     /// (empty: the system roots).
     pub ca_files: Vec<PathBuf>,
-    /// `--upstream-pool-connections-max`: idle keep-alive connections kept (0: none).
+    /// `--upstream-pool-connections-max`: idle keep-alive connections kept per client (0: none).
     pub pool_connections_max: usize,
     /// `--upstream-pool-idle-secs`: how long an idle connection is kept.
     pub pool_idle: Duration,
+    /// The proxy variables (`HTTPS_PROXY`, `NO_PROXY`, …), usually [`ProxyEnv::from_process`].
+    pub proxy_env: ProxyEnv,
 }
 
-/// One upstream server: its URL, the TLS client for `https://`, and the keep-alive pool that
-/// every client of it shares. Built once at start; [`HttpEndpoint::new`] refuses what cannot
-/// work (a bad URL, a CA file without certificates, `--upstream-ca-file` with `http://`).
+/// One upstream server: its URL, and what every client's agent is built from (trust, proxy,
+/// resolver, pool bounds, the counters they share). Built once at start; [`HttpEndpoint::new`]
+/// refuses what cannot work (a bad URL, a CA file without certificates, `--upstream-ca-file`
+/// with `http://`, a proxy variable that cannot be used).
 pub struct HttpEndpoint {
     target: HttpTarget,
-    pool: Arc<Pool>,
+    parts: AgentParts,
+    counters: Arc<Counters>,
 }
 
 impl std::fmt::Debug for HttpEndpoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HttpEndpoint")
-            .field("target", &self.target)
-            .field("pool", &self.pool.stats())
+            .field("target", &self.target.shown)
+            .field("proxied", &self.parts.proxy.is_some())
+            .field("stats", &self.counters.stats())
             .finish()
     }
 }
 
 impl HttpEndpoint {
     pub fn new(url: &str, opts: &HttpOptions) -> Result<Arc<HttpEndpoint>, String> {
+        HttpEndpoint::with_resolver(url, opts, Arc::new(DefaultResolver::default()))
+    }
+
+    /// [`HttpEndpoint::new`] with another resolver than the system's (tests).
+    fn with_resolver(
+        url: &str,
+        opts: &HttpOptions,
+        resolver: Arc<dyn Resolver>,
+    ) -> Result<Arc<HttpEndpoint>, String> {
         let target = parse_url(url).map_err(|e| e.to_string())?;
-        let tls = match &target.server_name {
-            Some(name) => Some((tls::client_config(&opts.ca_files)?, name.clone())),
-            None if !opts.ca_files.is_empty() => {
+        let roots = match target.https {
+            true => Some(tls::roots(&opts.ca_files)?),
+            false if !opts.ca_files.is_empty() => {
                 return Err("--upstream-ca-file needs an https:// --upstream-url".into());
             }
-            None => None,
+            false => None,
         };
-        let pool = Pool::new(target.addr, tls, opts.pool_connections_max, opts.pool_idle);
+        let counters = Arc::new(Counters::default());
+        let parts = AgentParts {
+            uri: target.uri.clone(),
+            roots,
+            proxy: opts.proxy_env.proxy_for(&target.uri)?,
+            pool_connections_max: opts.pool_connections_max,
+            pool_idle: opts.pool_idle,
+            resolver: SharedResolver(resolver),
+            counters: counters.clone(),
+        };
         Ok(Arc::new(HttpEndpoint {
             target,
-            pool: Arc::new(pool),
+            parts,
+            counters,
         }))
     }
 
@@ -227,14 +253,14 @@ impl HttpEndpoint {
         &self.target
     }
 
-    /// The pool's counters.
-    pub fn stats(&self) -> PoolStats {
-        self.pool.stats()
+    /// Whether requests go through a proxy (`HTTPS_PROXY`, …).
+    pub fn proxied(&self) -> bool {
+        self.parts.proxy.is_some()
     }
 
-    /// Closes the idle connections and keeps none from now on (gateway shutdown).
-    pub fn close_idle(&self) {
-        self.pool.close_all();
+    /// The connection counters of every client of this endpoint.
+    pub fn stats(&self) -> PoolStats {
+        self.counters.stats()
     }
 }
 
@@ -257,7 +283,7 @@ impl std::fmt::Debug for HttpUpstream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HttpUpstream")
             .field("id", &self.shared.id)
-            .field("authority", &self.shared.ep.target.authority)
+            .field("target", &self.shared.ep.target.shown)
             .field("finished", &self.finished.load(Ordering::SeqCst))
             .finish()
     }
@@ -275,14 +301,13 @@ impl HttpUpstream {
     ) -> Result<HttpUpstream, String> {
         let shared = Arc::new(Shared {
             id,
+            agent: ep.parts.agent(),
             ep,
             line_bytes_max,
             tx,
             wake,
             session: Mutex::new((None, None)),
             authorization: Mutex::new(None),
-            sockets: Mutex::new((false, Vec::new())),
-            next_socket: AtomicU64::new(0),
             dead: AtomicBool::new(false),
         });
         let (ltx, lrx) = channel::bounded::<Outbound>(queue_lines_max.max(1));
@@ -318,7 +343,7 @@ impl HttpUpstream {
             .expect("authorization lock") = authorization;
     }
 
-    /// Stops: the dispatcher sends DELETE (when a session exists) and shuts sockets down.
+    /// Stops: the dispatcher sends DELETE (when a session exists) and shuts connections down.
     pub fn stop(&mut self) {
         self.lines = None;
     }
@@ -328,7 +353,7 @@ impl HttpUpstream {
         self.finished.load(Ordering::SeqCst)
     }
 
-    /// Last resort: shut every socket now.
+    /// Last resort: shut every connection now.
     pub fn force(&self) {
         self.shared.shutdown_all();
     }
@@ -375,82 +400,108 @@ fn dispatch(sh: &Arc<Shared>, lines: &Receiver<Outbound>) {
 /// `DELETE` of the upstream session (if one exists and the upstream is alive), its short
 /// answer read so that its connection can go back into the pool.
 fn end_session(sh: &Arc<Shared>) {
-    let sid = sh.session.lock().expect("session lock").0.clone();
-    if sid.is_none() || sh.dead.load(Ordering::SeqCst) {
+    if sh.session.lock().expect("session lock").0.is_none() || sh.dead.load(Ordering::SeqCst) {
         return;
     }
     let auth = sh.session_authorization();
-    let keep = sh.ep.pool.keeps();
-    let req = sh.request("DELETE", b"", None, auth.as_ref(), keep);
-    let Ok(c) = sh.send(&req, keep, Some(SHORT_READ_TIMEOUT)) else {
-        return;
-    };
-    let mut reg = sh.register(c.tcp());
-    if let Ok((head, c)) = sh.answer(c, &req, &mut reg) {
-        let mut body = Body::new(c, &head);
-        body.drain(DRAIN_BYTES_MAX);
-        sh.release(body, &head, &mut reg);
+    let sent = sh.send(None, |fresh| {
+        let rb = sh.headers(
+            sh.agent.delete(sh.ep.target.uri.clone()),
+            None,
+            auth.as_ref(),
+        );
+        let rb = rb.config().timeout_global(Some(DELETE_TIMEOUT));
+        match fresh {
+            true => rb.max_idle_age(Duration::ZERO).build().call(),
+            false => rb.build().call(),
+        }
+    });
+    if let Ok(resp) = sent {
+        drain(&mut body_reader(resp.into_body()), DRAIN_BYTES_MAX);
     }
-    sh.unregister(reg);
 }
 
-/// POSTs one message and starts reading its answer (`initialize`: reads it here, then opens
-/// the GET stream).
+/// POSTs one message and reads its answer: `initialize` here (its session id is needed
+/// before the next message), then the GET stream opens; any other on a reader thread of its
+/// own, the next message taken once this one is written whole.
 fn post(sh: &Arc<Shared>, msg: Outbound) {
     let body = msg.line.strip_suffix(b"\n").unwrap_or(&msg.line).to_vec();
-    let out = describe(&body);
+    let Outgoing {
+        request_id,
+        initialize,
+        version,
+    } = describe(&body);
     let auth = msg.authorization.or_else(|| sh.session_authorization());
-    let keep = sh.ep.pool.keeps();
-    let req = sh.request("POST", &body, out.version.as_deref(), auth.as_ref(), keep);
-    let c = match sh.send(&req, keep, None) {
-        Ok(c) => c,
-        Err(e) => return sh.die(&e),
+    let send = {
+        let sh = sh.clone();
+        let auth = auth.clone();
+        move |on_sent| {
+            sh.send(on_sent, |fresh| {
+                let rb = sh.agent.post(sh.ep.target.uri.clone());
+                let rb = sh.headers(rb, version.as_deref(), auth.as_ref());
+                let rb = rb.header("Content-Type", "application/json");
+                match fresh {
+                    true => rb
+                        .config()
+                        .max_idle_age(Duration::ZERO)
+                        .build()
+                        .send(&body[..]),
+                    false => rb.send(&body[..]),
+                }
+            })
+        }
     };
-    if out.initialize {
-        // Read the answer here: the session id must be known before the next message.
-        read_answer(sh, c, req, out.request_id.as_ref(), true, auth.as_ref());
+    if initialize {
+        read_answer(sh, send(None), request_id.as_ref(), true, auth.as_ref());
         if sh.session.lock().expect("session lock").0.is_some() {
             let sh2 = sh.clone();
             let _ = std::thread::Builder::new()
                 .name(format!("mcp-up{}-get", sh.id.0))
                 .spawn(move || open_get(&sh2));
         }
-    } else {
-        let sh2 = sh.clone();
-        let started = std::thread::Builder::new()
-            .name(format!("mcp-up{}-post", sh.id.0))
-            .spawn(move || {
-                read_answer(&sh2, c, req, out.request_id.as_ref(), false, auth.as_ref());
-            });
-        if let Err(e) = started {
-            sh.die(&format!("cannot start a reader thread: {e}"));
-        }
+        return;
+    }
+    let (sent_tx, sent_rx) = channel::bounded(1);
+    let sh2 = sh.clone();
+    let started = std::thread::Builder::new()
+        .name(format!("mcp-up{}-post", sh.id.0))
+        .spawn(move || {
+            let sent = send(Some(sent_tx));
+            read_answer(&sh2, sent, request_id.as_ref(), false, auth.as_ref());
+        });
+    match started {
+        // Written whole, or failed (the sender is gone).
+        Ok(_) => _ = sent_rx.recv(),
+        Err(e) => sh.die(&format!("cannot start a reader thread: {e}")),
     }
 }
 
-/// The GET stream: server messages unrelated to a request, on a connection of its own (never
-/// pooled: it lives as long as the session). 405 = the upstream has none.
+/// The GET stream: server messages unrelated to a request, as long as the session lives.
+/// 405 = the upstream has none.
 fn open_get(sh: &Arc<Shared>) {
     let auth = sh.session_authorization();
-    let req = sh.request("GET", b"", None, auth.as_ref(), false);
-    let Ok(mut c) = sh.send(&req, false, None) else {
+    let sent = sh.send(None, |fresh| {
+        let rb = sh.headers(sh.agent.get(sh.ep.target.uri.clone()), None, auth.as_ref());
+        match fresh {
+            true => rb.config().max_idle_age(Duration::ZERO).build().call(),
+            false => rb.call(),
+        }
+    });
+    let Ok(resp) = sent else {
         return;
     };
-    let reg = sh.register(c.tcp());
-    match read_head(&mut c) {
-        Ok(head) if head.status == 200 && is_sse(&head.headers) => {
-            read_sse(sh, &mut Body::new(c, &head), None);
-        }
-        Ok(head) if head.status != 405 => {
+    let (head, body) = resp.into_parts();
+    match head.status.as_u16() {
+        200 if is_sse(&head.headers) => read_sse(sh, &mut body_reader(body), None),
+        405 => {}
+        status => {
             tracing::warn!(
                 upstream = sh.id.0,
-                status = head.status,
+                status,
                 "the upstream's GET stream was refused"
             );
         }
-        _ => {}
     }
-    sh.unregister(reg);
 }
 
 #[cfg(test)]
@@ -462,33 +513,31 @@ mod tests {
         assert_eq!(parse_url("ftp://x/").unwrap_err(), UrlError::NotHttp);
         assert_eq!(parse_url("http:///mcp").unwrap_err(), UrlError::NoHost);
         assert_eq!(parse_url("https:///mcp").unwrap_err(), UrlError::NoHost);
+        assert_eq!(parse_url("http://u:p@h/").unwrap_err(), UrlError::NoHost);
         let t = parse_url("HTTPS://127.0.0.1/mcp").unwrap();
-        assert_eq!(t.addr.port(), 443);
-        assert!(matches!(t.server_name, Some(ServerName::IpAddress(_))));
+        assert!(t.https);
+        assert_eq!(t.uri.to_string(), "https://127.0.0.1/mcp");
         let t = parse_url("https://localhost:8443/mcp").unwrap();
-        assert_eq!(
-            (t.authority.as_str(), t.addr.port()),
-            ("localhost:8443", 8443)
-        );
-        assert!(matches!(t.server_name, Some(ServerName::DnsName(_))));
-        let t = parse_url("https://[::1]:9/").unwrap();
-        assert!(matches!(t.server_name, Some(ServerName::IpAddress(_))));
-        assert!(
-            parse_url("http://127.0.0.1/")
-                .unwrap()
-                .server_name
-                .is_none()
-        );
+        assert_eq!(t.shown, "localhost:8443/mcp");
+        assert_eq!(t.uri.port_u16(), Some(8443));
+        assert!(parse_url("https://[::1]:9/").is_ok());
+        assert!(!parse_url("http://127.0.0.1/").unwrap().https);
+        assert!(matches!(
+            parse_url("https://bad host/"),
+            Err(UrlError::Invalid(_))
+        ));
+        // Nothing is resolved at start: a name that does not resolve (yet) is accepted.
+        assert!(parse_url("http://upstream.invalid:9/mcp").is_ok());
     }
 
     #[test]
     fn url_parts() {
         let t = parse_url("http://127.0.0.1:9000/mcp?x=1").unwrap();
-        assert_eq!(t.authority, "127.0.0.1:9000");
-        assert_eq!(t.path, "/mcp?x=1");
-        assert_eq!(t.addr.port(), 9000);
+        assert_eq!(t.uri.to_string(), "http://127.0.0.1:9000/mcp?x=1");
+        let t = parse_url("http://127.0.0.1?x=1").unwrap();
+        assert_eq!(t.uri.to_string(), "http://127.0.0.1/?x=1");
         let t = parse_url("http://127.0.0.1").unwrap();
-        assert_eq!((t.path.as_str(), t.addr.port()), ("/", 80));
+        assert_eq!(t.uri.path(), "/");
     }
 
     #[test]
@@ -497,6 +546,7 @@ mod tests {
             ca_files: vec!["/nonexistent/ca.pem".into()],
             pool_connections_max: 8,
             pool_idle: Duration::from_secs(30),
+            proxy_env: ProxyEnv::default(),
         };
         let e = HttpEndpoint::new("http://127.0.0.1:9/mcp", &opts).unwrap_err();
         assert!(e.contains("needs an https://"), "{e}");

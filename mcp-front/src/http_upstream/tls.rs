@@ -1,20 +1,18 @@
-//! The TLS client towards `https://` upstreams: rustls with the ring provider (as the gateway's
-//! listener), TLS 1.2 and 1.3, ALPN `http/1.1`. Trust is either the system's root store
-//! (`rustls-native-certs`, which honours `SSL_CERT_FILE` / `SSL_CERT_DIR`) or, when
-//! `--upstream-ca-file` is given, only the certificates in those PEM files. The peer's
-//! certificate is checked against the URL's host by rustls/webpki: a DNS name against the
-//! certificate's DNS names (SNI carries it), an IP literal against its IP addresses (no SNI,
-//! as RFC 6066 forbids one for an address). Nothing here falls back to plaintext: a failed
-//! handshake is a failed connection.
+//! Trust towards `https://` upstreams. The TLS client is ureq's over our rustls with the ring
+//! provider (as the gateway's listener), TLS 1.2 and 1.3. Trust is either the system's root
+//! store (`rustls-native-certs`, which honours `SSL_CERT_FILE` / `SSL_CERT_DIR`) or, when
+//! `--upstream-ca-file` is given, only the certificates in those PEM files; both are read and
+//! checked here at start. The peer's certificate is checked against the URL's host by
+//! rustls/webpki: a DNS name against the certificate's DNS names (SNI carries it), an IP
+//! literal against its IP addresses (no SNI, as RFC 6066 forbids one for an address). Nothing
+//! falls back to plaintext: a failed handshake is a failed connection.
 
+use rustls::RootCertStore;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
-use rustls::{ClientConfig, RootCertStore};
 use std::path::PathBuf;
 use std::sync::Arc;
-
-/// The ALPN protocol offered (and the only one accepted).
-const ALPN_HTTP11: &[u8] = b"http/1.1";
+use ureq::tls::Certificate;
 
 /// The name the upstream's certificate must carry: the URL's host, without the brackets of
 /// an IPv6 literal.
@@ -28,13 +26,19 @@ pub(super) fn server_name(host: &str) -> Result<ServerName<'static>, String> {
 }
 
 /// The roots: the PEM files when any is given (each may hold several certificates), else the
-/// system store.
-fn roots(ca_files: &[PathBuf]) -> Result<RootCertStore, String> {
-    let mut roots = RootCertStore::empty();
+/// system store. Each is checked as a trust anchor here (the TLS client skips what it cannot
+/// parse: a bad file must fail the start instead).
+pub(super) fn roots(ca_files: &[PathBuf]) -> Result<Arc<Vec<Certificate<'static>>>, String> {
+    let mut checked = RootCertStore::empty();
+    let mut ders = Vec::new();
     if ca_files.is_empty() {
         let found = rustls_native_certs::load_native_certs();
-        let (added, _unusable) = roots.add_parsable_certificates(found.certs);
-        if added == 0 {
+        for c in found.certs {
+            if checked.add(c.clone()).is_ok() {
+                ders.push(c);
+            }
+        }
+        if ders.is_empty() {
             let why = found
                 .errors
                 .first()
@@ -43,7 +47,6 @@ fn roots(ca_files: &[PathBuf]) -> Result<RootCertStore, String> {
                 "no usable system root certificate ({why}); give --upstream-ca-file"
             ));
         }
-        return Ok(roots);
     }
     for f in ca_files {
         let shown = f.display();
@@ -57,25 +60,14 @@ fn roots(ca_files: &[PathBuf]) -> Result<RootCertStore, String> {
             ));
         }
         for c in certs {
-            roots
-                .add(c)
+            checked
+                .add(c.clone())
                 .map_err(|e| format!("--upstream-ca-file {shown}: {e}"))?;
+            ders.push(c);
         }
     }
-    Ok(roots)
-}
-
-/// The client configuration shared by every connection to the upstream (its session cache
-/// lets later connections resume the TLS session).
-pub(super) fn client_config(ca_files: &[PathBuf]) -> Result<Arc<ClientConfig>, String> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut cfg = ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| format!("TLS client: {e}"))?
-        .with_root_certificates(roots(ca_files)?)
-        .with_no_client_auth();
-    cfg.alpn_protocols = vec![ALPN_HTTP11.to_vec()];
-    Ok(Arc::new(cfg))
+    let certs = ders.iter().map(|c| Certificate::from_der(c).to_owned());
+    Ok(Arc::new(certs.collect()))
 }
 
 #[cfg(test)]
@@ -100,7 +92,7 @@ mod tests {
     /// machine without one is refused with a pointer to the flag).
     #[test]
     fn system_roots_or_a_clear_refusal() {
-        if let Err(e) = client_config(&[]) {
+        if let Err(e) = roots(&[]) {
             assert!(e.contains("--upstream-ca-file"), "{e}");
         }
     }
@@ -111,10 +103,10 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let empty = dir.join("empty.pem");
         std::fs::write(&empty, "not a certificate\n").unwrap();
-        let e = client_config(std::slice::from_ref(&empty)).unwrap_err();
+        let e = roots(std::slice::from_ref(&empty)).unwrap_err();
         assert!(e.contains("no PEM certificate"), "{e}");
         let missing = dir.join("missing.pem");
-        let e = client_config(&[missing]).unwrap_err();
+        let e = roots(&[missing]).unwrap_err();
         assert!(e.contains("missing.pem"), "{e}");
         let _ = std::fs::remove_dir_all(&dir);
     }
