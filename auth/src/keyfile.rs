@@ -124,7 +124,7 @@ fn check_rsa_modulus(key: &DecodingKey) -> Result<(), String> {
 
 /// Builds the key's verifier once (a dummy signature), so a key the backend cannot use fails
 /// at load rather than making every token look forged.
-fn probe(alg: KeyAlg, key: &DecodingKey) -> Result<(), String> {
+pub(crate) fn probe(alg: KeyAlg, key: &DecodingKey) -> Result<(), String> {
     match jsonwebtoken::crypto::verify("AAAA", b"probe", key, alg.jwt()) {
         Ok(_) => Ok(()),
         Err(e) => Err(format!("unusable {} public key ({e})", alg.key_kind())),

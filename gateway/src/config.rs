@@ -345,6 +345,7 @@ impl AuthArgs {
             cache_entries_max: self.jwt_cache_entries_max,
             lifetime_max_secs: (self.jwt_lifetime_max_secs > 0)
                 .then_some(self.jwt_lifetime_max_secs),
+            jwks_urls: Vec::new(),
         }
     }
 
