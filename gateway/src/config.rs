@@ -343,6 +343,11 @@ pub struct AuthArgs {
     #[arg(long, default_value_t = 10)]
     pub jwt_jwks_timeout_secs: u64,
 
+    /// PEM file of the certificate authorities https:// JWKS URLs are checked against, instead
+    /// of the system's roots (repeatable; e.g. an identity provider behind a private CA).
+    #[arg(long = "jwt-jwks-ca-file", value_name = "PATH")]
+    pub jwt_jwks_ca_files: Vec<PathBuf>,
+
     /// Accept http:// JWKS URLs to any host (not only loopback): only where the network
     /// itself is trusted (a service mesh's mTLS sidecar).
     #[arg(long)]

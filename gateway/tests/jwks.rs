@@ -33,29 +33,33 @@ struct JwksServer {
 }
 
 impl JwksServer {
+    /// Over http:// on loopback.
     fn start(keys: &[&Key]) -> JwksServer {
+        JwksServer::start_with(keys, None)
+    }
+
+    /// Over https:// with `tls`, or http:// without.
+    fn start_with(keys: &[&Key], tls: Option<Arc<rustls::ServerConfig>>) -> JwksServer {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let url = format!("http://{}/jwks.json", listener.local_addr().unwrap());
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let url = format!("{scheme}://{}/jwks.json", listener.local_addr().unwrap());
         let answer = Arc::new(Mutex::new((200, document(keys))));
         let requests = Arc::new(AtomicU64::new(0));
         let (a, n) = (answer.clone(), requests.clone());
         std::thread::spawn(move || {
             for conn in listener.incoming() {
-                let Ok(mut conn) = conn else { continue };
-                let mut head = Vec::new();
-                let mut byte = [0u8; 1];
-                while !head.ends_with(b"\r\n\r\n") && conn.read(&mut byte).unwrap_or(0) == 1 {
-                    head.push(byte[0]);
-                }
-                n.fetch_add(1, Relaxed);
-                let (status, body) = a.lock().unwrap().clone();
-                let head = format!(
-                    "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\n\
-                     Content-Length: {}\r\nConnection: close\r\n\r\n",
-                    body.len()
-                );
-                let _ = conn.write_all(head.as_bytes());
-                let _ = conn.write_all(&body);
+                let Ok(conn) = conn else { continue };
+                let Some(tls) = &tls else {
+                    serve_one(conn, &a, &n);
+                    continue;
+                };
+                let Ok(session) = rustls::ServerConnection::new(tls.clone()) else {
+                    continue;
+                };
+                let mut stream = rustls::StreamOwned::new(session, conn);
+                serve_one(&mut stream, &a, &n);
+                stream.conn.send_close_notify();
+                let _ = stream.flush();
             }
         });
         JwksServer {
@@ -76,6 +80,50 @@ impl JwksServer {
     fn requests(&self) -> u64 {
         self.requests.load(Relaxed)
     }
+}
+
+/// Reads one request head and writes the current answer (the request counted).
+fn serve_one(mut conn: impl Read + Write, answer: &Mutex<Answer>, requests: &AtomicU64) {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if conn.read(&mut byte).unwrap_or(0) != 1 {
+            return;
+        }
+        head.push(byte[0]);
+    }
+    requests.fetch_add(1, Relaxed);
+    let (status, body) = answer.lock().unwrap().clone();
+    let head = format!(
+        "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    let _ = conn.write_all(head.as_bytes());
+    let _ = conn.write_all(&body);
+}
+
+/// A certificate authority made for the test (written to `dir` as PEM, for
+/// `--jwt-jwks-ca-file`) and a server configuration with a certificate for 127.0.0.1 it issued.
+fn test_ca(dir: &std::path::Path, name: &str) -> (String, Arc<rustls::ServerConfig>) {
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let pem_file = dir.join(format!("{name}-ca.pem"));
+    std::fs::write(&pem_file, params.self_signed(&ca_key).unwrap().pem()).unwrap();
+    let issuer = rcgen::Issuer::new(params, ca_key);
+    let key = rcgen::KeyPair::generate().unwrap();
+    let leaf = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()]).unwrap();
+    let cert = leaf.signed_by(&key, &issuer).unwrap();
+    let key_der = rustls::pki_types::PrivatePkcs8KeyDer::from(key.serialize_der());
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let cfg = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![cert.der().clone()], key_der.into())
+        .unwrap();
+    (pem_file.to_str().unwrap().to_owned(), Arc::new(cfg))
 }
 
 /// An ES256 key pair made for the test, and its `kid`.
@@ -351,4 +399,27 @@ fn a_start_where_no_key_source_works_is_refused_naming_the_url() {
     );
     assert_eq!(status.code(), Some(2), "{err}");
     assert!(err.contains("loopback"), "{err}");
+}
+
+#[test]
+fn an_https_url_is_checked_against_the_given_ca() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, tls) = test_ca(dir.path(), "idp");
+    let a = Key::new("key-a");
+    let server = JwksServer::start_with(&[&a], Some(tls));
+    let g = Gateway::start(&["--jwt-jwks-url", &server.url, "--jwt-jwks-ca-file", &ca]);
+    assert_eq!(publish(&g, &a.token(600), "over https"), 201);
+
+    // Checked against another CA the certificate is not trusted: no key source works.
+    let (other_ca, _) = test_ca(dir.path(), "other");
+    let args = [
+        "--jwt-jwks-url",
+        &server.url,
+        "--jwt-jwks-ca-file",
+        &other_ca,
+    ];
+    let (status, err) = run_to_exit(dir.path(), &args, 30);
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(err.contains("no JWT key source works"), "{err}");
+    assert!(err.to_lowercase().contains("certificate"), "a TLS refusal: {err}");
 }

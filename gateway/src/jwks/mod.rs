@@ -1,5 +1,5 @@
 //! JWKS (`--jwt-jwks-url`): fetches each JWKS document with a blocking HTTP client (`ureq`, on
-//! rustls with the system's roots), parses it (`auth::jwks`), and installs a new verifier
+//! rustls with the system's roots or `--jwt-jwks-ca-file`), parses it (`auth::jwks`), and installs a new verifier
 //! through `auth::Keys` — the same way SIGHUP installs reloaded key files — whenever a key set
 //! changes. Every fetch after the first runs on the thread `jwt-jwks`, never on a reactor core;
 //! a core that meets an unknown `kid` only signals the thread (a channel of one slot), and
@@ -16,12 +16,15 @@
 pub mod schedule;
 
 use std::net::IpAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use auth::jwks::JwkSet;
 use crossbeam::channel::{Receiver, RecvTimeoutError};
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
 use ureq::tls::{Certificate, RootCerts, TlsConfig};
 
 use crate::config::AuthArgs;
@@ -85,7 +88,7 @@ pub fn start(a: &AuthArgs, keys: &Arc<auth::Keys>) -> Result<(), String> {
         return Ok(());
     }
     JWKS.set_configured();
-    let roots = roots(&a.jwt_jwks_urls)?;
+    let roots = roots(&a.jwt_jwks_urls, &a.jwt_jwks_ca_files)?;
     let timeout = Duration::from_secs(a.jwt_jwks_timeout_secs);
     let sources = a.jwt_jwks_urls.iter().map(|url| Source {
         agent: agent(url, roots.clone(), timeout),
@@ -269,27 +272,44 @@ fn agent(url: &str, roots: Option<RootCerts>, timeout: Duration) -> ureq::Agent 
     b.build().into()
 }
 
-/// The system's root certificates (`rustls-native-certs`: honours `SSL_CERT_FILE` and
-/// `SSL_CERT_DIR`), when some URL is https.
-fn roots(urls: &[String]) -> Result<Option<RootCerts>, String> {
+/// The certificates an https:// JWKS URL is checked against: those of `--jwt-jwks-ca-file`
+/// when given (only them), else the system's roots (`rustls-native-certs`: honours
+/// `SSL_CERT_FILE` and `SSL_CERT_DIR`). None when no URL is https.
+fn roots(urls: &[String], ca_files: &[PathBuf]) -> Result<Option<RootCerts>, String> {
     if !urls.iter().any(|u| u.starts_with("https://")) {
         return Ok(None);
     }
-    let found = rustls_native_certs::load_native_certs();
-    if found.certs.is_empty() {
-        let why = found
-            .errors
-            .first()
-            .map_or_else(|| "none found".to_owned(), ToString::to_string);
-        return Err(format!(
-            "--jwt-jwks-url: no system root certificate ({why}); set SSL_CERT_FILE"
-        ));
+    let mut certs = Vec::new();
+    for f in ca_files {
+        let bad = |e: &dyn std::fmt::Display| format!("--jwt-jwks-ca-file {}: {e}", f.display());
+        let found = CertificateDer::pem_file_iter(f).map_err(|e| bad(&e))?;
+        let before = certs.len();
+        for c in found {
+            certs.push(c.map_err(|e| bad(&e))?);
+        }
+        if certs.len() == before {
+            return Err(bad(&"no PEM certificate in it"));
+        }
     }
-    let certs = found
-        .certs
+    if ca_files.is_empty() {
+        let found = rustls_native_certs::load_native_certs();
+        if found.certs.is_empty() {
+            let why = found
+                .errors
+                .first()
+                .map_or_else(|| "none found".to_owned(), ToString::to_string);
+            return Err(format!(
+                "--jwt-jwks-url: no system root certificate ({why}); set SSL_CERT_FILE or \
+                 give --jwt-jwks-ca-file"
+            ));
+        }
+        certs = found.certs;
+    }
+    let certs: Vec<Certificate<'static>> = certs
         .iter()
-        .map(|c| Certificate::from_der(c.as_ref()).to_owned());
-    Ok(Some(RootCerts::new_with_certs(&certs.collect::<Vec<_>>())))
+        .map(|c| Certificate::from_der(c.as_ref()).to_owned())
+        .collect();
+    Ok(Some(RootCerts::new_with_certs(&certs)))
 }
 
 #[cfg(test)]
