@@ -683,6 +683,38 @@ mod tests {
     }
 
     #[test]
+    fn a_jwks_url_is_real_authentication_and_is_checked() {
+        let jwks = "https://idp.example/jwks.json";
+        let exposed = [
+            "gateway",
+            "--listen",
+            "0.0.0.0:8080",
+            "--jwt-jwks-url",
+            jwks,
+        ];
+        assert_eq!(Config::parse_from(exposed).validate(), Ok(()));
+        let with_mcp = [&exposed[..], &["--upstream-cmd", "cat"]].concat();
+        assert_eq!(Config::parse_from(with_mcp).validate(), Ok(()));
+        let http = ["gateway", "--jwt-jwks-url", "http://idp.example/jwks.json"];
+        let err = Config::parse_from(http).validate().unwrap_err();
+        assert!(
+            matches!(&err, ConfigError::Jwks(m) if m.contains("loopback")),
+            "{err}"
+        );
+        let insecure = [&http[..], &["--jwt-jwks-insecure-http"]].concat();
+        assert_eq!(Config::parse_from(insecure).validate(), Ok(()));
+        for zero in [
+            "--jwt-jwks-refresh-secs",
+            "--jwt-jwks-refetch-min-secs",
+            "--jwt-jwks-bytes-max",
+            "--jwt-jwks-timeout-secs",
+        ] {
+            let c = Config::parse_from(["gateway", zero, "0"]);
+            assert_eq!(c.validate(), Err(ConfigError::Zero(zero)));
+        }
+    }
+
+    #[test]
     fn origins_are_checked() {
         for bad in [
             "example.com",

@@ -421,5 +421,8 @@ fn an_https_url_is_checked_against_the_given_ca() {
     let (status, err) = run_to_exit(dir.path(), &args, 30);
     assert_eq!(status.code(), Some(1), "{err}");
     assert!(err.contains("no JWT key source works"), "{err}");
-    assert!(err.to_lowercase().contains("certificate"), "a TLS refusal: {err}");
+    assert!(
+        err.to_lowercase().contains("certificate"),
+        "a TLS refusal: {err}"
+    );
 }
