@@ -169,3 +169,59 @@ fn equal_sets_are_the_same_keys() {
         "{shown}"
     );
 }
+
+mod props {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// A JSON value for one JWK field: a string from a small alphabet of meaningful and
+    /// broken values, a number, or null.
+    fn field() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            prop::sample::select(vec![
+                "RSA", "EC", "OKP", "oct", "P-256", "Ed25519", "sig", "enc", "RS256", "ES256",
+                "EdDSA", "AQAB", "AA", "", "!!", P256_X, P256_Y, ED_X,
+            ])
+            .prop_map(|s| json!(s)),
+            any::<i64>().prop_map(|n| json!(n)),
+            Just(Value::Null),
+            "[A-Za-z0-9_-]{0,90}".prop_map(|s| json!(s)),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+        /// Any bytes: a result, never a panic.
+        #[test]
+        fn any_bytes_parse_or_are_refused(doc in prop::collection::vec(any::<u8>(), 0..200)) {
+            let _ = parse(&doc);
+        }
+
+        /// Keys of random fields: each is taken or skipped with a reason (never a panic), and
+        /// a taken key is a public signature key of one of the three algorithms.
+        #[test]
+        fn random_keys_are_taken_or_skipped(
+            keys in prop::collection::vec(
+                prop::collection::btree_map(
+                    prop::sample::select(vec!["kty", "crv", "kid", "use", "alg", "n", "e", "x", "y", "d", "k", "key_ops"]),
+                    field(),
+                    0..8,
+                ),
+                0..4,
+            )
+        ) {
+            let keys: Vec<Value> = keys.into_iter().map(|m| json!(m)).collect();
+            match parse(&doc(&keys)) {
+                Ok((set, skipped)) => {
+                    prop_assert_eq!(set.len() + skipped.len(), keys.len());
+                    prop_assert!(skipped.iter().all(|s| !s.why.is_empty()));
+                }
+                Err(JwksError::NoUsableKey { skipped }) => {
+                    prop_assert_eq!(skipped.len(), keys.len());
+                }
+                Err(e) => prop_assert!(false, "{}", e),
+            }
+        }
+    }
+}
