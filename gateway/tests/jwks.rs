@@ -283,7 +283,12 @@ fn keys_rotate_through_the_jwks_url_without_a_restart() {
             "status {status}"
         );
     }
+    assert_eq!(metric(&g, "gateway_jwt_jwks_urls_failing", ""), 1);
     server.serve_keys(&[&b]);
+    until("the URL working again", || {
+        publish(&g, &b.token_as("made-up", 600), "x");
+        metric(&g, "gateway_jwt_jwks_urls_failing", "") == 0
+    });
 
     // A flood of made-up kids: every token refused and counted, the fetches bounded by
     // --jwt-jwks-refetch-min-secs (1 s here) over the flood's duration.

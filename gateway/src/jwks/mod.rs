@@ -87,7 +87,6 @@ pub fn start(a: &AuthArgs, keys: &Arc<auth::Keys>) -> Result<(), String> {
     if a.jwt_jwks_urls.is_empty() {
         return Ok(());
     }
-    JWKS.set_configured();
     let roots = roots(&a.jwt_jwks_urls, &a.jwt_jwks_ca_files)?;
     let timeout = Duration::from_secs(a.jwt_jwks_timeout_secs);
     let sources = a.jwt_jwks_urls.iter().map(|url| Source {
@@ -187,21 +186,12 @@ impl Fetcher {
         let (set, skipped) = match got {
             Ok(v) => v,
             Err(e) => {
-                JWKS.fetches_failed_total.fetch_add(1, Relaxed);
-                match std::mem::replace(&mut s.failing, true) {
-                    false => tracing::error!(
-                        url = %s.url,
-                        "JWKS fetch failed, keeping the last good key set: {e}"
-                    ),
-                    true => crate::warn_limited!(
-                        url = %s.url,
-                        "JWKS fetch failed again, keeping the last good key set: {e}"
-                    ),
-                }
+                note_failure(s, &e);
                 return Err(e);
             }
         };
         if std::mem::replace(&mut s.failing, false) {
+            JWKS.urls_failing.fetch_sub(1, Relaxed);
             tracing::info!(url = %s.url, "JWKS fetch works again");
         }
         if *s.set == set {
@@ -228,6 +218,21 @@ impl Fetcher {
             .update(|cur| Ok::<_, ()>(Some(cur.with_jwks(sets))));
         JWKS.keys.store(keys, Relaxed);
     }
+}
+
+/// A failed fetch of `s`: counted, and logged with its URL (an error when the URL worked
+/// until now, then at most once a minute while it keeps failing).
+fn note_failure(s: &mut Source, e: &str) {
+    JWKS.fetches_failed_total.fetch_add(1, Relaxed);
+    if std::mem::replace(&mut s.failing, true) {
+        crate::warn_limited!(
+            url = %s.url,
+            "JWKS fetch failed again, keeping the last good key set: {e}"
+        );
+        return;
+    }
+    JWKS.urls_failing.fetch_add(1, Relaxed);
+    tracing::error!(url = %s.url, "JWKS fetch failed, keeping the last good key set: {e}");
 }
 
 /// GET `url`: the body of a 200 answer, at most `bytes_max` bytes.

@@ -1,16 +1,16 @@
 //! The JWKS families (`--jwt-jwks-url`): process-wide counters the fetcher thread and the
-//! cores' unknown-`kid` reports update; exported only when a JWKS URL is configured.
+//! cores' unknown-`kid` reports update; exported always (zero without a JWKS URL), so alert
+//! rules can name them.
 #![forbid(unsafe_code)]
 
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use super::family;
 
 /// The JWKS counters of the process.
 #[derive(Debug, Default)]
 pub struct JwksMetrics {
-    configured: AtomicBool,
     /// Fetches that installed a new key set.
     pub fetches_changed_total: AtomicU64,
     /// Fetches whose keys were those already in use.
@@ -23,32 +23,24 @@ pub struct JwksMetrics {
     pub unknown_kid_total: AtomicU64,
     /// Usable keys over all JWKS sets in use.
     pub keys: AtomicU64,
+    /// JWKS URLs whose last fetch failed.
+    pub urls_failing: AtomicU64,
 }
 
 /// The process's JWKS counters.
 pub static JWKS: JwksMetrics = JwksMetrics {
-    configured: AtomicBool::new(false),
     fetches_changed_total: AtomicU64::new(0),
     fetches_unchanged_total: AtomicU64::new(0),
     fetches_failed_total: AtomicU64::new(0),
     fetches_unknown_kid_total: AtomicU64::new(0),
     unknown_kid_total: AtomicU64::new(0),
     keys: AtomicU64::new(0),
+    urls_failing: AtomicU64::new(0),
 };
 
-impl JwksMetrics {
-    /// From now on `/metrics` exports the JWKS families.
-    pub fn set_configured(&self) {
-        self.configured.store(true, Relaxed);
-    }
-}
-
-/// The JWKS families, when a JWKS URL is configured.
+/// The JWKS families.
 pub(super) fn render(out: &mut String) {
     let m = &JWKS;
-    if !m.configured.load(Relaxed) {
-        return;
-    }
     family(
         out,
         "gateway_jwt_jwks_fetches_total",
@@ -84,6 +76,12 @@ pub(super) fn render(out: &mut String) {
             "gauge",
             "Usable keys in the JWKS key sets in use (all URLs).",
             &m.keys,
+        ),
+        (
+            "gateway_jwt_jwks_urls_failing",
+            "gauge",
+            "JWKS URLs whose last fetch failed (their last good key set stays in use).",
+            &m.urls_failing,
         ),
     ] {
         family(out, name, kind, help);
