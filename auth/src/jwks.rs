@@ -20,8 +20,7 @@ use jsonwebtoken::DecodingKey;
 use serde::Deserialize;
 
 use crate::alg::KeyAlg;
-use crate::keyfile::{RSA_MODULUS_BITS_MIN, probe};
-use crate::verifier::KEYS_MAX;
+use crate::keyfile::{KEYS_MAX, RSA_MODULUS_BITS_MIN, probe};
 
 /// Bytes a `kid` may have; a key with a longer one is skipped.
 pub const KID_BYTES_MAX: usize = 256;

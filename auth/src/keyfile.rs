@@ -8,6 +8,9 @@ use crate::alg::KeyAlg;
 
 /// Bytes an HS256 secret must have at least (RFC 7518 §3.2: a key of the hash's size).
 pub const SECRET_BYTES_MIN: usize = 32;
+/// Keys (secrets and public keys together) that may be configured; also the usable keys one
+/// JWKS document may bring.
+pub const KEYS_MAX: usize = 32;
 /// Bits an RSA modulus must have at least.
 pub const RSA_MODULUS_BITS_MIN: usize = 2048;
 

@@ -75,13 +75,11 @@ mod verifier;
 
 pub use alg::KeyAlg;
 pub use denied::{Denied, Invalid};
-pub use keyfile::{RSA_MODULUS_BITS_MIN, SECRET_BYTES_MIN};
+pub use keyfile::{KEYS_MAX, RSA_MODULUS_BITS_MIN, SECRET_BYTES_MIN};
 pub use pattern::{PATTERN_BYTES_MAX, PATTERNS_MAX, pattern_matches};
 pub use reload::Keys;
 pub use source::TOKEN_BYTES_MAX;
-pub use verifier::{
-    AuthSettings, CACHE_ENTRIES_MAX_DEFAULT, KEYS_MAX, KeySpec, LoadError, Verifier,
-};
+pub use verifier::{AuthSettings, CACHE_ENTRIES_MAX_DEFAULT, KeySpec, LoadError, Verifier};
 
 use cache::TokenCache;
 use token::Verified;

@@ -9,13 +9,11 @@ use jsonwebtoken::{DecodingKey, Validation};
 
 use crate::alg::KeyAlg;
 use crate::jwks::JwkSet;
-use crate::keyfile;
+use crate::keyfile::{self, KEYS_MAX};
 use crate::pattern::{Grants, check_patterns};
 
 /// Default of `--jwt-cache-entries-max`.
 pub const CACHE_ENTRIES_MAX_DEFAULT: usize = 10_000;
-/// Keys (secrets and public keys together) that may be configured.
-pub const KEYS_MAX: usize = 32;
 
 /// The authentication flags, as parsed by the gateway.
 #[derive(Clone, Debug, PartialEq, Eq)]

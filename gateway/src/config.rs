@@ -387,6 +387,19 @@ impl AuthArgs {
         self.keys_from_files() || !self.jwt_jwks_urls.is_empty()
     }
 
+    /// The `--jwt-jwks-*` flags for the fetcher.
+    pub fn jwks(&self) -> crate::jwks::JwksSettings {
+        crate::jwks::JwksSettings {
+            urls: self.jwt_jwks_urls.clone(),
+            refresh_secs: self.jwt_jwks_refresh_secs,
+            refetch_min_secs: self.jwt_jwks_refetch_min_secs,
+            bytes_max: self.jwt_jwks_bytes_max,
+            timeout_secs: self.jwt_jwks_timeout_secs,
+            ca_files: self.jwt_jwks_ca_files.clone(),
+            key_files: self.keys_from_files(),
+        }
+    }
+
     /// Whether a key file is configured.
     pub fn keys_from_files(&self) -> bool {
         !(self.jwt_hs256_secret_files.is_empty() && self.jwt_public_key_files.is_empty())

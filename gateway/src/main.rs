@@ -174,7 +174,7 @@ type Keys = (Arc<auth::Keys>, Option<tls::Certs>, Option<SessionKey>);
 fn load_keys(cfg: &config::Config) -> Result<Keys, String> {
     let verifier = auth::Verifier::load(&cfg.auth.settings()).map_err(|e| e.to_string())?;
     let keys = Arc::new(auth::Keys::new(Arc::new(verifier)));
-    gateway::jwks::start(&cfg.auth, &keys)?;
+    gateway::jwks::start(&cfg.auth.jwks(), &keys)?;
     let certs = match (&cfg.tls_cert_file, &cfg.tls_key_file) {
         (Some(c), Some(k)) => Some(tls::Certs::load(c, k)?),
         _ => None,

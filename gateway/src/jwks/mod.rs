@@ -27,12 +27,26 @@ use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
 use ureq::tls::{Certificate, RootCerts, TlsConfig};
 
-use crate::config::AuthArgs;
 use crate::metrics::jwks::JWKS;
 use schedule::{Schedule, Why};
 
 /// The media types asked for (RFC 7517 §8.5, and what most providers serve).
 const ACCEPT: &str = "application/jwk-set+json, application/json";
+
+/// The `--jwt-jwks-*` flags, as the fetcher takes them (`config::AuthArgs::jwks`).
+#[derive(Clone, Debug, Default)]
+pub struct JwksSettings {
+    /// `--jwt-jwks-url`, in flag order.
+    pub urls: Vec<String>,
+    pub refresh_secs: u64,
+    pub refetch_min_secs: u64,
+    pub bytes_max: u64,
+    pub timeout_secs: u64,
+    /// `--jwt-jwks-ca-file`: empty for the system's roots.
+    pub ca_files: Vec<PathBuf>,
+    /// Whether a key file is configured too (then a start with every URL failing goes on).
+    pub key_files: bool,
+}
 
 /// Checks one `--jwt-jwks-url`: `https://`, or `http://` only to a loopback host (127.0.0.0/8,
 /// `[::1]`, `localhost`) unless `insecure_http`; no user information (it would be logged).
@@ -83,13 +97,13 @@ struct Fetcher {
 /// Fetches every `--jwt-jwks-url` once, installs the sets that loaded, then starts the
 /// `jwt-jwks` thread that keeps them fresh. Nothing to do without a JWKS URL. An error when
 /// no key source works at all (no key file, and every URL failed), naming each URL's reason.
-pub fn start(a: &AuthArgs, keys: &Arc<auth::Keys>) -> Result<(), String> {
-    if a.jwt_jwks_urls.is_empty() {
+pub fn start(a: &JwksSettings, keys: &Arc<auth::Keys>) -> Result<(), String> {
+    if a.urls.is_empty() {
         return Ok(());
     }
-    let roots = roots(&a.jwt_jwks_urls, &a.jwt_jwks_ca_files)?;
-    let timeout = Duration::from_secs(a.jwt_jwks_timeout_secs);
-    let sources = a.jwt_jwks_urls.iter().map(|url| Source {
+    let roots = roots(&a.urls, &a.ca_files)?;
+    let timeout = Duration::from_secs(a.timeout_secs);
+    let sources = a.urls.iter().map(|url| Source {
         agent: agent(url, roots.clone(), timeout),
         url: url.clone(),
         set: Arc::default(),
@@ -97,16 +111,16 @@ pub fn start(a: &AuthArgs, keys: &Arc<auth::Keys>) -> Result<(), String> {
     });
     let mut f = Fetcher {
         sources: sources.collect(),
-        bytes_max: a.jwt_jwks_bytes_max,
+        bytes_max: a.bytes_max,
         keys: keys.clone(),
     };
     let started = Instant::now();
     let first: Vec<Result<(), String>> = (0..f.sources.len()).map(|i| f.refresh(i)).collect();
-    first_fetch_verdict(&f, &first, a.keys_from_files())?;
+    first_fetch_verdict(&f, &first, a.key_files)?;
     let ok: Vec<bool> = first.iter().map(Result::is_ok).collect();
     let schedule = Schedule::new(
-        a.jwt_jwks_refresh_secs.saturating_mul(1000),
-        a.jwt_jwks_refetch_min_secs.saturating_mul(1000),
+        a.refresh_secs.saturating_mul(1000),
+        a.refetch_min_secs.saturating_mul(1000),
         &ok,
         0,
     );
