@@ -309,6 +309,8 @@ fn keys_rotate_through_the_jwks_url_without_a_restart() {
         before + 200
     );
     let fetched = server.requests() - requests_before;
+    let took = flood_started.elapsed();
+    eprintln!("200 tokens with made-up kids in {took:?}: {fetched} JWKS fetches (bound {bound})");
     assert!(
         fetched <= bound,
         "{fetched} fetches for 200 unknown kids, bound {bound}"
