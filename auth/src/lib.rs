@@ -33,16 +33,15 @@
 //!   grants plus the anonymous ones (authenticating never loses access). With no key configured
 //!   tokens cannot be verified and are not looked at: anonymous patterns alone decide.
 //! - **Algorithms**: exactly those of the configured keys are accepted (HS256 for secrets,
-//!   RS256 / ES256 / EdDSA by the PEM's key type; all three with a JWKS URL); the token's `alg` selects the candidate keys,
-//!   and each key file's key is tried in flag order (rotation; `kid` is not consulted for
-//!   them); JWKS keys are tried only under the token's `kid` (all of them when it names
-//!   none), and a `kid` no JWKS set knows is refused as unknown and asks the gateway for a
-//!   refresh ([`Keys::note_unknown_kid`]). A JWKS never brings HS256: `oct` keys are
-//!   skipped. `none` is refused by
-//!   name; an HS256 token with only public keys configured is refused before any crypto (the
-//!   HS/RS confusion: an HMAC "signed" with the public key's PEM bytes), and a secret file that
-//!   holds a PEM block is refused at load. RSA moduli under 2048 bits and secrets under 32 bytes
-//!   are refused at load.
+//!   RS256 / ES256 / EdDSA by the PEM's key type; all three with a JWKS URL); the token's `alg`
+//!   selects the candidate keys, and each key file's key is tried in flag order (rotation;
+//!   `kid` is not consulted for them); JWKS keys are tried only under the token's `kid` (all of
+//!   them when it names none), and a `kid` no JWKS set knows is refused as unknown and asks the
+//!   gateway for a refresh ([`Keys::note_unknown_kid`]). A JWKS never brings HS256: `oct` keys
+//!   are skipped. `none` is refused by name; an HS256 token with only public keys configured is
+//!   refused before any crypto (the HS/RS confusion: an HMAC "signed" with the public key's PEM
+//!   bytes), and a secret file that holds a PEM block is refused at load. RSA moduli under 2048
+//!   bits and secrets under 32 bytes are refused at load (and such JWKS keys are skipped).
 //! - **Claims**: the signature is checked before any claim, so a forged token is always "bad
 //!   signature". `exp` is required, with no leeway (expired when now >= exp); `nbf` is honoured;
 //!   `iss` and `aud` are required and must match when configured (`aud` a string or an array).

@@ -190,6 +190,10 @@ mod props {
         ]
     }
 
+    const FIELDS: [&str; 12] = [
+        "kty", "crv", "kid", "use", "alg", "n", "e", "x", "y", "d", "k", "key_ops",
+    ];
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(2000))]
         /// Any bytes: a result, never a panic.
@@ -204,7 +208,7 @@ mod props {
         fn random_keys_are_taken_or_skipped(
             keys in prop::collection::vec(
                 prop::collection::btree_map(
-                    prop::sample::select(vec!["kty", "crv", "kid", "use", "alg", "n", "e", "x", "y", "d", "k", "key_ops"]),
+                    prop::sample::select(FIELDS.to_vec()),
                     field(),
                     0..8,
                 ),
