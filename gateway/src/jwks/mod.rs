@@ -1,9 +1,9 @@
 //! JWKS (`--jwt-jwks-url`): fetches each JWKS document with a blocking HTTP client (`ureq`, on
 //! rustls with the system's roots or `--jwt-jwks-ca-file`), parses it (`auth::jwks`), and
 //! installs a new verifier through `auth::Keys` — the same way SIGHUP installs reloaded key
-//! files — whenever a key set changes. Every fetch after the first runs on the thread `jwt-jwks`, never on a reactor core;
-//! a core that meets an unknown `kid` only signals the thread (a channel of one slot), and
-//! `schedule.rs` bounds the fetches that causes.
+//! files — whenever a key set changes. Every fetch after the first runs on the thread
+//! `jwt-jwks`, never on a reactor core; a core that meets an unknown `kid` only signals the
+//! thread (a channel of one slot), and `schedule.rs` bounds the fetches that causes.
 //!
 //! A failed fetch (connection, timeout, status other than 200, a document over
 //! `--jwt-jwks-bytes-max`, a document `auth::jwks` refuses) keeps the URL's last good set and is
