@@ -4,8 +4,9 @@
 //! refresh —; a subscription opened with a key the provider then drops keeps streaming until
 //! its token's `exp`, while a new token of that key is refused; failed refreshes (status,
 //! broken document, oversized document) keep the last good set; a flood of made-up kids
-//! causes a bounded number of fetches; and a start where no key source works is refused with
-//! the URL named.
+//! causes a bounded number of fetches; a start where no key source works (an error status, a
+//! server that never answers, a certificate from another CA) is refused with the URL named;
+//! https:// against `--jwt-jwks-ca-file`.
 #![forbid(unsafe_code)]
 
 mod common;
@@ -431,5 +432,28 @@ fn an_https_url_is_checked_against_the_given_ca() {
     assert!(
         err.to_lowercase().contains("certificate"),
         "a TLS refusal: {err}"
+    );
+}
+
+#[test]
+fn a_jwks_server_that_never_answers_times_out() {
+    // Accepts connections and holds them without a byte of answer.
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/jwks.json", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for conn in listener.incoming() {
+            held.push(conn);
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let started = Instant::now();
+    let args = ["--jwt-jwks-url", &url, "--jwt-jwks-timeout-secs", "1"];
+    let (status, err) = run_to_exit(dir.path(), &args, 30);
+    eprintln!("refused after {:?}: {err}", started.elapsed());
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&url) && err.contains("--jwt-jwks-timeout-secs"),
+        "{err}"
     );
 }

@@ -241,21 +241,28 @@ fn note_failure(s: &mut Source, e: &str) {
     if std::mem::replace(&mut s.failing, true) {
         crate::warn_limited!(
             url = %s.url,
-            "JWKS fetch failed again, keeping the last good key set: {e}"
+            "JWKS fetch failed again (its last good key set, if any, stays in use): {e}"
         );
         return;
     }
     JWKS.urls_failing.fetch_add(1, Relaxed);
-    tracing::error!(url = %s.url, "JWKS fetch failed, keeping the last good key set: {e}");
+    tracing::error!(
+        url = %s.url,
+        "JWKS fetch failed (its last good key set, if any, stays in use): {e}"
+    );
 }
 
 /// GET `url`: the body of a 200 answer, at most `bytes_max` bytes.
 fn fetch(agent: &ureq::Agent, url: &str, bytes_max: u64) -> Result<Vec<u8>, String> {
+    let why = |e: ureq::Error| match e {
+        ureq::Error::Timeout(_) => "no whole answer within --jwt-jwks-timeout-secs".to_owned(),
+        e => e.to_string(),
+    };
     let mut answer = agent
         .get(url)
         .header("Accept", ACCEPT)
         .call()
-        .map_err(|e| e.to_string())?;
+        .map_err(why)?;
     let status = answer.status();
     if status != 200 {
         return Err(format!("HTTP status {status}"));
@@ -269,7 +276,7 @@ fn fetch(agent: &ureq::Agent, url: &str, bytes_max: u64) -> Result<Vec<u8>, Stri
             ureq::Error::BodyExceedsLimit(_) => {
                 format!("the document is over --jwt-jwks-bytes-max ({bytes_max} bytes)")
             }
-            e => e.to_string(),
+            e => why(e),
         })
 }
 
