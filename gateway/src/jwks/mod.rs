@@ -136,7 +136,8 @@ pub fn start(a: &JwksSettings, keys: &Arc<auth::Keys>) -> Result<(), String> {
     Ok(())
 }
 
-/// After the first fetches: an error if no key source works, else each failure logged.
+/// After the first fetches: an error if no key source works, else the failures summed up in
+/// one error line (each was logged with its URL as it happened).
 fn first_fetch_verdict(
     f: &Fetcher,
     first: &[Result<(), String>],
