@@ -40,6 +40,10 @@ pub enum Invalid {
     AlgNotAccepted,
     /// No configured key of the token's `alg` verifies its signature.
     BadSignature,
+    /// The header's `kid` names no key of any JWKS set (`--jwt-jwks-url`), and no key file's
+    /// key verifies the signature. The gateway refreshes the sets (at most once per
+    /// `--jwt-jwks-refetch-min-secs`): a client may retry.
+    UnknownKid,
     /// No `exp` claim (required).
     MissingExp,
     /// `exp` or `nbf` is not a NumericDate.
@@ -130,6 +134,7 @@ impl Invalid {
             Invalid::AlgNone => "unsigned tokens (alg none) are not accepted",
             Invalid::AlgNotAccepted => "the token's alg is not accepted",
             Invalid::BadSignature => "bad signature",
+            Invalid::UnknownKid => "the token's key id (kid) is not known",
             Invalid::MissingExp => "exp claim is required",
             Invalid::BadTimeClaim => "exp or nbf is not a NumericDate",
             Invalid::NotYetValid => "token not valid yet (nbf)",

@@ -8,6 +8,9 @@ use crate::alg::KeyAlg;
 
 /// Bytes an HS256 secret must have at least (RFC 7518 §3.2: a key of the hash's size).
 pub const SECRET_BYTES_MIN: usize = 32;
+/// Keys (secrets and public keys together) that may be configured; also the usable keys one
+/// JWKS document may bring.
+pub const KEYS_MAX: usize = 32;
 /// Bits an RSA modulus must have at least.
 pub const RSA_MODULUS_BITS_MIN: usize = 2048;
 
@@ -124,7 +127,7 @@ fn check_rsa_modulus(key: &DecodingKey) -> Result<(), String> {
 
 /// Builds the key's verifier once (a dummy signature), so a key the backend cannot use fails
 /// at load rather than making every token look forged.
-fn probe(alg: KeyAlg, key: &DecodingKey) -> Result<(), String> {
+pub(crate) fn probe(alg: KeyAlg, key: &DecodingKey) -> Result<(), String> {
     match jsonwebtoken::crypto::verify("AAAA", b"probe", key, alg.jwt()) {
         Ok(_) => Ok(()),
         Err(e) => Err(format!("unusable {} public key ({e})", alg.key_kind())),

@@ -10,6 +10,10 @@
 //!   anonymous grants; immutable, `Send + Sync`), [`LoadError`].
 //! - `keyfile.rs`: key files to keys: HS256 secrets; PEM public keys classified by their
 //!   SubjectPublicKeyInfo (RSA → RS256, EC P-256 → ES256, Ed25519 → EdDSA).
+//! - `jwks.rs`: JWKS documents (the bytes; the gateway fetches them) to keys by `kid`, and the
+//!   reason each unusable key is skipped.
+//! - `reload.rs`: [`Keys`], the verifier of the moment (SIGHUP and JWKS refreshes replace
+//!   it; each core takes the new one up at its next check).
 //! - `source.rs`: finding the request's one token (header, cookie, query) and its shape.
 //! - `token.rs`: verifying a token: `alg` → candidate keys → signature → claims.
 //! - `cache.rs`: the per-core bounded cache of verified tokens.
@@ -29,12 +33,15 @@
 //!   grants plus the anonymous ones (authenticating never loses access). With no key configured
 //!   tokens cannot be verified and are not looked at: anonymous patterns alone decide.
 //! - **Algorithms**: exactly those of the configured keys are accepted (HS256 for secrets,
-//!   RS256 / ES256 / EdDSA by the PEM's key type); the token's `alg` selects the candidate keys,
-//!   and each is tried in flag order (rotation; `kid` is not consulted). `none` is refused by
-//!   name; an HS256 token with only public keys configured is refused before any crypto (the
-//!   HS/RS confusion: an HMAC "signed" with the public key's PEM bytes), and a secret file that
-//!   holds a PEM block is refused at load. RSA moduli under 2048 bits and secrets under 32 bytes
-//!   are refused at load.
+//!   RS256 / ES256 / EdDSA by the PEM's key type; all three with a JWKS URL); the token's `alg`
+//!   selects the candidate keys, and each key file's key is tried in flag order (rotation;
+//!   `kid` is not consulted for them); JWKS keys are tried only under the token's `kid` (all of
+//!   them when it names none), and a `kid` no JWKS set knows is refused as unknown and asks the
+//!   gateway for a refresh ([`Keys::note_unknown_kid`]). A JWKS never brings HS256: `oct` keys
+//!   are skipped. `none` is refused by name; an HS256 token with only public keys configured is
+//!   refused before any crypto (the HS/RS confusion: an HMAC "signed" with the public key's PEM
+//!   bytes), and a secret file that holds a PEM block is refused at load. RSA moduli under 2048
+//!   bits and secrets under 32 bytes are refused at load (and such JWKS keys are skipped).
 //! - **Claims**: the signature is checked before any claim, so a forged token is always "bad
 //!   signature". `exp` is required, with no leeway (expired when now >= exp); `nbf` is honoured;
 //!   `iss` and `aud` are required and must match when configured (`aud` a string or an array).
@@ -57,6 +64,7 @@ use std::sync::Arc;
 mod alg;
 mod cache;
 mod denied;
+pub mod jwks;
 mod keyfile;
 mod pattern;
 mod reload;
@@ -66,13 +74,11 @@ mod verifier;
 
 pub use alg::KeyAlg;
 pub use denied::{Denied, Invalid};
-pub use keyfile::{RSA_MODULUS_BITS_MIN, SECRET_BYTES_MIN};
+pub use keyfile::{KEYS_MAX, RSA_MODULUS_BITS_MIN, SECRET_BYTES_MIN};
 pub use pattern::{PATTERN_BYTES_MAX, PATTERNS_MAX, pattern_matches};
 pub use reload::Keys;
 pub use source::TOKEN_BYTES_MAX;
-pub use verifier::{
-    AuthSettings, CACHE_ENTRIES_MAX_DEFAULT, KEYS_MAX, KeySpec, LoadError, Verifier,
-};
+pub use verifier::{AuthSettings, CACHE_ENTRIES_MAX_DEFAULT, KeySpec, LoadError, Verifier};
 
 use cache::TokenCache;
 use token::Verified;
@@ -267,7 +273,11 @@ impl Auth {
         }
         source::check_shape(token).map_err(Denied::Invalid)?;
         self.verifications += 1;
-        let v = token::verify(&self.verifier, token, now_unix_secs)?;
+        let v = token::verify(&self.verifier, token, now_unix_secs).inspect_err(|d| {
+            if let (Denied::Invalid(Invalid::UnknownKid), Some((keys, _))) = (d, &self.keys) {
+                keys.note_unknown_kid();
+            }
+        })?;
         let r = f(&v);
         self.cache.insert(token, v, now_unix_secs);
         Ok(r)

@@ -69,6 +69,7 @@ struct GatewayClaim {
 #[derive(Deserialize)]
 struct PeekHeader {
     alg: String,
+    kid: Option<String>,
 }
 
 /// Verifies `token` (already shape-checked: see `source.rs`) and reads its claims.
@@ -76,8 +77,8 @@ struct PeekHeader {
 /// The signature is checked before any claim is looked at, so a forged token is
 /// [`Invalid::BadSignature`] whatever it claims (never "expired" or "wrong audience").
 pub(crate) fn verify(v: &Verifier, token: &str, now_unix_secs: u64) -> Result<Verified, Denied> {
-    let alg = peek_alg(token).map_err(Denied::Invalid)?;
-    let claims = decode(v, alg, token).map_err(Denied::Invalid)?;
+    let (alg, kid) = peek_header(token).map_err(Denied::Invalid)?;
+    let claims = decode(v, alg, kid.as_deref(), token).map_err(Denied::Invalid)?;
     let claims: Claims =
         serde_json::from_value(claims).map_err(|_| Denied::Invalid(Invalid::BadClaims))?;
     let exp = match claims.exp {
@@ -128,10 +129,10 @@ fn check_time(exp: u64, nbf: Option<u64>, now_unix_secs: u64) -> Result<(), Deni
     Ok(())
 }
 
-/// The header's `alg`, if it is one this crate knows. `none` in any case is named as such.
-/// The token must be exactly `header.payload.signature` (jsonwebtoken splits from the right;
-/// this peek and it must agree on which part is the header).
-fn peek_alg(token: &str) -> Result<KeyAlg, Invalid> {
+/// The header's `alg`, if it is one this crate knows, and its `kid`. `none` in any case is
+/// named as such. The token must be exactly `header.payload.signature` (jsonwebtoken splits
+/// from the right; this peek and it must agree on which part is the header).
+fn peek_header(token: &str) -> Result<(KeyAlg, Option<String>), Invalid> {
     let mut parts = token.split('.');
     let header = parts.next().unwrap_or_default();
     if parts.count() != 2 {
@@ -144,23 +145,34 @@ fn peek_alg(token: &str) -> Result<KeyAlg, Invalid> {
     if h.alg.eq_ignore_ascii_case("none") {
         return Err(Invalid::AlgNone);
     }
-    KeyAlg::from_alg(&h.alg).ok_or(Invalid::AlgNotAccepted)
+    let alg = KeyAlg::from_alg(&h.alg).ok_or(Invalid::AlgNotAccepted)?;
+    Ok((alg, h.kid))
 }
 
-/// The verified claims of `token`: tries each key of `alg` in turn until one verifies the
-/// signature (rotation). Any error but a bad signature is the same for every key, so it ends the
-/// search. `kid` is not consulted: with the handful of keys allowed per algorithm
-/// ([`crate::KEYS_MAX`]) trying each is cheap, and a kid would need a naming scheme for files.
-fn decode(v: &Verifier, alg: KeyAlg, token: &str) -> Result<serde_json::Value, Invalid> {
+/// The verified claims of `token`: tries each candidate key of `alg` in turn until one
+/// verifies the signature (rotation). Any error but a bad signature is the same for every key,
+/// so it ends the search. Key files' keys are tried whatever the `kid` (with the handful
+/// allowed, [`crate::KEYS_MAX`], trying each is cheap, and a kid would need a naming scheme
+/// for files); JWKS keys only under the token's `kid` (all of them for a token without one).
+/// A `kid` no JWKS set knows is [`Invalid::UnknownKid`] (the sets may be out of date).
+fn decode(
+    v: &Verifier,
+    alg: KeyAlg,
+    kid: Option<&str>,
+    token: &str,
+) -> Result<serde_json::Value, Invalid> {
     let validation = v.validation(alg).ok_or(Invalid::AlgNotAccepted)?;
-    for key in v.keys_for(alg) {
+    for key in v.keys_for(alg, kid) {
         match jsonwebtoken::decode::<serde_json::Value>(token, key, validation) {
             Ok(data) => return Ok(data.claims),
             Err(e) if matches!(e.kind(), ErrorKind::InvalidSignature) => continue,
             Err(e) => return Err(invalid_from(e.kind())),
         }
     }
-    Err(Invalid::BadSignature)
+    match v.kid_unknown(alg, kid) {
+        true => Err(Invalid::UnknownKid),
+        false => Err(Invalid::BadSignature),
+    }
 }
 
 /// The rule a jsonwebtoken error says the token broke.
@@ -208,6 +220,19 @@ mod tests {
         assert!(numeric_date(&json!(-1)).is_err());
         assert!(numeric_date(&json!("10")).is_err());
         assert!(numeric_date(&json!(null)).is_err());
+    }
+
+    fn peek_alg(token: &str) -> Result<KeyAlg, Invalid> {
+        peek_header(token).map(|(alg, _)| alg)
+    }
+
+    #[test]
+    fn peek_kid() {
+        let enc = |h: &str| format!("{}.e30.", URL_SAFE_NO_PAD.encode(h));
+        let got = peek_header(&enc(r#"{"alg":"ES256","kid":"k1"}"#));
+        assert_eq!(got, Ok((KeyAlg::Es256, Some("k1".into()))));
+        let number = peek_header(&enc(r#"{"alg":"ES256","kid":1}"#));
+        assert_eq!(number, Err(Invalid::Malformed));
     }
 
     #[test]

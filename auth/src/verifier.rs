@@ -3,17 +3,17 @@
 
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use jsonwebtoken::{DecodingKey, Validation};
 
 use crate::alg::KeyAlg;
-use crate::keyfile;
+use crate::jwks::JwkSet;
+use crate::keyfile::{self, KEYS_MAX};
 use crate::pattern::{Grants, check_patterns};
 
 /// Default of `--jwt-cache-entries-max`.
 pub const CACHE_ENTRIES_MAX_DEFAULT: usize = 10_000;
-/// Keys (secrets and public keys together) that may be configured.
-pub const KEYS_MAX: usize = 32;
 
 /// The authentication flags, as parsed by the gateway.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -39,6 +39,10 @@ pub struct AuthSettings {
     /// `--jwt-lifetime-max-secs`: a token whose `exp` is further away than this is refused
     /// (`None`: no bound).
     pub lifetime_max_secs: Option<u64>,
+    /// `--jwt-jwks-url` (repeatable): JWKS documents the gateway fetches; the verifier holds
+    /// one key set per URL, in flag order ([`Verifier::with_jwks`]), empty until the first
+    /// good fetch. It reads no URL itself.
+    pub jwks_urls: Vec<String>,
 }
 
 impl Default for AuthSettings {
@@ -55,6 +59,7 @@ impl Default for AuthSettings {
             anonymous_publish: Vec::new(),
             cache_entries_max: CACHE_ENTRIES_MAX_DEFAULT,
             lifetime_max_secs: None,
+            jwks_urls: Vec::new(),
         }
     }
 }
@@ -69,16 +74,21 @@ pub struct KeySpec {
 }
 
 /// A key ready to verify with.
+#[derive(Clone)]
 pub(crate) struct Key {
     pub(crate) spec: KeySpec,
     pub(crate) decoding: DecodingKey,
 }
 
 /// Everything needed to verify tokens and decide anonymous access. Immutable after
-/// [`Verifier::load`]; shared by all cores through an `Arc`.
+/// [`Verifier::load`]; shared by all cores through an `Arc`. A new key set (SIGHUP, a JWKS
+/// refresh) is a new verifier ([`Verifier::with_jwks`], [`crate::Keys`]).
+#[derive(Clone)]
 pub struct Verifier {
     /// Secrets first, then public keys, each in flag order (the order tried).
     keys: Vec<Key>,
+    /// One key set per `--jwt-jwks-url`, in flag order (empty until fetched).
+    jwks: Vec<Arc<JwkSet>>,
     /// The claim rules for each algorithm that has a key.
     validations: Vec<(KeyAlg, Validation)>,
     pub(crate) anonymous: Grants,
@@ -117,15 +127,25 @@ impl Verifier {
     pub fn load(s: &AuthSettings) -> Result<Verifier, LoadError> {
         let keys = load_keys(s)?;
         check_settings(s)?;
+        // A JWKS may bring a key of any public-key algorithm at its next refresh.
+        let jwks_algs = match s.jwks_urls.is_empty() {
+            true => &[][..],
+            false => &[KeyAlg::Rs256, KeyAlg::Es256, KeyAlg::EdDsa][..],
+        };
         let mut validations: Vec<(KeyAlg, Validation)> = Vec::new();
-        for k in &keys {
-            if !validations.iter().any(|(a, _)| *a == k.spec.alg) {
-                let v = validation(k.spec.alg, s.issuer.as_deref(), s.audience.as_deref());
-                validations.push((k.spec.alg, v));
+        for alg in keys
+            .iter()
+            .map(|k| k.spec.alg)
+            .chain(jwks_algs.iter().copied())
+        {
+            if !validations.iter().any(|(a, _)| *a == alg) {
+                let v = validation(alg, s.issuer.as_deref(), s.audience.as_deref());
+                validations.push((alg, v));
             }
         }
         Ok(Verifier {
             keys,
+            jwks: s.jwks_urls.iter().map(|_| Arc::default()).collect(),
             validations,
             anonymous: Grants::new(s.anonymous_publish.clone(), s.anonymous_subscribe.clone()),
             cookie_name: s.cookie_name.clone(),
@@ -135,9 +155,26 @@ impl Verifier {
         })
     }
 
-    /// Whether any JWT key is configured.
+    /// Whether any JWT key source is configured: a key file, or a JWKS URL (even before its
+    /// first good fetch: tokens are then verified, and refused, rather than ignored).
     pub fn keys_configured(&self) -> bool {
-        !self.keys.is_empty()
+        !self.keys.is_empty() || !self.jwks.is_empty()
+    }
+
+    /// This verifier with `sets` as its JWKS keys, one per `--jwt-jwks-url` in flag order.
+    ///
+    /// Panics if `sets` has another length than the URLs the verifier was loaded with.
+    pub fn with_jwks(&self, sets: Vec<Arc<JwkSet>>) -> Verifier {
+        assert_eq!(sets.len(), self.jwks.len(), "one key set per JWKS URL");
+        Verifier {
+            jwks: sets,
+            ..self.clone()
+        }
+    }
+
+    /// The JWKS key sets, one per `--jwt-jwks-url` in flag order.
+    pub fn jwks(&self) -> &[Arc<JwkSet>] {
+        &self.jwks
     }
 
     /// Whether access control is on: a key or an anonymous pattern is configured.
@@ -155,12 +192,29 @@ impl Verifier {
         self.validations.iter().map(|(a, _)| *a)
     }
 
-    /// The keys of `alg`, in the order tried.
-    pub(crate) fn keys_for(&self, alg: KeyAlg) -> impl Iterator<Item = &DecodingKey> {
-        self.keys
-            .iter()
-            .filter(move |k| k.spec.alg == alg)
-            .map(|k| &k.decoding)
+    /// The keys a token of `alg` with header `kid` is tried against, in order: the key files'
+    /// keys of `alg` (they have no id), then the JWKS keys of `alg` whose `kid` is the token's
+    /// (all of them when the token names none).
+    pub(crate) fn keys_for<'a>(
+        &'a self,
+        alg: KeyAlg,
+        kid: Option<&'a str>,
+    ) -> impl Iterator<Item = &'a DecodingKey> {
+        let files = self.keys.iter().filter(move |k| k.spec.alg == alg);
+        let jwks = self.jwks.iter().flat_map(|s| s.keys.iter());
+        let jwks = jwks.filter(move |k| k.alg == alg && (kid.is_none() || k.kid.as_deref() == kid));
+        files.map(|k| &k.decoding).chain(jwks.map(|k| &k.decoding))
+    }
+
+    /// Whether a token's `kid` names no key of any JWKS set, for an algorithm a JWKS may
+    /// serve: the sets may be out of date (the gateway then refreshes them, rate-limited).
+    pub(crate) fn kid_unknown(&self, alg: KeyAlg, kid: Option<&str>) -> bool {
+        match kid {
+            Some(kid) if alg != KeyAlg::Hs256 && !self.jwks.is_empty() => {
+                !self.jwks.iter().any(|s| s.knows_kid(kid))
+            }
+            _ => false,
+        }
     }
 
     /// The claim rules for `alg`; `None` when no key of `alg` is configured.
@@ -177,6 +231,7 @@ impl fmt::Debug for Verifier {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Verifier")
             .field("keys", &self.key_specs().collect::<Vec<_>>())
+            .field("jwks", &self.jwks)
             .field("anonymous", &self.anonymous)
             .field("cookie_name", &self.cookie_name)
             .field("query_token", &self.query_token)

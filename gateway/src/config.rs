@@ -321,6 +321,38 @@ pub struct AuthArgs {
     #[arg(long, default_value_t = 0)]
     pub jwt_lifetime_max_secs: u64,
 
+    /// JWKS document (RFC 7517) to take public keys from, by `kid` (repeatable): https://, or
+    /// http:// to a loopback host. Fetched at start and every --jwt-jwks-refresh-secs.
+    #[arg(long = "jwt-jwks-url", value_name = "URL")]
+    pub jwt_jwks_urls: Vec<String>,
+
+    /// Seconds between two fetches of a JWKS URL that works.
+    #[arg(long, default_value_t = 300)]
+    pub jwt_jwks_refresh_secs: u64,
+
+    /// Least seconds between two fetches of a JWKS URL caused by tokens with an unknown `kid`,
+    /// and between retries of a URL that failed.
+    #[arg(long, default_value_t = 10)]
+    pub jwt_jwks_refetch_min_secs: u64,
+
+    /// Bytes a JWKS document may have; a larger one is a failed fetch.
+    #[arg(long, default_value_t = 256 * 1024)]
+    pub jwt_jwks_bytes_max: u64,
+
+    /// Seconds one JWKS fetch may take in all (connect, TLS, answer, body).
+    #[arg(long, default_value_t = 10)]
+    pub jwt_jwks_timeout_secs: u64,
+
+    /// PEM file of the certificate authorities https:// JWKS URLs are checked against, instead
+    /// of the system's roots (repeatable; e.g. an identity provider behind a private CA).
+    #[arg(long = "jwt-jwks-ca-file", value_name = "PATH")]
+    pub jwt_jwks_ca_files: Vec<PathBuf>,
+
+    /// Accept http:// JWKS URLs to any host (not only loopback): only where the network
+    /// itself is trusted (a service mesh's mTLS sidecar).
+    #[arg(long)]
+    pub jwt_jwks_insecure_http: bool,
+
     /// Streams anyone may subscribe to without a token (exact name, or `*` wildcards;
     /// repeatable).
     #[arg(long = "anonymous-subscribe", value_name = "PATTERN")]
@@ -345,20 +377,38 @@ impl AuthArgs {
             cache_entries_max: self.jwt_cache_entries_max,
             lifetime_max_secs: (self.jwt_lifetime_max_secs > 0)
                 .then_some(self.jwt_lifetime_max_secs),
+            jwks_urls: self.jwt_jwks_urls.clone(),
         }
     }
 
-    /// Whether a JWT key is configured (real authentication, unlike anonymous patterns).
+    /// Whether a JWT key source is configured: key files or a JWKS URL (real
+    /// authentication, unlike anonymous patterns).
     pub fn keys_configured(&self) -> bool {
+        self.keys_from_files() || !self.jwt_jwks_urls.is_empty()
+    }
+
+    /// The `--jwt-jwks-*` flags for the fetcher.
+    pub fn jwks(&self) -> crate::jwks::JwksSettings {
+        crate::jwks::JwksSettings {
+            urls: self.jwt_jwks_urls.clone(),
+            refresh_secs: self.jwt_jwks_refresh_secs,
+            refetch_min_secs: self.jwt_jwks_refetch_min_secs,
+            bytes_max: self.jwt_jwks_bytes_max,
+            timeout_secs: self.jwt_jwks_timeout_secs,
+            ca_files: self.jwt_jwks_ca_files.clone(),
+            key_files: self.keys_from_files(),
+        }
+    }
+
+    /// Whether a key file is configured.
+    pub fn keys_from_files(&self) -> bool {
         !(self.jwt_hs256_secret_files.is_empty() && self.jwt_public_key_files.is_empty())
     }
 
     /// Whether any access control is configured.
     pub fn configured(&self) -> bool {
-        !(self.jwt_hs256_secret_files.is_empty()
-            && self.jwt_public_key_files.is_empty()
-            && self.anonymous_subscribe.is_empty()
-            && self.anonymous_publish.is_empty())
+        self.keys_configured()
+            || !(self.anonymous_subscribe.is_empty() && self.anonymous_publish.is_empty())
     }
 }
 
@@ -386,6 +436,8 @@ pub enum ConfigError {
     RequestBufferBelowBody(u64),
     /// A cluster-mode flag is invalid or combined with what cluster mode lacks.
     Cluster(String),
+    /// A `--jwt-jwks-url` that is not accepted (the message names it and why).
+    Jwks(String),
 }
 
 impl std::fmt::Display for ConfigError {
@@ -402,17 +454,20 @@ impl std::fmt::Display for ConfigError {
                 write!(f, "--send-bytes-max must be at least --event-bytes-max")
             }
             ConfigError::TooLarge(flag, max) => write!(f, "{flag} must be at most {max}"),
-            ConfigError::Mcp(m) | ConfigError::Cluster(m) => write!(f, "{m}"),
+            ConfigError::Mcp(m) | ConfigError::Cluster(m) | ConfigError::Jwks(m) => {
+                write!(f, "{m}")
+            }
             ConfigError::ExposedWithoutAuth(a) => write!(
                 f,
                 "--listen {a} is not loopback and no authentication is configured: give \
-                 --jwt-hs256-secret-file / --jwt-public-key-file (or --anonymous-subscribe / \
+                 --jwt-hs256-secret-file / --jwt-public-key-file / --jwt-jwks-url (or \
+                 --anonymous-subscribe / \
                  --anonymous-publish patterns), or --insecure-no-auth to expose it open"
             ),
             ConfigError::McpExposedWithoutKeys(a) => write!(
                 f,
                 "--listen {a} is not loopback and the MCP front is on with no JWT key: give \
-                 --jwt-hs256-secret-file / --jwt-public-key-file (tokens then need \
+                 --jwt-hs256-secret-file / --jwt-public-key-file / --jwt-jwks-url (tokens then need \
                  {{\"gateway\": {{\"mcp\": true}}}}; anonymous patterns never open the MCP \
                  endpoint), or --insecure-no-auth to expose it open"
             ),
@@ -456,6 +511,10 @@ impl Config {
         }
         if exposed && self.mcp.enabled() && !self.auth.keys_configured() {
             return Err(ConfigError::McpExposedWithoutKeys(self.listen));
+        }
+        for url in &self.auth.jwt_jwks_urls {
+            crate::jwks::check_url(url, self.auth.jwt_jwks_insecure_http)
+                .map_err(ConfigError::Jwks)?;
         }
         if let Some(o) = self.cors_allow_origins.iter().find(|o| !valid_origin(o)) {
             return Err(ConfigError::BadOrigin(o.clone()));
@@ -510,6 +569,13 @@ impl Config {
                 self.auth.jwt_cache_entries_max as u64,
                 "--jwt-cache-entries-max",
             ),
+            (self.auth.jwt_jwks_refresh_secs, "--jwt-jwks-refresh-secs"),
+            (
+                self.auth.jwt_jwks_refetch_min_secs,
+                "--jwt-jwks-refetch-min-secs",
+            ),
+            (self.auth.jwt_jwks_bytes_max, "--jwt-jwks-bytes-max"),
+            (self.auth.jwt_jwks_timeout_secs, "--jwt-jwks-timeout-secs"),
         ] {
             if v == 0 {
                 return Err(ConfigError::Zero(name));
@@ -627,6 +693,38 @@ mod tests {
         assert_eq!(c.validate(), Ok(()));
         let c = Config::parse_from(["gateway", "--listen", "[::1]:8080"]);
         assert_eq!(c.validate(), Ok(()));
+    }
+
+    #[test]
+    fn a_jwks_url_is_real_authentication_and_is_checked() {
+        let jwks = "https://idp.example/jwks.json";
+        let exposed = [
+            "gateway",
+            "--listen",
+            "0.0.0.0:8080",
+            "--jwt-jwks-url",
+            jwks,
+        ];
+        assert_eq!(Config::parse_from(exposed).validate(), Ok(()));
+        let with_mcp = [&exposed[..], &["--upstream-cmd", "cat"]].concat();
+        assert_eq!(Config::parse_from(with_mcp).validate(), Ok(()));
+        let http = ["gateway", "--jwt-jwks-url", "http://idp.example/jwks.json"];
+        let err = Config::parse_from(http).validate().unwrap_err();
+        assert!(
+            matches!(&err, ConfigError::Jwks(m) if m.contains("loopback")),
+            "{err}"
+        );
+        let insecure = [&http[..], &["--jwt-jwks-insecure-http"]].concat();
+        assert_eq!(Config::parse_from(insecure).validate(), Ok(()));
+        for zero in [
+            "--jwt-jwks-refresh-secs",
+            "--jwt-jwks-refetch-min-secs",
+            "--jwt-jwks-bytes-max",
+            "--jwt-jwks-timeout-secs",
+        ] {
+            let c = Config::parse_from(["gateway", zero, "0"]);
+            assert_eq!(c.validate(), Err(ConfigError::Zero(zero)));
+        }
     }
 
     #[test]

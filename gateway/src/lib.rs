@@ -12,6 +12,7 @@
 //! - `core`: the per-core loop that dispatches completions and carries out decisions.
 //! - `mcp`: the MCP front's flags, over the `mcp-front` crate.
 //! - `shards`: stream → shard → core ownership and the persisted shard count.
+//! - `jwks`: the JWKS fetcher thread (`--jwt-jwks-url`) and when it fetches.
 //! - `metrics`: per-core counters and the Prometheus rendering.
 //! - `sys`: the few direct syscalls.
 
@@ -21,6 +22,7 @@ pub mod clustering;
 pub mod config;
 pub mod config_file;
 pub mod core;
+pub mod jwks;
 pub mod logging;
 pub mod mcp;
 pub mod metrics;

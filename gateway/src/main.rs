@@ -105,8 +105,8 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
     raise_fd_limit(&cfg, shard_count);
     let (listeners, addr) = bind_listeners(&cfg, cores)?;
     let (admin_listener, admin_addr) = bind_admin(cfg.admin_listen)?;
-    let (verifier, certs, mcp_key) = load_keys(&cfg)?;
-    let verifier = Arc::new(verifier);
+    let (keys, certs, mcp_key) = load_keys(&cfg)?;
+    let verifier = keys.current().1;
     let (cluster, inboxes) = match clustered {
         Some(c) => (Some(c.cluster), c.inboxes.into_iter().map(Some).collect()),
         None => (None, (0..cores).map(|_| None).collect::<Vec<_>>()),
@@ -127,7 +127,7 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
         shutdown: AtomicBool::new(false),
         epochs,
         uring_cmd: features.uring_cmd,
-        keys: Arc::new(auth::Keys::new(verifier.clone())),
+        keys,
         verifier,
         certs,
         origins: cfg.cors_allow_origins.clone().into(),
@@ -166,12 +166,15 @@ fn bind_admin(
     Ok((listener, addr))
 }
 
-/// The JWT keys, the TLS certificate and key, and the MCP session key (made at the first
-/// start with the MCP front).
-type Keys = (auth::Verifier, Option<tls::Certs>, Option<SessionKey>);
+/// The JWT keys (key files, and each JWKS URL's first fetch; the `jwt-jwks` thread keeps
+/// them fresh from then on), the TLS certificate and key, and the MCP session key (made at the
+/// first start with the MCP front).
+type Keys = (Arc<auth::Keys>, Option<tls::Certs>, Option<SessionKey>);
 
 fn load_keys(cfg: &config::Config) -> Result<Keys, String> {
     let verifier = auth::Verifier::load(&cfg.auth.settings()).map_err(|e| e.to_string())?;
+    let keys = Arc::new(auth::Keys::new(Arc::new(verifier)));
+    gateway::jwks::start(&cfg.auth.jwks(), &keys)?;
     let certs = match (&cfg.tls_cert_file, &cfg.tls_key_file) {
         (Some(c), Some(k)) => Some(tls::Certs::load(c, k)?),
         _ => None,
@@ -179,7 +182,7 @@ fn load_keys(cfg: &config::Config) -> Result<Keys, String> {
     let mcp_key = (cfg.mcp.enabled())
         .then(|| SessionKey::load_or_create(&cfg.data_dir))
         .transpose()?;
-    Ok((verifier, certs, mcp_key))
+    Ok((keys, certs, mcp_key))
 }
 
 /// The start line: what this process is and how it is configured (no secret: NATS URLs lose
@@ -187,10 +190,9 @@ fn load_keys(cfg: &config::Config) -> Result<Keys, String> {
 fn log_start(cfg: &config::Config, shared: &core::Shared, addr: std::net::SocketAddr, ktls: bool) {
     let auth = match (&cfg.auth, cfg.auth.configured()) {
         (_, false) => "none",
-        (a, true) if a.jwt_hs256_secret_files.is_empty() && a.jwt_public_key_files.is_empty() => {
-            "anonymous patterns only"
-        }
-        _ => "jwt",
+        (a, true) if !a.keys_configured() => "anonymous patterns only",
+        (a, _) if a.jwt_jwks_urls.is_empty() => "jwt",
+        _ => "jwt (jwks)",
     };
     let tls = match (shared.certs.is_some(), ktls && tls::ktls_available()) {
         (false, _) => "off",
@@ -407,14 +409,16 @@ fn wait_for_stop(
 }
 
 /// SIGHUP: the JWT key files and the TLS certificate and key are read again; a file that no
-/// longer loads keeps what was loaded before (and says so). Connections stay up.
+/// longer loads keeps what was loaded before (and says so). The JWKS key sets in use are kept
+/// (the `jwt-jwks` thread refreshes them on its own schedule). Connections stay up.
 fn reload(shared: &core::Shared) {
     if shared.verifier.keys_configured() {
-        match auth::Verifier::load(&shared.cfg.auth.settings()) {
-            Ok(v) => {
-                shared.keys.replace(Arc::new(v));
-                tracing::info!("SIGHUP: JWT keys reloaded");
-            }
+        let settings = shared.cfg.auth.settings();
+        let reloaded = shared.keys.update(|cur| {
+            auth::Verifier::load(&settings).map(|v| Some(v.with_jwks(cur.jwks().to_vec())))
+        });
+        match reloaded {
+            Ok(_) => tracing::info!("SIGHUP: JWT keys reloaded"),
             Err(e) => tracing::error!("SIGHUP: JWT key reload failed, keeping the old keys: {e}"),
         }
     }

@@ -14,6 +14,7 @@ use crate::proto::request_log::RouteClass;
 
 mod families;
 mod histogram;
+pub mod jwks;
 mod process;
 
 pub use histogram::{Histogram, PUBLISH_ROUTES};
@@ -235,6 +236,7 @@ fn limits(out: &mut String) {
 pub fn render(cores: &[CoreMetrics]) -> String {
     let mut out = String::with_capacity(16 * 1024);
     process::build_and_process(&mut out);
+    jwks::render(&mut out);
     limits(&mut out);
     for f in families::FAMILIES {
         family(&mut out, f.name, f.kind, f.help);
