@@ -10,22 +10,25 @@
 //! `Retry-After`.
 
 use std::sync::atomic::Ordering::Relaxed;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use cluster::{Applied, Inbound, Next, names};
 use log_store::{AppendError, EventId, Log};
 
-use super::cluster_state::{CatchUp, Pending, Ticket};
+use super::cluster_state::{CatchUp, ClusterCore, Pending, Ticket};
 use super::http::Caller;
 use super::mcp_cluster::{barrier_known, mcp_substitute, seq_mismatch_record};
-use super::{Core, State};
+use super::net::Net;
+use super::{Core, Shared, State};
 use crate::logging::Gate;
 use crate::metrics::CoreMetrics;
 use crate::proto::conn::Wait;
 use crate::proto::http;
 use crate::proto::route::SubscribeQuery;
 use crate::proto::sse;
-use crate::streams::idempotency::Keyed;
+use crate::streams::StreamKey;
+use crate::streams::hub::{Hub, SubRef};
+use crate::streams::idempotency::{Keyed, Keys};
 use crate::streams::publish::{self, Event};
 use crate::streams::quarantine::{self, QUARANTINE_STREAM, Reason, Verdict};
 use crate::streams::subjects::{self, Subject};
@@ -41,16 +44,54 @@ fn ticket_wait(shard: u32, first: u64) -> Wait {
     }
 }
 
+/// What the cluster part borrows of the core for one call (disjoint fields, never `Core`).
+pub(super) struct ClusterCx<'a> {
+    pub(super) hub: &'a mut Hub,
+    pub(super) net: &'a mut Net,
+    pub(super) idem: &'a mut Keys,
+    /// Connections with an answer waiting for durability.
+    pub(super) waiting: &'a mut Vec<SubRef>,
+    pub(super) shared: &'a Shared,
+    pub(super) m: &'a CoreMetrics,
+    pub(super) now: Instant,
+}
+
+/// A message's place, decided before its stream is created (if it must be) and written.
+struct Placed<'a> {
+    name: &'a str,
+    substitute: Option<Record>,
+    reason: Option<Reason>,
+    key: StreamKey,
+    /// The stream was created by this message (its unborn subscribers move to it).
+    born: bool,
+}
+
 impl Core {
+    /// The cluster part and what it borrows, in cluster mode.
+    fn cluster_cx(&mut self) -> Option<(&mut ClusterCore, ClusterCx<'_>)> {
+        let cc = self.cluster.as_deref_mut()?;
+        let cx = ClusterCx {
+            hub: &mut self.hub,
+            net: &mut self.net,
+            idem: &mut self.idem,
+            waiting: &mut self.waiting,
+            shared: &self.shared,
+            m: &self.shared.metrics[self.id],
+            now: self.now,
+        };
+        Some((cc, cx))
+    }
+
     /// Publishes `events` through JetStream; the answer waits for them to be applied here.
     pub(super) fn cluster_publish(
         &mut self,
-        (slot, access): Caller<'_>,
+        caller: Caller<'_>,
         stream: &str,
         events: Vec<Event>,
         (close, batch): (bool, bool),
         keyed: Option<Keyed>,
     ) {
+        let slot = caller.0;
         if let Err((status, code, msg)) = publish::check_events(&events) {
             return self.net.error(slot, status, code, &msg, close);
         }
@@ -60,50 +101,16 @@ impl Core {
         {
             return self.queue_published(slot, p, close);
         }
-        let (shard, who) = (
-            self.hub.shard_of(stream),
-            (access, self.net.conn(slot).peer),
-        );
-        let checked = check_cluster_publish(self, stream, shard, &events, who);
-        if let Err((status, code, msg)) = checked {
-            return self.net.error(slot, status, code, &msg, close);
-        }
-        let conn = (slot, self.net.io.generation(slot));
-        let cc = self.cluster.as_mut().expect("cluster mode");
-        let n = events.len();
-        let first = cc.publish_events(shard, stream, events, keyed.as_ref(), batch);
-        let p = Pending {
-            conn,
-            shard,
-            first,
-            tickets: vec![Ticket::Pending; n],
-            batch,
-            close,
-            reason: None,
-        };
-        cc.pending.insert(first, p);
-        self.m()
-            .cluster_publishes_total
-            .fetch_add(n as u64, Relaxed);
-        if !self.waiting.contains(&conn) {
-            self.waiting.push(conn);
-        }
-        if let State::Http(h) = &mut self.net.conn(slot).state {
-            h.answer(Vec::new(), Some(ticket_wait(shard, first)), close);
-        }
+        let (cc, mut cx) = self.cluster_cx().expect("cluster mode");
+        cc.publish_request(&mut cx, caller, stream, events, (close, batch), keyed);
     }
 
     /// Applies what the followers delivered (bounded per turn); answers publishes whose
     /// events all came back; serves the catch-up waiters that can be served now.
     pub(super) fn cluster_turn(&mut self) {
-        let Some(cc) = self.cluster.as_mut() else {
+        let Some(got) = self.cluster.as_mut().and_then(|cc| cc.drain()) else {
             return;
         };
-        if !cc.stalled.is_empty() {
-            return;
-        }
-        let mut got = Vec::new();
-        cc.inbox.drain(DRAIN_PER_TURN, |m| got.push(m));
         let n = got.len();
         for m in got {
             match m {
@@ -114,9 +121,8 @@ impl Core {
                     }
                 }
                 Inbound::SnapshotStored { shard, seq, chunks } => {
-                    let m = &self.m().cluster_snapshot_chunks_total;
-                    m.fetch_add(chunks, Relaxed);
-                    self.snapshot_stored(shard, seq)
+                    let (cc, cx) = self.cluster_cx().expect("cluster mode");
+                    cc.snapshot_stored(cx.m, shard, seq, chunks)
                 }
                 m @ Inbound::LastSeq { .. } => barrier_known(&mut self.mcp, &self.cluster, m),
             }
@@ -126,7 +132,8 @@ impl Core {
         }
     }
 
-    /// Retries a stalled message (the tick), then the catch-up deadlines.
+    /// Retries a stalled message (the tick), then the catch-up deadlines, then the snapshots
+    /// due ([`ClusterCore::take_snapshots`]).
     pub(super) fn cluster_tick(&mut self) {
         let Some(cc) = self.cluster.as_mut() else {
             return;
@@ -136,21 +143,6 @@ impl Core {
             self.apply_or_stall(a);
         }
         self.serve_catchups(true);
-        self.take_snapshots();
-    }
-
-    /// A snapshot is stored: the gauge of messages this core's stored snapshots cover.
-    fn snapshot_stored(&mut self, shard: u32, seq: u64) {
-        let covered = self
-            .cluster
-            .as_mut()
-            .expect("cluster mode")
-            .stored(shard, seq);
-        self.m().cluster_snapshot_messages.store(covered, Relaxed);
-    }
-
-    /// Every `--cluster-snapshot-interval-secs`: the snapshots due ([`ClusterCore::take_snapshots`]).
-    fn take_snapshots(&mut self) {
         let secs = self.shared.cfg.cluster.cluster_snapshot_interval_secs;
         let cc = self.cluster.as_mut().expect("cluster mode");
         cc.take_snapshots(self.now, secs, &self.hub);
@@ -176,103 +168,208 @@ impl Core {
         }
     }
 
-    /// Applies one message: the next of its shard, placed as the quarantine decides ([`place`]).
+    /// Applies one message ([`ClusterCore::place_next`], [`ClusterCore::append_placed`]); a
+    /// stream it creates takes its unborn subscribers in between ([`Core::adopt_unborn`]).
     fn apply(&mut self, a: &Applied) -> Result<(), AppendError> {
-        let cc = self.cluster.as_mut().expect("cluster mode");
-        let applied = *cc.applied.get(&a.shard).expect("a shard of this core");
-        match names::check_next(applied, a.seq) {
-            Ok(Next::Apply) => {}
-            Ok(Next::Again) => return note_redelivered(self.m(), a),
-            Err(b) => panic!("cluster: shard {}: chain broken: {b}", a.shard),
-        }
-        let log = self.hub.log(a.shard);
-        let (name, substitute, reason) = place(a, log, self.hub.shards());
-        let key = match log.stream_id(name) {
-            Some(sid) => (a.shard, sid),
-            None => {
-                let key = (a.shard, self.hub.log_mut(a.shard).create_stream(name)?);
-                self.shared.quota.count_created(name);
-                self.adopt_unborn(name, key);
-                key
-            }
+        let (cc, mut cx) = self.cluster_cx().expect("cluster mode");
+        let Some(placed) = cc.place_next(a, &mut cx)? else {
+            return Ok(());
         };
-        let (event, data) = match &substitute {
-            Some((t, d)) => (*t, d.as_slice()),
-            None => (a.event.as_deref(), a.data.as_slice()),
-        };
-        let ap = self.hub.log_mut(key.0).append(key.1, event, data)?;
-        match (reason, &a.idempotency) {
-            (Some(r), _) => note_quarantined(self.m(), a, r),
-            (None, Some(h)) => self.idem.on_applied(name, h, ap.id, self.now),
-            (None, None) => {}
+        if placed.born {
+            self.adopt_unborn(placed.name, placed.key);
         }
-        *self
-            .cluster
-            .as_mut()
-            .expect("cluster")
-            .applied
-            .get_mut(&a.shard)
-            .expect("shard") += 1;
-        self.hub.record_appends(key, 1);
-        self.m().events_appended_total.fetch_add(1, Relaxed);
-        self.m().cluster_applied_total.fetch_add(1, Relaxed);
-        // A skipped message's ID is no stream's: never an answer (no publish of ours is skipped).
-        if let Some(t) = a.ticket.filter(|_| name != QUARANTINE_STREAM)
-            && !self.mcp_ticket_done(t, Ok(ap.id))
+        let (cc, mut cx) = self.cluster_cx().expect("cluster mode");
+        if let Some((t, id)) = cc.append_placed(a, placed, &mut cx)?
+            && !self.mcp_ticket_done(t, Ok(id))
         {
-            self.resolve(t, Ticket::Applied(ap.id), None);
+            self.resolve(t, Ticket::Applied(id), None);
         }
         Ok(())
     }
 
     /// One ticket's outcome; the request is answered once none is pending.
     fn resolve(&mut self, ticket: u64, outcome: Ticket, reason: Option<String>) {
-        let cc = self.cluster.as_mut().expect("cluster mode");
-        if let Some(p) = cc.resolve(ticket, outcome, reason) {
-            self.answer_publish(p);
+        let (cc, mut cx) = self.cluster_cx().expect("cluster mode");
+        cc.settle(ticket, outcome, reason, &mut cx);
+    }
+}
+
+impl ClusterCore {
+    /// What this turn takes from the inbox (bounded), unless a stalled message waits.
+    fn drain(&mut self) -> Option<Vec<Inbound>> {
+        if !self.stalled.is_empty() {
+            return None;
+        }
+        let mut got = Vec::new();
+        self.inbox.drain(DRAIN_PER_TURN, |m| got.push(m));
+        Some(got)
+    }
+
+    /// A publish that passed the idempotency check: checked for the cluster, sent, and its
+    /// answer held until its events are applied here.
+    fn publish_request(
+        &mut self,
+        cx: &mut ClusterCx<'_>,
+        (slot, access): Caller<'_>,
+        stream: &str,
+        events: Vec<Event>,
+        (close, batch): (bool, bool),
+        keyed: Option<Keyed>,
+    ) {
+        let (shard, who) = (cx.hub.shard_of(stream), (access, cx.net.conn(slot).peer));
+        let checked = check_cluster_publish(cx, stream, shard, &events, who);
+        if let Err((status, code, msg)) = checked {
+            return cx.net.error(slot, status, code, &msg, close);
+        }
+        let conn = (slot, cx.net.io.generation(slot));
+        let n = events.len();
+        let first = self.publish_events(shard, stream, events, keyed.as_ref(), batch);
+        let p = Pending {
+            conn,
+            shard,
+            first,
+            tickets: vec![Ticket::Pending; n],
+            batch,
+            close,
+            reason: None,
+        };
+        self.pending.insert(first, p);
+        cx.m.cluster_publishes_total.fetch_add(n as u64, Relaxed);
+        if !cx.waiting.contains(&conn) {
+            cx.waiting.push(conn);
+        }
+        if let State::Http(h) = &mut cx.net.conn(slot).state {
+            h.answer(Vec::new(), Some(ticket_wait(shard, first)), close);
         }
     }
 
-    /// Replaces the held answer with the IDs (waiting for local durability) or, if any event
-    /// went unconfirmed, a 503 naming the ones that were stored.
-    fn answer_publish(&mut self, p: Pending) {
-        let ids: Vec<EventId> = p
-            .tickets
-            .iter()
-            .filter_map(|t| match t {
-                Ticket::Applied(id) => Some(*id),
-                _ => None,
-            })
-            .collect();
-        let (bytes, wait) = if ids.len() == p.tickets.len() {
-            // Applied here; durable once the local log's group commit covers the last one.
-            publish::stored_answer(p.shard, &ids, false, p.batch, p.close)
-        } else {
-            self.m().cluster_unconfirmed_total.fetch_add(1, Relaxed);
-            let msg = format!(
-                "JetStream did not confirm every event ({}); the ones not listed in \
-                 appended_ids may or may not have been stored",
-                p.reason.as_deref().unwrap_or("no reason given")
-            );
-            let b = publish::refused_answer(503, "publish_unconfirmed", &msg, &ids, p.close);
-            (b, None)
-        };
-        let Some(c) = self.net.conn_at(p.conn).filter(|c| !c.closing) else {
-            return;
-        };
-        if let State::Http(h) = &mut c.state {
-            h.replace_wait(ticket_wait(p.shard, p.first), bytes, wait);
-        }
-        // A ready answer (the 503) goes now; one that waits is released by `complete_waits`.
-        self.net.flush(p.conn.0);
+    /// A snapshot is stored: the gauge of messages this core's stored snapshots cover.
+    fn snapshot_stored(&mut self, m: &CoreMetrics, shard: u32, seq: u64, chunks: u64) {
+        m.cluster_snapshot_chunks_total.fetch_add(chunks, Relaxed);
+        let covered = self.stored(shard, seq);
+        m.cluster_snapshot_messages.store(covered, Relaxed);
     }
+
+    /// The first half of applying a message: the next of its shard (else ignored, or the node
+    /// stops), placed as the quarantine decides ([`place`]), its stream created if new.
+    fn place_next<'a>(
+        &mut self,
+        a: &'a Applied,
+        cx: &mut ClusterCx<'_>,
+    ) -> Result<Option<Placed<'a>>, AppendError> {
+        let applied = *self.applied.get(&a.shard).expect("a shard of this core");
+        match names::check_next(applied, a.seq) {
+            Ok(Next::Apply) => {}
+            Ok(Next::Again) => return note_redelivered(cx.m, a).map(|()| None),
+            Err(b) => panic!("cluster: shard {}: chain broken: {b}", a.shard),
+        }
+        let log = cx.hub.log(a.shard);
+        let (name, substitute, reason) = place(a, log, cx.hub.shards());
+        let (key, born) = match log.stream_id(name) {
+            Some(sid) => ((a.shard, sid), false),
+            None => {
+                let key = (a.shard, cx.hub.log_mut(a.shard).create_stream(name)?);
+                cx.shared.quota.count_created(name);
+                (key, true)
+            }
+        };
+        let placed = Placed {
+            name,
+            substitute,
+            reason,
+            key,
+            born,
+        };
+        Ok(Some(placed))
+    }
+
+    /// The second half: the record appended and counted; the ticket it answers, if any.
+    fn append_placed(
+        &mut self,
+        a: &Applied,
+        placed: Placed<'_>,
+        cx: &mut ClusterCx<'_>,
+    ) -> Result<Option<(u64, EventId)>, AppendError> {
+        let Placed {
+            name,
+            substitute,
+            reason,
+            key,
+            ..
+        } = placed;
+        let (event, data) = match &substitute {
+            Some((t, d)) => (*t, d.as_slice()),
+            None => (a.event.as_deref(), a.data.as_slice()),
+        };
+        let ap = cx.hub.log_mut(key.0).append(key.1, event, data)?;
+        match (reason, &a.idempotency) {
+            (Some(r), _) => note_quarantined(cx.m, a, r),
+            (None, Some(h)) => cx.idem.on_applied(name, h, ap.id, cx.now),
+            (None, None) => {}
+        }
+        *self.applied.get_mut(&a.shard).expect("shard") += 1;
+        cx.hub.record_appends(key, 1);
+        cx.m.events_appended_total.fetch_add(1, Relaxed);
+        cx.m.cluster_applied_total.fetch_add(1, Relaxed);
+        // A skipped message's ID is no stream's: never an answer (no publish of ours is skipped).
+        Ok(a.ticket
+            .filter(|_| name != QUARANTINE_STREAM)
+            .map(|t| (t, ap.id)))
+    }
+
+    /// One ticket's outcome; the request is answered once none is pending.
+    fn settle(
+        &mut self,
+        ticket: u64,
+        outcome: Ticket,
+        reason: Option<String>,
+        cx: &mut ClusterCx<'_>,
+    ) {
+        if let Some(p) = self.resolve(ticket, outcome, reason) {
+            answer_publish(p, cx);
+        }
+    }
+}
+
+/// Replaces the held answer with the IDs (waiting for local durability) or, if any event
+/// went unconfirmed, a 503 naming the ones that were stored.
+fn answer_publish(p: Pending, cx: &mut ClusterCx<'_>) {
+    let ids: Vec<EventId> = p
+        .tickets
+        .iter()
+        .filter_map(|t| match t {
+            Ticket::Applied(id) => Some(*id),
+            _ => None,
+        })
+        .collect();
+    let (bytes, wait) = if ids.len() == p.tickets.len() {
+        // Applied here; durable once the local log's group commit covers the last one.
+        publish::stored_answer(p.shard, &ids, false, p.batch, p.close)
+    } else {
+        cx.m.cluster_unconfirmed_total.fetch_add(1, Relaxed);
+        let msg = format!(
+            "JetStream did not confirm every event ({}); the ones not listed in \
+             appended_ids may or may not have been stored",
+            p.reason.as_deref().unwrap_or("no reason given")
+        );
+        let b = publish::refused_answer(503, "publish_unconfirmed", &msg, &ids, p.close);
+        (b, None)
+    };
+    let Some(c) = cx.net.conn_at(p.conn).filter(|c| !c.closing) else {
+        return;
+    };
+    if let State::Http(h) = &mut c.state {
+        h.replace_wait(ticket_wait(p.shard, p.first), bytes, wait);
+    }
+    // A ready answer (the 503) goes now; one that waits is released by `complete_waits`.
+    cx.net.flush(p.conn.0);
 }
 
 /// What a publish is checked for before anything is sent: every event within the record
 /// limit, and for a new stream a valid name, room under `--streams-max` and a place of the
 /// caller's under `--streams-per-subject-max`.
 fn check_cluster_publish(
-    core: &Core,
+    cx: &ClusterCx<'_>,
     stream: &str,
     shard: u32,
     events: &[Event],
@@ -286,16 +383,16 @@ fn check_cluster_publish(
         );
         return Err((413, "batch_too_many_events", msg));
     }
-    let log = core.hub.log(shard);
+    let log = cx.hub.log(shard);
     publish::check_framed_worst(log, events)?;
     if log.stream_id(stream).is_none() {
         if let Err(e) = log_store::Log::check_stream_name(stream) {
             let (status, code) = publish::append_status(&e);
             return Err((status, code, e.to_string()));
         }
-        let (sh, who) = (&core.shared, Subject::of(access, peer));
+        let (sh, who) = (cx.shared, Subject::of(access, peer));
         subjects::reserve_clustered(&sh.quota, &sh.subjects, &who, stream).map_err(|e| {
-            e.counter(&sh.metrics[core.id]).fetch_add(1, Relaxed);
+            e.counter(cx.m).fetch_add(1, Relaxed);
             (e.status().0, e.status().1, e.to_string())
         })?;
     }
@@ -386,7 +483,7 @@ impl Core {
         headers: &str,
         expires: Option<u64>,
     ) -> bool {
-        if self.cluster.is_none() || self.caught_up(stream, q) {
+        if self.cluster.is_none() || caught_up(&self.hub, stream, q) {
             return false;
         }
         if q.last_event_id.is_none() && self.hub.stream_key(stream).is_none() {
@@ -395,17 +492,8 @@ impl Core {
             self.subscribe_unborn(slot, stream, headers, expires);
             return true;
         }
-        let wait = Duration::from_millis(self.shared.cfg.cluster.cluster_catchup_wait_ms);
-        let c = CatchUp {
-            conn: (slot, self.net.io.generation(slot)),
-            stream: stream.to_owned(),
-            q: q.clone(),
-            headers: headers.to_owned(),
-            expires,
-            deadline: self.now + wait,
-        };
-        self.m().cluster_catchup_waits_total.fetch_add(1, Relaxed);
-        self.cluster.as_mut().expect("cluster").catchup.push(c);
+        let (cc, cx) = self.cluster_cx().expect("cluster");
+        cc.hold(&cx, slot, (stream, q), headers, expires);
         true
     }
 
@@ -415,20 +503,6 @@ impl Core {
         let preamble = sse::subscribe_head(self.shared.cfg.retry_ms);
         let preamble = crate::proto::access::with_headers(preamble, headers);
         self.subscribe_unborn_at(slot, stream, 1, preamble, |s| s.expire_at(expires));
-    }
-
-    /// Whether this node has applied what the subscribe names: the stream, and the event of
-    /// its `Last-Event-ID` when that ID is of this stream's epoch and id.
-    fn caught_up(&self, stream: &str, q: &SubscribeQuery) -> bool {
-        let Some((shard, sid)) = self.hub.stream_key(stream) else {
-            return false;
-        };
-        let Some(Ok(id)) = q.last_event_id.as_deref().map(str::parse::<EventId>) else {
-            return true;
-        };
-        let log = self.hub.log(shard);
-        let bounds = log.bounds(sid).expect("live");
-        id.epoch != log.epoch() || id.stream != sid || id.seq <= bounds.visible_tail
     }
 
     /// Serves the waiters that caught up; on `deadlines`, refuses the ones past theirs.
@@ -446,13 +520,13 @@ impl Core {
                 continue;
             }
             let slot = w.conn.0;
-            if self.caught_up(&w.stream, &w.q) {
+            if caught_up(&self.hub, &w.stream, &w.q) {
                 self.subscribe(slot, &w.stream, &w.q, &w.headers, w.expires);
             } else if deadlines && self.now >= w.deadline {
                 self.m()
                     .cluster_catchup_timeouts_total
                     .fetch_add(1, Relaxed);
-                self.refuse_catchup(slot);
+                refuse_catchup(&mut self.net, slot);
             } else {
                 keep.push(w);
             }
@@ -460,15 +534,54 @@ impl Core {
         self.cluster.as_mut().expect("cluster").catchup.extend(keep);
         self.mcp_serve_catchups(deadlines);
     }
+}
 
-    pub(super) fn refuse_catchup(&mut self, slot: u32) {
-        let body = serde_json::json!({
-            "error": "catching_up",
-            "message": "this node has not yet applied the event named by Last-Event-ID; \
-                        retry (here or on another node)",
-        });
-        let b = http::json_response(503, &body, true);
-        let b = crate::proto::access::with_headers(b, "Retry-After: 1\r\n");
-        self.net.respond(slot, b, true);
+impl ClusterCore {
+    /// Holds a subscribe until this node catches up, or `--cluster-catchup-wait-ms` passes.
+    fn hold(
+        &mut self,
+        cx: &ClusterCx<'_>,
+        slot: u32,
+        (stream, q): (&str, &SubscribeQuery),
+        headers: &str,
+        expires: Option<u64>,
+    ) {
+        let wait = Duration::from_millis(cx.shared.cfg.cluster.cluster_catchup_wait_ms);
+        let c = CatchUp {
+            conn: (slot, cx.net.io.generation(slot)),
+            stream: stream.to_owned(),
+            q: q.clone(),
+            headers: headers.to_owned(),
+            expires,
+            deadline: cx.now + wait,
+        };
+        cx.m.cluster_catchup_waits_total.fetch_add(1, Relaxed);
+        self.catchup.push(c);
     }
+}
+
+/// Whether this node has applied what the subscribe names: the stream, and the event of
+/// its `Last-Event-ID` when that ID is of this stream's epoch and id.
+fn caught_up(hub: &Hub, stream: &str, q: &SubscribeQuery) -> bool {
+    let Some((shard, sid)) = hub.stream_key(stream) else {
+        return false;
+    };
+    let Some(Ok(id)) = q.last_event_id.as_deref().map(str::parse::<EventId>) else {
+        return true;
+    };
+    let log = hub.log(shard);
+    let bounds = log.bounds(sid).expect("live");
+    id.epoch != log.epoch() || id.stream != sid || id.seq <= bounds.visible_tail
+}
+
+/// A held subscribe past its deadline: 503 with `Retry-After`.
+pub(super) fn refuse_catchup(net: &mut Net, slot: u32) {
+    let body = serde_json::json!({
+        "error": "catching_up",
+        "message": "this node has not yet applied the event named by Last-Event-ID; \
+                    retry (here or on another node)",
+    });
+    let b = http::json_response(503, &body, true);
+    let b = crate::proto::access::with_headers(b, "Retry-After: 1\r\n");
+    net.respond(slot, b, true);
 }

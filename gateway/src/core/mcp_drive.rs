@@ -242,7 +242,7 @@ impl Core {
             self.m()
                 .cluster_catchup_timeouts_total
                 .fetch_add(1, Relaxed);
-            self.refuse_catchup(w.conn.0);
+            super::cluster::refuse_catchup(&mut self.net, w.conn.0);
         }
         for w in serve {
             self.mcp_request(w.conn.0, &w.head, w.body, w.close, w.subject.as_deref());
