@@ -157,8 +157,9 @@ impl Core {
         match self.apply(&a) {
             Ok(()) => {}
             Err(AppendError::DiskFull) => {
-                self.m().cluster_apply_stalls_total.fetch_add(1, Relaxed);
-                self.cluster.as_mut().expect("cluster").stalled.push_back(a);
+                let (cc, cx) = self.cluster_cx().expect("cluster");
+                cx.m.cluster_apply_stalls_total.fetch_add(1, Relaxed);
+                cc.stalled.push_back(a);
             }
             Err(e) => panic!(
                 "cluster: shard {} message {} cannot be applied to the local log ({e}); every \
@@ -516,19 +517,11 @@ impl Core {
         let waiters = std::mem::take(&mut cc.catchup);
         let mut keep = Vec::new();
         for w in waiters {
-            if self.net.conn_at(w.conn).is_none_or(|c| c.closing) {
-                continue;
-            }
-            let slot = w.conn.0;
-            if caught_up(&self.hub, &w.stream, &w.q) {
-                self.subscribe(slot, &w.stream, &w.q, &w.headers, w.expires);
-            } else if deadlines && self.now >= w.deadline {
-                self.m()
-                    .cluster_catchup_timeouts_total
-                    .fetch_add(1, Relaxed);
-                refuse_catchup(&mut self.net, slot);
-            } else {
-                keep.push(w);
+            let (_, mut cx) = self.cluster_cx().expect("cluster");
+            match catchup_turn(&w, &mut cx, deadlines) {
+                Turn::Serve => self.subscribe(w.conn.0, &w.stream, &w.q, &w.headers, w.expires),
+                Turn::Wait => keep.push(w),
+                Turn::Gone | Turn::Refused => {}
             }
         }
         self.cluster.as_mut().expect("cluster").catchup.extend(keep);
@@ -558,6 +551,34 @@ impl ClusterCore {
         cx.m.cluster_catchup_waits_total.fetch_add(1, Relaxed);
         self.catchup.push(c);
     }
+}
+
+/// A catch-up waiter's turn.
+enum Turn {
+    /// Its connection closed or is closing: dropped.
+    Gone,
+    /// Caught up: subscribe it now.
+    Serve,
+    /// Past its deadline: refused (503) already.
+    Refused,
+    /// Still waiting.
+    Wait,
+}
+
+/// What becomes of one catch-up waiter now; on `deadlines`, one past its deadline is refused.
+fn catchup_turn(w: &CatchUp, cx: &mut ClusterCx<'_>, deadlines: bool) -> Turn {
+    if cx.net.conn_at(w.conn).is_none_or(|c| c.closing) {
+        return Turn::Gone;
+    }
+    if caught_up(cx.hub, &w.stream, &w.q) {
+        return Turn::Serve;
+    }
+    if !(deadlines && cx.now >= w.deadline) {
+        return Turn::Wait;
+    }
+    cx.m.cluster_catchup_timeouts_total.fetch_add(1, Relaxed);
+    refuse_catchup(cx.net, w.conn.0);
+    Turn::Refused
 }
 
 /// Whether this node has applied what the subscribe names: the stream, and the event of
