@@ -418,6 +418,7 @@ for sc in ["latency-1x100", "fanout-1x100", "fanout-1x100-depth1", "fanout-1x100
     if sc == "idle":
         row(sc, "connections held", n.get("subscribers_up"), g.get("subscribers_up"))
         row(sc, "server bytes / idle connection", n.get("idle_bytes_per_connection"), g.get("idle_bytes_per_connection"))
+        row(sc, "server bytes / held connection (end of hold)", n.get("idle_bytes_per_held_connection"), g.get("idle_bytes_per_held_connection"))
     row(sc, "server peak RSS KiB", rss(n), rss(g))
     for k, v in sorted((g.get("server_metrics") or {}).items()):  # nonzero counters only
         if v:

@@ -141,6 +141,9 @@ pub struct LoadResult {
     /// Idle mode: server RSS before any subscriber connected and once all were up.
     pub idle_rss_before_kib: Option<u64>,
     pub idle_rss_after_kib: Option<u64>,
+    /// The server's RSS at the end of the hold (idle mode): what the held connections keep
+    /// once the set-up's transient buffers are returned.
+    pub idle_rss_end_kib: Option<u64>,
     pub errors: Vec<String>,
 }
 
@@ -809,6 +812,7 @@ impl<'c> LoadRun<'c> {
             bench_cpu_secs: 0.0,
             idle_rss_before_kib: before_connect.map(|s| s.rss_kib),
             idle_rss_after_kib: after_connect.map(|s| s.rss_kib),
+            idle_rss_end_kib: end.map(|s| s.rss_kib),
             errors: ctx.errors,
         })
     }
@@ -871,6 +875,7 @@ impl<'c> LoadRun<'c> {
             bench_cpu_secs,
             idle_rss_before_kib: None,
             idle_rss_after_kib: None,
+            idle_rss_end_kib: None,
             errors: ctx.errors,
         })
     }

@@ -135,6 +135,8 @@ pub struct Report {
     pub server_metrics: std::collections::BTreeMap<String, f64>,
     /// Idle: server RSS growth per connected subscriber, bytes.
     pub idle_bytes_per_connection: Option<f64>,
+    /// Idle: the same at the end of the hold (after the server returned its set-up buffers).
+    pub idle_bytes_per_held_connection: Option<f64>,
     pub errors: Vec<String>,
 }
 
@@ -151,12 +153,14 @@ impl Report {
                 cpu_us_per_delivered_event: per_m,
             }
         });
-        let idle_bytes_per_connection = match (r.idle_rss_before_kib, r.idle_rss_after_kib) {
+        let per_connection = |after: Option<u64>| match (r.idle_rss_before_kib, after) {
             (Some(b), Some(a)) if r.subscribers_up > 0 => {
                 Some((a as f64 - b as f64) * 1024.0 / r.subscribers_up as f64)
             }
             _ => None,
         };
+        let idle_bytes_per_connection = per_connection(r.idle_rss_after_kib);
+        let idle_bytes_per_held_connection = per_connection(r.idle_rss_end_kib);
         let violations =
             r.fast.violations() + r.slow.violations() + r.subscriber_failures + r.publish_errors;
         Self {
@@ -189,6 +193,7 @@ impl Report {
             bench_cpu_secs: r.bench_cpu_secs,
             server_metrics: Default::default(),
             idle_bytes_per_connection,
+            idle_bytes_per_held_connection,
             errors: r.errors.clone(),
         }
     }
@@ -327,6 +332,9 @@ impl Report {
         }
         if let Some(b) = self.idle_bytes_per_connection {
             row("server bytes per idle connection", format!("{b:.0}"));
+        }
+        if let Some(b) = self.idle_bytes_per_held_connection {
+            row("server bytes per held connection", format!("{b:.0}"));
         }
     }
 

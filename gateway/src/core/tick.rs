@@ -46,6 +46,7 @@ impl Core {
             .store(self.parked.count() as u64, Relaxed);
         if now >= self.next_retention {
             self.next_retention = now + Duration::from_secs(1);
+            crate::sys::allocator_collect(); // freed set-up buffers back, once a second
             self.hub.enforce_retention(SystemTime::now(), self.id);
             if self.cluster.is_none() {
                 // A removal would be one node's alone (cluster mode removes no stream).
