@@ -111,8 +111,9 @@ pub struct Sub {
     /// `Outq` mode: when a send completion last read `SIOCOUTQ` (sampled like TX ACK
     /// requests, `--tx-ack-interval-ms`: one reading confirms every byte before it).
     outq_read_at: Option<Instant>,
-    /// Send memory kept between sends (`None` while a send holds it).
-    spare: Option<Box<Vectored>>,
+    /// A send is in flight (its memory, a [`Vectored`], is the driver's until it completes;
+    /// between sends the subscriber holds none: `Vectored::take`/`give`, a per-core pool).
+    sending: bool,
     /// A read-ahead just completed: the next send goes without checking residency again.
     prefetched: bool,
     /// When the subscriber's token expires (seconds since the Unix epoch): the stream is
@@ -165,7 +166,7 @@ impl Sub {
             ack_ask_in_send: false,
             ack_awaited: None,
             outq_read_at: None,
-            spare: Some(Box::default()),
+            sending: false,
             prefetched: false,
             expires_unix_secs: None,
         }
@@ -325,8 +326,9 @@ impl Sub {
                 Next::Idle
             };
         }
-        let mut v = self.spare.take().expect("no send in flight");
-        v.clear();
+        assert!(!self.sending, "no send in flight");
+        self.sending = true;
+        let mut v = Vectored::take();
         self.window
             .for_each_unsent_run(IOV_MAX_PER_SEND, lim.send_bytes_max, |c, off, len| {
                 v.push(c.clone(), off, len);
@@ -363,7 +365,7 @@ impl Sub {
 
     /// A send completed: the kernel took `n` bytes. `outq`: a `SIOCOUTQ` reading taken now
     /// (in `Outq` mode), which confirms what the peer ACKed.
-    pub fn on_sent(&mut self, mut v: Box<Vectored>, n: u64, outq: Option<u64>) -> Sent {
+    pub fn on_sent(&mut self, v: Box<Vectored>, n: u64, outq: Option<u64>) -> Sent {
         let requested = v.len();
         let (events_sent, mut events_confirmed) = self.window.on_sent(n);
         if std::mem::take(&mut self.ack_ask_in_send) && n > 0 {
@@ -375,8 +377,8 @@ impl Sub {
         if let Some(q) = outq {
             events_confirmed += self.window.on_acked(acked_from_outq(self.window.sent(), q));
         }
-        v.clear();
-        self.spare = Some(v);
+        Vectored::give(v);
+        self.sending = false;
         Sent {
             bytes: n,
             events_sent,

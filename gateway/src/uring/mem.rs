@@ -49,6 +49,32 @@ impl Default for Vectored {
     }
 }
 
+/// Spare send memory kept for a core's next sends: a subscriber with nothing in flight holds
+/// none of its own (an idle subscription costs no iovec or run arrays), and a busy core reuses
+/// these instead of allocating per send. At most `SPARE_MAX` are kept per thread (per core).
+const SPARE_MAX: usize = 64;
+
+thread_local! {
+    static SPARES: std::cell::RefCell<Vec<Box<Vectored>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+impl Vectored {
+    /// Send memory for one send: a spare of this thread's, or a new one.
+    pub fn take() -> Box<Vectored> {
+        SPARES.with_borrow_mut(Vec::pop).unwrap_or_default()
+    }
+
+    /// Gives back the memory of a completed send (cleared; dropped if the spares are full).
+    pub fn give(mut v: Box<Vectored>) {
+        v.clear();
+        SPARES.with_borrow_mut(|spares| {
+            if spares.len() < SPARE_MAX {
+                spares.push(v);
+            }
+        });
+    }
+}
+
 impl Vectored {
     /// Drops the runs of the last send.
     pub fn clear(&mut self) {
