@@ -51,8 +51,12 @@ impl Default for Vectored {
 
 /// Spare send memory kept for a core's next sends: a subscriber with nothing in flight holds
 /// none of its own (an idle subscription costs no iovec or run arrays), and a busy core reuses
-/// these instead of allocating per send. At most `SPARE_MAX` are kept per thread (per core).
-const SPARE_MAX: usize = 64;
+/// these instead of allocating per send. At most `SPARE_MAX` are kept per thread (per core):
+/// enough for a fan-out's sends all in flight at once; each keeps arrays of at most
+/// `SPARE_RUNS_MAX` runs (larger ones, from a long catch-up, are dropped), so the pool holds
+/// about 1 MiB at most.
+const SPARE_MAX: usize = 1024;
+const SPARE_RUNS_MAX: usize = 16;
 
 thread_local! {
     // Boxed as sends hand them to the driver (the msghdr's address must not move): a take
@@ -70,6 +74,9 @@ impl Vectored {
     /// Gives back the memory of a completed send (cleared; dropped if the spares are full).
     pub fn give(mut v: Box<Vectored>) {
         v.clear();
+        if v.runs.capacity() > SPARE_RUNS_MAX || v.iov.capacity() > SPARE_RUNS_MAX {
+            (v.runs, v.iov) = (Vec::new(), Vec::new());
+        }
         SPARES.with_borrow_mut(|spares| {
             if spares.len() < SPARE_MAX {
                 spares.push(v);

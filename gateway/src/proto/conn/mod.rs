@@ -489,18 +489,18 @@ impl HttpConn {
         Some(Step::Wait)
     }
 
-    /// The head is incomplete: receive more. The buffer doubles only when the head filled it,
-    /// up to the header limit: most heads fit the first `RECV_BYTES_MIN`, and a connection
-    /// being set up should not hold (and zero) `--header-bytes-max` for a few hundred bytes.
+    /// The head is incomplete: receive more (the buffer grows to the header limit). Not
+    /// smaller: a pipelining publisher's receive size sets how many publishes one turn takes,
+    /// hence how many events each fan-out send carries (a 4 KiB first buffer cut 1 × 100
+    /// fan-out from 5.5 M to 3.3 M deliveries/s).
     fn await_head(&mut self, lim: &ConnLimits) -> Step {
         self.compact();
         if self.rlen == 0 {
             self.started = None;
         }
         let rbuf = self.rbuf.as_mut().expect("held");
-        let max = lim.head.header_bytes_max.max(RECV_BYTES_MIN);
-        if self.rlen == rbuf.len() && rbuf.len() < max {
-            rbuf.resize((rbuf.len() * 2).clamp(RECV_BYTES_MIN, max), 0);
+        if rbuf.len() < lim.head.header_bytes_max {
+            rbuf.resize(lim.head.header_bytes_max.max(RECV_BYTES_MIN), 0);
         }
         self.recv_step()
     }

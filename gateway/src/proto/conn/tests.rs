@@ -508,8 +508,8 @@ fn body_budget_admits_whole_bodies_and_starved_ones_resume() {
     let mut b = HttpConn::new(Vec::new(), t0);
     a.set_budget(budget.clone());
     b.set_budget(budget.clone());
-    // Both send the head and a full (first) head buffer of body.
-    let first = format!("{req}{}", &body[..RECV_BYTES_MIN - req.len()]);
+    // Both send the head and a full head buffer of body.
+    let first = format!("{req}{}", &body[..8192 - req.len()]);
     feed(&mut a, first.as_bytes(), t0, &lim);
     feed(&mut b, first.as_bytes(), t0, &lim);
     // `a` reserves its body; `b` cannot and waits, starved.
@@ -526,7 +526,7 @@ fn body_budget_admits_whole_bodies_and_starved_ones_resume() {
     drop(a);
     let gives = budget.gives();
     assert!(gives > 0);
-    let mut have = RECV_BYTES_MIN;
+    let mut have = 8192;
     let mut step = b.poll(t0, &lim, &local, &mut open_gate());
     loop {
         match step {
@@ -692,7 +692,7 @@ fn a_chunked_body_takes_its_buffer_from_the_body_budget() {
     a.set_budget(budget.clone());
     b.set_budget(budget.clone());
     // `a` fills its head buffer and reserves; `b` then fills its own and waits, starved.
-    feed(&mut a, &input[..RECV_BYTES_MIN], t0, &lim);
+    feed(&mut a, &input[..lim.head.header_bytes_max], t0, &lim);
     let ra = recv_step(&mut a, t0, &lim);
     let mut have = 0;
     assert!(matches!(
@@ -739,55 +739,4 @@ fn a_complete_body_waiting_for_earlier_answers_does_not_time_out() {
         Step::HandOff { owner, bytes } => assert_eq!((owner, bytes), (1, second)),
         other => panic!("expected a handoff, got {other:?}"),
     }
-}
-
-/// Receives from `c` until a request or an answer comes out, filling each receive buffer as
-/// far as `bytes` goes; returns the sizes of the buffers it was handed, in order, and the step
-/// that ended it.
-fn receive_all(
-    c: &mut HttpConn,
-    bytes: &[u8],
-    now: Instant,
-    lim: &ConnLimits,
-) -> (Vec<usize>, Step) {
-    let (mut sizes, mut sent) = (Vec::new(), 0);
-    loop {
-        let (mut buf, from) = match c.poll(now, lim, &local, &mut open_gate()) {
-            Step::Recv { buf, from } => (buf, from),
-            other => return (sizes, other),
-        };
-        sizes.push(buf.len());
-        let n = (buf.len() - from).min(bytes.len() - sent);
-        assert!(
-            n > 0,
-            "a receive is asked only while the head is incomplete"
-        );
-        buf[from..from + n].copy_from_slice(&bytes[sent..sent + n]);
-        sent += n;
-        c.on_recv(buf, n, now);
-    }
-}
-
-#[test]
-fn a_head_buffer_starts_small_and_doubles_only_when_a_head_fills_it() {
-    let (lim, t0) = (limits(), Instant::now());
-    // A small head: one receive of RECV_BYTES_MIN, never the header limit.
-    let mut c = HttpConn::new(Vec::new(), t0);
-    let (sizes, step) = receive_all(&mut c, &publish("a", "x"), t0, &lim);
-    assert_eq!(sizes, [RECV_BYTES_MIN]);
-    assert!(matches!(step, Step::Request(r) if r.body == b"x"));
-    // A head of 6,000 bytes: the buffer filled once, then doubled to the limit (8 KiB).
-    let pad = "a".repeat(6000 - 80);
-    let big = format!("GET /v1/streams/a HTTP/1.1\r\nHost: x\r\nX-Pad: {pad}\r\n\r\n");
-    let mut c = HttpConn::new(Vec::new(), t0);
-    let (sizes, step) = receive_all(&mut c, big.as_bytes(), t0, &lim);
-    assert_eq!(sizes, [RECV_BYTES_MIN, lim.head.header_bytes_max]);
-    assert!(matches!(step, Step::Request(_)), "{step:?}");
-    // A head over the limit is still a 431 (the buffer stops at the limit).
-    let pad = "a".repeat(lim.head.header_bytes_max);
-    let huge = format!("GET /v1/streams/a HTTP/1.1\r\nHost: x\r\nX-Pad: {pad}\r\n\r\n");
-    let mut c = HttpConn::new(Vec::new(), t0);
-    let (sizes, _) = receive_all(&mut c, huge.as_bytes(), t0, &lim);
-    assert_eq!(sizes, [RECV_BYTES_MIN, lim.head.header_bytes_max]);
-    assert!(String::from_utf8_lossy(&drain(&mut c, t0)).starts_with("HTTP/1.1 431"));
 }
