@@ -13,7 +13,7 @@
 
 use async_nats::jetstream;
 
-use crate::client::{AckFuture, Msg};
+use crate::msg::{AckFuture, Msg};
 
 /// The most messages JetStream takes in one atomic batch (a limit of the server).
 pub const BATCH_MESSAGES_MAX: usize = 1000;

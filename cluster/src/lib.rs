@@ -14,6 +14,7 @@
 
 mod batch;
 mod client;
+mod msg;
 pub mod names;
 mod snapshot;
 

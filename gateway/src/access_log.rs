@@ -20,16 +20,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use crossbeam::channel::{Receiver, Sender, TrySendError};
 
-use crate::logging::LogFormat;
+use crate::logging::{LogArgs, LogFormat, Switch};
 use crate::proto::request_log::{Finished, method_label};
-
-/// `--access-log`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Switch {
-    On,
-    Off,
-}
 
 /// One request's line, as queued by a core.
 #[derive(Debug)]
@@ -87,7 +79,7 @@ pub fn stop(writer: Option<Writer>) {
 }
 
 /// Starts the writer (`--access-log on`) with a queue of `--access-log-queue-lines-max`.
-pub fn start(flags: &crate::config::LogArgs) -> Result<(Sink, Option<Writer>), String> {
+pub fn start(flags: &LogArgs) -> Result<(Sink, Option<Writer>), String> {
     if flags.access_log == Switch::Off {
         return Ok((Sink::off(), None));
     }

@@ -255,33 +255,7 @@ pub struct Config {
     pub tx_ack_interval_ms: u64,
 
     #[command(flatten)]
-    pub log: LogArgs,
-}
-
-/// Logging flags (`logging.rs`).
-#[derive(Debug, Clone, clap::Args)]
-pub struct LogArgs {
-    /// Least severe level written (to stderr). `GATEWAY_LOG` adds `RUST_LOG`-style directives
-    /// that refine it per target, e.g. `GATEWAY_LOG=async_nats=debug`.
-    #[arg(long, value_enum, default_value_t = crate::logging::LogLevel::Info)]
-    pub log_level: crate::logging::LogLevel,
-
-    /// `text` (one human-readable line per event) or `json` (one object per line with
-    /// `timestamp`, `level`, `target`, `message` and the event's fields).
-    #[arg(long, value_enum, default_value_t = crate::logging::LogFormat::Text)]
-    pub log_format: crate::logging::LogFormat,
-
-    /// One line per request (target `access`, message `request`; a subscription's when it
-    /// ends), in `--log-format`, written by a thread of its own: request ID, method, route
-    /// class, status, bytes in and out, duration, resume class, peer, subject fingerprint.
-    /// Independent of `--log-level`.
-    #[arg(long, value_enum, default_value_t = crate::access_log::Switch::On)]
-    pub access_log: crate::access_log::Switch,
-
-    /// Access-log lines queued for the writer thread; beyond it lines are dropped (counted in
-    /// `gateway_access_log_dropped_total`), never waited for.
-    #[arg(long, default_value_t = 65_536)]
-    pub access_log_queue_lines_max: usize,
+    pub log: crate::logging::LogArgs,
 }
 
 /// Authentication flags (the `auth` crate verifies; `log-store`-style units in names).

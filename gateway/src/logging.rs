@@ -15,6 +15,40 @@ use std::time::{Duration, Instant};
 
 use tracing_subscriber::EnvFilter;
 
+/// Logging flags (`--log-*`, `--access-log*`; the command line is `config.rs`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct LogArgs {
+    /// Least severe level written (to stderr). `GATEWAY_LOG` adds `RUST_LOG`-style directives
+    /// that refine it per target, e.g. `GATEWAY_LOG=async_nats=debug`.
+    #[arg(long, value_enum, default_value_t = LogLevel::Info)]
+    pub log_level: LogLevel,
+
+    /// `text` (one human-readable line per event) or `json` (one object per line with
+    /// `timestamp`, `level`, `target`, `message` and the event's fields).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+
+    /// One line per request (target `access`, message `request`; a subscription's when it
+    /// ends), in `--log-format`, written by a thread of its own: request ID, method, route
+    /// class, status, bytes in and out, duration, resume class, peer, subject fingerprint.
+    /// Independent of `--log-level`.
+    #[arg(long, value_enum, default_value_t = Switch::On)]
+    pub access_log: Switch,
+
+    /// Access-log lines queued for the writer thread; beyond it lines are dropped (counted in
+    /// `gateway_access_log_dropped_total`), never waited for.
+    #[arg(long, default_value_t = 65_536)]
+    pub access_log_queue_lines_max: usize,
+}
+
+/// `--access-log`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Switch {
+    On,
+    Off,
+}
+
 /// The environment variable with `RUST_LOG`-style directives (`gateway::core=debug,async_nats=warn`)
 /// that refine `--log-level`.
 pub const DIRECTIVES_ENV: &str = "GATEWAY_LOG";
@@ -75,7 +109,7 @@ pub fn filter(level: LogLevel, env: Option<&str>) -> Result<EnvFilter, String> {
 
 /// Installs the process's subscriber (once; later calls are ignored, as in tests that start
 /// several gateways in one process). Also routes `log` records (rustls) into it.
-pub fn init(log: &crate::config::LogArgs) -> Result<(), String> {
+pub fn init(log: &LogArgs) -> Result<(), String> {
     let (level, format) = (log.log_level, log.log_format);
     let env = std::env::var(DIRECTIVES_ENV).ok();
     let filter = filter(level, env.as_deref())?;

@@ -7,25 +7,11 @@ use gateway::proto::route::OnTruncated;
 use gateway::streams::sub::AckMode;
 use log_store::{EventId, Log, Seq, StreamId};
 
-use crate::conn::Conn;
+use crate::conn::{Conn, Expect};
 use crate::node::Check;
 use crate::sse::Item;
 use crate::trace::Trace;
 use crate::truth::Truth;
-
-/// What the client must observe next.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Expect {
-    /// The suffix of the stream from `next`.
-    Suffix { next: Seq },
-    /// `event: truncated` first (an in-band truncation: `on_truncated=earliest|latest`), then
-    /// the suffix from `then`.
-    TruncatedThen { then: Seq },
-    /// An explicit error, and nothing else.
-    Error,
-    /// An explicit error was observed: the connection ends.
-    Done,
-}
 
 /// One subscriber.
 #[derive(Debug)]

@@ -13,12 +13,25 @@ use gateway::streams::sub::{Next, Sub, SubLimits, TxReport};
 use gateway::uring::Vectored;
 use log_store::Seq;
 
-use crate::clients::Expect;
 use crate::disk::Disk;
 use crate::node::{Check, Node};
 use crate::rng::Rng;
 use crate::sse::Parser;
 use crate::trace::Trace;
+
+/// What the client must observe next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expect {
+    /// The suffix of the stream from `next`.
+    Suffix { next: Seq },
+    /// `event: truncated` first (an in-band truncation: `on_truncated=earliest|latest`), then
+    /// the suffix from `then`.
+    TruncatedThen { then: Seq },
+    /// An explicit error, and nothing else.
+    Error,
+    /// An explicit error was observed: the connection ends.
+    Done,
+}
 
 /// A disconnected subscriber's unconfirmed events.
 pub type Parked = Vec<gateway::streams::window::ParkedEvent<gateway::uring::Bytes>>;

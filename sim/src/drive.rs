@@ -5,8 +5,9 @@
 use gateway::proto::route::{From, SubscribeQuery};
 use log_store::{Epoch, EventId, StreamId};
 
-use crate::clients::{Client, Expect, expect_for};
+use crate::clients::{Client, expect_for};
 use crate::conn::Conn;
+use crate::conn::Expect;
 use crate::node::{Check, Node};
 use crate::world::World;
 

@@ -22,8 +22,7 @@ use super::unborn::Unborn;
 use crate::proto::conn::Wait;
 use crate::{metrics, shards};
 
-/// A subscriber connection: (slot, generation).
-pub type SubRef = (u32, u32);
+pub use super::SubRef;
 
 /// The streams of one core.
 #[derive(Debug)]

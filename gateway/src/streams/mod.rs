@@ -24,6 +24,9 @@ use log_store::StreamId;
 /// A stream of a core: (shard, stream id in the shard's log).
 pub type StreamKey = (u32, StreamId);
 
+/// A subscriber connection: (slot, generation).
+pub type SubRef = (u32, u32);
+
 impl window::Chunk for crate::uring::Bytes {
     fn bytes(&self) -> &[u8] {
         self.as_slice()

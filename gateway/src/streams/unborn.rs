@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use super::hub::SubRef;
+use super::SubRef;
 
 /// The connections waiting for each unborn stream, and each one's stream.
 #[derive(Debug, Default)]
