@@ -17,7 +17,8 @@ use log_store::{AppendError, EventId, Log};
 
 use super::cluster_state::{CatchUp, ClusterCore, Pending, Ticket};
 use super::http::Caller;
-use super::mcp_cluster::{barrier_known, mcp_substitute, seq_mismatch_record};
+use super::mcp_cluster::barrier_known;
+use super::mcp_cluster_state::{mcp_substitute, seq_mismatch_record};
 use super::net::Net;
 use super::{Core, Shared, State};
 use crate::logging::Gate;

@@ -105,7 +105,7 @@ pub(super) struct Mcp {
     pub(super) metrics_dirty: bool,
     pub(super) next_metrics: Instant,
     /// Cluster mode: MCP records on their way through JetStream, held resumes.
-    pub(super) cluster: Option<super::mcp_cluster::McpCluster>,
+    pub(super) cluster: Option<super::mcp_cluster_state::McpCluster>,
     /// Upstream calls being timed.
     pub(super) calls: super::mcp_calls::Calls,
 }
@@ -260,7 +260,7 @@ impl Mcp {
             next_metrics: now,
             cluster: clustered.then(|| {
                 let hex: String = minted.iter().map(|b| format!("{b:02x}")).collect();
-                super::mcp_cluster::McpCluster::new(hex)
+                super::mcp_cluster_state::McpCluster::new(hex)
             }),
             calls: Default::default(),
         }
@@ -393,7 +393,7 @@ impl Mcp {
         }
         self.metrics_dirty = false;
         self.next_metrics = now + METRICS_INTERVAL;
-        Some(super::mcp_metrics::render(self))
+        Some(self.render_metrics())
     }
 
     /// The next instant this part needs a turn: the MCP core's timer, the reaping of

@@ -101,7 +101,14 @@ fn plain_values(m: &Mcp) -> [u64; 12] {
 }
 
 /// The MCP front's metrics text.
-pub(super) fn render(m: &Mcp) -> String {
+impl Mcp {
+    /// The MCP metrics text (families with `# HELP` and `# TYPE`).
+    pub(super) fn render_metrics(&self) -> String {
+        render(self)
+    }
+}
+
+fn render(m: &Mcp) -> String {
     let mut out = String::with_capacity(4096);
     for ((name, kind, help), v) in PLAIN.into_iter().zip(plain_values(m)) {
         family(&mut out, &format!("gateway_mcp_{name}"), kind, help);

@@ -270,7 +270,7 @@ fn a_record_the_log_refuses_is_an_error_record_at_its_seq_and_then_the_stream_br
 fn every_mcp_metric_family_has_help_and_type() {
     let p = Parts::new();
     let m = p.mcp();
-    let text = super::mcp_metrics::render(&m);
+    let text = m.render_metrics();
     let lines: Vec<&str> = text.lines().collect();
     let mut families = 0;
     for (i, l) in lines.iter().enumerate() {
@@ -325,7 +325,7 @@ fn a_replay_only_resume_waits_for_its_read_barrier_or_gets_503() {
     );
     let due = |p: &mut Parts, m: &mut Mcp, deadlines| {
         let (serve, refuse) = m.due_catchups(deadlines, &p.cx());
-        let conns = |v: Vec<super::mcp_cluster::CatchUp>| v.iter().map(|w| w.conn).collect();
+        let conns = |v: Vec<super::mcp_cluster_state::CatchUp>| v.iter().map(|w| w.conn).collect();
         (conns(serve), conns(refuse))
     };
     let none: (Vec<_>, Vec<_>) = (vec![], vec![]);

@@ -19,6 +19,7 @@ mod mcp;
 mod mcp_apply;
 mod mcp_calls;
 mod mcp_cluster;
+mod mcp_cluster_state;
 mod mcp_drive;
 mod mcp_metrics;
 #[cfg(test)]
