@@ -28,7 +28,7 @@ use crate::proto::http;
 use crate::proto::route::SubscribeQuery;
 use crate::proto::sse;
 use crate::streams::StreamKey;
-use crate::streams::hub::{Hub, SubRef};
+use crate::streams::hub::Hub;
 use crate::streams::idempotency::{Keyed, Keys};
 use crate::streams::publish::{self, Event};
 use crate::streams::quarantine::{self, QUARANTINE_STREAM, Reason, Verdict};
@@ -51,7 +51,7 @@ pub(super) struct ClusterCx<'a> {
     pub(super) net: &'a mut Net,
     pub(super) idem: &'a mut Keys,
     /// Connections with an answer waiting for durability.
-    pub(super) waiting: &'a mut Vec<SubRef>,
+    pub(super) waits: &'a mut super::waits::Waits,
     pub(super) shared: &'a Shared,
     pub(super) m: &'a CoreMetrics,
     pub(super) now: Instant,
@@ -75,7 +75,7 @@ impl Core {
             hub: &mut self.hub,
             net: &mut self.net,
             idem: &mut self.idem,
-            waiting: &mut self.waiting,
+            waits: &mut self.waits,
             shared: &self.shared,
             m: &self.shared.metrics[self.id],
             now: self.now,
@@ -100,7 +100,9 @@ impl Core {
             .idem
             .known(&self.hub, stream, keyed.as_ref(), self.now, close)
         {
-            return self.queue_published(slot, p, close);
+            return self
+                .waits
+                .answer(&mut self.net, slot, p.answer, p.wait, close);
         }
         let (cc, mut cx) = self.cluster_cx().expect("cluster mode");
         cc.publish_request(&mut cx, caller, stream, events, (close, batch), keyed);
@@ -237,12 +239,8 @@ impl ClusterCore {
         };
         self.pending.insert(first, p);
         cx.m.cluster_publishes_total.fetch_add(n as u64, Relaxed);
-        if !cx.waiting.contains(&conn) {
-            cx.waiting.push(conn);
-        }
-        if let State::Http(h) = &mut cx.net.conn(slot).state {
-            h.answer(Vec::new(), Some(ticket_wait(shard, first)), close);
-        }
+        let wait = Some(ticket_wait(shard, first));
+        cx.waits.answer(cx.net, slot, Vec::new(), wait, close);
     }
 
     /// A snapshot is stored: the gauge of messages this core's stored snapshots cover.

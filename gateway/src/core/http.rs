@@ -21,10 +21,6 @@ pub(super) type Caller<'a> = (u32, &'a auth::Access);
 /// A publish's `Idempotency-Key`, if it has one.
 type Idem = Option<String>;
 
-/// The answer to a publish whose group commit failed.
-const LOG_FAILED: &str = "the event could not be made durable: an fsync of its log failed, \
-     and that log refuses appends until the gateway restarts and recovers it";
-
 impl Core {
     /// The machine's next steps, until it waits (bounded per call; a send completion or a
     /// receive continues), then whatever answers are ready go out.
@@ -140,46 +136,6 @@ impl Core {
         self.net.retried();
     }
 
-    /// Releases answers whose publish became visible (durable), then sends what is ready.
-    pub(super) fn complete_waits(&mut self) {
-        if self.waiting.is_empty() {
-            return;
-        }
-        for r in std::mem::take(&mut self.waiting) {
-            let hub = &self.hub;
-            let Some(c) = self.net.conns.get(r.0) else {
-                continue;
-            };
-            if c.closing || self.net.io.generation(r.0) != r.1 {
-                continue;
-            }
-            let State::Http(h) = &mut c.state else {
-                continue;
-            };
-            if h.release_waits(|w| hub.visible(w)) {
-                self.waiting.push(r);
-            }
-            self.net.flush(r.0);
-        }
-    }
-
-    /// A group commit of `shard` failed (its log is poisoned): the answers waiting for it
-    /// become explicit errors — the events may be lost, so no 201 may claim them.
-    pub(super) fn fail_waits(&mut self, shard: u32) {
-        for r in self.waiting.clone() {
-            let Some(c) = self.net.conn_at(r).filter(|c| !c.closing) else {
-                continue;
-            };
-            if let State::Http(h) = &mut c.state {
-                h.fail_waits(
-                    |w| w.shard() == shard,
-                    |close| http::error_response(500, "log_failed", LOG_FAILED, close),
-                );
-            }
-            self.net.flush(r.0);
-        }
-    }
-
     // ---- publish ----
 
     fn publish_batch(
@@ -224,7 +180,9 @@ impl Core {
             .idem
             .known(&self.hub, stream, keyed.as_ref(), self.now, close)
         {
-            return self.queue_published(slot, p, close);
+            return self
+                .waits
+                .answer(&mut self.net, slot, p.answer, p.wait, close);
         }
         let key = self.hub.stream_key(stream);
         let (shard, sid) = key.unwrap_or((self.hub.shard_of(stream), PENDING_STREAM));
@@ -241,18 +199,8 @@ impl Core {
         self.m()
             .events_appended_total
             .fetch_add(p.appended as u64, Relaxed);
-        self.queue_published(slot, p, close);
-    }
-
-    /// Queues a publish's answer, held while its wait is not visible.
-    pub(super) fn queue_published(&mut self, slot: u32, p: publish::Published, close: bool) {
-        let generation = self.net.io.generation(slot);
-        if p.wait.is_some() && !self.waiting.contains(&(slot, generation)) {
-            self.waiting.push((slot, generation));
-        }
-        if let State::Http(h) = &mut self.net.conn(slot).state {
-            h.answer(p.answer, p.wait, close);
-        }
+        self.waits
+            .answer(&mut self.net, slot, p.answer, p.wait, close);
     }
 
     // ---- subscribe ----

@@ -114,15 +114,9 @@ impl Core {
                     stream: key.1.0,
                     seq: u64::MAX,
                 });
-                let generation = self.net.io.generation(slot);
-                if wait.is_some() && !self.waiting.contains(&(slot, generation)) {
-                    self.waiting.push((slot, generation));
-                }
                 let body = serde_json::json!({"stream": stream, "deleted": true});
                 let answer = http::json_response(200, &body, close);
-                if let State::Http(h) = &mut self.net.conn(slot).state {
-                    h.answer(answer, wait, close);
-                }
+                self.waits.answer(&mut self.net, slot, answer, wait, close);
             }
             Err(e) => {
                 let (status, code) = match e {

@@ -28,6 +28,7 @@ mod net;
 mod requests;
 mod subs;
 mod tick;
+mod waits;
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -158,8 +159,8 @@ struct Core {
     parked: ParkedWindows,
     /// The `Idempotency-Key`s of this core's streams' publishes.
     idem: Keys,
-    /// Connections with an answer waiting for durability.
-    waiting: Vec<SubRef>,
+    /// The answers waiting for durability.
+    waits: waits::Waits,
     /// Scratch: the subscribers to pump at the end of a turn.
     to_pump: Vec<SubRef>,
     /// The batch subscribers' log reads fill (its vectors reused: no allocation per read).
@@ -255,7 +256,7 @@ pub fn run_core(setup: CoreSetup, shared: Arc<Shared>, ready: impl FnOnce(Result
         efd: shared_efd,
         rx: setup.rx,
         parked: ParkedWindows::default(),
-        waiting: Vec::new(),
+        waits: waits::Waits::default(),
         to_pump: Vec::new(),
         read_scratch: log_store::ReadBatch::default(),
         now,
@@ -356,11 +357,11 @@ impl Core {
     fn end_turn(&mut self) {
         for shard in self.hub.take_failed() {
             self.m().log_sync_failures_total.fetch_add(1, Relaxed);
-            self.fail_waits(shard);
+            self.waits.fail(&mut self.net, shard);
         }
         let touched = self.hub.end_turn();
         if !touched.is_empty() {
-            self.complete_waits();
+            self.waits.complete(&mut self.net, &self.hub);
             self.wake(&touched);
         }
         for (shard, fd) in self.hub.start_syncs(self.now) {

@@ -77,7 +77,7 @@ impl Core {
         self.mcp_shutdown();
         self.net.stop_listening();
         self.hub.sync_all(self.id);
-        self.complete_waits();
+        self.waits.complete(&mut self.net, &self.hub);
         for i in self.net.conns.slots() {
             let Some(conn) = self.net.conns.get(i) else {
                 continue;
