@@ -11,7 +11,7 @@ use crate::streams::sub::PENDING_STREAM;
 impl Core {
     pub(super) fn close_conn(&mut self, slot: u32) {
         self.mcp_conn_closed(slot);
-        let (now, lim, shutting_down) = (self.now, self.lim.park, self.shutting_down.is_some());
+        let (now, shutting_down) = (self.now, self.shutting_down.is_some());
         let conn = self.net.conns.live(slot);
         if conn.closing {
             return;
@@ -25,14 +25,10 @@ impl Core {
             unborn = key.1 == PENDING_STREAM;
             let events = sub.take_parkable();
             self.hub.unsubscribe(key, slot);
-            self.shared.metrics[self.id]
-                .subscribers
-                .fetch_sub(1, Relaxed);
+            let m = &self.shared.metrics[self.id];
+            m.subscribers.fetch_sub(1, Relaxed);
             if !shutting_down {
-                self.parked.park(key, events, now, lim);
-                self.m()
-                    .parked_windows
-                    .store(self.parked.count() as u64, Relaxed);
+                self.subs.park(m, key, events, now);
             }
         }
         if unborn {

@@ -12,7 +12,7 @@ use crate::proto::route::{self, Route};
 use crate::shards;
 use crate::streams::idempotency::Keyed;
 use crate::streams::publish::{self, Event};
-use crate::streams::resume::{self, Ask, Start};
+use crate::streams::resume::{Ask, Start};
 use crate::streams::sub::{PENDING_STREAM, Sub};
 
 /// A request's connection and who sent it (the gate's verdict).
@@ -222,22 +222,17 @@ impl Core {
         // place taken under the quotas) until its first publish; a refusal creates nothing.
         let key = self.hub.stream_key(stream);
         let key = key.unwrap_or((self.hub.shard_of(stream), PENDING_STREAM));
+        let shared = self.shared.clone();
         let ask = Ask {
             key,
             q,
-            retry_ms: self.shared.cfg.retry_ms,
-            known_epochs: &self.shared.epochs,
+            retry_ms: shared.cfg.retry_ms,
+            known_epochs: &shared.epochs,
             now: self.now,
         };
-        let (start, class) = resume::start(self.hub.log(key.0), &mut self.parked, &ask);
-        super::requests::resumed(
-            &self.shared.metrics[self.id],
-            self.net.conns.live(slot),
-            class,
-        );
-        self.m()
-            .parked_windows
-            .store(self.parked.count() as u64, Relaxed);
+        let (subs, cx) = self.subs_cx();
+        let (start, class) = subs.start(&cx, &ask);
+        super::requests::resumed(cx.m, cx.net.conns.live(slot), class);
         match start {
             Start::Serve {
                 cursor,

@@ -139,7 +139,7 @@ impl Core {
         }
         let name = self.hub.log(key.0).stream_name(key.1).map(str::to_owned);
         let removed = self.hub.remove_stream(key)?;
-        self.parked.forget(key);
+        self.subs.parked.forget(key);
         let name = name.expect("a live stream has a name");
         subjects::release(&self.shared.quota, &self.shared.subjects, &name);
         Ok(removed)

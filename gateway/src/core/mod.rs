@@ -46,9 +46,9 @@ use crate::proto::access::Gate;
 use crate::proto::conn::{BodyBudget, ConnLimits};
 use crate::proto::http::HeadLimits;
 use crate::streams::catalog::StreamQuota;
-use crate::streams::hub::{Hub, SubRef};
+use crate::streams::hub::Hub;
 use crate::streams::idempotency::{self, Keys};
-use crate::streams::parked::{ParkLimits, ParkedWindows};
+use crate::streams::parked::ParkLimits;
 use crate::streams::sub::SubLimits;
 use crate::streams::subjects::SubjectQuota;
 use crate::sys;
@@ -156,15 +156,12 @@ struct Core {
     efd: RawFd,
     rx: Receiver<Handoff>,
     hub: Hub,
-    parked: ParkedWindows,
+    /// The subscribers and their windows, parked ones included.
+    subs: subs::Subs,
     /// The `Idempotency-Key`s of this core's streams' publishes.
     idem: Keys,
     /// The answers waiting for durability.
     waits: waits::Waits,
-    /// Scratch: the subscribers to pump at the end of a turn.
-    to_pump: Vec<SubRef>,
-    /// The batch subscribers' log reads fill (its vectors reused: no allocation per read).
-    read_scratch: log_store::ReadBatch,
     now: Instant,
     next_tick: Instant,
     next_retention: Instant,
@@ -244,6 +241,8 @@ pub fn run_core(setup: CoreSetup, shared: Arc<Shared>, ready: impl FnOnce(Result
         _ => None,
     };
     let lim = limits(&shared.cfg);
+    let want_ts = shared.uring_cmd && !shared.cfg.no_tx_timestamps;
+    let subs = subs::Subs::new(lim.sub, lim.park, want_ts);
     let net = Net::new(io, setup.listener, shared.clone(), setup.id, lim.sub, now);
     let mut core = Core {
         cluster: clustered,
@@ -255,10 +254,8 @@ pub fn run_core(setup: CoreSetup, shared: Arc<Shared>, ready: impl FnOnce(Result
         shared,
         efd: shared_efd,
         rx: setup.rx,
-        parked: ParkedWindows::default(),
+        subs,
         waits: waits::Waits::default(),
-        to_pump: Vec::new(),
-        read_scratch: log_store::ReadBatch::default(),
         now,
         next_tick: now + TICK,
         next_retention: now,
@@ -375,7 +372,7 @@ impl Core {
     /// Pumps the subscribers of `touched` streams.
     fn wake(&mut self, touched: &[crate::streams::StreamKey]) {
         // Collected first (pumping may close a subscriber and edit the registry).
-        let (mut to_pump, now) = (std::mem::take(&mut self.to_pump), self.now);
+        let (mut to_pump, now) = (std::mem::take(&mut self.subs.to_pump), self.now);
         for &key in touched {
             to_pump.extend_from_slice(self.hub.subscribers(key));
         }
@@ -385,6 +382,6 @@ impl Core {
             }
         }
         to_pump.clear();
-        self.to_pump = to_pump;
+        self.subs.to_pump = to_pump;
     }
 }

@@ -40,10 +40,7 @@ impl Core {
             .store(self.gate.auth_refusals, Relaxed);
         m.origin_refusals_total
             .store(self.gate.origin_refusals, Relaxed);
-        self.parked.expire(now);
-        self.m()
-            .parked_windows
-            .store(self.parked.count() as u64, Relaxed);
+        self.subs.expire(&self.shared.metrics[self.id], now);
         if now >= self.next_retention {
             self.next_retention = now + Duration::from_secs(1);
             crate::sys::allocator_collect(); // freed set-up buffers back, once a second
