@@ -69,7 +69,7 @@ struct Placed<'a> {
 
 impl Core {
     /// The cluster part and what it borrows, in cluster mode.
-    fn cluster_cx(&mut self) -> Option<(&mut ClusterCore, ClusterCx<'_>)> {
+    pub(super) fn cluster_cx(&mut self) -> Option<(&mut ClusterCore, ClusterCx<'_>)> {
         let cc = self.cluster.as_deref_mut()?;
         let cx = ClusterCx {
             hub: &mut self.hub,
@@ -81,31 +81,6 @@ impl Core {
             now: self.now,
         };
         Some((cc, cx))
-    }
-
-    /// Publishes `events` through JetStream; the answer waits for them to be applied here.
-    pub(super) fn cluster_publish(
-        &mut self,
-        caller: Caller<'_>,
-        stream: &str,
-        events: Vec<Event>,
-        (close, batch): (bool, bool),
-        keyed: Option<Keyed>,
-    ) {
-        let slot = caller.0;
-        if let Err((status, code, msg)) = publish::check_events(&events) {
-            return self.net.error(slot, status, code, &msg, close);
-        }
-        if let Some(p) = self
-            .idem
-            .known(&self.hub, stream, keyed.as_ref(), self.now, close)
-        {
-            return self
-                .waits
-                .answer(&mut self.net, slot, p.answer, p.wait, close);
-        }
-        let (cc, mut cx) = self.cluster_cx().expect("cluster mode");
-        cc.publish_request(&mut cx, caller, stream, events, (close, batch), keyed);
     }
 
     /// Applies what the followers delivered (bounded per turn); answers publishes whose
@@ -209,9 +184,9 @@ impl ClusterCore {
         Some(got)
     }
 
-    /// A publish that passed the idempotency check: checked for the cluster, sent, and its
-    /// answer held until its events are applied here.
-    fn publish_request(
+    /// A publish that passed the event and idempotency checks: checked for the cluster, sent,
+    /// and its answer held until its events are applied here.
+    pub(super) fn publish_request(
         &mut self,
         cx: &mut ClusterCx<'_>,
         (slot, access): Caller<'_>,

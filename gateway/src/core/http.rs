@@ -4,12 +4,11 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 
-use super::{Core, PIPELINED_PER_CALL_MAX, State, Then};
+use super::{Core, PIPELINED_PER_CALL_MAX, Then};
 use crate::proto::access;
-use crate::proto::conn::{Kind, Request, Step, Target};
+use crate::proto::conn::{Kind, Request, Step};
 use crate::proto::http;
 use crate::proto::route::{self, Route};
-use crate::shards;
 use crate::streams::idempotency::Keyed;
 use crate::streams::publish::{self, Event};
 use crate::streams::resume::{Ask, Start};
@@ -26,7 +25,10 @@ impl Core {
     /// receive continues), then whatever answers are ready go out.
     pub(super) fn drive_http(&mut self, slot: u32) {
         for _ in 0..PIPELINED_PER_CALL_MAX {
-            let Some(step) = self.poll_http(slot) else {
+            let polled = self
+                .net
+                .poll_http(slot, &self.lim.conn, self.mcp_core, &mut self.gate);
+            let Some(step) = polled else {
                 return;
             };
             match step {
@@ -52,29 +54,6 @@ impl Core {
             }
         }
         self.net.flush(slot);
-    }
-
-    /// The connection machine's next step (`None`: the connection is not in HTTP or closing).
-    fn poll_http(&mut self, slot: u32) -> Option<Step> {
-        let (id, cores, shards) = (self.id, self.shared.cores, self.shared.shards);
-        let mcp_core = self.mcp_core;
-        let remote = |t: Target<'_>| {
-            let owner = match t {
-                Target::Stream(s) => shards::core_of_shard(shards::shard_of(s, shards), cores),
-                Target::Mcp => mcp_core,
-            };
-            (owner != id).then_some(owner)
-        };
-        let (now, lim) = (self.now, &self.lim.conn);
-        let Some(super::conns::Conn {
-            state: State::Http(h),
-            closing: false,
-            ..
-        }) = self.net.conns.get(slot)
-        else {
-            return None;
-        };
-        Some(h.poll(now, lim, &remote, &mut self.gate))
     }
 
     /// Carries out one request; false if the connection left HTTP (a subscriber, an MCP
@@ -169,9 +148,6 @@ impl Core {
         key: Idem,
     ) {
         let ((close, batch), keyed) = (how, key.map(|k| Keyed::new(k, &events)));
-        if self.cluster.is_some() {
-            return self.cluster_publish(from, stream, events, how, keyed);
-        }
         let slot = from.0;
         if let Err((status, code, msg)) = publish::check_events(&events) {
             return self.net.error(slot, status, code, &msg, close);
@@ -183,6 +159,10 @@ impl Core {
             return self
                 .waits
                 .answer(&mut self.net, slot, p.answer, p.wait, close);
+        }
+        if let Some((cc, mut cx)) = self.cluster_cx() {
+            // Through JetStream: the answer waits for the events to be applied here.
+            return cc.publish_request(&mut cx, from, stream, events, how, keyed);
         }
         let key = self.hub.stream_key(stream);
         let (shard, sid) = key.unwrap_or((self.hub.shard_of(stream), PENDING_STREAM));

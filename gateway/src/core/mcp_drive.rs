@@ -7,17 +7,45 @@
 use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
+use std::time::Instant;
 
 use log_store::EventId;
 
 use super::mcp::{self, Effect, Mcp, McpCx, McpRequest};
-use super::{Core, State};
+use super::{Core, Shared, State};
+use crate::streams::hub::Hub;
 use crate::streams::sub::Sub;
 use crate::sys;
 
 /// Upstream events handled per turn before the core yields to other work (it re-wakes
 /// itself when more are queued).
 const UPSTREAM_EVENTS_PER_TURN_MAX: usize = 4096;
+
+impl Mcp {
+    /// The MCP part of core `id`, if the MCP front is on and this core owns the MCP shard
+    /// (called once when the core starts; it recovers the sessions whose streams are in the
+    /// shard's log).
+    pub(super) fn on_core(
+        shared: &Arc<Shared>,
+        id: usize,
+        hub: &Hub,
+        clustered: bool,
+        now: Instant,
+    ) -> Option<Box<Mcp>> {
+        if !shared.cfg.mcp.enabled() {
+            return None;
+        }
+        let (shard, owner) = mcp::mcp_owner(shared.shards, shared.cores);
+        if owner != id {
+            return None;
+        }
+        let waker = shared.clone();
+        let wake: mcp::Wake = Arc::new(move || sys::eventfd_wake(waker.eventfds[id].as_fd()));
+        let ups = mcp::upstreams(&shared.cfg, wake);
+        let m = Mcp::new(&shared.cfg, id, shard, ups, hub, clustered, now);
+        Some(Box::new(m))
+    }
+}
 
 impl Core {
     /// The MCP part and what it may borrow of the core, if the MCP front runs on this core.
@@ -32,30 +60,6 @@ impl Core {
             epochs: &self.shared.epochs,
         };
         Some((m, cx))
-    }
-
-    /// Called once when the core starts: the MCP owner core builds the MCP part and
-    /// recovers the sessions whose streams are in its log.
-    pub(super) fn mcp_setup(&mut self) {
-        if !self.shared.cfg.mcp.enabled() {
-            return;
-        }
-        let (shard, owner) = mcp::mcp_owner(self.shared.shards, self.shared.cores);
-        if owner != self.id {
-            return;
-        }
-        let (shared, id) = (self.shared.clone(), self.id);
-        let wake: mcp::Wake = Arc::new(move || sys::eventfd_wake(shared.eventfds[id].as_fd()));
-        let ups = mcp::upstreams(&self.shared.cfg, wake);
-        let clustered = self.cluster.is_some();
-        let cfg = &self.shared.cfg;
-        let m = Mcp::new(cfg, self.id, shard, ups, &self.hub, clustered, self.now);
-        self.mcp = Some(Box::new(m));
-    }
-
-    /// The core that owns the MCP shard (MCP requests are handed to it).
-    pub(super) fn mcp_owner_core(&self) -> usize {
-        mcp::mcp_owner(self.shared.shards, self.shared.cores).1
     }
 
     /// A complete request on the MCP path, on the MCP owner core: every header of `head`

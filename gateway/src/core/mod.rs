@@ -264,10 +264,11 @@ pub fn run_core(setup: CoreSetup, shared: Arc<Shared>, ready: impl FnOnce(Result
         mcp_core: 0,
         gate,
     };
-    core.mcp_core = core.mcp_owner_core();
+    core.mcp_core = mcp::mcp_owner(core.shared.shards, core.shared.cores).1;
     core.net.arm_accept();
     core.net.io.read_eventfd(core.efd);
-    core.mcp_setup();
+    let clustered = core.cluster.is_some();
+    core.mcp = mcp::Mcp::on_core(&core.shared, core.id, &core.hub, clustered, now);
     ready(Ok(()));
     core.run();
 }

@@ -10,6 +10,7 @@
 //! subscriber), so `Net` never calls back into the core.
 
 mod accept;
+mod machine;
 mod tick;
 mod tls;
 pub(super) mod transport;
