@@ -14,7 +14,6 @@ use crate::proto::conn::Wait;
 use crate::proto::http;
 use crate::streams::StreamKey;
 use crate::streams::hub::SubRef;
-use crate::streams::publish;
 use crate::streams::sub::{PENDING_STREAM, Sub};
 use crate::streams::subjects::{self, Subject};
 
@@ -31,25 +30,18 @@ impl Core {
         if let Some(key) = self.hub.stream_key(stream) {
             return Some(key);
         }
-        let (sh, who) = (
-            &self.shared,
-            Subject::of(access, self.net.conns.live(slot).peer),
-        );
-        if let Err(e) = subjects::reserve(&sh.quota, &sh.subjects, &who, stream) {
-            e.counter(self.m()).fetch_add(1, Relaxed);
-            self.net
-                .error(slot, e.status().0, e.status().1, &e.to_string(), close);
-            return None;
-        }
-        match self.hub.open_stream(stream) {
+        let (sh, m) = (&self.shared, &self.shared.metrics[self.id]);
+        let who = Subject::of(access, self.net.conns.live(slot).peer);
+        match self
+            .hub
+            .create_api_stream((&sh.quota, &sh.subjects), &who, stream, m)
+        {
             Ok(k) => {
                 self.adopt_unborn(stream, k);
                 Some(k)
             }
-            Err(e) => {
-                subjects::release(&self.shared.quota, &self.shared.subjects, stream);
-                let (status, code) = publish::append_status(&e);
-                self.net.error(slot, status, code, &e.to_string(), close);
+            Err((status, code, msg)) => {
+                self.net.error(slot, status, code, &msg, close);
                 None
             }
         }

@@ -5,8 +5,41 @@
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, SystemTime};
 
+use super::net::tick::Gauges;
 use super::{Core, State};
-use crate::uring::Op;
+use crate::config::Config;
+use crate::metrics::CoreMetrics;
+use crate::proto::access::Gate;
+use crate::streams::hub::Hub;
+use crate::uring::{Op, UnmatchedCounts};
+
+/// A tick's gauges: the sums over the connections and the driver's unmatched completions.
+fn store_tick_gauges(m: &CoreMetrics, g: &Gauges, u: UnmatchedCounts) {
+    crate::metrics::bump_own(&m.ticks, 1);
+    m.inflight_bytes.store(g.inflight_bytes, Relaxed);
+    m.answer_bytes_queued.store(g.answers, Relaxed);
+    m.lag_events_max.store(g.lag_max, Relaxed);
+    m.unmatched_completions_total
+        .store(u.repeat + u.unknown, Relaxed);
+    m.cq_stale_slots_total.store(u.stale_slot, Relaxed);
+}
+
+/// The gate's refusals so far (this core's token cache and CORS checks).
+fn store_gate_counts(m: &CoreMetrics, gate: &Gate) {
+    m.auth_refusals_total.store(gate.auth_refusals, Relaxed);
+    m.origin_refusals_total.store(gate.origin_refusals, Relaxed);
+}
+
+/// The streams' gauge and, under `--metrics-per-stream`, their lines (at the retention tick).
+fn store_stream_gauges(m: &CoreMetrics, hub: &Hub, cfg: &Config) {
+    let lines = if cfg.metrics_per_stream {
+        hub.stream_lines(cfg.metrics_per_stream_max)
+    } else {
+        String::new()
+    };
+    *m.streams_snapshot.lock().expect("metrics lock") = lines;
+    m.streams.store(hub.stream_count() as u64, Relaxed);
+}
 
 impl Core {
     pub(super) fn tick(&mut self) {
@@ -15,15 +48,7 @@ impl Core {
         let (to_close, to_flush, to_pump, g) =
             self.net
                 .tick_connections(&self.hub, &self.lim, self.gate.now_unix_secs);
-        let m = &self.shared.metrics[self.id];
-        crate::metrics::bump_own(&m.ticks, 1);
-        m.inflight_bytes.store(g.inflight_bytes, Relaxed);
-        m.answer_bytes_queued.store(g.answers, Relaxed);
-        m.lag_events_max.store(g.lag_max, Relaxed);
-        let u = self.net.io.unmatched();
-        m.unmatched_completions_total
-            .store(u.repeat + u.unknown, Relaxed);
-        m.cq_stale_slots_total.store(u.stale_slot, Relaxed);
+        store_tick_gauges(self.m(), &g, self.net.io.unmatched());
         for slot in to_flush {
             self.net.flush(slot);
         }
@@ -35,11 +60,7 @@ impl Core {
         }
         self.retry_deferred_recvs();
         self.cluster_tick();
-        let m = &self.shared.metrics[self.id];
-        m.auth_refusals_total
-            .store(self.gate.auth_refusals, Relaxed);
-        m.origin_refusals_total
-            .store(self.gate.origin_refusals, Relaxed);
+        store_gate_counts(self.m(), &self.gate);
         self.subs.expire(&self.shared.metrics[self.id], now);
         if now >= self.next_retention {
             self.next_retention = now + Duration::from_secs(1);
@@ -49,15 +70,7 @@ impl Core {
                 // A removal would be one node's alone (cluster mode removes no stream).
                 self.expire_idle_streams();
             }
-            let cfg = &self.shared.cfg;
-            let lines = if cfg.metrics_per_stream {
-                self.hub.stream_lines(cfg.metrics_per_stream_max)
-            } else {
-                String::new()
-            };
-            *self.m().streams_snapshot.lock().expect("metrics lock") = lines;
-            let n = self.hub.stream_count() as u64;
-            self.m().streams.store(n, Relaxed);
+            store_stream_gauges(self.m(), &self.hub, &self.shared.cfg);
         }
         if self.shared.shutdown.load(Relaxed) && self.shutting_down.is_none() {
             self.begin_shutdown();

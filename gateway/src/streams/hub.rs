@@ -16,8 +16,10 @@ use std::time::{Duration, Instant, SystemTime};
 use log_store::{AppendError, Log, RemoveError, Removed, StreamId, SyncJob, SyncReport};
 
 use super::StreamKey;
-use super::catalog::StreamKind;
+use super::catalog::{StreamKind, StreamQuota};
+use super::publish;
 use super::sub::PENDING_STREAM;
+use super::subjects::{self, Subject, SubjectQuota};
 use super::unborn::Unborn;
 use crate::proto::conn::Wait;
 use crate::{metrics, shards};
@@ -105,6 +107,29 @@ impl Hub {
         let shard = self.shard_of(stream);
         let sid = self.log_mut(shard).create_stream(stream)?;
         Ok((shard, sid))
+    }
+
+    /// Creates the API stream `stream` under `--streams-max` and `who`'s
+    /// `--streams-per-subject-max` (a refusal is counted in its metric and creates nothing;
+    /// its unborn subscribers are the caller's to move, [`Hub::adopt_unborn`]). The error is
+    /// the answer: status, code, message.
+    pub fn create_api_stream(
+        &mut self,
+        (quota, subjects): (&StreamQuota, &SubjectQuota),
+        who: &Subject,
+        stream: &str,
+        m: &metrics::CoreMetrics,
+    ) -> Result<StreamKey, (u16, &'static str, String)> {
+        if let Err(e) = subjects::reserve(quota, subjects, who, stream) {
+            e.counter(m)
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            return Err((e.status().0, e.status().1, e.to_string()));
+        }
+        self.open_stream(stream).map_err(|e| {
+            subjects::release(quota, subjects, stream);
+            let (status, code) = publish::append_status(&e);
+            (status, code, e.to_string())
+        })
     }
 
     /// Notes `n` appends to `key` for this turn's wake-ups.

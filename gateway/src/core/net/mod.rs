@@ -11,7 +11,7 @@
 
 mod accept;
 mod machine;
-mod tick;
+pub(super) mod tick;
 mod tls;
 pub(super) mod transport;
 
