@@ -45,7 +45,7 @@ TYPE_BUDGET_DIRS = ("gateway/src",)
 # Types over (d) while they are being divided: today's count is the ceiling, lowered as parts
 # leave them; they may not grow. gateway's `Core` (issue 22: connections, stream catalog,
 # appender, subscribers and the driver become parts of their own).
-TYPE_METHOD_LINES_CEILING = {("gateway", "Core"): 887}
+TYPE_METHOD_LINES_CEILING = {("gateway", "Core"): 818}
 # Every workspace member's sources (Cargo.toml `members`; fuzz is outside the workspace).
 SOURCE_DIRS = (
     "log-store/src", "mcp-front/src", "gateway/src", "bench/src", "auth/src", "cluster/src", "sim/src",

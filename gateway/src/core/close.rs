@@ -3,9 +3,7 @@
 //! `Net` shuts the socket down, cancels every operation in flight, and closes the fd and
 //! frees the slot only once no memory-owning operation is in flight (`Net::maybe_free`).
 
-use std::sync::atomic::Ordering::Relaxed;
-
-use super::{Core, State};
+use super::Core;
 use crate::streams::sub::PENDING_STREAM;
 
 impl Core {
@@ -19,18 +17,10 @@ impl Core {
         conn.closing = true;
         super::requests::subscription_ended(&self.shared, self.id, now, conn);
         self.net.confirm_at_close(slot);
-        let mut unborn = false;
-        if let State::Sub(sub) = &mut self.net.conns.live(slot).state {
-            let key = sub.key;
-            unborn = key.1 == PENDING_STREAM;
-            let events = sub.take_parkable();
-            self.hub.unsubscribe(key, slot);
-            let m = &self.shared.metrics[self.id];
-            m.subscribers.fetch_sub(1, Relaxed);
-            if !shutting_down {
-                self.subs.park(m, key, events, now);
-            }
-        }
+        let (subs, mut cx) = self.subs_cx();
+        let unborn = subs
+            .detach(&mut cx, slot, shutting_down)
+            .is_some_and(|key| key.1 == PENDING_STREAM);
         if unborn {
             self.unborn_closed((slot, self.net.io.generation(slot)));
         }

@@ -2,8 +2,6 @@
 //! answers), carries out API requests (health, metrics, publish, subscribe) through the
 //! streams layer, and releases answers once their publish is durable.
 
-use std::sync::atomic::Ordering::Relaxed;
-
 use super::{Core, PIPELINED_PER_CALL_MAX, Then};
 use crate::proto::access;
 use crate::proto::conn::{Kind, Request, Step};
@@ -11,7 +9,7 @@ use crate::proto::http;
 use crate::proto::route::{self, Route};
 use crate::streams::idempotency::Keyed;
 use crate::streams::publish::{self, Event};
-use crate::streams::resume::{Ask, Start};
+use crate::streams::resume::Start;
 use crate::streams::sub::{PENDING_STREAM, Sub};
 
 /// A request's connection and who sent it (the gate's verdict).
@@ -172,13 +170,10 @@ impl Core {
         let Some(key) = self.open_stream(from, stream, close) else {
             return;
         };
-        let p = publish::append(self.hub.log_mut(key.0), key.0, key.1, &events, batch, close);
-        let n = events.len();
-        self.idem.remember(stream, keyed, &p, n, batch, self.now);
-        self.hub.record_appends(key, p.appended);
-        self.m()
-            .events_appended_total
-            .fetch_add(p.appended as u64, Relaxed);
+        let m = &self.shared.metrics[self.id];
+        let p = self.hub.append_events(key, &events, (batch, close), m);
+        self.idem
+            .remember(stream, keyed, &p, events.len(), batch, self.now);
         self.waits
             .answer(&mut self.net, slot, p.answer, p.wait, close);
     }
@@ -202,16 +197,8 @@ impl Core {
         // place taken under the quotas) until its first publish; a refusal creates nothing.
         let key = self.hub.stream_key(stream);
         let key = key.unwrap_or((self.hub.shard_of(stream), PENDING_STREAM));
-        let shared = self.shared.clone();
-        let ask = Ask {
-            key,
-            q,
-            retry_ms: shared.cfg.retry_ms,
-            known_epochs: &shared.epochs,
-            now: self.now,
-        };
         let (subs, cx) = self.subs_cx();
-        let (start, class) = subs.start(&cx, &ask);
+        let (start, class) = subs.start(&cx, key, q);
         super::requests::resumed(cx.m, cx.net.conns.live(slot), class);
         match start {
             Start::Serve {

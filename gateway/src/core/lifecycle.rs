@@ -101,21 +101,11 @@ impl Core {
         match self.remove_stream(key) {
             Ok(removed) => {
                 self.m().streams_deleted_total.fetch_add(1, Relaxed);
-                let wait = (!removed.durable).then_some(Wait::Durable {
-                    shard: key.0,
-                    stream: key.1.0,
-                    seq: u64::MAX,
-                });
-                let body = serde_json::json!({"stream": stream, "deleted": true});
-                let answer = http::json_response(200, &body, close);
+                let (answer, wait) = deleted_answer(stream, key, &removed, close);
                 self.waits.answer(&mut self.net, slot, answer, wait, close);
             }
             Err(e) => {
-                let (status, code) = match e {
-                    RemoveError::DiskFull => (507, "insufficient_storage"),
-                    RemoveError::Poisoned => (500, "log_failed"),
-                    _ => (500, "remove_failed"),
-                };
+                let (status, code) = remove_status(&e);
                 self.net.error(slot, status, code, &e.to_string(), close);
             }
         }
@@ -151,5 +141,30 @@ impl Core {
                 Err(e) => tracing::error!(core = self.id, "idle stream expiry: {e}"),
             }
         }
+    }
+}
+
+/// A `DELETE`'s 200, held until the removal is durable (every append before it is then).
+fn deleted_answer(
+    stream: &str,
+    key: StreamKey,
+    removed: &log_store::Removed,
+    close: bool,
+) -> (Vec<u8>, Option<Wait>) {
+    let wait = (!removed.durable).then_some(Wait::Durable {
+        shard: key.0,
+        stream: key.1.0,
+        seq: u64::MAX,
+    });
+    let body = serde_json::json!({"stream": stream, "deleted": true});
+    (http::json_response(200, &body, close), wait)
+}
+
+/// The status and code of a removal the log refused.
+fn remove_status(e: &RemoveError) -> (u16, &'static str) {
+    match e {
+        RemoveError::DiskFull => (507, "insufficient_storage"),
+        RemoveError::Poisoned => (500, "log_failed"),
+        _ => (500, "remove_failed"),
     }
 }

@@ -57,19 +57,25 @@ pub(super) enum Effect {
     /// while its first record is not applied here) from `from_seq`, with the response head
     /// `head`, never parked, ending after `end_after`. If `conn` is gone meanwhile, the MCP
     /// core is told its connection `cid` went away instead.
-    Subscribe {
-        conn: SubRef,
-        cid: ConnId,
-        stream: String,
-        key: Option<StreamKey>,
-        from_seq: Seq,
-        head: Vec<u8>,
-        end_after: Option<Seq>,
-    },
+    Subscribe(McpSubscribe),
     /// Close `conn` if it is still open.
     Close(SubRef),
     /// The subscriber on `conn` (if still there) ends after `last_seq`; pump it.
     EndAfter { conn: SubRef, last_seq: Seq },
+}
+
+/// An MCP response stream to open on `conn` (`Effect::Subscribe`): its stream (`key`; `None`
+/// in cluster mode until its first message is applied here), from `from_seq`, after `head`,
+/// ending after `end_after` when the stream is complete.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct McpSubscribe {
+    pub(super) conn: SubRef,
+    pub(super) cid: ConnId,
+    pub(super) stream: String,
+    pub(super) key: Option<StreamKey>,
+    pub(super) from_seq: Seq,
+    pub(super) head: Vec<u8>,
+    pub(super) end_after: Option<Seq>,
 }
 
 /// MCP state of the owning core.

@@ -8,7 +8,7 @@
 
 use log_store::Seq;
 
-use super::mcp::{BROKEN_PER_SESSION_MAX, Effect, Mcp, McpCx};
+use super::mcp::{BROKEN_PER_SESSION_MAX, Effect, Mcp, McpCx, McpSubscribe};
 use crate::mcp::core::{Action, ConnId, UpstreamId, redact_stream_name as redacted};
 use crate::mcp::jsonrpc;
 use mcp_front::credential::Credential;
@@ -185,7 +185,7 @@ impl Mcp {
             .log(self.shard)
             .stream_id(&stream)
             .map(|sid| (self.shard, sid));
-        out.push(Effect::Subscribe {
+        out.push(Effect::Subscribe(McpSubscribe {
             conn: (slot, generation),
             cid: conn,
             stream,
@@ -193,7 +193,7 @@ impl Mcp {
             from_seq,
             head: sse_head(&headers, retry_ms, reprime.as_deref()),
             end_after,
-        });
+        }));
     }
 
     fn complete(&mut self, stream: &str, last_seq: Seq, cx: &McpCx<'_>, out: &mut Vec<Effect>) {

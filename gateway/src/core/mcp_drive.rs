@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use log_store::EventId;
 
-use super::mcp::{self, Effect, Mcp, McpCx, McpRequest};
+use super::mcp::{self, Effect, Mcp, McpCx, McpRequest, McpSubscribe};
 use super::{Core, Shared, State};
 use crate::streams::hub::Hub;
 use crate::streams::sub::Sub;
@@ -136,41 +136,30 @@ impl Core {
                         self.pump(conn.0);
                     }
                 }
-                sub @ Effect::Subscribe { .. } => self.mcp_subscribe(sub),
+                Effect::Subscribe(s) => self.mcp_subscribe(s),
             }
         }
     }
 
     /// An `Effect::Subscribe`: the connection becomes a subscriber of the MCP stream.
-    fn mcp_subscribe(&mut self, e: Effect) {
-        let Effect::Subscribe {
-            conn,
-            cid,
-            stream,
-            key,
-            from_seq,
-            head,
-            end_after,
-        } = e
-        else {
-            unreachable!("called with Subscribe only");
-        };
-        if self.net.conn_at(conn).is_none_or(|c| c.closing) {
+    fn mcp_subscribe(&mut self, e: McpSubscribe) {
+        if self.net.conn_at(e.conn).is_none_or(|c| c.closing) {
             let now = self.now;
-            return self.mcp.as_mut().expect("MCP part").conn_gone(now, cid);
+            return self.mcp.as_mut().expect("MCP part").conn_gone(now, e.cid);
         }
+        let end_after = e.end_after;
         let setup = |sub: &mut Sub| {
             sub.never_park();
-            if let Some(e) = end_after {
-                sub.end_after(e);
+            if let Some(last) = end_after {
+                sub.end_after(last);
             }
         };
-        let slot = conn.0;
-        match key {
-            Some(key) => self.become_subscriber(slot, key, from_seq, head, None, setup),
+        let slot = e.conn.0;
+        match e.key {
+            Some(key) => self.become_subscriber(slot, key, e.from_seq, e.head, None, setup),
             // Cluster mode: its first message is not applied here yet.
             None if self.cluster.is_some() => {
-                self.subscribe_unborn_at(slot, &stream, from_seq, head, setup)
+                self.subscribe_unborn_at(slot, &e.stream, e.from_seq, e.head, setup)
             }
             None => unreachable!("the core creates a stream before opening it"),
         }

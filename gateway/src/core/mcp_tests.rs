@@ -8,7 +8,7 @@ use clap::Parser as _;
 use log_store::{Log, LogOptions};
 
 use super::cluster_state::ClusterCore;
-use super::mcp::{self, Effect, Mcp, McpCx, McpRequest};
+use super::mcp::{self, Effect, Mcp, McpCx, McpRequest, McpSubscribe};
 use crate::config::Config;
 use crate::mcp::core::Action;
 use crate::metrics::CoreMetrics;
@@ -177,14 +177,14 @@ fn an_open_stream_becomes_a_subscription_of_its_connection() {
     m.conns.insert(9, (6, 1, false));
     let effects = m.act(open_sse(9, name), &mut p.cx());
     let [
-        Effect::Subscribe {
+        Effect::Subscribe(McpSubscribe {
             conn,
             cid,
             key: k,
             from_seq,
             head,
             ..
-        },
+        }),
     ] = effects.as_slice()
     else {
         panic!("one subscription: {effects:?}");

@@ -14,8 +14,9 @@ use std::time::Instant;
 use log_store::{ResumeClass, Seq};
 
 use super::net::{Net, Then};
-use super::{Core, State};
+use super::{Core, Shared, State};
 use crate::metrics::CoreMetrics;
+use crate::proto::route::SubscribeQuery;
 use crate::streams::StreamKey;
 use crate::streams::hub::{Hub, SubRef};
 use crate::streams::parked::{ParkLimits, ParkedWindows};
@@ -29,6 +30,7 @@ use crate::uring::{Bytes, Op};
 pub(super) struct SubCx<'a> {
     pub(super) net: &'a mut Net,
     pub(super) hub: &'a mut Hub,
+    pub(super) shared: &'a Shared,
     pub(super) m: &'a CoreMetrics,
     pub(super) now: Instant,
 }
@@ -70,10 +72,22 @@ impl Subs {
         }
     }
 
-    /// Where a subscription or resume of `ask.key` starts (the planner over the parked
-    /// windows), and its class.
-    pub(super) fn start(&mut self, cx: &SubCx<'_>, ask: &Ask<'_>) -> (Start, Option<ResumeClass>) {
-        let out = resume::start(cx.hub.log(ask.key.0), &mut self.parked, ask);
+    /// Where a subscription of `key` (or a resume: `q`'s `Last-Event-ID`) starts (the planner
+    /// over the parked windows), and its class.
+    pub(super) fn start(
+        &mut self,
+        cx: &SubCx<'_>,
+        key: StreamKey,
+        q: &SubscribeQuery,
+    ) -> (Start, Option<ResumeClass>) {
+        let ask = Ask {
+            key,
+            q,
+            retry_ms: cx.shared.cfg.retry_ms,
+            known_epochs: &cx.shared.epochs,
+            now: cx.now,
+        };
+        let out = resume::start(cx.hub.log(key.0), &mut self.parked, &ask);
         cx.m.parked_windows
             .store(self.parked.count() as u64, Relaxed);
         out
@@ -144,16 +158,28 @@ impl Subs {
         }
     }
 
-    /// A closing subscriber's unconfirmed events are parked for an aligned resume.
-    pub(super) fn park(
+    /// A closing connection's subscription ends: out of the registry, its unconfirmed events
+    /// parked for an aligned resume (not when shutting down). Returns its stream, if it was a
+    /// subscriber.
+    pub(super) fn detach(
         &mut self,
-        m: &CoreMetrics,
-        key: StreamKey,
-        events: Vec<ParkedEvent<Bytes>>,
-        now: Instant,
-    ) {
-        self.parked.park(key, events, now, self.park);
-        m.parked_windows.store(self.parked.count() as u64, Relaxed);
+        cx: &mut SubCx<'_>,
+        slot: u32,
+        shutting_down: bool,
+    ) -> Option<StreamKey> {
+        let State::Sub(sub) = &mut cx.net.conns.live(slot).state else {
+            return None;
+        };
+        let key = sub.key;
+        let events = sub.take_parkable();
+        cx.hub.unsubscribe(key, slot);
+        cx.m.subscribers.fetch_sub(1, Relaxed);
+        if !shutting_down {
+            self.parked.park(key, events, cx.now, self.park);
+            cx.m.parked_windows
+                .store(self.parked.count() as u64, Relaxed);
+        }
+        Some(key)
     }
 
     /// Parked windows past `--resume-grace-secs` are dropped.
@@ -169,6 +195,7 @@ impl Core {
         let cx = SubCx {
             net: &mut self.net,
             hub: &mut self.hub,
+            shared: &self.shared,
             m: &self.shared.metrics[self.id],
             now: self.now,
         };

@@ -132,6 +132,22 @@ impl Hub {
         })
     }
 
+    /// Appends a publish's `events` to `key` (`publish::append`: all or, on a refusal, none),
+    /// noted for this turn's wake-ups and counted; the answer and its wait.
+    pub fn append_events(
+        &mut self,
+        key: StreamKey,
+        events: &[publish::Event],
+        (batch, close): (bool, bool),
+        m: &metrics::CoreMetrics,
+    ) -> publish::Published {
+        let p = publish::append(self.log_mut(key.0), key.0, key.1, events, batch, close);
+        self.record_appends(key, p.appended);
+        m.events_appended_total
+            .fetch_add(p.appended as u64, std::sync::atomic::Ordering::Relaxed);
+        p
+    }
+
     /// Notes `n` appends to `key` for this turn's wake-ups.
     pub fn record_appends(&mut self, key: StreamKey, n: usize) {
         if n == 0 {

@@ -10,6 +10,7 @@
 //! subscriber), so `Net` never calls back into the core.
 
 mod accept;
+mod complete;
 mod machine;
 pub(super) mod tick;
 mod tls;
