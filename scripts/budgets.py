@@ -10,9 +10,9 @@
       functions in #[cfg(test)] modules, in test files and marked #[test] / #[cfg(test)] are
       exempt; body-less declarations (`fn x(&self);`) are not functions;
   (d) no type in gateway/src with more than 800 lines of non-test functions in all its inherent
-      `impl` blocks together, whatever files hold them (`Core`, being divided, has a ceiling
-      of its own in TYPE_METHOD_LINES_CEILING that may only go down; --report lists every
-      crate's largest types);
+      `impl` blocks together, whatever files hold them (a type being divided may be given a
+      ceiling of its own in TYPE_METHOD_LINES_CEILING that may only go down; none today;
+      --report lists every crate's largest types);
   (c) the `unsafe` keyword only under gateway/src/uring/, in gateway/src/sys.rs and in
       log-store/src/mmap.rs (the src/ of every workspace crate is checked, every .rs file,
       tests included; comments, strings and words like `unsafe_code` do not count).
@@ -43,9 +43,9 @@ TYPE_METHOD_LINES_MAX = 800
 # Where (d) applies (the issue's target is the gateway's types; --report lists every crate's).
 TYPE_BUDGET_DIRS = ("gateway/src",)
 # Types over (d) while they are being divided: today's count is the ceiling, lowered as parts
-# leave them; they may not grow. gateway's `Core` (issue 22: connections, stream catalog,
-# appender, subscribers and the driver become parts of their own).
-TYPE_METHOD_LINES_CEILING = {("gateway", "Core"): 818}
+# leave them; they may not grow. None today: gateway's `Core` came under the budget (issue 22)
+# once its connections, MCP front, cluster mode, subscribers and held answers became parts.
+TYPE_METHOD_LINES_CEILING: dict = {}
 # Every workspace member's sources (Cargo.toml `members`; fuzz is outside the workspace).
 SOURCE_DIRS = (
     "log-store/src", "mcp-front/src", "gateway/src", "bench/src", "auth/src", "cluster/src", "sim/src",

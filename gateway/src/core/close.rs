@@ -4,7 +4,6 @@
 //! frees the slot only once no memory-owning operation is in flight (`Net::maybe_free`).
 
 use super::Core;
-use crate::streams::sub::PENDING_STREAM;
 
 impl Core {
     pub(super) fn close_conn(&mut self, slot: u32) {
@@ -18,12 +17,7 @@ impl Core {
         super::requests::subscription_ended(&self.shared, self.id, now, conn);
         self.net.confirm_at_close(slot);
         let (subs, mut cx) = self.subs_cx();
-        let unborn = subs
-            .detach(&mut cx, slot, shutting_down)
-            .is_some_and(|key| key.1 == PENDING_STREAM);
-        if unborn {
-            self.unborn_closed((slot, self.net.io.generation(slot)));
-        }
+        subs.detach(&mut cx, slot, shutting_down);
         self.net.shut(slot);
     }
 }

@@ -148,14 +148,14 @@ impl Core {
     }
 
     /// Applies one message ([`ClusterCore::place_next`], [`ClusterCore::append_placed`]); a
-    /// stream it creates takes its unborn subscribers in between ([`Core::adopt_unborn`]).
+    /// stream it creates takes its unborn subscribers in between ([`super::subs::adopt_unborn`]).
     fn apply(&mut self, a: &Applied) -> Result<(), AppendError> {
         let (cc, mut cx) = self.cluster_cx().expect("cluster mode");
         let Some(placed) = cc.place_next(a, &mut cx)? else {
             return Ok(());
         };
         if placed.born {
-            self.adopt_unborn(placed.name, placed.key);
+            super::subs::adopt_unborn(&mut self.net, &mut self.hub, placed.name, placed.key);
         }
         let (cc, mut cx) = self.cluster_cx().expect("cluster mode");
         if let Some((t, id)) = cc.append_placed(a, placed, &mut cx)?
@@ -473,7 +473,7 @@ impl Core {
     }
 
     /// A subscriber of a stream that does not exist yet: its preamble now, its events from 1
-    /// once the stream is created here ([`Core::adopt_unborn`]).
+    /// once the stream is created here ([`super::subs::adopt_unborn`]).
     fn subscribe_unborn(&mut self, slot: u32, stream: &str, headers: &str, expires: Option<u64>) {
         let preamble = sse::subscribe_head(self.shared.cfg.retry_ms);
         let preamble = crate::proto::access::with_headers(preamble, headers);

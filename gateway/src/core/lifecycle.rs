@@ -9,11 +9,10 @@ use std::time::Duration;
 
 use log_store::RemoveError;
 
-use super::{Core, State};
+use super::Core;
 use crate::proto::conn::Wait;
 use crate::proto::http;
 use crate::streams::StreamKey;
-use crate::streams::hub::SubRef;
 use crate::streams::sub::{PENDING_STREAM, Sub};
 use crate::streams::subjects::{self, Subject};
 
@@ -37,7 +36,7 @@ impl Core {
             .create_api_stream((&sh.quota, &sh.subjects), &who, stream, m)
         {
             Ok(k) => {
-                self.adopt_unborn(stream, k);
+                super::subs::adopt_unborn(&mut self.net, &mut self.hub, stream, k);
                 Some(k)
             }
             Err((status, code, msg)) => {
@@ -50,7 +49,7 @@ impl Core {
 
 impl Core {
     /// A subscriber of a stream that does not exist here yet, reading from `cursor` once it
-    /// is created ([`Core::adopt_unborn`]).
+    /// is created ([`super::subs::adopt_unborn`]).
     pub(super) fn subscribe_unborn_at(
         &mut self,
         slot: u32,
@@ -63,25 +62,6 @@ impl Core {
         let r = (slot, self.net.io.generation(slot));
         self.hub.unborn_mut().wait(stream, r);
         self.become_subscriber(slot, key, cursor, preamble, None, setup);
-    }
-
-    /// An unborn subscriber's connection closed: it waits no more.
-    pub(super) fn unborn_closed(&mut self, r: SubRef) {
-        self.hub.unborn_mut().forget(r);
-    }
-
-    /// The stream `name` was just created as `key`: its waiting subscribers move to it.
-    pub(super) fn adopt_unborn(&mut self, name: &str, key: StreamKey) {
-        for r in self.hub.adopt_unborn(name, key) {
-            let c = self.net.conn_at(r).filter(|c| !c.closing);
-            if let Some(super::conns::Conn {
-                state: State::Sub(sub),
-                ..
-            }) = c
-            {
-                sub.key = key;
-            }
-        }
     }
 
     /// `DELETE /v1/streams/{name}`: its subscribers are closed (a resume gets the new

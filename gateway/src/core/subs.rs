@@ -21,7 +21,7 @@ use crate::streams::StreamKey;
 use crate::streams::hub::{Hub, SubRef};
 use crate::streams::parked::{ParkLimits, ParkedWindows};
 use crate::streams::resume::{self, Ask, Start};
-use crate::streams::sub::{Ended, Next, Sub, SubLimits};
+use crate::streams::sub::{Ended, Next, PENDING_STREAM, Sub, SubLimits};
 use crate::streams::window::ParkedEvent;
 use crate::sys;
 use crate::uring::{Bytes, Op};
@@ -158,8 +158,8 @@ impl Subs {
         }
     }
 
-    /// A closing connection's subscription ends: out of the registry, its unconfirmed events
-    /// parked for an aligned resume (not when shutting down). Returns its stream, if it was a
+    /// A closing connection's subscription ends: out of the registry (and out of the unborn
+    /// waiters), its unconfirmed events parked for an aligned resume (not when shutting down). Returns its stream, if it was a
     /// subscriber.
     pub(super) fn detach(
         &mut self,
@@ -173,6 +173,11 @@ impl Subs {
         let key = sub.key;
         let events = sub.take_parkable();
         cx.hub.unsubscribe(key, slot);
+        if key.1 == PENDING_STREAM {
+            // It waited for a stream not created yet: it waits no more.
+            let r = (slot, cx.net.io.generation(slot));
+            cx.hub.unborn_mut().forget(r);
+        }
         cx.m.subscribers.fetch_sub(1, Relaxed);
         if !shutting_down {
             self.parked.park(key, events, cx.now, self.park);
@@ -186,6 +191,19 @@ impl Subs {
     pub(super) fn expire(&mut self, m: &CoreMetrics, now: Instant) {
         self.parked.expire(now);
         m.parked_windows.store(self.parked.count() as u64, Relaxed);
+    }
+}
+
+/// The stream `name` was just created as `key`: the subscribers waiting for it move to it.
+pub(super) fn adopt_unborn(net: &mut Net, hub: &mut Hub, name: &str, key: StreamKey) {
+    for r in hub.adopt_unborn(name, key) {
+        if let Some(super::conns::Conn {
+            state: State::Sub(sub),
+            ..
+        }) = net.conn_at(r).filter(|c| !c.closing)
+        {
+            sub.key = key;
+        }
     }
 }
 
