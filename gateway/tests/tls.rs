@@ -458,3 +458,78 @@ fn a_request_and_close_notify_in_one_flight_leave_the_core_serving() {
     let id = publish(&mut s, "half-closed", "after");
     assert!(id.ends_with("-6"), "{id}");
 }
+
+/// Requests sent together with the end of the client's sending side: a publish (answered once
+/// durable) and a request for no resource (answered at once).
+const HALF_CLOSED: &str = "POST /v1/streams/half-closed-answered/events HTTP/1.1\r\nHost: t\r\n\
+    Content-Length: 5\r\n\r\nfirstGET /nowhere HTTP/1.1\r\nHost: t\r\n\r\n";
+
+/// What a client that sent [`HALF_CLOSED`] and then ended its side received: each answer
+/// (status, body), in order, up to the end of the connection.
+fn answers_to_half_closed(received: &[u8]) -> Vec<(u16, Vec<u8>)> {
+    let mut r = std::io::BufReader::new(received);
+    let mut out = Vec::new();
+    while !std::io::BufRead::fill_buf(&mut r).unwrap().is_empty() {
+        let (status, _, body) = common::read_response(&mut r);
+        out.push((status, body));
+    }
+    out
+}
+
+/// Both answers arrived, in order, then the connection ended.
+fn assert_both_answered(answers: &[(u16, Vec<u8>)], transport: &str) {
+    let statuses: Vec<u16> = answers.iter().map(|a| a.0).collect();
+    assert_eq!(statuses, [201, 404], "{transport}: {answers:?}");
+    let id = common::json(&answers[0].1)["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(id.ends_with("-1"), "{transport}: {id}");
+}
+
+/// Plaintext: the requests and a FIN (`shutdown(SHUT_WR)`) in one flight are answered (the
+/// publish once durable), then the connection closes.
+#[test]
+fn requests_then_fin_are_answered_then_closed() {
+    let g = common::Gateway::start(&["--cores", "1"]);
+    let mut s = common::connect(g.addr);
+    s.set_nodelay(true).unwrap();
+    s.write_all(HALF_CLOSED.as_bytes()).unwrap();
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut received = Vec::new();
+    s.read_to_end(&mut received)
+        .expect("the gateway closes its side");
+    assert_both_answered(&answers_to_half_closed(&received), "plaintext");
+}
+
+/// TLS: the requests and the client's `close_notify` in one write (one read for the
+/// gateway) are answered as over plaintext — TLS 1.3 lets a side send after the peer's
+/// `close_notify` — then the connection closes.
+#[test]
+fn requests_then_close_notify_in_one_flight_are_answered_then_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let cert = make_cert(dir.path(), "a");
+    let cfg = client_config(&cert);
+    let g = start(dir.path(), &cert, &["--cores", "1"]);
+    let mut s = connect(g.addr, &cfg).unwrap();
+    // The handshake's last flight (and the server's tickets) are out: send everything at once.
+    s.conn.writer().write_all(HALF_CLOSED.as_bytes()).unwrap();
+    s.conn.send_close_notify();
+    let mut flight = Vec::new();
+    while s.conn.wants_write() {
+        s.conn.write_tls(&mut flight).unwrap();
+    }
+    s.sock.write_all(&flight).unwrap();
+    let mut received = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        match s.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => received.extend_from_slice(&chunk[..n]),
+            // The gateway closes without a close_notify of its own.
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => break,
+            Err(e) => panic!("reading the answers: {e}"),
+        }
+    }
+    assert_both_answered(&answers_to_half_closed(&received), "TLS");
+}
