@@ -1,8 +1,9 @@
 //! End to end over TLS (`--tls-cert-file`, `--tls-key-file`; certificates generated here with
 //! rcgen, none committed): publish and subscribe, resume across random mid-record cuts
 //! (exactly once), the cross-core handoff of a TLS session, bad handshakes (plaintext HTTP,
-//! garbage, a silent client) that cost a close and a counter, a request and its `close_notify`
-//! in one flight, and a certificate reload by SIGHUP under a live stream.
+//! garbage, a silent client) that cost a close and a counter, requests and the client's end
+//! (`close_notify` in one flight, or a plaintext FIN: answered, then closed), and a
+//! certificate reload by SIGHUP under a live stream.
 #![forbid(unsafe_code)]
 
 mod common;
@@ -431,8 +432,8 @@ fn sighup_reloads_the_certificate_under_live_streams() {
 }
 
 /// A client that sends a request and its `close_notify` in one flight, on a connection with
-/// nothing in flight (a request answered before): the core reads both, closes the connection,
-/// and goes on serving — the close frees the slot at once, and nothing may touch it after.
+/// nothing in flight (a request answered before): the core reads both, answers the request,
+/// closes the connection, and goes on serving.
 #[test]
 fn a_request_and_close_notify_in_one_flight_leave_the_core_serving() {
     let dir = tempfile::tempdir().unwrap();
@@ -451,6 +452,7 @@ fn a_request_and_close_notify_in_one_flight_leave_the_core_serving() {
         while s.conn.wants_write() {
             s.conn.write_tls(&mut s.sock).unwrap();
         }
+        assert_eq!(read_response(&mut s).0, 200, "answered before the close");
         let _ = s.sock.read_to_end(&mut Vec::new());
     }
     // The one core still serves.
@@ -504,32 +506,45 @@ fn requests_then_fin_are_answered_then_closed() {
 
 /// TLS: the requests and the client's `close_notify` in one write (one read for the
 /// gateway) are answered as over plaintext — TLS 1.3 lets a side send after the peer's
-/// `close_notify` — then the connection closes.
+/// `close_notify` — then the connection closes; as are the requests and a bare FIN.
 #[test]
 fn requests_then_close_notify_in_one_flight_are_answered_then_closed() {
     let dir = tempfile::tempdir().unwrap();
     let cert = make_cert(dir.path(), "a");
     let cfg = client_config(&cert);
     let g = start(dir.path(), &cert, &["--cores", "1"]);
-    let mut s = connect(g.addr, &cfg).unwrap();
-    // The handshake's last flight (and the server's tickets) are out: send everything at once.
-    s.conn.writer().write_all(HALF_CLOSED.as_bytes()).unwrap();
-    s.conn.send_close_notify();
-    let mut flight = Vec::new();
-    while s.conn.wants_write() {
-        s.conn.write_tls(&mut flight).unwrap();
-    }
-    s.sock.write_all(&flight).unwrap();
-    let mut received = Vec::new();
-    let mut chunk = [0u8; 4096];
-    loop {
-        match s.read(&mut chunk) {
-            Ok(0) => break,
-            Ok(n) => received.extend_from_slice(&chunk[..n]),
-            // The gateway closes without a close_notify of its own.
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => break,
-            Err(e) => panic!("reading the answers: {e}"),
+    for close_notify in [true, false] {
+        let mut s = connect(g.addr, &cfg).unwrap();
+        // The handshake's last flight is out: send everything at once.
+        s.conn.writer().write_all(HALF_CLOSED.as_bytes()).unwrap();
+        if close_notify {
+            s.conn.send_close_notify();
         }
+        let mut flight = Vec::new();
+        while s.conn.wants_write() {
+            s.conn.write_tls(&mut flight).unwrap();
+        }
+        s.sock.write_all(&flight).unwrap();
+        if !close_notify {
+            s.sock.shutdown(std::net::Shutdown::Write).unwrap();
+        }
+        let mut received = Vec::new();
+        let mut chunk = [0u8; 4096];
+        loop {
+            match s.read(&mut chunk) {
+                Ok(0) => break,
+                Ok(n) => received.extend_from_slice(&chunk[..n]),
+                // The gateway closes without a close_notify of its own.
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => break,
+                Err(e) => panic!("reading the answers: {e}"),
+            }
+        }
+        let answers = answers_to_half_closed(&received);
+        let statuses: Vec<u16> = answers.iter().map(|a| a.0).collect();
+        assert_eq!(
+            statuses,
+            [201, 404],
+            "close_notify {close_notify}: {answers:?}"
+        );
     }
-    assert_both_answered(&answers_to_half_closed(&received), "TLS");
 }
