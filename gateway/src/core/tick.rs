@@ -12,7 +12,7 @@ impl Core {
     pub(super) fn tick(&mut self) {
         let now = self.now;
         self.net.rearm_paused_accept();
-        let (to_close, to_flush, to_pump, g) =
+        let (mut to_close, mut to_flush, mut to_pump, g) =
             self.net
                 .tick_connections(&self.hub, &self.lim, self.gate.now_unix_secs);
         let m = &self.shared.metrics[self.id];
@@ -24,13 +24,13 @@ impl Core {
         m.unmatched_completions_total
             .store(u.repeat + u.unknown, Relaxed);
         m.cq_stale_slots_total.store(u.stale_slot, Relaxed);
-        for slot in to_flush {
+        while let Some(slot) = self.net.next_open(&mut to_flush) {
             self.net.flush(slot);
         }
-        for slot in to_close {
-            self.close_conn(slot);
+        while let Some(slot) = self.net.next_open(&mut to_close) {
+            self.close_conn(slot); // may close later ones: `next_open` skips them
         }
-        for slot in to_pump {
+        while let Some(slot) = self.net.next_open(&mut to_pump) {
             self.pump(slot);
         }
         self.retry_deferred_recvs();
