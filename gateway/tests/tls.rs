@@ -461,12 +461,16 @@ fn a_request_and_close_notify_in_one_flight_leave_the_core_serving() {
     assert!(id.ends_with("-6"), "{id}");
 }
 
-/// Requests sent together with the end of the client's sending side: a publish (answered once
-/// durable) and a request for no resource (answered at once).
-const HALF_CLOSED: &str = "POST /v1/streams/half-closed-answered/events HTTP/1.1\r\nHost: t\r\n\
-    Content-Length: 5\r\n\r\nfirstGET /nowhere HTTP/1.1\r\nHost: t\r\n\r\n";
+/// Requests sent together with the end of the client's sending side: a publish to `stream`
+/// (answered once durable) and a request for no resource (answered at once).
+fn half_closed(stream: &str) -> String {
+    format!(
+        "POST /v1/streams/{stream}/events HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\n\r\n\
+         firstGET /nowhere HTTP/1.1\r\nHost: t\r\n\r\n"
+    )
+}
 
-/// What a client that sent [`HALF_CLOSED`] and then ended its side received: each answer
+/// What a client that sent [`half_closed`] and then ended its side received: each answer
 /// (status, body), in order, up to the end of the connection.
 fn answers_to_half_closed(received: &[u8]) -> Vec<(u16, Vec<u8>)> {
     let mut r = std::io::BufReader::new(received);
@@ -479,44 +483,55 @@ fn answers_to_half_closed(received: &[u8]) -> Vec<(u16, Vec<u8>)> {
 }
 
 /// Both answers arrived, in order, then the connection ended.
-fn assert_both_answered(answers: &[(u16, Vec<u8>)], transport: &str) {
+fn assert_both_answered(answers: &[(u16, Vec<u8>)], case: &str) {
     let statuses: Vec<u16> = answers.iter().map(|a| a.0).collect();
-    assert_eq!(statuses, [201, 404], "{transport}: {answers:?}");
+    assert_eq!(statuses, [201, 404], "{case}: {answers:?}");
     let id = common::json(&answers[0].1)["id"]
         .as_str()
         .unwrap()
         .to_owned();
-    assert!(id.ends_with("-1"), "{transport}: {id}");
+    assert!(id.ends_with("-1"), "{case}: {id}");
 }
 
 /// Plaintext: the requests and a FIN (`shutdown(SHUT_WR)`) in one flight are answered (the
-/// publish once durable), then the connection closes.
+/// publish once durable), then the connection closes — on the accepting core and on the
+/// owner core it hands the connection to alike.
 #[test]
 fn requests_then_fin_are_answered_then_closed() {
-    let g = common::Gateway::start(&["--cores", "1"]);
-    let mut s = common::connect(g.addr);
-    s.set_nodelay(true).unwrap();
-    s.write_all(HALF_CLOSED.as_bytes()).unwrap();
-    s.shutdown(std::net::Shutdown::Write).unwrap();
-    let mut received = Vec::new();
-    s.read_to_end(&mut received)
-        .expect("the gateway closes its side");
-    assert_both_answered(&answers_to_half_closed(&received), "plaintext");
+    let g = common::Gateway::start(&["--cores", "2"]);
+    for core in [0, 1] {
+        let mut s = common::connect(g.addr);
+        s.set_nodelay(true).unwrap();
+        let stream = common::stream_on_core(core, "half-closed-plain");
+        s.write_all(half_closed(&stream).as_bytes()).unwrap();
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut received = Vec::new();
+        s.read_to_end(&mut received)
+            .expect("the gateway closes its side");
+        let case = format!("plaintext, stream on core {core}");
+        assert_both_answered(&answers_to_half_closed(&received), &case);
+    }
 }
 
 /// TLS: the requests and the client's `close_notify` in one write (one read for the
 /// gateway) are answered as over plaintext — TLS 1.3 lets a side send after the peer's
-/// `close_notify` — then the connection closes; as are the requests and a bare FIN.
+/// `close_notify` — then the connection closes; as are the requests and a bare FIN. On the
+/// accepting core and on the owner core alike (the session, having read the close_notify,
+/// is handed over with the request).
 #[test]
 fn requests_then_close_notify_in_one_flight_are_answered_then_closed() {
     let dir = tempfile::tempdir().unwrap();
     let cert = make_cert(dir.path(), "a");
     let cfg = client_config(&cert);
-    let g = start(dir.path(), &cert, &["--cores", "1"]);
-    for close_notify in [true, false] {
+    let g = start(dir.path(), &cert, &["--cores", "2"]);
+    for (close_notify, core) in [(true, 0), (true, 1), (false, 0), (false, 1)] {
         let mut s = connect(g.addr, &cfg).unwrap();
+        let stream = common::stream_on_core(core, &format!("half-closed-tls-{close_notify}-"));
         // The handshake's last flight is out: send everything at once.
-        s.conn.writer().write_all(HALF_CLOSED.as_bytes()).unwrap();
+        s.conn
+            .writer()
+            .write_all(half_closed(&stream).as_bytes())
+            .unwrap();
         if close_notify {
             s.conn.send_close_notify();
         }
@@ -539,12 +554,7 @@ fn requests_then_close_notify_in_one_flight_are_answered_then_closed() {
                 Err(e) => panic!("reading the answers: {e}"),
             }
         }
-        let answers = answers_to_half_closed(&received);
-        let statuses: Vec<u16> = answers.iter().map(|a| a.0).collect();
-        assert_eq!(
-            statuses,
-            [201, 404],
-            "close_notify {close_notify}: {answers:?}"
-        );
+        let case = format!("TLS, close_notify {close_notify}, stream on core {core}");
+        assert_both_answered(&answers_to_half_closed(&received), &case);
     }
 }
