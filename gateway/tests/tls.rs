@@ -1,8 +1,9 @@
 //! End to end over TLS (`--tls-cert-file`, `--tls-key-file`; certificates generated here with
 //! rcgen, none committed): publish and subscribe, resume across random mid-record cuts
 //! (exactly once), the cross-core handoff of a TLS session, bad handshakes (plaintext HTTP,
-//! garbage, a silent client) that cost a close and a counter, a request and its `close_notify`
-//! in one flight, and a certificate reload by SIGHUP under a live stream.
+//! garbage, a silent client) that cost a close and a counter, requests and the client's end
+//! (`close_notify` in one flight, or a plaintext FIN: answered, then closed), and a
+//! certificate reload by SIGHUP under a live stream.
 #![forbid(unsafe_code)]
 
 mod common;
@@ -431,8 +432,8 @@ fn sighup_reloads_the_certificate_under_live_streams() {
 }
 
 /// A client that sends a request and its `close_notify` in one flight, on a connection with
-/// nothing in flight (a request answered before): the core reads both, closes the connection,
-/// and goes on serving — the close frees the slot at once, and nothing may touch it after.
+/// nothing in flight (a request answered before): the core reads both, answers the request,
+/// closes the connection, and goes on serving.
 #[test]
 fn a_request_and_close_notify_in_one_flight_leave_the_core_serving() {
     let dir = tempfile::tempdir().unwrap();
@@ -451,10 +452,109 @@ fn a_request_and_close_notify_in_one_flight_leave_the_core_serving() {
         while s.conn.wants_write() {
             s.conn.write_tls(&mut s.sock).unwrap();
         }
+        assert_eq!(read_response(&mut s).0, 200, "answered before the close");
         let _ = s.sock.read_to_end(&mut Vec::new());
     }
     // The one core still serves.
     let mut s = connect(g.addr, &cfg).expect("the core still accepts");
     let id = publish(&mut s, "half-closed", "after");
     assert!(id.ends_with("-6"), "{id}");
+}
+
+/// Requests sent together with the end of the client's sending side: a publish to `stream`
+/// (answered once durable) and a request for no resource (answered at once).
+fn half_closed(stream: &str) -> String {
+    format!(
+        "POST /v1/streams/{stream}/events HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\n\r\n\
+         firstGET /nowhere HTTP/1.1\r\nHost: t\r\n\r\n"
+    )
+}
+
+/// What a client that sent [`half_closed`] and then ended its side received: each answer
+/// (status, body), in order, up to the end of the connection.
+fn answers_to_half_closed(received: &[u8]) -> Vec<(u16, Vec<u8>)> {
+    let mut r = std::io::BufReader::new(received);
+    let mut out = Vec::new();
+    while !std::io::BufRead::fill_buf(&mut r).unwrap().is_empty() {
+        let (status, _, body) = common::read_response(&mut r);
+        out.push((status, body));
+    }
+    out
+}
+
+/// Both answers arrived, in order, then the connection ended.
+fn assert_both_answered(answers: &[(u16, Vec<u8>)], case: &str) {
+    let statuses: Vec<u16> = answers.iter().map(|a| a.0).collect();
+    assert_eq!(statuses, [201, 404], "{case}: {answers:?}");
+    let id = common::json(&answers[0].1)["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(id.ends_with("-1"), "{case}: {id}");
+}
+
+/// Plaintext: the requests and a FIN (`shutdown(SHUT_WR)`) in one flight are answered (the
+/// publish once durable), then the connection closes — on the accepting core and on the
+/// owner core it hands the connection to alike.
+#[test]
+fn requests_then_fin_are_answered_then_closed() {
+    let g = common::Gateway::start(&["--cores", "2"]);
+    for core in [0, 1] {
+        let mut s = common::connect(g.addr);
+        s.set_nodelay(true).unwrap();
+        let stream = common::stream_on_core(core, "half-closed-plain");
+        s.write_all(half_closed(&stream).as_bytes()).unwrap();
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut received = Vec::new();
+        s.read_to_end(&mut received)
+            .expect("the gateway closes its side");
+        let case = format!("plaintext, stream on core {core}");
+        assert_both_answered(&answers_to_half_closed(&received), &case);
+    }
+}
+
+/// TLS: the requests and the client's `close_notify` in one write (one read for the
+/// gateway) are answered as over plaintext — TLS 1.3 lets a side send after the peer's
+/// `close_notify` — then the connection closes; as are the requests and a bare FIN. On the
+/// accepting core and on the owner core alike (the session, having read the close_notify,
+/// is handed over with the request).
+#[test]
+fn requests_then_close_notify_in_one_flight_are_answered_then_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let cert = make_cert(dir.path(), "a");
+    let cfg = client_config(&cert);
+    let g = start(dir.path(), &cert, &["--cores", "2"]);
+    for (close_notify, core) in [(true, 0), (true, 1), (false, 0), (false, 1)] {
+        let mut s = connect(g.addr, &cfg).unwrap();
+        let stream = common::stream_on_core(core, &format!("half-closed-tls-{close_notify}-"));
+        // The handshake's last flight is out: send everything at once.
+        s.conn
+            .writer()
+            .write_all(half_closed(&stream).as_bytes())
+            .unwrap();
+        if close_notify {
+            s.conn.send_close_notify();
+        }
+        let mut flight = Vec::new();
+        while s.conn.wants_write() {
+            s.conn.write_tls(&mut flight).unwrap();
+        }
+        s.sock.write_all(&flight).unwrap();
+        if !close_notify {
+            s.sock.shutdown(std::net::Shutdown::Write).unwrap();
+        }
+        let mut received = Vec::new();
+        let mut chunk = [0u8; 4096];
+        loop {
+            match s.read(&mut chunk) {
+                Ok(0) => break,
+                Ok(n) => received.extend_from_slice(&chunk[..n]),
+                // The gateway closes without a close_notify of its own.
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => break,
+                Err(e) => panic!("reading the answers: {e}"),
+            }
+        }
+        let case = format!("TLS, close_notify {close_notify}, stream on core {core}");
+        assert_both_answered(&answers_to_half_closed(&received), &case);
+    }
 }

@@ -45,17 +45,17 @@ impl Core {
     pub(super) fn tick(&mut self) {
         let now = self.now;
         self.net.rearm_paused_accept();
-        let (to_close, to_flush, to_pump, g) =
+        let (mut to_close, mut to_flush, mut to_pump, g) =
             self.net
                 .tick_connections(&self.hub, &self.lim, self.gate.now_unix_secs);
         store_tick_gauges(self.m(), &g, self.net.io.unmatched());
-        for slot in to_flush {
+        while let Some(slot) = self.net.next_open(&mut to_flush) {
             self.net.flush(slot);
         }
-        for slot in to_close {
-            self.close_conn(slot);
+        while let Some(slot) = self.net.next_open(&mut to_close) {
+            self.close_conn(slot); // may close later ones: `next_open` skips them
         }
-        for slot in to_pump {
+        while let Some(slot) = self.net.next_open(&mut to_pump) {
             self.pump(slot);
         }
         self.retry_deferred_recvs();

@@ -82,6 +82,24 @@ pub enum Completion {
     },
 }
 
+impl Completion {
+    /// The connection slot a connection's completion is for; `None` for an accept, the
+    /// eventfd or an fsync (the core's own).
+    pub fn conn_slot(&self) -> Option<u32> {
+        match *self {
+            Completion::Recv { slot, .. }
+            | Completion::Send { slot, .. }
+            | Completion::PollOut { slot }
+            | Completion::Watch { slot, .. }
+            | Completion::TxTimestamp { slot, .. }
+            | Completion::Prefetch { slot, .. } => Some(slot),
+            Completion::Accept { .. } | Completion::EventFd { .. } | Completion::Fsync { .. } => {
+                None
+            }
+        }
+    }
+}
+
 /// A reaped CQE, not yet matched: `(user_data, result, flags)`.
 pub type Cqe = (u64, i32, u32);
 

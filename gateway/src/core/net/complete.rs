@@ -11,17 +11,7 @@ impl Net {
     /// Handles a connection's completion; the slot and what the core does next, or `None`
     /// (the connection is closing: the completion's memory is dropped here).
     pub(in crate::core) fn on_completion(&mut self, c: Completion) -> Option<(u32, Then)> {
-        let slot = match c {
-            Completion::Recv { slot, .. }
-            | Completion::Send { slot, .. }
-            | Completion::PollOut { slot, .. }
-            | Completion::Watch { slot, .. }
-            | Completion::TxTimestamp { slot, .. }
-            | Completion::Prefetch { slot, .. } => slot,
-            Completion::Accept { .. } | Completion::EventFd { .. } | Completion::Fsync { .. } => {
-                unreachable!("the core's own completions")
-            }
-        };
+        let slot = c.conn_slot().expect("a connection's completion");
         if self.conn(slot).closing {
             self.maybe_free(slot);
             return None;

@@ -170,7 +170,10 @@ impl Net {
         if let Transport::Tls(_) = self.conn(slot).transport {
             return self.on_tls_recv(slot, res, buf);
         }
-        if res <= 0 {
+        if res == 0 {
+            return self.on_peer_done(slot, buf);
+        }
+        if res < 0 {
             return Then::Close;
         }
         let now = self.now;
@@ -184,6 +187,22 @@ impl Net {
             }
         }
         Then::Drive
+    }
+
+    /// The peer ended its sending side (a FIN; over TLS its `close_notify`, or a FIN) while
+    /// the HTTP machine waited for more, with `buf` its receive buffer: what it sent is
+    /// answered first, as on both transports alike, then the connection closes (TLS 1.3 lets
+    /// a side send after the peer's `close_notify`). `Then::Close` now if nothing is left to
+    /// send; otherwise the last answer's send completion closes it.
+    fn on_peer_done(&mut self, slot: u32, buf: Vec<u8>) -> Then {
+        let State::Http(h) = &mut self.conn(slot).state else {
+            return Then::Close;
+        };
+        if h.close_after_answers(buf) {
+            Then::Wait
+        } else {
+            Then::Close
+        }
     }
 
     // ---- sends ----

@@ -55,6 +55,10 @@ impl Net {
             }
             return Then::Drive;
         }
+        if tls.s.eof && !tls.close_after_send {
+            // The peer's close_notify (a failed session closes after its alert instead).
+            return self.on_peer_done(slot, buf);
+        }
         if tls.s.eof {
             return Then::Close;
         }
@@ -83,11 +87,20 @@ impl Net {
 
     /// Ciphertext arrived.
     pub(super) fn on_tls_recv(&mut self, slot: u32, res: i32, buf: Vec<u8>) -> Then {
+        let conn = self.conn(slot);
+        let tls = tls_of(&mut conn.transport);
+        if res == 0
+            && let Some((plain, _)) = tls.plain.take()
+        {
+            // A FIN without close_notify: only complete requests were parsed, so none can be
+            // truncated; what came is answered as over plaintext.
+            tls.s.eof = true;
+            tls.crecv = Some(buf);
+            return self.on_peer_done(slot, plain);
+        }
         if res <= 0 {
             return Then::Close;
         }
-        let conn = self.conn(slot);
-        let tls = tls_of(&mut conn.transport);
         let r = tls.s.on_cipher(&buf[..res as usize]);
         tls.crecv = Some(buf);
         if r.is_err() {

@@ -132,6 +132,24 @@ impl HttpConn {
             && (self.close_after_write || (shutting_down && self.outbox.is_empty()))
     }
 
+    /// The peer ended its sending side (a FIN, or TLS `close_notify`) while the machine waited
+    /// for more: the receive gives `buf` back; nothing more is parsed, and the connection
+    /// closes after the last answer queued now (every request received is answered first).
+    /// False if no answer is queued or being sent: close now.
+    pub fn close_after_answers(&mut self, buf: Vec<u8>) -> bool {
+        assert!(
+            self.rbuf.is_none(),
+            "the peer's end came with no receive out"
+        );
+        self.rbuf = Some(buf);
+        self.close_requested = true;
+        match self.outbox.back_mut() {
+            Some(last) => last.close = true,
+            None => self.close_after_write = true,
+        }
+        self.busy()
+    }
+
     /// Close once the send in flight completes (shutdown).
     pub fn close_after_send(&mut self) {
         self.close_after_write = true;

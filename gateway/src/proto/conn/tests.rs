@@ -740,3 +740,40 @@ fn a_complete_body_waiting_for_earlier_answers_does_not_time_out() {
         other => panic!("expected a handoff, got {other:?}"),
     }
 }
+
+#[test]
+fn the_peers_end_closes_after_every_answer_to_what_it_sent() {
+    let (lim, t0) = (limits(), Instant::now());
+    let mut c = HttpConn::new(Vec::new(), t0);
+    let mut bytes = publish("a", "one");
+    bytes.extend(b"GET /nowhere HTTP/1.1\r\n\r\n");
+    feed(&mut c, &bytes, t0, &lim);
+    let _ = request(&mut c, t0, &lim);
+    let w = Wait::Durable {
+        shard: 0,
+        stream: 1,
+        seq: 1,
+    };
+    c.answer(b"A1".to_vec(), Some(w), false);
+    // The route error is answered by the machine; then it wants more bytes and the receive
+    // comes back empty (FIN, close_notify).
+    let (buf, _) = recv_step(&mut c, t0, &lim);
+    assert!(
+        c.close_after_answers(buf),
+        "answers are pending: not closing yet"
+    );
+    assert!(matches!(
+        c.poll(t0, &lim, &local, &mut open_gate()),
+        Step::Wait
+    ));
+    assert!(drain(&mut c, t0).is_empty() && !c.done(false));
+    c.release_waits(|_| true);
+    let out = String::from_utf8(drain(&mut c, t0)).unwrap();
+    assert!(out.starts_with("A1HTTP/1.1 404"), "{out}");
+    assert!(c.done(false), "closes once the last answer is out");
+
+    // Nothing pending: close at once.
+    let mut idle = HttpConn::new(Vec::new(), t0);
+    let (buf, _) = recv_step(&mut idle, t0, &lim);
+    assert!(!idle.close_after_answers(buf));
+}
