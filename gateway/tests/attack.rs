@@ -339,9 +339,10 @@ fn request_buffer_bound_pauses_reads_and_loses_nothing() {
     std::thread::sleep(Duration::from_millis(500));
     let grown_kib = g.rss_kib().saturating_sub(before);
     eprintln!("RSS grew {grown_kib} KiB with 40 x 256 KiB of bodies sent");
-    // The bound (1 MiB), 40 head buffers and allocator slack: measured +2 to +8 MiB here,
-    // against +53 MiB with the bound lifted (1 GiB).
-    assert!(grown_kib <= 16 * 1024, "RSS grew {grown_kib} KiB");
+    // The bound (1 MiB), 40 head buffers and allocator slack: measured +2 to +8 MiB on a
+    // quiet machine and once +16.7 MiB on one running four builds, against +53 MiB with the
+    // bound lifted (1 GiB): 24 MiB tells the two apart without failing on a loaded machine.
+    assert!(grown_kib <= 24 * 1024, "RSS grew {grown_kib} KiB");
     // The last connection finishes once the others are gone.
     let mut last = conns.pop().unwrap();
     drop(conns);
