@@ -125,36 +125,23 @@ impl Core {
         cc.take_snapshots(self.now, secs, &self.hub);
     }
 
-    /// Applies `a` now, unless messages are stalled (it queues behind them); one the local
-    /// log refuses stalls ([`ClusterCore::stall`]).
+    /// Applies `a` now ([`ClusterCore::apply`]), unless messages are stalled (it queues
+    /// behind them); one the local log refuses stalls ([`ClusterCore::stall`]). The ticket
+    /// it answers is the MCP part's or a publish's.
     fn apply_or_stall(&mut self, a: Applied) {
-        let cc = self.cluster.as_mut().expect("cluster mode");
+        let (cc, mut cx) = self.cluster_cx().expect("cluster mode");
         let Some(a) = cc.unless_stalled(a) else {
             return;
         };
-        if let Err(e) = self.apply(&a) {
-            let (cc, cx) = self.cluster_cx().expect("cluster");
-            cc.stall(cx.m, a, e);
+        match cc.apply(&a, &mut cx) {
+            Ok(Some((t, id))) => {
+                if !self.mcp_ticket_done(t, Ok(id)) {
+                    self.resolve(t, Ticket::Applied(id), None);
+                }
+            }
+            Ok(None) => {}
+            Err(e) => cc.stall(cx.m, a, e),
         }
-    }
-
-    /// Applies one message ([`ClusterCore::place_next`], [`ClusterCore::append_placed`]); a
-    /// stream it creates takes its unborn subscribers in between ([`super::subs::adopt_unborn`]).
-    fn apply(&mut self, a: &Applied) -> Result<(), AppendError> {
-        let (cc, mut cx) = self.cluster_cx().expect("cluster mode");
-        let Some(placed) = cc.place_next(a, &mut cx)? else {
-            return Ok(());
-        };
-        if placed.born {
-            super::subs::adopt_unborn(&mut self.net, &mut self.hub, placed.name, placed.key);
-        }
-        let (cc, mut cx) = self.cluster_cx().expect("cluster mode");
-        if let Some((t, id)) = cc.append_placed(a, placed, &mut cx)?
-            && !self.mcp_ticket_done(t, Ok(id))
-        {
-            self.resolve(t, Ticket::Applied(id), None);
-        }
-        Ok(())
     }
 
     /// One ticket's outcome; the request is answered once none is pending.
@@ -192,6 +179,23 @@ impl ClusterCore {
         }
         m.cluster_apply_stalls_total.fetch_add(1, Relaxed);
         self.stalled.push_back(a);
+    }
+
+    /// Applies one message ([`ClusterCore::place_next`], [`ClusterCore::append_placed`]); a
+    /// stream it creates takes its unborn subscribers in between
+    /// ([`super::subs::adopt_unborn`]). The ticket it answers, if any.
+    fn apply(
+        &mut self,
+        a: &Applied,
+        cx: &mut ClusterCx<'_>,
+    ) -> Result<Option<(u64, EventId)>, AppendError> {
+        let Some(placed) = self.place_next(a, cx)? else {
+            return Ok(None);
+        };
+        if placed.born {
+            super::subs::adopt_unborn(cx.net, cx.hub, placed.name, placed.key);
+        }
+        self.append_placed(a, placed, cx)
     }
 
     /// What this turn takes from the inbox (bounded), unless a stalled message waits.
