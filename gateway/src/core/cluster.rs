@@ -70,7 +70,18 @@ struct Placed<'a> {
 impl Core {
     /// The cluster part and what it borrows, in cluster mode.
     pub(super) fn cluster_cx(&mut self) -> Option<(&mut ClusterCore, ClusterCx<'_>)> {
-        let cc = self.cluster.as_deref_mut()?;
+        let (cc, cx) = self.cluster_parts();
+        Some((cc?, cx))
+    }
+
+    /// The publishing path and what it borrows ([`super::publishing::Publishing`]).
+    pub(super) fn publishing(&mut self) -> super::publishing::Publishing<'_> {
+        let (cluster, cx) = self.cluster_parts();
+        super::publishing::Publishing { cx, cluster }
+    }
+
+    /// The cluster part, if on, and the core's parts a publish or the cluster part borrows.
+    fn cluster_parts(&mut self) -> (Option<&mut ClusterCore>, ClusterCx<'_>) {
         let cx = ClusterCx {
             hub: &mut self.hub,
             net: &mut self.net,
@@ -80,7 +91,7 @@ impl Core {
             m: &self.shared.metrics[self.id],
             now: self.now,
         };
-        Some((cc, cx))
+        (self.cluster.as_deref_mut(), cx)
     }
 
     /// Applies what the followers delivered (bounded per turn); answers publishes whose
