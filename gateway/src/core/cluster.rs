@@ -70,7 +70,18 @@ struct Placed<'a> {
 impl Core {
     /// The cluster part and what it borrows, in cluster mode.
     pub(super) fn cluster_cx(&mut self) -> Option<(&mut ClusterCore, ClusterCx<'_>)> {
-        let cc = self.cluster.as_deref_mut()?;
+        let (cc, cx) = self.cluster_parts();
+        Some((cc?, cx))
+    }
+
+    /// The publishing path and what it borrows ([`super::publishing::Publishing`]).
+    pub(super) fn publishing(&mut self) -> super::publishing::Publishing<'_> {
+        let (cluster, cx) = self.cluster_parts();
+        super::publishing::Publishing { cx, cluster }
+    }
+
+    /// The cluster part, if on, and the core's parts a publish or the cluster part borrows.
+    fn cluster_parts(&mut self) -> (Option<&mut ClusterCore>, ClusterCx<'_>) {
         let cx = ClusterCx {
             hub: &mut self.hub,
             net: &mut self.net,
@@ -80,7 +91,7 @@ impl Core {
             m: &self.shared.metrics[self.id],
             now: self.now,
         };
-        Some((cc, cx))
+        (self.cluster.as_deref_mut(), cx)
     }
 
     /// Applies what the followers delivered (bounded per turn); answers publishes whose
@@ -116,8 +127,7 @@ impl Core {
         let Some(cc) = self.cluster.as_mut() else {
             return;
         };
-        let stalled = std::mem::take(&mut cc.stalled);
-        for a in stalled {
+        for a in cc.take_stalled() {
             self.apply_or_stall(a);
         }
         self.serve_catchups(true);
@@ -126,44 +136,23 @@ impl Core {
         cc.take_snapshots(self.now, secs, &self.hub);
     }
 
+    /// Applies `a` now ([`ClusterCore::apply`]), unless messages are stalled (it queues
+    /// behind them); one the local log refuses stalls ([`ClusterCore::stall`]). The ticket
+    /// it answers is the MCP part's or a publish's.
     fn apply_or_stall(&mut self, a: Applied) {
-        let cc = self.cluster.as_mut().expect("cluster mode");
-        if !cc.stalled.is_empty() {
-            cc.stalled.push_back(a);
+        let (cc, mut cx) = self.cluster_cx().expect("cluster mode");
+        let Some(a) = cc.unless_stalled(a) else {
             return;
-        }
-        match self.apply(&a) {
-            Ok(()) => {}
-            Err(AppendError::DiskFull) => {
-                let (cc, cx) = self.cluster_cx().expect("cluster");
-                cx.m.cluster_apply_stalls_total.fetch_add(1, Relaxed);
-                cc.stalled.push_back(a);
-            }
-            Err(e) => panic!(
-                "cluster: shard {} message {} cannot be applied to the local log ({e}); every \
-                 node must apply every message: stopping",
-                a.shard, a.seq
-            ),
-        }
-    }
-
-    /// Applies one message ([`ClusterCore::place_next`], [`ClusterCore::append_placed`]); a
-    /// stream it creates takes its unborn subscribers in between ([`super::subs::adopt_unborn`]).
-    fn apply(&mut self, a: &Applied) -> Result<(), AppendError> {
-        let (cc, mut cx) = self.cluster_cx().expect("cluster mode");
-        let Some(placed) = cc.place_next(a, &mut cx)? else {
-            return Ok(());
         };
-        if placed.born {
-            super::subs::adopt_unborn(&mut self.net, &mut self.hub, placed.name, placed.key);
+        match cc.apply(&a, &mut cx) {
+            Ok(Some((t, id))) => {
+                if !self.mcp_ticket_done(t, Ok(id)) {
+                    self.resolve(t, Ticket::Applied(id), None);
+                }
+            }
+            Ok(None) => {}
+            Err(e) => cc.stall(cx.m, a, e),
         }
-        let (cc, mut cx) = self.cluster_cx().expect("cluster mode");
-        if let Some((t, id)) = cc.append_placed(a, placed, &mut cx)?
-            && !self.mcp_ticket_done(t, Ok(id))
-        {
-            self.resolve(t, Ticket::Applied(id), None);
-        }
-        Ok(())
     }
 
     /// One ticket's outcome; the request is answered once none is pending.
@@ -174,6 +163,52 @@ impl Core {
 }
 
 impl ClusterCore {
+    /// The stalled messages, to be applied again (the tick), in order.
+    fn take_stalled(&mut self) -> std::collections::VecDeque<Applied> {
+        std::mem::take(&mut self.stalled)
+    }
+
+    /// `a`, to apply now, unless messages are stalled: then it queues behind them (a shard's
+    /// messages are applied in order).
+    fn unless_stalled(&mut self, a: Applied) -> Option<Applied> {
+        if self.stalled.is_empty() {
+            return Some(a);
+        }
+        self.stalled.push_back(a);
+        None
+    }
+
+    /// A message the local log refused: on a full disk it stalls (retried at each tick, and
+    /// nothing is drained meanwhile); any other error stops the node.
+    fn stall(&mut self, m: &CoreMetrics, a: Applied, e: AppendError) {
+        if !matches!(e, AppendError::DiskFull) {
+            panic!(
+                "cluster: shard {} message {} cannot be applied to the local log ({e}); every \
+                 node must apply every message: stopping",
+                a.shard, a.seq
+            );
+        }
+        m.cluster_apply_stalls_total.fetch_add(1, Relaxed);
+        self.stalled.push_back(a);
+    }
+
+    /// Applies one message ([`ClusterCore::place_next`], [`ClusterCore::append_placed`]); a
+    /// stream it creates takes its unborn subscribers in between
+    /// ([`super::subs::adopt_unborn`]). The ticket it answers, if any.
+    fn apply(
+        &mut self,
+        a: &Applied,
+        cx: &mut ClusterCx<'_>,
+    ) -> Result<Option<(u64, EventId)>, AppendError> {
+        let Some(placed) = self.place_next(a, cx)? else {
+            return Ok(None);
+        };
+        if placed.born {
+            super::subs::adopt_unborn(cx.net, cx.hub, placed.name, placed.key);
+        }
+        self.append_placed(a, placed, cx)
+    }
+
     /// What this turn takes from the inbox (bounded), unless a stalled message waits.
     fn drain(&mut self) -> Option<Vec<Inbound>> {
         if !self.stalled.is_empty() {
@@ -458,18 +493,17 @@ impl Core {
         headers: &str,
         expires: Option<u64>,
     ) -> bool {
-        if self.cluster.is_none() || caught_up(&self.hub, stream, q) {
+        let Some((cc, cx)) = self.cluster_cx() else {
             return false;
+        };
+        match cc.hold(&cx, slot, (stream, q), headers, expires) {
+            Hold::Pass => false,
+            Hold::Unborn => {
+                self.subscribe_unborn(slot, stream, headers, expires);
+                true
+            }
+            Hold::Held => true,
         }
-        if q.last_event_id.is_none() && self.hub.stream_key(stream).is_none() {
-            // Nothing published yet: subscribe now, from its first event, as in single-node
-            // mode (subscribers commonly come first).
-            self.subscribe_unborn(slot, stream, headers, expires);
-            return true;
-        }
-        let (cc, cx) = self.cluster_cx().expect("cluster");
-        cc.hold(&cx, slot, (stream, q), headers, expires);
-        true
     }
 
     /// A subscriber of a stream that does not exist yet: its preamble now, its events from 1
@@ -482,29 +516,30 @@ impl Core {
 
     /// Serves the waiters that caught up; on `deadlines`, refuses the ones past theirs.
     fn serve_catchups(&mut self, deadlines: bool) {
-        let Some(cc) = self.cluster.as_mut() else {
+        let Some((cc, mut cx)) = self.cluster_cx() else {
             return;
         };
-        if cc.catchup.is_empty() {
-            return self.mcp_serve_catchups(deadlines);
+        for w in cc.due_catchups(&mut cx, deadlines) {
+            self.subscribe(w.conn.0, &w.stream, &w.q, &w.headers, w.expires);
         }
-        let waiters = std::mem::take(&mut cc.catchup);
-        let mut keep = Vec::new();
-        for w in waiters {
-            let (_, mut cx) = self.cluster_cx().expect("cluster");
-            match catchup_turn(&w, &mut cx, deadlines) {
-                Turn::Serve => self.subscribe(w.conn.0, &w.stream, &w.q, &w.headers, w.expires),
-                Turn::Wait => keep.push(w),
-                Turn::Gone | Turn::Refused => {}
-            }
-        }
-        self.cluster.as_mut().expect("cluster").catchup.extend(keep);
         self.mcp_serve_catchups(deadlines);
     }
 }
 
+/// What becomes of a subscribe in cluster mode ([`ClusterCore::hold`]).
+enum Hold {
+    /// This node has applied what it names: served now.
+    Pass,
+    /// Its stream is not created here yet and it names no event: it subscribes now, from
+    /// the stream's first event.
+    Unborn,
+    /// Held until this node catches up (answered later).
+    Held,
+}
+
 impl ClusterCore {
-    /// Holds a subscribe until this node catches up, or `--cluster-catchup-wait-ms` passes.
+    /// Whether a subscribe waits until this node catches up, or `--cluster-catchup-wait-ms`
+    /// passes (then it is held here).
     fn hold(
         &mut self,
         cx: &ClusterCx<'_>,
@@ -512,7 +547,15 @@ impl ClusterCore {
         (stream, q): (&str, &SubscribeQuery),
         headers: &str,
         expires: Option<u64>,
-    ) {
+    ) -> Hold {
+        if caught_up(cx.hub, stream, q) {
+            return Hold::Pass;
+        }
+        if q.last_event_id.is_none() && cx.hub.stream_key(stream).is_none() {
+            // Nothing published yet: subscribe now, from its first event, as in single-node
+            // mode (subscribers commonly come first).
+            return Hold::Unborn;
+        }
         let wait = Duration::from_millis(cx.shared.cfg.cluster.cluster_catchup_wait_ms);
         let c = CatchUp {
             conn: (slot, cx.net.io.generation(slot)),
@@ -524,6 +567,21 @@ impl ClusterCore {
         };
         cx.m.cluster_catchup_waits_total.fetch_add(1, Relaxed);
         self.catchup.push(c);
+        Hold::Held
+    }
+
+    /// The held subscribes to serve now (caught up); the ones whose connection went are
+    /// dropped and, on `deadlines`, the ones past theirs refused; the rest keep waiting.
+    fn due_catchups(&mut self, cx: &mut ClusterCx<'_>, deadlines: bool) -> Vec<CatchUp> {
+        let mut serve = Vec::new();
+        for w in std::mem::take(&mut self.catchup) {
+            match catchup_turn(&w, cx, deadlines) {
+                Turn::Serve => serve.push(w),
+                Turn::Wait => self.catchup.push(w),
+                Turn::Gone | Turn::Refused => {}
+            }
+        }
+        serve
     }
 }
 

@@ -1,22 +1,17 @@
 //! HTTP connections on a core: pumps the connection machine (receives, requests, handoffs,
-//! answers), carries out API requests (health, metrics, publish, subscribe) through the
-//! streams layer, and releases answers once their publish is durable.
+//! answers), carries out API requests (health, `DELETE`, subscribe; a publish goes through
+//! the publishing path, `publishing.rs`) through the streams layer.
 
 use super::{Core, PIPELINED_PER_CALL_MAX, Then};
 use crate::proto::access;
 use crate::proto::conn::{Kind, Request, Step};
 use crate::proto::http;
 use crate::proto::route::{self, Route};
-use crate::streams::idempotency::Keyed;
-use crate::streams::publish::{self, Event};
 use crate::streams::resume::Start;
 use crate::streams::sub::{PENDING_STREAM, Sub};
 
 /// A request's connection and who sent it (the gate's verdict).
 pub(super) type Caller<'a> = (u32, &'a auth::Access);
-
-/// A publish's `Idempotency-Key`, if it has one.
-type Idem = Option<String>;
 
 impl Core {
     /// The machine's next steps, until it waits (bounded per call; a send completion or a
@@ -76,11 +71,15 @@ impl Core {
                 Route::Publish { stream } => {
                     let ev = event_type.filter(|t| !t.is_empty());
                     let from = (slot, &r.access);
-                    self.publish(from, &stream, vec![(ev, r.body)], (close, false), key);
+                    let evs = vec![(ev, r.body)];
+                    self.publishing()
+                        .publish(from, &stream, evs, (close, false), key);
                     return true;
                 }
                 Route::PublishBatch { stream } => {
-                    self.publish_batch((slot, &r.access), &stream, &r.body, close, key);
+                    let from = (slot, &r.access);
+                    self.publishing()
+                        .publish_batch(from, &stream, &r.body, close, key);
                     return true;
                 }
                 other => other,
@@ -111,71 +110,6 @@ impl Core {
             }
         }
         self.net.retried();
-    }
-
-    // ---- publish ----
-
-    fn publish_batch(
-        &mut self,
-        from: Caller<'_>,
-        stream: &str,
-        body: &[u8],
-        close: bool,
-        key: Idem,
-    ) {
-        match route::parse_batch(body, self.shared.cfg.event_bytes_max) {
-            Ok(events) => {
-                let evs = events.into_iter().map(|e| (e.event, e.data.into_bytes()));
-                self.publish(from, stream, evs.collect(), (close, true), key);
-            }
-            Err(e) => {
-                let (status, code, msg) = e.status();
-                self.net.error(from.0, status, code, &msg, close);
-            }
-        }
-    }
-
-    /// A publish (`batch`: of `events:batch`); with an `Idempotency-Key`, a repeat stores
-    /// nothing (`streams::idempotency::Keys::known`).
-    fn publish(
-        &mut self,
-        from: Caller<'_>,
-        stream: &str,
-        events: Vec<Event>,
-        how: (bool, bool),
-        key: Idem,
-    ) {
-        let ((close, batch), keyed) = (how, key.map(|k| Keyed::new(k, &events)));
-        let slot = from.0;
-        if let Err((status, code, msg)) = publish::check_events(&events) {
-            return self.net.error(slot, status, code, &msg, close);
-        }
-        if let Some(p) = self
-            .idem
-            .known(&self.hub, stream, keyed.as_ref(), self.now, close)
-        {
-            return self
-                .waits
-                .answer(&mut self.net, slot, p.answer, p.wait, close);
-        }
-        if let Some((cc, mut cx)) = self.cluster_cx() {
-            // Through JetStream: the answer waits for the events to be applied here.
-            return cc.publish_request(&mut cx, from, stream, events, how, keyed);
-        }
-        let key = self.hub.stream_key(stream);
-        let (shard, sid) = key.unwrap_or((self.hub.shard_of(stream), PENDING_STREAM));
-        if let Err((status, code, msg)) = publish::check_framed(self.hub.log(shard), sid, &events) {
-            return self.net.error(slot, status, code, &msg, close);
-        }
-        let Some(key) = self.open_stream(from, stream, close) else {
-            return;
-        };
-        let m = &self.shared.metrics[self.id];
-        let p = self.hub.append_events(key, &events, (batch, close), m);
-        self.idem
-            .remember(stream, keyed, &p, events.len(), batch, self.now);
-        self.waits
-            .answer(&mut self.net, slot, p.answer, p.wait, close);
     }
 
     // ---- subscribe ----

@@ -1,5 +1,6 @@
-//! Streams coming and going on a core: creation under `--streams-max`, the subscribers
-//! waiting for a stream not created yet (unborn, moved to it at its creation), `DELETE`, and
+//! Streams coming and going on a core (an API stream's creation under `--streams-max` is the
+//! publishing path's, `publishing.rs`): the subscribers waiting for a stream not created yet
+//! (unborn, moved to it at its creation), `DELETE`, and
 //! idle expiry (`--stream-idle-expire-secs`). A removed stream's name is free again; a stream
 //! created later under it has a new stream id, so the old incarnation's IDs are refused as
 //! another stream's and never read as the new one's.
@@ -14,38 +15,7 @@ use crate::proto::conn::Wait;
 use crate::proto::http;
 use crate::streams::StreamKey;
 use crate::streams::sub::{PENDING_STREAM, Sub};
-use crate::streams::subjects::{self, Subject};
-
-impl Core {
-    /// The API stream `stream`, created if new and `--streams-max` and the `--streams-per-
-    /// subject-max` of who asked (`access`) allow; `None` after an error answer was queued
-    /// (closing when `close`).
-    pub(super) fn open_stream(
-        &mut self,
-        (slot, access): super::http::Caller<'_>,
-        stream: &str,
-        close: bool,
-    ) -> Option<StreamKey> {
-        if let Some(key) = self.hub.stream_key(stream) {
-            return Some(key);
-        }
-        let (sh, m) = (&self.shared, &self.shared.metrics[self.id]);
-        let who = Subject::of(access, self.net.conns.live(slot).peer);
-        match self
-            .hub
-            .create_api_stream((&sh.quota, &sh.subjects), &who, stream, m)
-        {
-            Ok(k) => {
-                super::subs::adopt_unborn(&mut self.net, &mut self.hub, stream, k);
-                Some(k)
-            }
-            Err((status, code, msg)) => {
-                self.net.error(slot, status, code, &msg, close);
-                None
-            }
-        }
-    }
-}
+use crate::streams::subjects;
 
 impl Core {
     /// A subscriber of a stream that does not exist here yet, reading from `cursor` once it

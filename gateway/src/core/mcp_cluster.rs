@@ -30,6 +30,7 @@ use log_store::{EventId, Seq};
 
 use super::mcp::{Effect, Mcp, McpCx};
 use super::mcp_cluster_state::{Barrier, CatchUp, Due, McpCluster, Queued, due};
+use super::net::Net;
 use crate::mcp::core::{parse_stream_name, redact_stream_name as redacted, subject_tag};
 use crate::mcp::jsonrpc;
 use crate::streams::hub::{Hub, SubRef};
@@ -338,6 +339,27 @@ impl Mcp {
         mc.catchup = keep;
         mc.passed = serve.iter().map(|w| w.conn).collect();
         (serve, refuse)
+    }
+
+    /// The held resumes to carry out now ([`Mcp::due_catchups`]) on connections still open;
+    /// those whose read barrier failed and, on `deadlines`, those past theirs are refused
+    /// here (503 with `Retry-After`).
+    pub(super) fn serve_catchups(
+        &mut self,
+        deadlines: bool,
+        cx: &McpCx<'_>,
+        net: &mut Net,
+    ) -> Vec<CatchUp> {
+        let (mut serve, mut refuse) = self.due_catchups(deadlines, cx);
+        serve.retain(|w| net.conn_at(w.conn).is_some_and(|c| !c.closing));
+        refuse.retain(|w| net.conn_at(w.conn).is_some_and(|c| !c.closing));
+        for w in refuse {
+            cx.metrics
+                .cluster_catchup_timeouts_total
+                .fetch_add(1, Relaxed);
+            super::cluster::refuse_catchup(net, w.conn.0);
+        }
+        serve
     }
 
     /// Whether the MCP log holds `id` (or `id` is not of its epoch: the MCP core answers),

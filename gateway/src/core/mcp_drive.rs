@@ -6,12 +6,12 @@
 
 use std::os::fd::AsFd;
 use std::sync::Arc;
-use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
 use log_store::EventId;
 
 use super::mcp::{self, Effect, Mcp, McpCx, McpRequest, McpSubscribe};
+use super::net::Net;
 use super::{Core, Shared, State};
 use crate::streams::hub::Hub;
 use crate::streams::sub::Sub;
@@ -48,8 +48,9 @@ impl Mcp {
 }
 
 impl Core {
-    /// The MCP part and what it may borrow of the core, if the MCP front runs on this core.
-    fn mcp_split(&mut self) -> Option<(&mut Mcp, McpCx<'_>)> {
+    /// The MCP part and what it may borrow of the core, if the MCP front runs on this core
+    /// (and the connections, for what it answers itself).
+    fn mcp_split(&mut self) -> Option<(&mut Mcp, McpCx<'_>, &mut Net)> {
         let m = self.mcp.as_deref_mut()?;
         let cx = McpCx {
             now: self.now,
@@ -59,7 +60,7 @@ impl Core {
             cfg: &self.shared.cfg,
             epochs: &self.shared.epochs,
         };
-        Some((m, cx))
+        Some((m, cx, &mut self.net))
     }
 
     /// A complete request on the MCP path, on the MCP owner core: every header of `head`
@@ -74,7 +75,7 @@ impl Core {
     ) {
         let conn = (slot, self.net.io.generation(slot));
         let header_count_max = self.lim.conn.head.header_count_max;
-        let Some((m, mut cx)) = self.mcp_split() else {
+        let Some((m, mut cx, _)) = self.mcp_split() else {
             let msg = "the MCP front is not running on this core";
             let b = crate::proto::http::error_response(503, "mcp_unavailable", msg, true);
             return self.net.respond(slot, b, true);
@@ -102,7 +103,7 @@ impl Core {
     /// Carries out the MCP core's actions, in order, until it has none.
     pub(super) fn mcp_apply(&mut self) {
         loop {
-            let Some((m, mut cx)) = self.mcp_split() else {
+            let Some((m, mut cx, _)) = self.mcp_split() else {
                 return;
             };
             let Some(action) = m.next_action() else {
@@ -213,7 +214,7 @@ impl Core {
     /// A cluster ticket came back (applied as `Ok(id)`, or unconfirmed): true if it was an
     /// MCP record's (see `Mcp::ticket_done`).
     pub(super) fn mcp_ticket_done(&mut self, ticket: u64, outcome: Result<EventId, &str>) -> bool {
-        let Some((m, mut cx)) = self.mcp_split() else {
+        let Some((m, mut cx, _)) = self.mcp_split() else {
             return false;
         };
         let mut effects = Vec::new();
@@ -225,19 +226,10 @@ impl Core {
     /// Carries out the held resumes now due (`Mcp::due_catchups`); refuses those whose read
     /// barrier failed and, on `deadlines`, those past theirs (503 with `Retry-After`).
     pub(super) fn mcp_serve_catchups(&mut self, deadlines: bool) {
-        let Some((m, cx)) = self.mcp_split() else {
+        let Some((m, cx, net)) = self.mcp_split() else {
             return;
         };
-        let (mut serve, mut refuse) = m.due_catchups(deadlines, &cx);
-        serve.retain(|w| self.net.conn_at(w.conn).is_some_and(|c| !c.closing));
-        refuse.retain(|w| self.net.conn_at(w.conn).is_some_and(|c| !c.closing));
-        for w in refuse {
-            self.m()
-                .cluster_catchup_timeouts_total
-                .fetch_add(1, Relaxed);
-            super::cluster::refuse_catchup(&mut self.net, w.conn.0);
-        }
-        for w in serve {
+        for w in m.serve_catchups(deadlines, &cx, net) {
             self.mcp_request(w.conn.0, &w.head, w.body, w.close, w.subject.as_deref());
         }
     }

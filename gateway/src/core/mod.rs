@@ -25,6 +25,7 @@ mod mcp_metrics;
 #[cfg(test)]
 mod mcp_tests;
 mod net;
+mod publishing;
 mod requests;
 mod subs;
 mod tick;
