@@ -10,26 +10,25 @@
 //! `Retry-After`.
 
 use std::sync::atomic::Ordering::Relaxed;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cluster::{Applied, Inbound, Next, names};
 use log_store::{AppendError, EventId, Log};
 
 use super::cluster_state::{CatchUp, ClusterCore, Pending, Ticket};
+use super::cluster_state::{ClusterCx, refuse_catchup};
 use super::http::Caller;
 use super::mcp_cluster::barrier_known;
 use super::mcp_cluster_state::{mcp_substitute, seq_mismatch_record};
-use super::net::Net;
-use super::{Core, Shared, State};
+use super::{Core, State};
 use crate::logging::Gate;
 use crate::metrics::CoreMetrics;
 use crate::proto::conn::Wait;
-use crate::proto::http;
 use crate::proto::route::SubscribeQuery;
 use crate::proto::sse;
 use crate::streams::StreamKey;
 use crate::streams::hub::Hub;
-use crate::streams::idempotency::{Keyed, Keys};
+use crate::streams::idempotency::Keyed;
 use crate::streams::publish::{self, Event};
 use crate::streams::quarantine::{self, QUARANTINE_STREAM, Reason, Verdict};
 use crate::streams::subjects::{self, Subject};
@@ -43,18 +42,6 @@ fn ticket_wait(shard: u32, first: u64) -> Wait {
         shard,
         ticket: first,
     }
-}
-
-/// What the cluster part borrows of the core for one call (disjoint fields, never `Core`).
-pub(super) struct ClusterCx<'a> {
-    pub(super) hub: &'a mut Hub,
-    pub(super) net: &'a mut Net,
-    pub(super) idem: &'a mut Keys,
-    /// Connections with an answer waiting for durability.
-    pub(super) waits: &'a mut super::waits::Waits,
-    pub(super) shared: &'a Shared,
-    pub(super) m: &'a CoreMetrics,
-    pub(super) now: Instant,
 }
 
 /// A message's place, decided before its stream is created (if it must be) and written.
@@ -625,16 +612,4 @@ fn caught_up(hub: &Hub, stream: &str, q: &SubscribeQuery) -> bool {
     let log = hub.log(shard);
     let bounds = log.bounds(sid).expect("live");
     id.epoch != log.epoch() || id.stream != sid || id.seq <= bounds.visible_tail
-}
-
-/// A held subscribe past its deadline: 503 with `Retry-After`.
-pub(super) fn refuse_catchup(net: &mut Net, slot: u32) {
-    let body = serde_json::json!({
-        "error": "catching_up",
-        "message": "this node has not yet applied the event named by Last-Event-ID; \
-                    retry (here or on another node)",
-    });
-    let b = http::json_response(503, &body, true);
-    let b = crate::proto::access::with_headers(b, "Retry-After: 1\r\n");
-    net.respond(slot, b, true);
 }

@@ -10,9 +10,13 @@ use std::time::{Duration, Instant};
 use cluster::Applied;
 use log_store::EventId;
 
+use super::Shared;
+use super::net::Net;
+use crate::metrics::CoreMetrics;
+use crate::proto::http;
 use crate::proto::route::SubscribeQuery;
 use crate::streams::hub::{Hub, SubRef};
-use crate::streams::idempotency::{self, Keyed};
+use crate::streams::idempotency::{self, Keyed, Keys};
 use crate::streams::publish::Event;
 
 /// One ticket of a publish.
@@ -227,4 +231,28 @@ impl ClusterCore {
         }
         self.pending.remove(&first)
     }
+}
+
+/// What the cluster part borrows of the core for one call (disjoint fields, never `Core`).
+pub(super) struct ClusterCx<'a> {
+    pub(super) hub: &'a mut Hub,
+    pub(super) net: &'a mut Net,
+    pub(super) idem: &'a mut Keys,
+    /// Connections with an answer waiting for durability.
+    pub(super) waits: &'a mut super::waits::Waits,
+    pub(super) shared: &'a Shared,
+    pub(super) m: &'a CoreMetrics,
+    pub(super) now: Instant,
+}
+
+/// A held subscribe past its deadline: 503 with `Retry-After`.
+pub(super) fn refuse_catchup(net: &mut Net, slot: u32) {
+    let body = serde_json::json!({
+        "error": "catching_up",
+        "message": "this node has not yet applied the event named by Last-Event-ID; \
+                    retry (here or on another node)",
+    });
+    let b = http::json_response(503, &body, true);
+    let b = crate::proto::access::with_headers(b, "Retry-After: 1\r\n");
+    net.respond(slot, b, true);
 }

@@ -357,7 +357,7 @@ impl Mcp {
             cx.metrics
                 .cluster_catchup_timeouts_total
                 .fetch_add(1, Relaxed);
-            super::cluster::refuse_catchup(net, w.conn.0);
+            super::cluster_state::refuse_catchup(net, w.conn.0);
         }
         serve
     }

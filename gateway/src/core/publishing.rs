@@ -5,8 +5,8 @@
 //! subscribers adopted, `Hub::append_events`) — and one held answer (`Waits`). It borrows the
 //! parts it needs for one request, never `Core`.
 
-use super::cluster::ClusterCx;
 use super::cluster_state::ClusterCore;
+use super::cluster_state::ClusterCx;
 use super::http::Caller;
 use crate::proto::route;
 use crate::streams::StreamKey;
