@@ -23,7 +23,9 @@ secs="${1:-$([ $ci = 1 ] && echo 20 || echo 60)}"
 shift || true
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-  targets=(event_id http_head batch_body sse_frame log_recovery log_forged)
+  # Every [[bin]] of fuzz/Cargo.toml (the package's own name excluded): a new target runs
+  # without being listed here.
+  mapfile -t targets < <(sed -n 's/^name = "\(.*\)"$/\1/p' fuzz/Cargo.toml | grep -vx 'sse-gateway-fuzz')
 fi
 cpu="${FUZZ_CPU:-1}"
 # A machine with one CPU has only cpu 0.
