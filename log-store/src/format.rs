@@ -12,11 +12,14 @@ pub(crate) const CHECKPOINT_MAGIC: [u8; 8] = *b"SSELOGCK";
 /// Segment header version written by this code. Version 2 = version 1 plus the *stream
 /// removed* record kind, which only a version-2 segment may hold: a reader that predates the
 /// kind refuses the header (`UnsupportedVersion`) instead of taking the record for a torn tail.
-pub(crate) const SEGMENT_VERSION: u32 = 2;
+/// Version 3 = version 2 plus the *key* record kind, under the same rule.
+pub(crate) const SEGMENT_VERSION: u32 = 3;
 /// Oldest segment header version still read (logs written before stream removal existed).
 pub(crate) const SEGMENT_VERSION_MIN: u32 = 1;
 /// First segment header version whose segments may hold a *stream removed* record.
 pub(crate) const STREAM_REMOVED_SINCE_VERSION: u32 = 2;
+/// First segment header version whose segments may hold a *key* record.
+pub(crate) const KEY_SINCE_VERSION: u32 = 3;
 /// Checkpoint version written by this code (2: a tag byte per stream, live or removed);
 /// version 1 (every stream live, no tag) is still read.
 pub(crate) const CHECKPOINT_VERSION: u32 = 2;
@@ -118,6 +121,9 @@ pub(crate) enum Kind {
     /// Stream `stream` was removed; payload = its UTF-8 name; `seq` = 0. Only in segments of
     /// version 2 or later.
     StreamRemoved = 4,
+    /// A key naming events `seq..seq + count` of stream `stream`, written after them; payload =
+    /// `count` (u32) and the key's opaque bytes. Only in segments of version 3 or later.
+    Key = 5,
 }
 
 /// One record entry (32 bytes, stored downward from the end of the segment).
@@ -173,6 +179,7 @@ impl Entry {
             2 => Kind::StreamName,
             3 => Kind::Seal,
             4 if version >= STREAM_REMOVED_SINCE_VERSION => Kind::StreamRemoved,
+            5 if version >= KEY_SINCE_VERSION => Kind::Key,
             k => return Err(EntryError::BadKind(k)),
         };
         let flags = (tail >> 56) as u8;
@@ -440,7 +447,7 @@ mod tests {
     /// The removal kind exists only in version-2 segments: in a version-1 segment its byte is
     /// an unknown kind, exactly as before the kind was introduced.
     #[test]
-    fn stream_removed_kind_needs_a_version_2_segment() {
+    fn newer_kinds_need_their_segment_version() {
         let e = Entry {
             len: 1,
             data_off: 64,
@@ -452,6 +459,14 @@ mod tests {
         let b = e.encode(1, b"a");
         assert_eq!(Entry::decode_fields(&b, 2), Ok(e));
         assert_eq!(Entry::decode_fields(&b, 1), Err(EntryError::BadKind(4)));
+        let key = Entry {
+            kind: Kind::Key,
+            seq: 1,
+            ..e
+        };
+        let b = key.encode(1, b"\x01\0\0\0k");
+        assert_eq!(Entry::decode_fields(&b, 3), Ok(key));
+        assert_eq!(Entry::decode_fields(&b, 2), Err(EntryError::BadKind(5)));
         let h = Header {
             version: 1,
             epoch: Epoch(9),
@@ -460,7 +475,7 @@ mod tests {
             created_unix_ms: 0,
         };
         assert_eq!(Header::decode(&h.encode()), Ok(h));
-        for version in [0, 3] {
+        for version in [0, SEGMENT_VERSION + 1] {
             let bad = Header { version, ..h };
             assert_eq!(
                 Header::decode(&bad.encode()),

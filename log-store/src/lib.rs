@@ -52,8 +52,9 @@ pub use event_id::{EVENT_ID_BYTES_MAX, Epoch, EventId, EventIdError, Seq, Stream
 pub use log::prepare_in_background;
 pub use log::retire::retire_in_background;
 pub use log::{
-    AppendError, Appended, Bounds, Log, LogSlice, OpenError, ReadBatch, ReadError, RemoveError,
-    Removed, RetentionError, RetentionReport, RollCounts, SyncError, SyncJob, SyncReport,
+    AppendError, Appended, Bounds, KEY_BYTES_MAX, KeyRecord, Log, LogSlice, OpenError, ReadBatch,
+    ReadError, RemoveError, Removed, RetentionError, RetentionReport, RollCounts, SyncError,
+    SyncJob, SyncReport,
 };
 pub use options::{FsyncPolicy, FsyncPolicyError, LogOptions, LogOptionsError};
 pub use resume::{

@@ -247,6 +247,8 @@ pub enum CorruptReason {
     SequenceOverflow {
         stream: StreamId,
     },
+    /// A key record's payload is malformed or it names events its stream does not hold.
+    KeyInvalid,
 }
 
 /// Why an append (or `create_stream`) failed. Nothing was appended when it fails.
@@ -276,6 +278,9 @@ pub enum AppendError {
     SequenceExhausted(StreamId),
     /// The active segment is numbered `u64::MAX`: no segment can follow it.
     SegmentNumbersExhausted,
+    /// A key record ([`Log::append_key`]) names no event, events the stream does not hold,
+    /// or its key is empty or too long.
+    KeyInvalid(&'static str),
     Io(io::Error),
 }
 
@@ -372,6 +377,7 @@ impl fmt::Display for AppendError {
             AppendError::Poisoned => write!(f, "log is poisoned by an earlier fsync failure"),
             AppendError::SequenceExhausted(s) => write!(f, "stream {s} has used every sequence"),
             AppendError::SegmentNumbersExhausted => write!(f, "no segment number left"),
+            AppendError::KeyInvalid(why) => write!(f, "key record refused: {why}"),
             AppendError::Io(e) => write!(f, "log write failed: {e}"),
         }
     }
@@ -622,6 +628,8 @@ pub struct Log {
     /// Dropped as by a crash (test hook `simulate_crash`).
     abandon: bool,
     recovery: RecoveryReport,
+    /// Key records found by recovery, until taken ([`Log::take_recovered_keys`]).
+    recovered_keys: Vec<keys::KeyRecord>,
     lock: Arc<File>,
 }
 
@@ -1110,6 +1118,7 @@ impl ReadBatch {
 }
 
 mod background;
+mod keys;
 mod recover;
 mod retention;
 pub(crate) mod retire;
@@ -1119,3 +1128,4 @@ mod streams;
 mod sync;
 
 pub use background::prepare_in_background;
+pub use keys::{KEY_BYTES_MAX, KeyRecord};

@@ -52,6 +52,7 @@ pub(super) fn open(dir: &Path, opts: LogOptions, exec: Option<Executor>) -> Resu
         mut streams,
         mut report,
         ckpt_tails,
+        keys,
         ..
     } = scan;
     let epoch = epoch.expect("at least one segment was scanned");
@@ -78,6 +79,7 @@ pub(super) fn open(dir: &Path, opts: LogOptions, exec: Option<Executor>) -> Resu
         rolls: RollCounts::default(),
         abandon: false,
         recovery: RecoveryReport::default(),
+        recovered_keys: keys,
         lock,
     };
     settle_recovered(&mut log, dir, sealed_last)?;
@@ -300,6 +302,7 @@ fn create_new(
         rolls: RollCounts::default(),
         abandon: false,
         recovery: report,
+        recovered_keys: Vec::new(),
         lock,
     })
 }
@@ -314,6 +317,8 @@ struct Scan {
     epoch: Option<Epoch>,
     streams: Streams,
     report: RecoveryReport,
+    /// Key records, in log order.
+    keys: Vec<KeyRecord>,
 }
 
 impl Scan {
@@ -332,6 +337,7 @@ impl Scan {
             lock,
             ckpt_tails: Vec::new(),
             ckpt_removed_unseen: Vec::new(),
+            keys: Vec::new(),
         };
         if let Some(c) = ckpt {
             for (i, s) in c.streams.iter().enumerate() {
@@ -508,6 +514,10 @@ impl Scan {
                     self.stream_removed(e.stream, name)
                 }?;
             }
+            Kind::Key => {
+                let payload = map.read_private(tok, es.data_end, e.len as usize);
+                self.key(e, payload)?;
+            }
             Kind::Seal => {
                 if e.seq != es.entries || e.len != 0 {
                     return Err(CorruptReason::BadSeal {
@@ -518,6 +528,26 @@ impl Scan {
                 es.sealed = true;
             }
         }
+        Ok(())
+    }
+
+    /// A key record: kept if its stream is live and holds the events it names (written after
+    /// them, so they precede it); a removed stream's is skipped.
+    fn key(&mut self, e: &Entry, payload: &[u8]) -> Result<(), CorruptReason> {
+        let tail = match self.streams.lookup(e.stream) {
+            Lookup::Live(_) => self.streams[e.stream].tail,
+            Lookup::Unknown => return Err(CorruptReason::UnknownStream(e.stream)),
+            Lookup::Removed { .. } => return Ok(()),
+        };
+        let (count, key) = keys::decode(payload).ok_or(CorruptReason::KeyInvalid)?;
+        keys::check(e.seq, count, key.len(), tail).map_err(|_| CorruptReason::KeyInvalid)?;
+        self.keys.push(KeyRecord {
+            stream: e.stream,
+            first: e.seq,
+            count,
+            timestamp_ms: e.timestamp_ms,
+            key: key.to_vec(),
+        });
         Ok(())
     }
 

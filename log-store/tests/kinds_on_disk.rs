@@ -1,18 +1,27 @@
-//! Stream removal at the byte level: a crash before the removal was synced loses the removal
-//! and nothing else; logs written before the *stream removed* kind existed (version-1 segment
-//! headers and checkpoint) still open, and their first removal starts a version-2 segment;
-//! the kind is unknown in a version-1 segment, as before; and CRC-valid but impossible removal
-//! records are named corruption. Files are written from the documented layout (DESIGN.md).
+//! The record kinds added after version 1, at the byte level.
+//!
+//! Stream removal: a crash before the removal was synced loses the removal and nothing else;
+//! logs written before the *stream removed* kind existed (version-1 segment headers and
+//! checkpoint) still open, and their first removal starts a current-version segment; the kind
+//! is unknown in a version-1 segment, as before; and CRC-valid but impossible removal records
+//! are named corruption.
+//!
+//! Key records: recovery gives them back; cut at every byte, a key is recovered only with every
+//! event it names; a version-2 log's first key starts a current-version segment; the kind is
+//! unknown in a version-2 segment; impossible key records are corruption. Files are written
+//! from the documented layout (DESIGN.md).
 #![forbid(unsafe_code)]
 
 use std::fs;
 use std::path::Path;
 
 use log_store::log::{CorruptReason, EntryError};
-use log_store::{FsyncPolicy, Log, LogOptions, OpenError, StreamId};
+use log_store::{AppendError, FsyncPolicy, KEY_BYTES_MAX, Log, LogOptions, OpenError, StreamId};
 
 const SEG: usize = 64 * 1024;
 const EPOCH: u64 = 0x5eed;
+/// The segment version this code writes.
+const CURRENT_VERSION: u32 = 3;
 
 fn opts() -> LogOptions {
     LogOptions {
@@ -253,10 +262,11 @@ fn a_removal_cut_at_every_byte() {
 
 /// A log written before removal existed (version-1 headers, version-1 checkpoint) opens
 /// unchanged. Its first removal seals the version-1 active segment and goes into a new
-/// version-2 one, so no pre-removal reader ever meets the new kind in a segment it accepts.
+/// current-version one, so no pre-removal reader ever meets the new kind in a segment it
+/// accepts.
 /// Retention then writes a version-2 checkpoint, which loads.
 #[test]
-fn an_old_log_opens_and_its_first_removal_starts_a_version_2_segment() {
+fn an_old_log_opens_and_its_first_removal_starts_a_new_segment() {
     let dir = tempfile::tempdir().unwrap();
     write_checkpoint_v1(dir.path(), 1, &[(2, 1, "a"), (1, 1, "b")]);
     // Segment 0 was retired (a's first event and both name records were in it).
@@ -290,7 +300,7 @@ fn an_old_log_opens_and_its_first_removal_starts_a_version_2_segment() {
     let seal_kind = old[old.len() - 32 * n + 30];
     assert_eq!(seal_kind, 3);
     let new = fs::read(seg_path(dir.path(), 3)).unwrap();
-    assert_eq!(new[8..12], 2u32.to_le_bytes());
+    assert_eq!(new[8..12], CURRENT_VERSION.to_le_bytes());
     drop(log);
 
     let mut log = Log::open(dir.path(), opts()).unwrap();
@@ -405,4 +415,211 @@ fn impossible_removal_records_are_corruption() {
     let log = Log::open(dir.path(), opts()).unwrap();
     assert!(log.is_removed(StreamId(0)));
     assert_eq!(log.stream_id("a"), Some(StreamId(1)));
+}
+
+/// Key record payload: `count` then the key.
+fn key_payload(count: u32, key: &[u8]) -> Vec<u8> {
+    let mut p = count.to_le_bytes().to_vec();
+    p.extend_from_slice(key);
+    p
+}
+
+/// Streams a and b; a gets three events then a key naming them, b one event then a key. The
+/// keys come back from a reopen (oldest first), once; a removed stream's key does not.
+#[test]
+fn keys_come_back_from_recovery() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = Log::open(dir.path(), opts()).unwrap();
+    let a = log.create_stream("a").unwrap();
+    let b = log.create_stream("b").unwrap();
+    let c = log.create_stream("c").unwrap();
+    for i in 0..3 {
+        log.append(a, None, format!("a{i}").as_bytes()).unwrap();
+    }
+    log.append_key(a, 1, 3, b"ka").unwrap();
+    log.append(b, None, b"b0").unwrap();
+    log.append_key(b, 1, 1, b"kb").unwrap();
+    log.append(c, None, b"c0").unwrap();
+    log.append_key(c, 1, 1, b"kc").unwrap();
+    assert!(matches!(
+        log.append_key(a, 2, 3, b"k"),
+        Err(AppendError::KeyInvalid(_))
+    ));
+    assert!(matches!(
+        log.append_key(a, 1, 1, &[b'k'; KEY_BYTES_MAX + 1]),
+        Err(AppendError::KeyInvalid(_))
+    ));
+    log.remove_stream(c).unwrap();
+    log.sync_now().unwrap();
+    drop(log);
+    let mut log = Log::open(dir.path(), opts()).unwrap();
+    let got: Vec<_> = log
+        .take_recovered_keys()
+        .into_iter()
+        .map(|k| (k.stream, k.first, k.count, k.key))
+        .collect();
+    assert_eq!(got, [(a, 1, 3, b"ka".to_vec()), (b, 1, 1, b"kb".to_vec())]);
+    assert!(log.take_recovered_keys().is_empty(), "taken once");
+    assert_eq!(records(&log, a).len(), 3);
+}
+
+/// Events of a and a key naming them, unsynced; the events and the key cut at every byte of
+/// their writes (payloads then entries, and entries then payloads). Whatever arrived, a key is
+/// recovered only with all the events it names (it is written after them: CRC chain).
+#[test]
+fn a_key_cut_at_every_byte_comes_back_only_with_its_events() {
+    let src = tempfile::tempdir().unwrap();
+    let mut log = Log::open(src.path(), opts()).unwrap();
+    let a = log.create_stream("a").unwrap();
+    log.sync_now().unwrap();
+    let synced = entry_count(&fs::read(seg_path(src.path(), 0)).unwrap());
+    for i in 0..2 {
+        log.append(a, None, format!("a{i}").as_bytes()).unwrap();
+    }
+    log.append_key(a, 1, 2, b"k").unwrap();
+    drop(log);
+    let bytes = fs::read(seg_path(src.path(), 0)).unwrap();
+    let len = bytes.len();
+    let ranges: Vec<(std::ops::Range<usize>, std::ops::Range<usize>)> = (synced..synced + 3)
+        .map(|i| {
+            let slot = len - 32 * (i + 1);
+            let e = &bytes[slot..slot + 32];
+            let u = |a: usize| u32::from_le_bytes(e[a..a + 4].try_into().unwrap()) as usize;
+            (u(8)..u(8) + u(4), slot..slot + 32)
+        })
+        .collect();
+    for entry_first in [false, true] {
+        let order: Vec<usize> = ranges
+            .iter()
+            .flat_map(|(p, e)| {
+                let (x, y) = if entry_first { (e, p) } else { (p, e) };
+                x.clone().chain(y.clone())
+            })
+            .collect();
+        for cut in 0..=order.len() {
+            let mut b = bytes.clone();
+            for &at in &order[cut..] {
+                b[at] = 0;
+            }
+            let dir = tempfile::tempdir().unwrap();
+            fs::write(seg_path(dir.path(), 0), &b).unwrap();
+            let what = format!("entry_first {entry_first} cut {cut}");
+            let mut log = Log::open(dir.path(), opts()).unwrap_or_else(|e| panic!("{what}: {e}"));
+            let keys = log.take_recovered_keys();
+            let tail = log.bounds(a).unwrap().tail;
+            let whole_key = (0..3).all(|r| {
+                let (p, e) = &ranges[r];
+                p.clone().chain(e.clone()).all(|at| b[at] == bytes[at])
+            });
+            assert_eq!(keys.len(), usize::from(whole_key), "{what}");
+            if whole_key {
+                assert_eq!((keys[0].first, keys[0].count, tail), (1, 2, 2), "{what}");
+            }
+        }
+    }
+}
+
+/// A version-2 log (the format before key records) opens; its first key seals the version-2
+/// active segment and goes into a current-version one. In a version-2 segment the key kind's
+/// byte is an unknown kind (a torn tail in the active segment), as before it existed.
+#[test]
+fn a_version_2_log_takes_its_first_key_in_a_new_segment() {
+    let name_a: &[u8] = b"a";
+    let dir = tempfile::tempdir().unwrap();
+    write_segment(
+        dir.path(),
+        0,
+        2,
+        &[(2, 0, 0, name_a), (1, 0, 1, &event(0, 1))],
+    );
+    let mut log = Log::open(dir.path(), opts()).unwrap();
+    let a = StreamId(0);
+    log.append_key(a, 1, 1, b"k").unwrap();
+    assert_eq!(log.active_segment(), 1, "the key went into a new segment");
+    log.sync_now().unwrap();
+    drop(log);
+    let new = fs::read(seg_path(dir.path(), 1)).unwrap();
+    assert_eq!(new[8..12], CURRENT_VERSION.to_le_bytes());
+    let mut log = Log::open(dir.path(), opts()).unwrap();
+    assert_eq!(log.take_recovered_keys().len(), 1);
+
+    let dir = tempfile::tempdir().unwrap();
+    let k = key_payload(1, b"k");
+    let e = event(0, 1);
+    write_segment(
+        dir.path(),
+        0,
+        2,
+        &[(2, 0, 0, name_a), (1, 0, 1, &e), (5, 0, 1, &k)],
+    );
+    let mut log = Log::open(dir.path(), opts()).unwrap();
+    assert!(log.recovery().torn_tail_offset.is_some());
+    assert!(log.take_recovered_keys().is_empty(), "cut, not applied");
+    assert_eq!(records(&log, StreamId(0)), [e]);
+}
+
+/// Checksum-valid key records that cannot have been written are named corruption; a removed
+/// stream's key is skipped.
+#[test]
+fn impossible_key_records_are_corruption() {
+    let a: &[u8] = b"a";
+    let e = event(0, 1);
+    let (one, three, short) = (key_payload(1, b"k"), key_payload(3, b"k"), vec![1u8, 0]);
+    let (none, empty) = (key_payload(0, b"k"), key_payload(1, b""));
+    let cases: Vec<(&str, Vec<Forged<'_>>, CorruptReason)> = vec![
+        (
+            "key of an unknown stream",
+            vec![(2, 0, 0, a), (1, 0, 1, &e), (5, 1, 1, &one)],
+            CorruptReason::UnknownStream(StreamId(1)),
+        ),
+        (
+            "key before its events",
+            vec![(2, 0, 0, a), (5, 0, 1, &one)],
+            CorruptReason::KeyInvalid,
+        ),
+        (
+            "key past the tail",
+            vec![(2, 0, 0, a), (1, 0, 1, &e), (5, 0, 1, &three)],
+            CorruptReason::KeyInvalid,
+        ),
+        (
+            "key at sequence 0",
+            vec![(2, 0, 0, a), (1, 0, 1, &e), (5, 0, 0, &one)],
+            CorruptReason::KeyInvalid,
+        ),
+        (
+            "payload too short",
+            vec![(2, 0, 0, a), (1, 0, 1, &e), (5, 0, 1, &short)],
+            CorruptReason::KeyInvalid,
+        ),
+        (
+            "no event",
+            vec![(2, 0, 0, a), (1, 0, 1, &e), (5, 0, 1, &none)],
+            CorruptReason::KeyInvalid,
+        ),
+        (
+            "empty key",
+            vec![(2, 0, 0, a), (1, 0, 1, &e), (5, 0, 1, &empty)],
+            CorruptReason::KeyInvalid,
+        ),
+    ];
+    for (what, mut entries, want) in cases {
+        // A sealed segment (a bad entry in the last one would be a torn tail).
+        let n = entries.len() as u64;
+        entries.push((3, u32::MAX, n, b""));
+        let dir = tempfile::tempdir().unwrap();
+        write_segment(dir.path(), 0, CURRENT_VERSION, &entries);
+        write_segment(dir.path(), 1, CURRENT_VERSION, &[]);
+        assert_eq!(corrupt_reason(dir.path()), want, "{what}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let removed = [
+        (2, 0, 0, a),
+        (1, 0, 1, &e[..]),
+        (5, 0, 1, &one[..]),
+        (4, 0, 0, a),
+    ];
+    write_segment(dir.path(), 0, CURRENT_VERSION, &removed);
+    let mut log = Log::open(dir.path(), opts()).unwrap();
+    assert!(log.take_recovered_keys().is_empty());
 }
