@@ -1,9 +1,10 @@
 //! Idempotent publishing (`Idempotency-Key`) end to end on one node: a repeat stores nothing
 //! and answers the original IDs with `Idempotent-Replay: true`; another body under the same
 //! key is 422; a key is per stream; a bad key is 400; a client whose connection was cut before
-//! the 201 retries and the event is stored once. In cluster mode: a publish answered 503 while
-//! NATS was paused, retried with its key once NATS runs again, is stored once, and another
-//! node answers the same IDs.
+//! the 201 retries and the event is stored once; the keys outlive a restart, graceful or
+//! SIGKILL (they are in the log), and one past the window at the restart is forgotten. In
+//! cluster mode: a publish answered 503 while NATS was paused, retried with its key once NATS
+//! runs again, is stored once, and another node answers the same IDs, also after a restart.
 
 mod cluster_harness;
 mod common;
@@ -95,6 +96,85 @@ fn a_publish_cut_before_its_answer_and_retried_is_stored_once() {
     assert_eq!(seq_of(&next), 2, "{next}");
 }
 
+/// Keyed publishes (an event and a batch, on streams of both cores), then restarts: after
+/// SIGTERM and after SIGKILL a retry of each stores nothing and answers the original IDs and
+/// status; another body is still 422. Keys are per stream, so other streams are not touched.
+#[test]
+fn keys_outlive_a_restart_graceful_or_killed() {
+    let dir = tempfile::tempdir().unwrap();
+    let flags = ["--cores", "2"];
+    let mut g = Gateway::start_in(dir.path(), &flags);
+    let batch = "{\"data\":\"a\"}\n{\"event\":\"t\",\"data\":\"b\"}\n";
+    let cases: Vec<(String, &str, &str)> = (0..4)
+        .flat_map(|i| {
+            let (ev, b) = (
+                format!("/v1/streams/r{i}/events"),
+                format!("/v1/streams/r{i}/events:batch"),
+            );
+            [(ev, "k-ev", "one"), (b, "k-b", batch)]
+        })
+        .collect();
+    let first: Vec<serde_json::Value> = cases
+        .iter()
+        .map(|(path, key, body)| {
+            let (st, _, b) = post(g.addr, path, key, body);
+            assert_eq!(st, 201, "{path}: {b}");
+            b
+        })
+        .collect();
+    for how in ["SIGTERM", "SIGKILL"] {
+        if how == "SIGTERM" {
+            assert!(g.stop(), "clean exit");
+        }
+        drop(g); // SIGKILL if still running
+        g = Gateway::start_in(dir.path(), &flags);
+        for ((path, key, body), want) in cases.iter().zip(&first) {
+            let (st, h, again) = post(g.addr, path, key, body);
+            assert_eq!((st, &again), (201, want), "{how}: {path}");
+            assert!(replayed(&h), "{how}: {path}: {h:?}");
+            let (st, _, other) = post(g.addr, path, key, other_body(path));
+            assert_eq!(
+                (st, &other["error"]),
+                (422, &"idempotency_key_reused".into()),
+                "{how}: {path}"
+            );
+        }
+    }
+    // Stored once: each stream holds its event and its batch of two.
+    for i in 0..4 {
+        let next = common::publish(g.addr, &format!("r{i}"), "after");
+        assert_eq!(seq_of(&next), 4, "{next}");
+    }
+}
+
+/// A valid body other than the cases' for `path` (an event or a batch).
+fn other_body(path: &str) -> &'static str {
+    if path.ends_with(":batch") {
+        "{\"data\":\"z\"}\n"
+    } else {
+        "another"
+    }
+}
+
+/// A key older than `--idempotency-window-secs` at the restart is not remembered: the repeat
+/// is a new publish.
+#[test]
+fn a_key_past_the_window_at_a_restart_is_forgotten() {
+    let dir = tempfile::tempdir().unwrap();
+    let flags = ["--idempotency-window-secs", "1"];
+    let g = Gateway::start_in(dir.path(), &flags);
+    let (st, _, first) = post(g.addr, "/v1/streams/w/events", "k", "one");
+    assert_eq!(st, 201, "{first}");
+    drop(g);
+    // The record's timestamp is coarse (a few ms): wait past the window with room.
+    std::thread::sleep(Duration::from_millis(1500));
+    let g = Gateway::start_in(dir.path(), &flags);
+    let (st, h, again) = post(g.addr, "/v1/streams/w/events", "k", "one");
+    assert_eq!(st, 201, "{again}");
+    assert!(!replayed(&h));
+    assert_eq!(seq_of(again["id"].as_str().unwrap()), 2, "{again}");
+}
+
 /// POSTs with `key` until the answer is not 503 (bounded); the last answer.
 fn retry(addr: SocketAddr, path: &str, key: &str, body: &str) -> (u16, bool, serde_json::Value) {
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -160,4 +240,19 @@ fn cluster_a_publish_unconfirmed_while_nats_is_paused_and_retried_is_stored_once
     assert_eq!((st, again, &other), (201, true, &ids));
     let last = common::publish(g0.addr, "cl-idem", "last");
     assert_eq!(seq_of(&last), seq_of(&next) + 3, "{last}");
+    // A node restarted (SIGKILL) remembers the keys it applied: from its log, since it does
+    // not apply those messages again (JetStream alone would answer the retry's duplicate
+    // message ID with 503 until its duplicate window ends).
+    let g1_dir = g1.data_dir.clone();
+    drop(g1);
+    let g1 = cluster_harness::start_gateway(&g1_dir, &nats.urls(), &flags);
+    for (path, key, body, want) in [
+        ("/v1/streams/cl-idem/events", "pay-1", "paid", &got),
+        (path, "b-1", batch, &ids),
+    ] {
+        let (st, again, answer) = retry(g1.addr, path, key, body);
+        assert_eq!((st, again, &answer), (201, true, want), "{path}");
+    }
+    let end = common::publish(g1.addr, "cl-idem", "end");
+    assert_eq!(seq_of(&end), seq_of(&last) + 1, "{end}");
 }

@@ -301,7 +301,11 @@ impl ClusterCore {
         let ap = cx.hub.log_mut(key.0).append(key.1, event, data)?;
         match (reason, &a.idempotency) {
             (Some(r), _) => note_quarantined(cx.m, a, r),
-            (None, Some(h)) => cx.idem.on_applied(name, h, ap.id, cx.now),
+            (None, Some(h)) => {
+                if let Some(d) = cx.idem.on_applied(name, h, ap.id, cx.now) {
+                    super::publishing::write_key(cx.hub, key.0, &d);
+                }
+            }
             (None, None) => {}
         }
         *self.applied.get_mut(&a.shard).expect("shard") += 1;

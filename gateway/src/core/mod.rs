@@ -71,6 +71,18 @@ fn idempotency_keys(shared: &Shared, id: usize) -> Keys {
     Keys::new(limits, shared.metrics[id].idempotent_replays_total.clone())
 }
 
+/// The `Idempotency-Key`s this core's logs recovered, those still in the window remembered.
+fn recover_keys(hub: &mut Hub, idem: &mut Keys, now: Instant) {
+    let recovered = hub.take_recovered_keys();
+    let wall_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let (found, kept) = (recovered.len(), idem.recover(recovered, now, wall_ms));
+    if found > 0 {
+        tracing::info!(found, kept, "Idempotency-Keys recovered from the log");
+    }
+}
+
 /// State shared by all cores (read-mostly).
 #[derive(Debug)]
 pub struct Shared {
@@ -265,6 +277,7 @@ pub fn run_core(setup: CoreSetup, shared: Arc<Shared>, ready: impl FnOnce(Result
         mcp_core: 0,
         gate,
     };
+    recover_keys(&mut core.hub, &mut core.idem, now);
     core.mcp_core = mcp::mcp_owner(core.shared.shards, core.shared.cores).1;
     core.net.arm_accept();
     core.net.io.read_eventfd(core.efd);

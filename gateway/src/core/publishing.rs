@@ -10,7 +10,8 @@ use super::cluster_state::ClusterCx;
 use super::http::Caller;
 use crate::proto::route;
 use crate::streams::StreamKey;
-use crate::streams::idempotency::Keyed;
+use crate::streams::hub::Hub;
+use crate::streams::idempotency::{Durable, Keyed};
 use crate::streams::publish::{self, Event};
 use crate::streams::sub::PENDING_STREAM;
 use crate::streams::subjects::Subject;
@@ -79,8 +80,10 @@ impl Publishing<'_> {
         };
         let cx = &mut self.cx;
         let p = cx.hub.append_events(key, &events, (batch, close), cx.m);
-        cx.idem
-            .remember(stream, keyed, &p, events.len(), batch, cx.now);
+        let n = events.len();
+        if let Some(d) = cx.idem.remember(stream, keyed, &p, n, batch, cx.now) {
+            write_key(cx.hub, key.0, &d);
+        }
         cx.waits.answer(cx.net, slot, p.answer, p.wait, close);
     }
 
@@ -112,5 +115,14 @@ impl Publishing<'_> {
                 None
             }
         }
+    }
+}
+
+/// Writes a stored keyed publish's key record after its events, so the key outlives a
+/// restart. A refusal (a full disk, a poisoned log) leaves the key in memory only: the events
+/// are stored and their answer stands; a restart would forget the key.
+pub(super) fn write_key(hub: &mut Hub, shard: u32, d: &Durable) {
+    if let Err(e) = hub.append_key(shard, d) {
+        crate::warn_limited!(error = %e, "an Idempotency-Key was not written to the log: a restart forgets it");
     }
 }

@@ -13,10 +13,13 @@ use rustc_hash::FxHashMap;
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::{Duration, Instant, SystemTime};
 
-use log_store::{AppendError, Log, RemoveError, Removed, StreamId, SyncJob, SyncReport};
+use log_store::{
+    AppendError, EventId, KeyRecord, Log, RemoveError, Removed, StreamId, SyncJob, SyncReport,
+};
 
 use super::StreamKey;
 use super::catalog::{StreamKind, StreamQuota};
+use super::idempotency::Durable;
 use super::publish;
 use super::sub::PENDING_STREAM;
 use super::subjects::{self, Subject, SubjectQuota};
@@ -146,6 +149,35 @@ impl Hub {
         m.events_appended_total
             .fetch_add(p.appended as u64, std::sync::atomic::Ordering::Relaxed);
         p
+    }
+
+    /// Writes a stored keyed publish's key record after its events (in the turn that appended
+    /// them, so the same group commit makes it durable with them).
+    pub fn append_key(&mut self, shard: u32, d: &Durable) -> Result<(), AppendError> {
+        let (stream, first) = (d.first.stream, d.first.seq);
+        self.log_mut(shard)
+            .append_key(stream, first, d.count, &d.bytes)
+    }
+
+    /// The key records every shard's log recovered, with their stream's name and first ID
+    /// (once, at start).
+    pub fn take_recovered_keys(&mut self) -> Vec<(String, EventId, KeyRecord)> {
+        let mut out = Vec::new();
+        for log in self.logs.values_mut() {
+            let epoch = log.epoch();
+            for k in log.take_recovered_keys() {
+                let Some(name) = log.stream_name(k.stream) else {
+                    continue;
+                };
+                let first = EventId {
+                    epoch,
+                    stream: k.stream,
+                    seq: k.first,
+                };
+                out.push((name.to_owned(), first, k));
+            }
+        }
+        out
     }
 
     /// Notes `n` appends to `key` for this turn's wake-ups.

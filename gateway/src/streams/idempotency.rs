@@ -7,8 +7,10 @@
 //! In cluster mode the key travels with each event through JetStream ([`cluster_header`],
 //! [`cluster_msg_id`]) and every node learns it as it applies them ([`Keys::on_applied`]).
 //!
-//! What it does not do yet: the table is in memory, so a restart forgets it (the key is not
-//! in the log's record format).
+//! A stored keyed publish is also written into its shard's log as a *key record* after its
+//! events ([`Durable`], `log_store::Log::append_key`; in cluster mode as each node applies
+//! the last event), durable with them, so a restart learns the keys of the window back from
+//! the log ([`Keys::recover`]).
 #![forbid(unsafe_code)]
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -17,7 +19,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
-use log_store::EventId;
+use log_store::{EventId, KeyRecord};
 
 use super::hub::Hub;
 use super::publish::{self, Published};
@@ -79,6 +81,42 @@ impl Keyed {
             key,
         }
     }
+}
+
+/// A keyed publish stored whole, to write into its log as a key record after its events
+/// (`Hub::append_key`): events `first..first + count`, the key's record bytes
+/// ([`record_bytes`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Durable {
+    pub first: EventId,
+    pub count: u32,
+    pub bytes: Vec<u8>,
+}
+
+/// A key record's bytes: `<s|b>/<body hash, 16 hex digits>/<key>` (at most 83 bytes).
+pub fn record_bytes(hash: u64, batch: bool, key: &str) -> Vec<u8> {
+    let kind = if batch { 'b' } else { 's' };
+    format!("{kind}/{hash:016x}/{key}").into_bytes()
+}
+
+/// The `<s|b>/<hash>` that a key record and a `Gw-Idempotency` header start with: (batch,
+/// hash).
+fn kind_and_hash<'a>(it: &mut impl Iterator<Item = &'a str>) -> Option<(bool, u64)> {
+    let batch = match it.next()? {
+        "b" => true,
+        "s" => false,
+        _ => return None,
+    };
+    Some((batch, u64::from_str_radix(it.next()?, 16).ok()?))
+}
+
+/// A key record's bytes read back: (batch, hash, key); `None` if not ours.
+fn parse_record(bytes: &[u8]) -> Option<(bool, u64, &str)> {
+    let s = std::str::from_utf8(bytes).ok()?;
+    let mut it = s.splitn(3, '/');
+    let (batch, hash) = kind_and_hash(&mut it)?;
+    let key = it.next()?;
+    crate::proto::route::valid_idempotency_key(key).then_some((batch, hash, key))
 }
 
 /// The header a replayed answer carries.
@@ -157,17 +195,25 @@ pub fn cluster_header(keyed: &Keyed, i: usize, n: usize, batch: bool) -> String 
 /// writer of the subject may send anything: such a header is ignored).
 fn parse_cluster_header(h: &str) -> Option<(bool, u64, usize, usize, &str)> {
     let mut it = h.splitn(5, '/');
-    let batch = match it.next()? {
-        "b" => true,
-        "s" => false,
-        _ => return None,
-    };
-    let hash = u64::from_str_radix(it.next()?, 16).ok()?;
+    let (batch, hash) = kind_and_hash(&mut it)?;
     let i: usize = it.next()?.parse().ok()?;
     let n: usize = it.next()?.parse().ok()?;
     let key = it.next()?;
-    let ok = i < n && crate::proto::route::valid_idempotency_key(key);
+    // `n` comes from whoever wrote the subject: bounded by what one request can hold (an
+    // atomic batch), since it sizes a buffer.
+    let ok = i < n
+        && n <= cluster::BATCH_MESSAGES_MAX
+        && crate::proto::route::valid_idempotency_key(key);
     ok.then_some((batch, hash, i, n, key))
+}
+
+/// The key record of a publish stored as `ids` (dense: one run of one stream).
+fn durable(ids: &[EventId], hash: u64, batch: bool, key: &str) -> Durable {
+    Durable {
+        first: ids[0],
+        count: ids.len() as u32,
+        bytes: record_bytes(hash, batch, key),
+    }
 }
 
 #[derive(Debug)]
@@ -271,7 +317,8 @@ impl Keys {
         }
     }
 
-    /// Remembers `p` under `keyed` if every one of the `n` events was stored.
+    /// Remembers `p` under `keyed` if every one of the `n` events was stored; then the key
+    /// record to write after them.
     pub fn remember(
         &mut self,
         stream: &str,
@@ -280,19 +327,54 @@ impl Keys {
         n: usize,
         batch: bool,
         now: Instant,
-    ) {
-        if let Some(k) = keyed.filter(|_| p.ids.len() == n && n > 0) {
-            self.insert(stream, &k.key, k.hash, (p.ids.clone(), batch), now);
+    ) -> Option<Durable> {
+        let k = keyed.filter(|_| p.ids.len() == n && n > 0)?;
+        self.insert(stream, &k.key, k.hash, (p.ids.clone(), batch), now);
+        Some(durable(&p.ids, k.hash, batch, &k.key))
+    }
+
+    /// At start: the key records `recovered` from the logs (stream name, first ID, record),
+    /// oldest first, those still within the window at `now` (wall clock `wall_ms`, Unix ms)
+    /// remembered as if stored at their record's time. A record that is not ours is skipped.
+    pub fn recover(
+        &mut self,
+        recovered: Vec<(String, EventId, KeyRecord)>,
+        now: Instant,
+        wall_ms: u64,
+    ) -> usize {
+        let mut n = 0;
+        for (stream, first, rec) in recovered {
+            let Some((batch, hash, key)) = parse_record(&rec.key) else {
+                continue;
+            };
+            let age = Duration::from_millis(wall_ms.saturating_sub(rec.timestamp_ms));
+            if age >= self.limits.window {
+                continue;
+            }
+            let ids = (0..u64::from(rec.count))
+                .map(|i| EventId {
+                    seq: first.seq + i,
+                    ..first
+                })
+                .collect();
+            let at = now.checked_sub(age).unwrap_or(now);
+            self.insert(&stream, key, hash, (ids, batch), at);
+            n += 1;
         }
+        n
     }
 
     /// Cluster mode: a message carrying `Gw-Idempotency` was applied as event `id` of
     /// `stream` (every node does this in JetStream order). Its request's IDs gather in order;
-    /// the last one makes the key known.
-    pub fn on_applied(&mut self, stream: &str, header: &str, id: EventId, now: Instant) {
-        let Some((batch, hash, i, n, key)) = parse_cluster_header(header) else {
-            return;
-        };
+    /// the last one makes the key known, and returns the key record to write after it.
+    pub fn on_applied(
+        &mut self,
+        stream: &str,
+        header: &str,
+        id: EventId,
+        now: Instant,
+    ) -> Option<Durable> {
+        let (batch, hash, i, n, key) = parse_cluster_header(header)?;
         let k = (stream.to_owned(), key.to_owned());
         if i == 0 {
             if self.partial.len() >= self.limits.total_max {
@@ -301,18 +383,19 @@ impl Keys {
             self.partial
                 .insert(k.clone(), (hash, Vec::with_capacity(n)));
         }
-        let Some((h, ids)) = self.partial.get_mut(&k) else {
-            return;
-        };
+        let (h, ids) = self.partial.get_mut(&k)?;
         if *h != hash || ids.len() != i {
             self.partial.remove(&k);
-            return;
+            return None;
         }
         ids.push(id);
-        if ids.len() == n {
-            let (_, ids) = self.partial.remove(&k).expect("present");
-            self.insert(stream, key, hash, (ids, batch), now);
+        if ids.len() < n {
+            return None;
         }
+        let (_, ids) = self.partial.remove(&k).expect("present");
+        let d = durable(&ids, hash, batch, key);
+        self.insert(stream, key, hash, (ids, batch), now);
+        Some(d)
     }
 
     /// Keys held now.
@@ -427,11 +510,55 @@ mod tests {
             "s/1/1/1/k",
             "s/1/0/1/a b",
             "s/1/0/1/",
+            "s/1/0/18446744073709551615/k",
+            "b/1/0/1001/k",
         ] {
             k.on_applied("t", junk, id(1, 1), t);
         }
         assert_eq!(k.len(), 1);
         assert_eq!(cluster_msg_id("s", &keyed, 1), "gw-idem:s:1:k");
+    }
+
+    #[test]
+    fn recovered_key_records_within_the_window_come_back_as_stored() {
+        let mut k = keys(10, 10);
+        let (t, wall) = (Instant::now(), 1_000_000_000);
+        let rec = |stream: u32, count: u32, age_ms: u64, bytes: Vec<u8>| KeyRecord {
+            stream: StreamId(stream),
+            first: 4,
+            count,
+            timestamp_ms: wall - age_ms,
+            key: bytes,
+        };
+        let got = vec![
+            (
+                "s".into(),
+                id(0, 4),
+                rec(0, 2, 1_000, record_bytes(9, true, "kb")),
+            ),
+            (
+                "s".into(),
+                id(0, 4),
+                rec(0, 1, 600_000, record_bytes(9, false, "old")),
+            ),
+            ("t".into(), id(1, 4), rec(1, 1, 0, b"x/zz/k".to_vec())),
+            (
+                "t".into(),
+                id(1, 4),
+                rec(1, 1, 0, record_bytes(8, false, "a b")),
+            ),
+        ];
+        assert_eq!(k.recover(got, t, wall), 1, "the junk and the aged skipped");
+        let want = Lookup::Replay {
+            ids: vec![id(0, 4), id(0, 5)],
+            batch: true,
+        };
+        assert_eq!(k.lookup("s", "kb", 9, 0, t), want);
+        assert_eq!(k.lookup("s", "kb", 8, 0, t), Lookup::Reused);
+        assert_eq!(k.lookup("s", "old", 9, 0, t), Lookup::New);
+        // Aged from its record's time: gone once the rest of the window has passed.
+        let later = t + Duration::from_secs(599);
+        assert_eq!(k.lookup("s", "kb", 9, 0, later), Lookup::New);
     }
 
     #[test]
