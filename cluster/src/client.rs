@@ -723,16 +723,19 @@ fn stored(
 ) -> Result<bool, String> {
     match r {
         Ok(a) => Ok(a.duplicate),
-        Err(e) => {
-            let code = std::error::Error::source(&e)
-                .and_then(|s| s.downcast_ref::<jetstream::Error>())
-                .map(|e| e.error_code().0);
-            match code {
-                Some(BATCH_DUPLICATE_MSG_ID) => Ok(true),
-                _ => Err(e.to_string()),
-            }
-        }
+        Err(e) => match error_code(&e) {
+            Some(BATCH_DUPLICATE_MSG_ID) => Ok(true),
+            _ => Err(e.to_string()),
+        },
     }
+}
+
+/// JetStream's error code of a refused publish (`None`: not an answer of JetStream's, such as
+/// a timeout or a closed connection).
+fn error_code(e: &jetstream::context::PublishError) -> Option<u64> {
+    std::error::Error::source(e)
+        .and_then(|s| s.downcast_ref::<jetstream::Error>())
+        .map(|e| e.error_code().0)
 }
 
 /// The longest a follower's pull waits (its idle heartbeats come at half of it).
@@ -798,3 +801,7 @@ async fn follow_from(
     }
     Ok(next)
 }
+
+#[cfg(test)]
+#[path = "client_tests.rs"]
+mod tests;
