@@ -14,7 +14,8 @@
 #        [--quick] [--skip-idle] [--plot] [--only NAME[,NAME...]] [--tls]
 # --repeat N runs every load scenario N times, alternating nchan and gateway, and the ratio
 # table quotes medians (the machine is shared and noisy). --only runs just the named scenarios
-# (latency-1x100, fanout-1x100, fanout-1x100-depth1, streams-1000x1, resume-storm,
+# (latency-1x100, fanout-1x100, fanout-1x100-depth1, streams-1000x1, streams-100x1-depth1,
+# streams-100x1-depth16, resume-storm,
 # fanout-1x100-batch100, slow, idle, mcp; the gap demo always runs).
 # --tls: both servers serve the load scenarios over TLS (a P-256 self-signed certificate made
 # with openssl at start; nginx `listen ... ssl` with ssl_certificate on its own port, the
@@ -24,7 +25,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
-# After ROOT, not before the cd: --help prints this file's lines 2-23 (the header).
+# After ROOT, not before the cd: --help prints this file's lines 2-24 (the header).
 # shellcheck source=SCRIPTDIR/lib/bench-common.sh
 source "$ROOT/scripts/lib/bench-common.sh"
 
@@ -57,7 +58,7 @@ while [[ $# -gt 0 ]]; do
     --plot) PLOT=1; shift ;;
     --only) ONLY=",$2,"; shift 2 ;;
     --tls) TLS=1; shift ;;
-    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
 done
@@ -299,6 +300,12 @@ run_both fanout-1x100-depth1 fanout --streams 1 --subscribers-per-stream 100 --e
   --publish-secs-max "$SECS" --pipeline-depth 1
 run_both streams-1000x1 fanout --streams 1000 --subscribers-per-stream 1 --events-per-stream "$EV" \
   --publishers 4 --publish-secs-max "$SECS" --pipeline-depth 64
+# Many streams, one subscriber each, 4 publisher connections (issue 26's tail): one POST in
+# flight per connection (the plain case), then 16 pipelined.
+run_both streams-100x1-depth1 fanout --streams 100 --subscribers-per-stream 1 --events-per-stream "$EV" \
+  --publishers 4 --publish-secs-max "$SECS" --pipeline-depth 1
+run_both streams-100x1-depth16 fanout --streams 100 --subscribers-per-stream 1 --events-per-stream "$EV" \
+  --publishers 4 --publish-secs-max "$SECS" --pipeline-depth 16
 run_both resume-storm resume-storm --streams 10 --subscribers-per-stream 10 \
   --events-per-stream "$EV" --rate-events-per-sec 5000 --cuts-per-sec 200 --publish-secs-max "$SECS"
 # Gateway only (nchan has no batch publish): the same fanout with 100-event batch POSTs.
@@ -369,7 +376,7 @@ def load(name, sys_, idx=-1):
             pass
     return median_report(reps) if reps else None
 rounds = max((len(glob.glob(os.path.join(out, f"{sc}-nchan*.json")))
-              for sc in ["latency-1x100", "fanout-1x100", "fanout-1x100-depth1", "streams-1000x1", "resume-storm", "slow"]),
+              for sc in ["latency-1x100", "fanout-1x100", "fanout-1x100-depth1", "streams-1000x1", "streams-100x1-depth1", "streams-100x1-depth16", "resume-storm", "slow"]),
              default=0)
 print(f"Medians over {rounds} round(s) per scenario and system.")
 print()
@@ -389,7 +396,7 @@ def row(sc, metric, n, g, fmt="{:.0f}"):
         r = f"{g / n:.2f}" if n else "n/a"
     f = lambda v: "n/a" if v is None else fmt.format(v)
     print(f"| {sc} | {metric} | {f(n)} | {f(g)} | {r} |")
-for sc in ["latency-1x100", "fanout-1x100", "fanout-1x100-depth1", "fanout-1x100-batch100", "streams-1000x1", "resume-storm", "slow", "idle"]:
+for sc in ["latency-1x100", "fanout-1x100", "fanout-1x100-depth1", "fanout-1x100-batch100", "streams-1000x1", "streams-100x1-depth1", "streams-100x1-depth16", "resume-storm", "slow", "idle"]:
     n, g = load(sc, "nchan"), load(sc, "gateway")
     if n is None and g is None:
         continue

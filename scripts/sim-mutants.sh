@@ -62,5 +62,9 @@ mutant parked-wrong-stream gateway/src/streams/parked.rs \
 # 6. A batch is answered once its first event is durable, not its last.
 mutant batch-answered-early gateway/src/streams/publish.rs \
   's/let wait = ids.last()/let wait = ids.first()/'
+# 7. Recovery drops the key records it finds (an Idempotency-Key forgotten at a restart: a
+#    retry of an answered publish would store it twice).
+mutant recovery-drops-keys log-store/src/log/recover.rs \
+  's/        self.keys.push(KeyRecord {/        Vec::new().push(KeyRecord {/'
 
 exit $failed

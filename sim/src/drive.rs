@@ -215,8 +215,21 @@ impl World {
     /// After a reopen: every stream is there, nothing acknowledged or observed is lost, and
     /// every record recovered is exactly what was appended under its sequence.
     fn check_recovered(&mut self) -> Check {
+        let keys = self
+            .node
+            .log
+            .as_mut()
+            .expect("log open")
+            .take_recovered_keys();
         let log = self.node.log();
         for t in &mut self.truths {
+            let found: Vec<_> = keys
+                .iter()
+                .filter(|k| k.stream == t.id)
+                .map(|k| (k.first, k.count, k.key.clone()))
+                .collect();
+            let floor = log.bounds(t.id).map_or(0, |b| b.floor);
+            t.check_keys(&found, floor)?;
             let b = log
                 .bounds(t.id)
                 .ok_or_else(|| format!("stream {} lost in a crash", t.id))?;

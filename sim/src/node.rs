@@ -132,6 +132,18 @@ impl Node {
             trace.events += 1;
         }
         let (first, last) = (before + 1, before + p.appended as u64);
+        // Every other stored publish is keyed, as the gateway writes an `Idempotency-Key`:
+        // its key record right after its events.
+        let count = p.appended as u32;
+        if count > 0 && count as usize == events.len() && first % 2 == 1 {
+            match log.append_key(sid, first, count, &Truth::key_bytes(first, count)) {
+                Ok(()) => {
+                    truth.keys.insert(first, (count, false));
+                    trace.note("keyed", &[i as u64, first]);
+                }
+                Err(_) => trace.note("key_refused", &[i as u64]),
+            }
+        }
         let status = &p.answer[9..12];
         match (status, p.wait) {
             (b"201", Some(Wait::Durable { seq, .. })) => {
@@ -244,6 +256,9 @@ impl Node {
             }
         }
         truth.acked = truth.acked.max(last);
+        if let Some(k) = truth.keys.get_mut(&first) {
+            k.1 = true; // answered: its key is as durable as its events
+        }
         trace.note("answered", &[u64::from(sid.0), last]);
         Ok(())
     }

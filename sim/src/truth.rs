@@ -4,6 +4,8 @@
 //! what subscribers read and against what recovery finds.
 #![forbid(unsafe_code)]
 
+use std::collections::BTreeMap;
+
 use log_store::{Seq, StreamId};
 
 /// One appended event.
@@ -22,6 +24,9 @@ pub struct Truth {
     pub acked: Seq,
     /// Highest sequence a subscriber observed.
     pub observed: Seq,
+    /// Keyed publishes whose key record was written, by first sequence: (count, whether the
+    /// key must survive a crash: its publish was answered, or recovery found it before).
+    pub keys: BTreeMap<Seq, (u32, bool)>,
 }
 
 impl Truth {
@@ -31,6 +36,7 @@ impl Truth {
             recs: Vec::new(),
             acked: 0,
             observed: 0,
+            keys: BTreeMap::new(),
         }
     }
 
@@ -60,6 +66,39 @@ impl Truth {
     /// A crash took back everything after `tail`.
     pub fn truncate(&mut self, tail: Seq) {
         self.recs.truncate(tail as usize);
+    }
+
+    /// The key record of a publish of `first..first + count` names exactly that publish.
+    pub fn key_bytes(first: Seq, count: u32) -> Vec<u8> {
+        format!("k{first}/{count}").into_bytes()
+    }
+
+    /// After a reopen: the keys recovery found (`(first, count, bytes)`) must each be one this
+    /// stream's publishes wrote, and every key that must survive and whose last event is
+    /// retained (`>= floor`: the key is in that event's segment or a later one) must be among
+    /// them. The recovered ones must survive from now on; the others are gone.
+    pub fn check_keys(&mut self, found: &[(Seq, u32, Vec<u8>)], floor: Seq) -> Result<(), String> {
+        for (first, count, bytes) in found {
+            if self.keys.get(first).map(|k| k.0) != Some(*count)
+                || *bytes != Truth::key_bytes(*first, *count)
+            {
+                return Err(format!(
+                    "stream {}: recovery found a key for {first}+{count} that no publish wrote",
+                    self.id
+                ));
+            }
+        }
+        for (&first, &(count, must)) in &self.keys {
+            let last = first + u64::from(count) - 1;
+            if must && last >= floor && !found.iter().any(|k| k.0 == first) {
+                return Err(format!(
+                    "stream {}: the key of answered publish {first}..={last} was lost in a crash",
+                    self.id
+                ));
+            }
+        }
+        self.keys = found.iter().map(|k| (k.0, (k.1, true))).collect();
+        Ok(())
     }
 
     /// Whether `(event, data)` is exactly what was appended as `seq`.
