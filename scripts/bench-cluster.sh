@@ -126,6 +126,21 @@ wait_caught_up() { # admin...
   log "   (nodes did not catch up to $want within 60 s)"
 }
 
+# cpu_ticks PIDS...: CPU ticks (user + system) per process/thread name of the processes named,
+# and core 0's busy and idle ticks; cpu_account LABEL: the difference over the 64-publisher run
+# (CPU per acknowledged event of each part: what bounds the rate on this 2-core machine).
+cpu_ticks() {
+  local p t
+  for p in "$@"; do
+    for t in /proc/"$p"/task/*; do
+      [[ -r $t/stat ]] || continue
+      awk -v c="$(cat "/proc/$p/comm")/$(cat "$t/comm")" '{sub(/^.*\) /, ""); print c, $12 + $13}' "$t/stat" 2>/dev/null
+    done
+  done | awk '{s[$1] += $2} END {for (k in s) print k, s[k]}' | sort
+  awk '/^cpu0 / {print "core0/busy", $2 + $3 + $4 + $7 + $8; print "core0/idle", $5 + $6}' /proc/stat
+}
+parts_pids() { echo "${NODE_PIDS[@]}" "$HA_PID" $(pgrep -f "$WORK/n[0-9].conf"); }
+
 # run_set LABEL SUB_PID SUB_ADDR PUB_ADDR: the durable benches through $LB; the fan-out with
 # its subscribers on one node (SUB_ADDR, whose CPU is measured) and its publisher on another
 # (PUB_ADDR; the same node when there is one), at a fixed rate so every setup does the same work
@@ -134,9 +149,13 @@ run_set() {
   local np
   for np in 1 64; do
     log "-- $label: durable, $np sequential publisher(s), one POST in flight each"
+    # shellcheck disable=SC2046
+    [[ $np == 64 ]] && cpu_ticks $(parts_pids) >"$OUT/$label-cpu64.before"
     taskset -c 1 "$BENCH_BIN" durable --publish-url "$u/events" --fsync-probe-dir "$WORK" \
       --publishers "$np" --secs-per-run "$SECS" --stream-prefix "d$np-$label-" --json \
       >"$OUT/$label-durable$np.json" 2>"$OUT/$label-durable$np.err" || log "   durable exit $?"
+    # shellcheck disable=SC2046
+    [[ $np == 64 ]] && cpu_ticks $(parts_pids) >"$OUT/$label-cpu64.after"
   done
   log "-- $label: fanout 1x100, 300 B, $RATE ev/s, pipeline 16, subscribers on $sub_addr, publisher on $pub_addr"
   taskset -c 1 "$BENCH_BIN" fanout --streams 1 --subscribers-per-stream 100 --pipeline-depth 16 \
@@ -150,6 +169,7 @@ run_set() {
 # Single node, durable default, no NATS, through the same HAProxy.
 read -r pid addr admin < <(start_gateway single)
 PIDS+=("$pid"); start_haproxy "$addr"
+NODE_PIDS=("$pid")
 run_set single "$pid" "$addr" "$addr"
 kill -TERM "$pid" "$HA_PID"; wait "$pid" "$HA_PID" 2>/dev/null || true
 
@@ -162,6 +182,7 @@ for n in 1 2 3; do
   done
   wait_caught_up "${admins[@]}"
   start_haproxy "${addrs[@]}"
+  NODE_PIDS=("${pids[@]}")
   run_set "cluster$n" "${pids[0]}" "${addrs[0]}" "${addrs[$((n - 1))]}"
   kill -TERM "${pids[@]}" "$HA_PID"; wait "${pids[@]}" "$HA_PID" 2>/dev/null || true
 done
@@ -234,4 +255,35 @@ try:
           f"holds) in {dt:.2f} s after its first: {int(got)/max(dt, 1e-9):,.0f} events/s")
 except Exception as e:
     print(f"catch-up: no figure ({e})")
+# Where the CPU of the 64-publisher run went (ticks are 10 ms): per acknowledged event, by
+# process/thread, summed over the gateway nodes, the NATS servers and HAProxy; core 0's share
+# busy (everything but the bench is pinned there).
+print("\nCPU per acknowledged event in the 64-publisher run (µs; core 0 = the servers' core):\n")
+print("| setup | core 0 busy | gateway reactors | gateway nats threads | gateway other | NATS servers | HAProxy |")
+print("|---|---:|---:|---:|---:|---:|---:|")
+def ticks(path):
+    d = {}
+    try:
+        for line in open(path):
+            k, v = line.split()
+            d[k] = int(v)
+    except Exception:
+        return None
+    return d
+for label in ["single", "cluster1", "cluster2", "cluster3"]:
+    a, b = ticks(f"{out}/{label}-cpu64.before"), ticks(f"{out}/{label}-cpu64.after")
+    d = rep(f"{out}/{label}-durable64.json") or {}
+    r = (d.get("rows") or [{}])[0]
+    events = r.get("events_per_sec", 0) * secs
+    if not a or not b or not events:
+        continue
+    diff = {k: b.get(k, 0) - a.get(k, 0) for k in b}
+    us = lambda pred: sum(v for k, v in diff.items() if pred(k)) * 10_000 / events
+    busy, idle = diff.get("core0/busy", 0), diff.get("core0/idle", 0)
+    gw = lambda k: k.startswith("gateway/")
+    print(f"| {label} | {100 * busy / max(busy + idle, 1):.0f} % "
+          f"| {us(lambda k: gw(k) and k.split('/')[1].startswith('core-')):.1f} "
+          f"| {us(lambda k: gw(k) and k.split('/')[1] == 'nats'):.1f} "
+          f"| {us(lambda k: gw(k) and not k.split('/')[1].startswith('core-') and k.split('/')[1] != 'nats'):.1f} "
+          f"| {us(lambda k: k.startswith('nats-server/')):.1f} | {us(lambda k: k.startswith('haproxy/')):.1f} |")
 PY

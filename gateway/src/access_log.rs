@@ -103,6 +103,12 @@ const DRAIN_INTERVAL: Duration = Duration::from_millis(20);
 const BATCH_LINES_MAX: usize = 512;
 
 fn write_until_stopped(rx: &Receiver<Line>, stop: &AtomicBool, format: LogFormat) {
+    // Formatting a drain's lines takes milliseconds under load: never at a reactor's expense
+    // (it preempted the reactor on a shared CPU and made the delivery tail: BENCHMARKS.md).
+    // Lines that cannot be written in time are dropped and counted, as for a full queue.
+    if let Err(e) = crate::sys::become_background_thread() {
+        tracing::warn!(error = %e, "the access log's writer runs at normal priority");
+    }
     let mut buf = Vec::with_capacity(64 * 1024);
     loop {
         let stopping = stop.load(Relaxed);

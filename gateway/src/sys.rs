@@ -289,6 +289,21 @@ pub fn discard_input(fd: BorrowedFd<'_>) -> Input {
 }
 
 /// A non-blocking, close-on-exec eventfd.
+/// Makes the calling thread a background one (`SCHED_IDLE`): it runs only when its CPU has
+/// nothing else runnable, so it never preempts a reactor sharing that CPU (sched(7): "for
+/// running very low priority background jobs"). Under a saturated CPU it may not run at all
+/// for a while: only for work that may lag or be dropped.
+pub fn become_background_thread() -> io::Result<()> {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: pid 0 names the calling thread; `param` is a plain value read during the call.
+    let r = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 pub fn eventfd() -> io::Result<OwnedFd> {
     use rustix::event::EventfdFlags;
     Ok(rustix::event::eventfd(
@@ -384,6 +399,20 @@ pub fn allocator_collect() {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_background_thread_runs_under_sched_idle() {
+        let policy = std::thread::spawn(|| {
+            super::become_background_thread().unwrap();
+            // SAFETY: pid 0 names the calling thread; no memory is passed.
+            unsafe { libc::sched_getscheduler(0) }
+        })
+        .join()
+        .unwrap();
+        assert_eq!(policy, libc::SCHED_IDLE);
+        // SAFETY: as above; this thread was not changed.
+        assert_eq!(unsafe { libc::sched_getscheduler(0) }, libc::SCHED_OTHER);
+    }
+
     #[test]
     fn tx_ack_cmsg_has_the_kernel_layout() {
         let (ptr, len) = super::tx_ack_cmsg();
