@@ -324,6 +324,17 @@ pub fn send_now(fd: BorrowedFd<'_>, bytes: &[u8]) {
     let _ = rnet::send(fd, bytes, rnet::SendFlags::DONTWAIT);
 }
 
+/// What the peer has sent already, up to `max` bytes, read without waiting (nothing yet, the
+/// end of input or an error: empty, and the connection's first receive finds out).
+pub fn recv_now(fd: BorrowedFd<'_>, max: usize) -> Vec<u8> {
+    let mut buf = vec![0u8; max];
+    match rnet::recv(fd, &mut buf[..], rnet::RecvFlags::DONTWAIT) {
+        Ok((n, _)) => buf.truncate(n),
+        Err(_) => buf.clear(),
+    }
+    buf
+}
+
 /// shutdown(SHUT_RDWR): queued data is still sent, then FIN; wakes pending recv/poll. Errors
 /// (ENOTCONN) are irrelevant here.
 pub fn shutdown(fd: BorrowedFd<'_>) {

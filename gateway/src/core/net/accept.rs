@@ -14,7 +14,7 @@ use super::Net;
 use super::transport::Transport;
 use crate::core::Handoff;
 use crate::core::conns::{Conn, State};
-use crate::proto::conn::HttpConn;
+use crate::proto::conn::{HttpConn, RECV_BYTES_MIN};
 use crate::proto::http;
 use crate::streams::hub::SubRef;
 use crate::sys;
@@ -96,7 +96,14 @@ impl Net {
                 }
             },
         };
-        Some(self.insert_conn(fd, Vec::new(), peer, tls))
+        // A client sends its request as soon as it is connected: read it now, and its head is
+        // parsed in this turn instead of after a receive's round through the ring (a resume's
+        // first event one turn sooner). TLS starts with the handshake instead.
+        let bytes = match tls {
+            None => sys::recv_now(fd.as_fd(), RECV_BYTES_MIN),
+            Some(_) => Vec::new(),
+        };
+        Some(self.insert_conn(fd, bytes, peer, tls))
     }
 
     /// A connection another core handed over: the slot it takes, to poll its HTTP machine
