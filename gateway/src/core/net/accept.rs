@@ -96,13 +96,7 @@ impl Net {
                 }
             },
         };
-        // A client sends its request as soon as it is connected: read it now, and its head is
-        // parsed in this turn instead of after a receive's round through the ring (a resume's
-        // first event one turn sooner). TLS starts with the handshake instead.
-        let bytes = match tls {
-            None => sys::recv_now(fd.as_fd(), RECV_BYTES_MIN),
-            Some(_) => Vec::new(),
-        };
+        let bytes = first_bytes(&fd, tls.is_some());
         Some(self.insert_conn(fd, bytes, peer, tls))
     }
 
@@ -214,4 +208,14 @@ impl Net {
     pub(in crate::core) fn retried(&mut self) {
         self.retrying = false;
     }
+}
+
+/// A client sends its request as soon as it is connected: read it at the accept, and its head
+/// is parsed in that turn instead of after a receive's round through the ring (a resume's first
+/// event one turn sooner). TLS starts with the handshake instead.
+fn first_bytes(fd: &OwnedFd, tls: bool) -> Vec<u8> {
+    if tls {
+        return Vec::new();
+    }
+    sys::recv_now(fd.as_fd(), RECV_BYTES_MIN)
 }
