@@ -1,8 +1,8 @@
 //! The access log (`--access-log on|off`): one line per request, written by a thread of its
 //! own so a reactor never formats or writes one. A core hands each finished request (the
-//! connection machine's [`Finished`] record, stamped with its end) to a bounded queue
-//! (`--access-log-queue-lines-max`); when the queue is full the line is dropped and counted
-//! (`gateway_access_log_dropped_total`), never waited for. The writer formats each line as the
+//! connection machine's [`Finished`] record, stamped with its end) to a bounded lock-free
+//! queue (`--access-log-queue-lines-max`); when the queue is full the line is dropped and
+//! counted (`gateway_access_log_dropped_total`), never waited for. The writer formats each line as the
 //! process's other lines are (`--log-format`: target `access`, message `request`) and writes
 //! what is queued in one `write` to stderr: one system call per batch, not per line.
 //! A subscription's line is written when it ends.
@@ -14,11 +14,11 @@
 use std::io::Write as _;
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
-use crossbeam::channel::{Receiver, Sender, TrySendError};
+use crossbeam::queue::SegQueue;
 
 use crate::logging::{LogArgs, LogFormat, Switch};
 use crate::proto::request_log::{Finished, method_label};
@@ -33,33 +33,46 @@ pub struct Line {
     pub peer: Option<IpAddr>,
 }
 
+/// The queue between the cores and the writer. A segmented lock-free queue, so a core's push
+/// never waits for the writer: with a bounded ring (crossbeam's channel) a push into a full
+/// ring spins until the writer finishes reading the slot it claimed, and a writer preempted in
+/// that window (it runs at `SCHED_IDLE`) stalled a reactor for up to 1.3 s. The bound is a
+/// count beside it.
+#[derive(Debug)]
+struct Queue {
+    lines: SegQueue<Line>,
+    len: AtomicUsize,
+    max: usize,
+}
+
 /// Where cores queue lines (cloned into every core; a no-op when the log is off).
 #[derive(Debug, Clone)]
 pub struct Sink {
-    tx: Option<Sender<Line>>,
+    q: Option<Arc<Queue>>,
 }
 
 impl Sink {
     /// A sink that drops everything (the log is off).
     pub fn off() -> Sink {
-        Sink { tx: None }
+        Sink { q: None }
     }
 
     pub fn enabled(&self) -> bool {
-        self.tx.is_some()
+        self.q.is_some()
     }
 
-    /// Queues a line: `false` if it was dropped because the queue is full.
+    /// Queues a line: `false` if it was dropped because the queue is full. Never waits.
     pub fn send(&self, line: Line) -> bool {
-        match &self.tx {
-            None => true,
-            Some(tx) => match tx.try_send(line) {
-                Ok(()) => true,
-                Err(TrySendError::Full(_)) => false,
-                // The writer is gone only at shutdown, after the cores.
-                Err(TrySendError::Disconnected(_)) => true,
-            },
+        let Some(q) = &self.q else {
+            return true;
+        };
+        // Reserve a place first: the count never exceeds the bound, whatever the cores race.
+        if q.len.fetch_add(1, Relaxed) >= q.max {
+            q.len.fetch_sub(1, Relaxed);
+            return false;
         }
+        q.lines.push(line);
+        true
     }
 }
 
@@ -83,15 +96,19 @@ pub fn start(flags: &LogArgs) -> Result<(Sink, Option<Writer>), String> {
     if flags.access_log == Switch::Off {
         return Ok((Sink::off(), None));
     }
-    let (tx, rx) = crossbeam::channel::bounded(flags.access_log_queue_lines_max.max(1));
+    let q = Arc::new(Queue {
+        lines: SegQueue::new(),
+        len: AtomicUsize::new(0),
+        max: flags.access_log_queue_lines_max.max(1),
+    });
     let format = flags.log_format;
     let stop = Arc::new(AtomicBool::new(false));
-    let flag = stop.clone();
+    let (flag, rx) = (stop.clone(), q.clone());
     let thread = std::thread::Builder::new()
         .name("access-log".into())
         .spawn(move || write_until_stopped(&rx, &flag, format))
         .map_err(|e| format!("access-log thread: {e}"))?;
-    Ok((Sink { tx: Some(tx) }, Some(Writer { stop, thread })))
+    Ok((Sink { q: Some(q) }, Some(Writer { stop, thread })))
 }
 
 /// How often the writer wakes to drain the queue. It never blocks on the queue: a reactor's
@@ -102,7 +119,7 @@ const DRAIN_INTERVAL: Duration = Duration::from_millis(20);
 /// Lines formatted into one buffer before it is written.
 const BATCH_LINES_MAX: usize = 512;
 
-fn write_until_stopped(rx: &Receiver<Line>, stop: &AtomicBool, format: LogFormat) {
+fn write_until_stopped(q: &Queue, stop: &AtomicBool, format: LogFormat) {
     // Formatting a drain's lines takes milliseconds under load: never at a reactor's expense
     // (it preempted the reactor on a shared CPU and made the delivery tail: BENCHMARKS.md).
     // Lines that cannot be written in time are dropped and counted, as for a full queue.
@@ -114,7 +131,10 @@ fn write_until_stopped(rx: &Receiver<Line>, stop: &AtomicBool, format: LogFormat
         let stopping = stop.load(Relaxed);
         loop {
             let mut n = 0;
-            for l in rx.try_iter().take(BATCH_LINES_MAX) {
+            while n < BATCH_LINES_MAX
+                && let Some(l) = q.lines.pop()
+            {
+                q.len.fetch_sub(1, Relaxed);
                 format_line(&mut buf, &l, format);
                 n += 1;
             }
@@ -211,6 +231,36 @@ pub fn line(finished: Finished, now: Instant, peer: Option<IpAddr>) -> Line {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::proto::request_log::Record;
+
+    fn a_line() -> Line {
+        let f = Finished {
+            record: Record::unparsed(10, Instant::now()),
+            status: 400,
+            bytes_out: 0,
+        };
+        line(f, Instant::now(), None)
+    }
+
+    /// The queue holds at most its bound and refuses the rest (counted by the caller); what
+    /// the writer took makes room again. Pushes never wait for the writer.
+    #[test]
+    fn the_queue_is_bounded_and_never_waits() {
+        let q = Arc::new(Queue {
+            lines: SegQueue::new(),
+            len: AtomicUsize::new(0),
+            max: 3,
+        });
+        let sink = Sink { q: Some(q.clone()) };
+        let sent: Vec<bool> = (0..5).map(|_| sink.send(a_line())).collect();
+        assert_eq!(sent, [true, true, true, false, false]);
+        assert_eq!((q.lines.len(), q.len.load(Relaxed)), (3, 3));
+        assert!(q.lines.pop().is_some());
+        q.len.fetch_sub(1, Relaxed);
+        assert!(sink.send(a_line()));
+        assert!(!sink.send(a_line()));
+        assert!(Sink::off().send(a_line()), "off: nothing to drop");
+    }
 
     #[test]
     fn timestamps_are_rfc3339_utc() {
