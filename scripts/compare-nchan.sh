@@ -82,8 +82,12 @@ cleanup() {
     for _ in $(seq 1 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
     kill -9 "$p" 2>/dev/null || true
   done
-  # Keep the servers' own output (a crash's message) with the results.
-  cp "$WORK"/*.log "$OUT"/ 2>/dev/null || true
+  # Keep the servers' own output (a crash's message) with the results: the last 1,000 lines
+  # (the gateway's access log makes its output hundreds of MB in a saturating run).
+  local f
+  for f in "$WORK"/*.log; do
+    [[ -f $f ]] && tail -n 1000 "$f" >"$OUT/$(basename "$f")"
+  done
   cp "$WORK"/nginx/error.log "$OUT"/nginx-error.log 2>/dev/null || true
   rm -rf "$WORK"
 }

@@ -118,10 +118,16 @@ free_port() {
 # kill_pids_and_remove_work: SIGKILL every process in the caller's array PIDS, reap them, and
 # remove WORK (globals PIDS, WORK). For `trap ... EXIT`.
 kill_pids_and_remove_work() {
-  local p
+  local p f
   for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
   rm -rf "$WORK"
+  # Servers' logs in OUT keep their last 1,000 lines (a gateway's access log runs to tens of
+  # MB in a benchmark; the end holds a crash's message).
+  for f in "${OUT:-/nonexistent}"/*.log; do
+    [[ -f $f && $(stat -c %s "$f") -gt 1000000 ]] || continue
+    tail -n 1000 "$f" >"$f.tail" && mv "$f.tail" "$f"
+  done
 }
 
 # start_nats_cluster CPUS: three nats-server ($NATS_SERVER) forming one JetStream cluster on
