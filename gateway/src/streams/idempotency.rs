@@ -207,13 +207,19 @@ fn parse_cluster_header(h: &str) -> Option<(bool, u64, usize, usize, &str)> {
     ok.then_some((batch, hash, i, n, key))
 }
 
-/// The key record of a publish stored as `ids` (dense: one run of one stream).
-fn durable(ids: &[EventId], hash: u64, batch: bool, key: &str) -> Durable {
-    Durable {
-        first: ids[0],
+/// The key record of a publish stored as `ids`, if they are one run of one stream (a key
+/// record names a first event and a count): always so for a local publish and for an atomic
+/// batch applied in JetStream order; anything else stays in memory only.
+fn durable(ids: &[EventId], hash: u64, batch: bool, key: &str) -> Option<Durable> {
+    let first = *ids.first()?;
+    let dense = ids.iter().enumerate().all(|(i, id)| {
+        id.stream == first.stream && id.epoch == first.epoch && id.seq == first.seq + i as u64
+    });
+    dense.then(|| Durable {
+        first,
         count: ids.len() as u32,
         bytes: record_bytes(hash, batch, key),
-    }
+    })
 }
 
 #[derive(Debug)]
@@ -330,7 +336,7 @@ impl Keys {
     ) -> Option<Durable> {
         let k = keyed.filter(|_| p.ids.len() == n && n > 0)?;
         self.insert(stream, &k.key, k.hash, (p.ids.clone(), batch), now);
-        Some(durable(&p.ids, k.hash, batch, &k.key))
+        durable(&p.ids, k.hash, batch, &k.key)
     }
 
     /// At start: the key records `recovered` from the logs (stream name, first ID, record),
@@ -395,7 +401,7 @@ impl Keys {
         let (_, ids) = self.partial.remove(&k).expect("present");
         let d = durable(&ids, hash, batch, key);
         self.insert(stream, key, hash, (ids, batch), now);
-        Some(d)
+        d
     }
 
     /// Keys held now.
@@ -517,6 +523,22 @@ mod tests {
         }
         assert_eq!(k.len(), 1);
         assert_eq!(cluster_msg_id("s", &keyed, 1), "gw-idem:s:1:k");
+    }
+
+    #[test]
+    fn only_a_dense_run_of_one_stream_gets_a_key_record() {
+        let d = durable(&[id(0, 4), id(0, 5)], 9, true, "k").expect("dense");
+        assert_eq!(
+            (d.first, d.count, d.bytes),
+            (id(0, 4), 2, b"b/0000000000000009/k".to_vec())
+        );
+        assert_eq!(durable(&[id(0, 4), id(0, 6)], 9, true, "k"), None, "a hole");
+        assert_eq!(
+            durable(&[id(0, 4), id(1, 5)], 9, true, "k"),
+            None,
+            "two streams"
+        );
+        assert_eq!(durable(&[], 9, true, "k"), None);
     }
 
     #[test]
