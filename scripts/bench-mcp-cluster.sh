@@ -11,8 +11,9 @@
 # gateway/tests/mcp_upstream.awk; scripts/mcp-stream-rate.py (pinned to CLIENT_CORE) opens one
 # session and runs REPS tools/call of COUNT progress notifications each, no interval. The three
 # NATS servers run unpinned (they share both cores with the rest). Prints a table: median time
-# to the first progress notification, median records/s of one stream. Every wait is bounded;
-# every process is stopped on exit.
+# to the first progress notification, median records/s of one stream; then JetStream alone
+# with the same in-flight window (the floor). Every wait is bounded; every process is stopped
+# on exit.
 set -euo pipefail
 # shellcheck source=SCRIPTDIR/lib/bench-common.sh
 source "$(dirname "$0")/lib/bench-common.sh"
@@ -74,4 +75,45 @@ run_case() {
 run_case single-node
 run_case cluster-inflight-1 "${URLS[@]}" --nats-connect-timeout-secs 120 --cluster-mcp-inflight-max 1
 run_case cluster-inflight-64 "${URLS[@]}" --nats-connect-timeout-secs 120
+
+# JetStream alone, the same work's floor: one subject (R3), COUNT messages of 150 B published
+# in order on one connection with at most 64 acknowledgements outstanding (the gateway's
+# default --cluster-mcp-inflight-max), each with its own Nats-Msg-Id as the gateway sends;
+# REPS rounds, the median rate. nats-py, pinned to CLIENT_CORE.
+python3 -c 'import nats' 2>/dev/null \
+  || python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore nats-py >&2
+floor=$(timeout 300 taskset -c "$CLIENT_CORE" python3 - "${NATS_URLS[0]}" "$COUNT" "$REPS" <<'PY'
+import asyncio, sys, time
+import nats
+
+async def main(url, count, reps):
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    try:
+        await js.delete_stream("MCPFLOOR")
+    except Exception:
+        pass
+    await js.add_stream(name="MCPFLOOR", subjects=["mcpfloor"], num_replicas=3)
+    payload, rates = b"x" * 150, []
+    for r in range(reps):
+        window = asyncio.Semaphore(64)
+        async def one(i):
+            try:
+                await js.publish("mcpfloor", payload, headers={"Nats-Msg-Id": f"{r}-{i}"})
+            finally:
+                window.release()
+        t0, tasks = time.perf_counter(), []
+        for i in range(count):
+            await window.acquire()
+            tasks.append(asyncio.create_task(one(i)))  # started in order: sent in order
+        await asyncio.gather(*tasks)
+        rates.append(count / (time.perf_counter() - t0))
+    rates.sort()
+    print(f"{rates[len(rates) // 2]:.0f}")
+    await nc.close()
+
+asyncio.run(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3])))
+PY
+) || floor="failed"
+printf '| %s | %s | %s |\n' "JetStream alone: one subject, in order, 64 in flight" "—" "$floor" | tee -a "$OUT/table.md"
 echo "results: $OUT"
