@@ -122,7 +122,7 @@ impl Publishing<'_> {
 /// restart. A refusal (a full disk, a poisoned log) leaves the key in memory only: the events
 /// are stored and their answer stands; a restart would forget the key.
 pub(super) fn write_key(hub: &mut Hub, shard: u32, d: &Durable) {
-    if let Err(e) = hub.append_key(shard, d) {
+    if let Err(e) = hub.append_key(shard, (d.first, d.count), &d.bytes) {
         crate::warn_limited!(error = %e, "an Idempotency-Key was not written to the log: a restart forgets it");
     }
 }

@@ -19,7 +19,6 @@ use log_store::{
 
 use super::StreamKey;
 use super::catalog::{StreamKind, StreamQuota};
-use super::idempotency::Durable;
 use super::publish;
 use super::sub::PENDING_STREAM;
 use super::subjects::{self, Subject, SubjectQuota};
@@ -153,10 +152,14 @@ impl Hub {
 
     /// Writes a stored keyed publish's key record after its events (in the turn that appended
     /// them, so the same group commit makes it durable with them).
-    pub fn append_key(&mut self, shard: u32, d: &Durable) -> Result<(), AppendError> {
-        let (stream, first) = (d.first.stream, d.first.seq);
+    pub fn append_key(
+        &mut self,
+        shard: u32,
+        (first, count): (EventId, u32),
+        key: &[u8],
+    ) -> Result<(), AppendError> {
         self.log_mut(shard)
-            .append_key(stream, first, d.count, &d.bytes)
+            .append_key(first.stream, first.seq, count, key)
     }
 
     /// The key records every shard's log recovered, with their stream's name and first ID
