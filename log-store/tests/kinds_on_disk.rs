@@ -13,6 +13,7 @@
 #![forbid(unsafe_code)]
 
 use std::fs;
+use std::ops::Range;
 use std::path::Path;
 
 use log_store::log::{CorruptReason, EntryError};
@@ -121,6 +122,56 @@ fn corrupt_reason(dir: &Path) -> CorruptReason {
     }
 }
 
+/// The (payload range, entry range) of entries `from..from + n` of segment bytes `bytes`.
+fn entry_ranges(bytes: &[u8], from: usize, n: usize) -> Vec<(Range<usize>, Range<usize>)> {
+    let len = bytes.len();
+    (from..from + n)
+        .map(|i| {
+            let slot = len - 32 * (i + 1);
+            let e = &bytes[slot..slot + 32];
+            let u = |a: usize| u32::from_le_bytes(e[a..a + 4].try_into().unwrap()) as usize;
+            (u(8)..u(8) + u(4), slot..slot + 32)
+        })
+        .collect()
+}
+
+/// Segment 0's `bytes` with the writes of `ranges` cut at every byte (payloads then entries,
+/// and entries then payloads: pages reach the disk in any order), each written to a fresh
+/// directory and handed to `check` with what it is called, the cut bytes and whether each
+/// range arrived whole.
+fn cut_at_every_byte(
+    bytes: &[u8],
+    ranges: &[(Range<usize>, Range<usize>)],
+    mut check: impl FnMut(&Path, &str, &dyn Fn(usize) -> bool),
+) {
+    for entry_first in [false, true] {
+        let order: Vec<usize> = ranges
+            .iter()
+            .flat_map(|(p, e)| {
+                let (x, y) = if entry_first { (e, p) } else { (p, e) };
+                x.clone().chain(y.clone())
+            })
+            .collect();
+        for cut in 0..=order.len() {
+            let mut b = bytes.to_vec();
+            for &at in &order[cut..] {
+                b[at] = 0;
+            }
+            let dir = tempfile::tempdir().unwrap();
+            fs::write(seg_path(dir.path(), 0), &b).unwrap();
+            let whole = |r: usize| {
+                let (p, e) = &ranges[r];
+                p.clone().chain(e.clone()).all(|at| b[at] == bytes[at])
+            };
+            check(
+                dir.path(),
+                &format!("entry_first {entry_first} cut {cut}"),
+                &whole,
+            );
+        }
+    }
+}
+
 /// Builds a log with streams a and b, three synced events each; then removes b and appends
 /// to a without syncing. Returns the active segment's entry count when the sync completed.
 fn build_unsynced_removal(dir: &Path) -> (usize, Vec<Vec<u8>>, Vec<Vec<u8>>) {
@@ -206,58 +257,30 @@ fn a_removal_cut_at_every_byte() {
     let src = tempfile::tempdir().unwrap();
     let (synced, ra, rb) = build_unsynced_removal(src.path());
     let bytes = fs::read(seg_path(src.path(), 0)).unwrap();
-    let len = bytes.len();
-    // (payload range, entry range) of the removal and of the later event.
-    let ranges: Vec<(std::ops::Range<usize>, std::ops::Range<usize>)> = (synced..synced + 2)
-        .map(|i| {
-            let slot = len - 32 * (i + 1);
-            let e = &bytes[slot..slot + 32];
-            let u = |a: usize| u32::from_le_bytes(e[a..a + 4].try_into().unwrap()) as usize;
-            (u(8)..u(8) + u(4), slot..slot + 32)
-        })
-        .collect();
-    for entry_first in [false, true] {
-        let order: Vec<usize> = ranges
-            .iter()
-            .flat_map(|(p, e)| {
-                let (x, y) = if entry_first { (e, p) } else { (p, e) };
-                x.clone().chain(y.clone())
-            })
-            .collect();
-        for cut in 0..=order.len() {
-            let mut b = bytes.clone();
-            for &at in &order[cut..] {
-                b[at] = 0;
-            }
-            let dir = tempfile::tempdir().unwrap();
-            fs::write(seg_path(dir.path(), 0), &b).unwrap();
-            let what = format!("entry_first {entry_first} cut {cut}");
-            let mut log = Log::open(dir.path(), opts()).unwrap_or_else(|e| panic!("{what}: {e}"));
-            let whole = |r: usize| {
-                let (p, e) = &ranges[r];
-                p.clone().chain(e.clone()).all(|at| b[at] == bytes[at])
-            };
-            let (a, bid) = (StreamId(0), StreamId(1));
-            // The event after the removal counts only if the removal is whole too (chain).
-            let (removed, event) = (whole(0), whole(0) && whole(1));
-            assert_eq!(log.is_removed(bid), removed, "{what}");
-            if !removed {
-                assert_eq!(records(&log, bid), rb, "{what}");
-            }
-            let mut want_a = ra.clone();
-            if event {
-                want_a.push(bytes[ranges[1].0.clone()].to_vec());
-            }
-            assert_eq!(records(&log, a), want_a, "{what}");
-            let next = log.append(a, None, b"next").unwrap().id.seq;
-            assert_eq!(next, want_a.len() as u64 + 1, "{what}");
-            log.sync_now().unwrap();
-            drop(log);
-            let log = Log::open(dir.path(), opts()).unwrap_or_else(|e| panic!("{what}: {e}"));
-            assert_eq!(log.is_removed(bid), removed, "{what} (reopen)");
-            assert_eq!(log.bounds(a).unwrap().tail, next, "{what} (reopen)");
+    // The removal and the later event.
+    let ranges = entry_ranges(&bytes, synced, 2);
+    cut_at_every_byte(&bytes, &ranges, |dir, what, whole| {
+        let mut log = Log::open(dir, opts()).unwrap_or_else(|e| panic!("{what}: {e}"));
+        let (a, bid) = (StreamId(0), StreamId(1));
+        // The event after the removal counts only if the removal is whole too (chain).
+        let (removed, event) = (whole(0), whole(0) && whole(1));
+        assert_eq!(log.is_removed(bid), removed, "{what}");
+        if !removed {
+            assert_eq!(records(&log, bid), rb, "{what}");
         }
-    }
+        let mut want_a = ra.clone();
+        if event {
+            want_a.push(bytes[ranges[1].0.clone()].to_vec());
+        }
+        assert_eq!(records(&log, a), want_a, "{what}");
+        let next = log.append(a, None, b"next").unwrap().id.seq;
+        assert_eq!(next, want_a.len() as u64 + 1, "{what}");
+        log.sync_now().unwrap();
+        drop(log);
+        let log = Log::open(dir, opts()).unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(log.is_removed(bid), removed, "{what} (reopen)");
+        assert_eq!(log.bounds(a).unwrap().tail, next, "{what} (reopen)");
+    });
 }
 
 /// A log written before removal existed (version-1 headers, version-1 checkpoint) opens
@@ -479,44 +502,18 @@ fn a_key_cut_at_every_byte_comes_back_only_with_its_events() {
     log.append_key(a, 1, 2, b"k").unwrap();
     drop(log);
     let bytes = fs::read(seg_path(src.path(), 0)).unwrap();
-    let len = bytes.len();
-    let ranges: Vec<(std::ops::Range<usize>, std::ops::Range<usize>)> = (synced..synced + 3)
-        .map(|i| {
-            let slot = len - 32 * (i + 1);
-            let e = &bytes[slot..slot + 32];
-            let u = |a: usize| u32::from_le_bytes(e[a..a + 4].try_into().unwrap()) as usize;
-            (u(8)..u(8) + u(4), slot..slot + 32)
-        })
-        .collect();
-    for entry_first in [false, true] {
-        let order: Vec<usize> = ranges
-            .iter()
-            .flat_map(|(p, e)| {
-                let (x, y) = if entry_first { (e, p) } else { (p, e) };
-                x.clone().chain(y.clone())
-            })
-            .collect();
-        for cut in 0..=order.len() {
-            let mut b = bytes.clone();
-            for &at in &order[cut..] {
-                b[at] = 0;
-            }
-            let dir = tempfile::tempdir().unwrap();
-            fs::write(seg_path(dir.path(), 0), &b).unwrap();
-            let what = format!("entry_first {entry_first} cut {cut}");
-            let mut log = Log::open(dir.path(), opts()).unwrap_or_else(|e| panic!("{what}: {e}"));
-            let keys = log.take_recovered_keys();
-            let tail = log.bounds(a).unwrap().tail;
-            let whole_key = (0..3).all(|r| {
-                let (p, e) = &ranges[r];
-                p.clone().chain(e.clone()).all(|at| b[at] == bytes[at])
-            });
-            assert_eq!(keys.len(), usize::from(whole_key), "{what}");
-            if whole_key {
-                assert_eq!((keys[0].first, keys[0].count, tail), (1, 2, 2), "{what}");
-            }
+    // The two events and the key.
+    let ranges = entry_ranges(&bytes, synced, 3);
+    cut_at_every_byte(&bytes, &ranges, |dir, what, whole| {
+        let mut log = Log::open(dir, opts()).unwrap_or_else(|e| panic!("{what}: {e}"));
+        let keys = log.take_recovered_keys();
+        let tail = log.bounds(a).unwrap().tail;
+        let whole_key = (0..3).all(whole);
+        assert_eq!(keys.len(), usize::from(whole_key), "{what}");
+        if whole_key {
+            assert_eq!((keys[0].first, keys[0].count, tail), (1, 2, 2), "{what}");
         }
-    }
+    });
 }
 
 /// A version-2 log (the format before key records) opens; its first key seals the version-2
