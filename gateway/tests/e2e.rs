@@ -793,3 +793,25 @@ fn tx_ack_requests_are_sampled_and_confirmation_stays_complete() {
     assert!(timestamps[0] <= 1, "one request at most: {timestamps:?}");
     assert!(timestamps[1] >= EVENTS, "one per send: {timestamps:?}");
 }
+
+/// Segment rolls are counted by how the next segment came: 200 KiB of events on 64 KiB
+/// segments roll at least twice, and the tick exports the count (prepared in the background,
+/// or inline on the reactor).
+#[test]
+fn segment_rolls_are_counted() {
+    let g = Gateway::start(&["--segment-bytes", "65536", "--cores", "1"]);
+    let payload = "r".repeat(1000);
+    for _ in 0..4 {
+        publish_batch(g.addr, "rolls", &vec![payload.clone(); 50]);
+    }
+    let family = "gateway_log_segment_rolls_total";
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let rolls = loop {
+        let n = g.metric(family, "how=\"prepared\"") + g.metric(family, "how=\"inline\"");
+        if n >= 2 || Instant::now() > deadline {
+            break n;
+        }
+        std::thread::sleep(Duration::from_millis(100)); // the tick stores it once a second
+    };
+    assert!(rolls >= 2, "{rolls} rolls counted");
+}

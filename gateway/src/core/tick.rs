@@ -39,6 +39,10 @@ fn store_stream_gauges(m: &CoreMetrics, hub: &Hub, cfg: &Config) {
     };
     *m.streams_snapshot.lock().expect("metrics lock") = lines;
     m.streams.store(hub.stream_count() as u64, Relaxed);
+    let r = hub.roll_counts();
+    m.log_rolls_prepared_total.store(r.prepared, Relaxed);
+    m.log_rolls_inline_total.store(r.inline, Relaxed);
+    m.log_rolls_flushed_total.store(r.flushed, Relaxed);
 }
 
 impl Core {

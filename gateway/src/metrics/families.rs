@@ -175,6 +175,16 @@ pub(super) const FAMILIES: &[Family] = &[
         &[("", |m| &m.log_sync_failures_total)],
     ),
     one(
+        "gateway_log_segment_rolls_total",
+        "counter",
+        "Log segment rolls by how the next segment came: prepared in the background (no system call), inline (created or waited for on the reactor: a stall), flushed (a synchronous flush first).",
+        &[
+            ("how=\"prepared\"", |m| &m.log_rolls_prepared_total),
+            ("how=\"inline\"", |m| &m.log_rolls_inline_total),
+            ("how=\"flushed\"", |m| &m.log_rolls_flushed_total),
+        ],
+    ),
+    one(
         "gateway_streams",
         "gauge",
         "Streams in this core's logs.",

@@ -114,6 +114,11 @@ pub struct CoreMetrics {
     /// Read-aheads of cold log pages before a replay's send.
     pub prefetches_total: AtomicU64,
     pub log_sync_failures_total: AtomicU64,
+    /// Segment rolls of this core's logs by how the next segment came (stored at the tick):
+    /// prepared in the background, made or waited for on the reactor, or after a forced flush.
+    pub log_rolls_prepared_total: AtomicU64,
+    pub log_rolls_inline_total: AtomicU64,
+    pub log_rolls_flushed_total: AtomicU64,
     /// ACK confirmations received as SO_TIMESTAMPING TX_ACK completions.
     pub tx_ack_timestamps_total: AtomicU64,
     /// Subscribers that fell back to SIOCOUTQ accounting.

@@ -408,6 +408,18 @@ impl Hub {
         self.logs.values().map(Log::live_stream_count).sum()
     }
 
+    /// The segment rolls of this core's logs, summed.
+    pub fn roll_counts(&self) -> log_store::RollCounts {
+        let mut all = log_store::RollCounts::default();
+        for r in self.logs.values().map(Log::roll_counts) {
+            all.prepared += r.prepared;
+            all.inline += r.inline;
+            all.flushed += r.flushed;
+            all.prepare_failures += r.prepare_failures;
+        }
+        all
+    }
+
     /// The per-stream lines of `/metrics`, for at most `max` streams. MCP streams are never
     /// listed: their names carry session IDs, a session's only credential.
     pub fn stream_lines(&self, max: usize) -> String {
