@@ -288,7 +288,6 @@ pub fn discard_input(fd: BorrowedFd<'_>) -> Input {
     Input::Open
 }
 
-/// A non-blocking, close-on-exec eventfd.
 /// Makes the calling thread a background one (`SCHED_IDLE`): it runs only when its CPU has
 /// nothing else runnable, so it never preempts a reactor sharing that CPU (sched(7): "for
 /// running very low priority background jobs"). Under a saturated CPU it may not run at all
@@ -304,6 +303,7 @@ pub fn become_background_thread() -> io::Result<()> {
     }
 }
 
+/// A non-blocking, close-on-exec eventfd.
 pub fn eventfd() -> io::Result<OwnedFd> {
     use rustix::event::EventfdFlags;
     Ok(rustix::event::eventfd(
