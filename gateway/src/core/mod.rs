@@ -27,6 +27,7 @@ mod mcp_tests;
 mod net;
 mod publishing;
 mod requests;
+mod stepped;
 mod subs;
 mod tick;
 mod waits;
@@ -56,6 +57,7 @@ use crate::sys;
 use crate::uring::{Cqe, Driver};
 use conns::State;
 use net::{Net, Then};
+pub use stepped::SteppedCore;
 
 /// The tick: timers, `SIOCOUTQ` confirmation, keep-alives.
 const TICK: Duration = Duration::from_millis(100);
@@ -235,56 +237,14 @@ pub fn run_core(setup: CoreSetup, shared: Arc<Shared>, ready: impl FnOnce(Result
     }
     let io = Driver::new(shared.cfg.connections_max)
         .map_err(|e| format!("core {}: io_uring setup failed: {e}", setup.id));
-    let io = match io {
-        Ok(d) => d,
-        Err(e) => return ready(Err(e)),
-    };
-    let now = Instant::now();
-    let shared_efd = shared.eventfds[setup.id].as_raw_fd();
-    let gate = Gate::new(
-        shared.origins.clone(),
-        auth::Auth::following(shared.keys.clone()),
-    );
-    let clustered = match (setup.inbox, &shared.cluster) {
-        (Some(inbox), Some(handle)) => Some(Box::new(cluster_state::ClusterCore::new(
-            inbox,
-            handle.clone(),
-            &setup.logs,
-        ))),
-        _ => None,
-    };
-    let lim = limits(&shared.cfg);
-    let want_ts = shared.uring_cmd && !shared.cfg.no_tx_timestamps;
-    let subs = subs::Subs::new(lim.sub, lim.park, want_ts);
-    let net = Net::new(io, setup.listener, shared.clone(), setup.id, lim.sub, now);
-    let mut core = Core {
-        cluster: clustered,
-        id: setup.id,
-        lim,
-        net,
-        hub: Hub::new(setup.logs, shared.shards),
-        idem: idempotency_keys(&shared, setup.id),
-        shared,
-        efd: shared_efd,
-        rx: setup.rx,
-        subs,
-        waits: waits::Waits::default(),
-        now,
-        next_tick: now + TICK,
-        next_retention: now,
-        shutting_down: None,
-        mcp: None,
-        mcp_core: 0,
-        gate,
-    };
-    recover_keys(&mut core.hub, &mut core.idem, now);
-    core.mcp_core = mcp::mcp_owner(core.shared.shards, core.shared.cores).1;
-    core.net.arm_accept();
-    core.net.io.read_eventfd(core.efd);
-    let clustered = core.cluster.is_some();
-    core.mcp = mcp::Mcp::on_core(&core.shared, core.id, &core.hub, clustered, now);
-    ready(Ok(()));
-    core.run();
+    match io {
+        Ok(io) => {
+            let mut core = Core::new(setup, shared, io);
+            ready(Ok(()));
+            core.run();
+        }
+        Err(e) => ready(Err(e)),
+    }
 }
 
 /// Seconds since the Unix epoch (token expiry is wall-clock time).
@@ -295,41 +255,91 @@ fn unix_secs() -> u64 {
 }
 
 impl Core {
+    /// Core `setup.id` over `io`, its accept and eventfd read armed, its keys recovered.
+    fn new(setup: CoreSetup, shared: Arc<Shared>, io: Driver) -> Core {
+        let now = io.now();
+        let shared_efd = shared.eventfds[setup.id].as_raw_fd();
+        let gate = Gate::new(
+            shared.origins.clone(),
+            auth::Auth::following(shared.keys.clone()),
+        );
+        let clustered = match (setup.inbox, &shared.cluster) {
+            (Some(inbox), Some(handle)) => Some(Box::new(cluster_state::ClusterCore::new(
+                inbox,
+                handle.clone(),
+                &setup.logs,
+            ))),
+            _ => None,
+        };
+        let lim = limits(&shared.cfg);
+        let want_ts = shared.uring_cmd && !shared.cfg.no_tx_timestamps;
+        let subs = subs::Subs::new(lim.sub, lim.park, want_ts);
+        let net = Net::new(io, setup.listener, shared.clone(), setup.id, lim.sub, now);
+        let mut core = Core {
+            cluster: clustered,
+            id: setup.id,
+            lim,
+            net,
+            hub: Hub::new(setup.logs, shared.shards),
+            idem: idempotency_keys(&shared, setup.id),
+            shared,
+            efd: shared_efd,
+            rx: setup.rx,
+            subs,
+            waits: waits::Waits::default(),
+            now,
+            next_tick: now + TICK,
+            next_retention: now,
+            shutting_down: None,
+            mcp: None,
+            mcp_core: 0,
+            gate,
+        };
+        recover_keys(&mut core.hub, &mut core.idem, now);
+        core.mcp_core = mcp::mcp_owner(core.shared.shards, core.shared.cores).1;
+        core.net.arm_accept();
+        core.net.io.read_eventfd(core.efd);
+        let clustered = core.cluster.is_some();
+        core.mcp = mcp::Mcp::on_core(&core.shared, core.id, &core.hub, clustered, now);
+        core
+    }
+
     fn m(&self) -> &CoreMetrics {
         &self.shared.metrics[self.id]
     }
 
     fn run(&mut self) {
         let mut cqes: Vec<Cqe> = Vec::with_capacity(4096);
-        loop {
-            self.net.io.submit_and_wait(self.wait_duration());
-            self.now = Instant::now();
-            self.net.now = self.now;
-            self.gate.now_unix_secs = unix_secs();
-            cqes.clear();
-            self.net.io.reap(&mut cqes);
-            for &cqe in &cqes {
-                if let Some(c) = self.net.io.complete(cqe) {
-                    self.dispatch(c);
-                }
-            }
-            self.mcp_turn();
-            self.cluster_turn();
-            self.end_turn();
-            if self.now >= self.next_tick {
-                self.tick();
-                self.next_tick = self.now + TICK;
-            }
-            // MCP records still on their way through JetStream (cluster mode) hold the exit
-            // too: they are the explicit ends of the sessions' requests.
-            if let Some(deadline) = self.shutting_down
-                && (self.live_connections() == 0 && !self.mcp_cluster_sending()
-                    || self.now >= deadline)
-            {
-                break;
+        while self.turn(&mut cqes) {}
+        self.hub.sync_all(self.id);
+    }
+
+    /// One turn of the loop; `false` once the core is to stop.
+    fn turn(&mut self, cqes: &mut Vec<Cqe>) -> bool {
+        self.net.io.submit_and_wait(self.wait_duration());
+        self.now = self.net.io.now();
+        self.net.now = self.now;
+        self.gate.now_unix_secs = unix_secs();
+        cqes.clear();
+        self.net.io.reap(cqes);
+        for &cqe in cqes.iter() {
+            if let Some(c) = self.net.io.complete(cqe) {
+                self.dispatch(c);
             }
         }
-        self.hub.sync_all(self.id);
+        self.mcp_turn();
+        self.cluster_turn();
+        self.end_turn();
+        if self.now >= self.next_tick {
+            self.tick();
+            self.next_tick = self.now + TICK;
+        }
+        // MCP records still on their way through JetStream (cluster mode) hold the exit too:
+        // they are the explicit ends of the sessions' requests.
+        let done = self.shutting_down.is_some_and(|deadline| {
+            self.live_connections() == 0 && !self.mcp_cluster_sending() || self.now >= deadline
+        });
+        !done
     }
 
     fn live_connections(&self) -> usize {
@@ -350,7 +360,7 @@ impl Core {
             return Duration::from_micros(50); // more of the inbox waits: come back at once
         }
         until
-            .saturating_duration_since(Instant::now())
+            .saturating_duration_since(self.net.io.now())
             .max(Duration::from_micros(50))
     }
 

@@ -93,6 +93,16 @@ impl Hub {
             .expect("owner core holds the shard")
     }
 
+    /// Every log of this core, by shard.
+    pub fn logs_mut(&mut self) -> impl Iterator<Item = (u32, &mut Log)> {
+        self.logs.iter_mut().map(|(s, l)| (*s, l))
+    }
+
+    /// The logs, the hub gone (the simulator's crash).
+    pub fn into_logs(self) -> Vec<(u32, Log)> {
+        self.logs.into_iter().collect()
+    }
+
     pub fn has_shard(&self, shard: u32) -> bool {
         self.logs.contains_key(&shard)
     }

@@ -1,36 +1,32 @@
-//! The io_uring driver of one core: the ring, the submission backlog, the op table and the
-//! memory every in-flight operation points at. All of the reactor's `unsafe` io_uring code
-//! lives here, and each block's proof is local: an operation's buffers are moved into the
-//! driver when it is submitted and handed back only with its completion ([`Completion`]), so
-//! nothing else can free, move or touch them meanwhile.
+//! The driver of one core: the op table and the memory every in-flight operation points at,
+//! over a [`Ring`] that executes the operations (the kernel's io_uring, [`KernelRing`], or
+//! the simulator's). Each `unsafe` block's proof is local: an operation's buffers are moved
+//! into the driver when it is submitted and handed back only with its completion
+//! ([`Completion`]), so nothing else can free, move or touch them meanwhile.
 //!
 //! It knows nothing of HTTP, SSE, streams or the log's meaning: it submits, reaps and matches.
 //! Every completion is matched to exactly one submission by the [`OpTable`]; one that matches
 //! nothing in flight is counted ([`Driver::unmatched`]) and never acted on.
 
+pub mod kernel;
 pub mod lap;
 mod mem;
 pub mod op;
+pub mod ring;
 pub mod table;
 
 pub use mem::{Bytes, SendMem, Vectored};
 
-use std::collections::VecDeque;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use io_uring::{IoUring, cqueue, opcode, squeue, types};
-
+pub use kernel::KernelRing;
 pub use op::{Op, SLOTS_MAX, UserData};
+pub use ring::{CQE_F_MORE, Ring, Sqe};
 pub use table::{Match, OpTable, Unmatched};
 
 use crate::sys;
 
-const SOCKET_URING_OP_TX_TIMESTAMP: u32 = 4;
-/// Submission queue entries of a core's ring.
-const SQ_ENTRIES: u32 = 1024;
-/// The smallest completion ring a core runs with (see [`Driver::new`]).
-const CQ_ENTRIES_MIN: u32 = 4096;
 /// Iovecs one vectored send carries at most (`IOV_MAX`).
 pub const IOV_MAX_PER_SEND: usize = 1024;
 
@@ -121,18 +117,15 @@ pub struct UnmatchedCounts {
     pub stale_slot: u64,
 }
 
-/// One core's io_uring driver.
+/// One core's driver.
 pub struct Driver {
-    ring: IoUring<squeue::Entry, cqueue::Entry32>,
-    /// Submissions that found the SQ full while the kernel could not take more (EBUSY with
-    /// an overflowing CQ, EAGAIN/ENOMEM); submitted in order after the next reap.
-    backlog: VecDeque<squeue::Entry>,
+    /// First: dropped before the memory its operations point at.
+    ring: Box<dyn Ring>,
     table: OpTable,
     mem: Vec<SlotMem>,
     /// The eventfd read's 8-byte buffer (boxed: its address is fixed for the ring's life).
     efd_buf: Box<u64>,
     unmatched: UnmatchedCounts,
-    lap: lap::LapGuard,
     /// Serial of the core-wide operations' armings (accept, eventfd read): no two armings
     /// share a user_data, so a genuine completion never repeats a stale one exactly.
     core_serial: u32,
@@ -141,98 +134,41 @@ pub struct Driver {
 impl std::fmt::Debug for Driver {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Driver")
-            .field("backlog", &self.backlog.len())
             .field("live", &self.table.live())
             .field("unmatched", &self.unmatched)
             .finish()
     }
 }
 
-/// io_uring_enter errors that pass once completions are reaped or memory frees up.
-fn is_transient(e: &std::io::Error) -> bool {
-    matches!(
-        e.raw_os_error(),
-        Some(libc::EINTR | libc::EBUSY | libc::EAGAIN | libc::ENOMEM)
-    )
-}
-
-/// `build(want)`, retried once and then at half the size, down to [`CQ_ENTRIES_MIN`], while
-/// it fails with ENOMEM; the value and the size it was built with.
-fn shrink_on_enomem<T>(
-    want: u32,
-    mut build: impl FnMut(u32) -> std::io::Result<T>,
-) -> std::io::Result<(T, u32)> {
-    let mut cq = want;
-    let mut retried = false;
-    loop {
-        match build(cq) {
-            Ok(r) => return Ok((r, cq)),
-            Err(e) if e.raw_os_error() == Some(libc::ENOMEM) && !retried => {
-                retried = true;
-                std::thread::sleep(std::time::Duration::from_millis(50));
-            }
-            Err(e) if e.raw_os_error() == Some(libc::ENOMEM) && cq > CQ_ENTRIES_MIN => {
-                cq = (cq / 2).max(CQ_ENTRIES_MIN);
-            }
-            Err(e) => return Err(e),
-        }
-    }
-}
-
 impl Driver {
-    /// A ring sized for `connections_max` (SINGLE_ISSUER | DEFER_TASKRUN, falling back to
-    /// COOP_TASKRUN; 32-byte CQEs for the TX-timestamp command).
+    /// A driver over the kernel's io_uring, sized for `connections_max`.
     pub fn new(connections_max: usize) -> std::io::Result<Driver> {
-        // Per connection at most: recv, send, poll, timestamp command (+ its CQEs), cancel.
-        let want = (connections_max.saturating_mul(4) as u32).clamp(CQ_ENTRIES_MIN, 1 << 16);
-        // A large completion ring is one physically contiguous allocation (2 MiB of 32-byte
-        // CQEs at 64 Ki entries): on a host whose memory is fragmented the kernel refuses it
-        // with ENOMEM. Retry once, then halve it down to the floor: a smaller ring only sends
-        // a burst of completions through the kernel's overflow list (none is dropped,
-        // IORING_FEAT_NODROP), slower but the same.
-        let (ring, cq) = shrink_on_enomem(want, Self::build_ring)?;
-        if cq < want {
-            tracing::warn!(
-                cq_entries = cq,
-                wanted = want,
-                "io_uring: the kernel refused the completion ring's size (ENOMEM: memory too \
-                 fragmented for one contiguous block); running with a smaller one"
-            );
-        }
-        let lap = lap::LapGuard::new(ring.params().cq_entries());
-        Ok(Driver {
+        Ok(Driver::over(Box::new(KernelRing::new(connections_max)?)))
+    }
+
+    /// A driver over `ring`.
+    pub fn over(ring: Box<dyn Ring>) -> Driver {
+        Driver {
             core_serial: 0,
-            lap,
             ring,
-            backlog: VecDeque::new(),
             table: OpTable::default(),
             mem: Vec::new(),
             efd_buf: Box::new(0),
             unmatched: UnmatchedCounts::default(),
-        })
+        }
     }
 
-    /// A ring with `cq` completion entries: SINGLE_ISSUER | DEFER_TASKRUN where the kernel
-    /// has them, else COOP_TASKRUN.
-    fn build_ring(cq: u32) -> std::io::Result<IoUring<squeue::Entry, cqueue::Entry32>> {
-        let mut b = IoUring::<squeue::Entry, cqueue::Entry32>::builder();
-        b.setup_single_issuer()
-            .setup_defer_taskrun()
-            .setup_cqsize(cq);
-        match b.build(SQ_ENTRIES) {
-            Ok(r) => Ok(r),
-            Err(e) if e.raw_os_error() == Some(libc::ENOMEM) => Err(e),
-            Err(_) => {
-                let mut b = IoUring::<squeue::Entry, cqueue::Entry32>::builder();
-                b.setup_coop_taskrun().setup_cqsize(cq);
-                b.build(SQ_ENTRIES)
-            }
-        }
+    /// The reactor's clock (the ring's: the simulator's is simulated).
+    pub fn now(&self) -> Instant {
+        self.ring.now()
     }
 
     /// Completions that matched nothing in flight so far.
     pub fn unmatched(&self) -> UnmatchedCounts {
-        self.unmatched
+        UnmatchedCounts {
+            stale_slot: self.ring.stale_dropped(),
+            ..self.unmatched
+        }
     }
 
     // ---- slots ----
@@ -269,40 +205,14 @@ impl Driver {
 
     // ---- submissions ----
 
-    /// Queues an entry; when the kernel cannot take it now, it waits in the backlog.
+    /// Queues an operation with `user_data` on the ring.
     ///
     /// # Safety
-    /// Every buffer and iovec the entry points at must stay valid and unmoved until its
+    /// Every buffer and iovec the operation points at must stay valid and unmoved until its
     /// completion is reaped.
-    unsafe fn push(&mut self, e: squeue::Entry) {
-        if self.backlog.is_empty() {
-            for attempt in 0..2 {
-                // SAFETY: forwarded from the caller's contract.
-                if unsafe { self.ring.submission().push(&e) }.is_ok() {
-                    return;
-                }
-                if attempt == 0 {
-                    match self.ring.submit() {
-                        Ok(_) => {}
-                        Err(err) if is_transient(&err) => break,
-                        Err(err) => panic!("io_uring submit: {err}"),
-                    }
-                }
-            }
-        }
-        self.backlog.push_back(e);
-    }
-
-    /// Moves backlogged submissions into the SQ, as many as fit.
-    fn drain_backlog(&mut self) {
-        while let Some(e) = self.backlog.front() {
-            // SAFETY: entries in the backlog were pushed under `push`'s contract: what they
-            // point at is held by the op table's memory until their completions.
-            if unsafe { self.ring.submission().push(e) }.is_err() {
-                return;
-            }
-            self.backlog.pop_front();
-        }
+    unsafe fn push(&mut self, sqe: Sqe, user_data: u64) {
+        // SAFETY: forwarded from the caller's contract.
+        unsafe { self.ring.push(sqe, user_data) }
     }
 
     /// The user_data of a new arming of a core-wide operation.
@@ -317,12 +227,8 @@ impl Driver {
     /// Multishot accept on `listener`.
     pub fn accept(&mut self, listener: RawFd) {
         let ud = self.core_arming(Op::Accept);
-        let e = opcode::AcceptMulti::new(types::Fd(listener))
-            .flags(libc::SOCK_CLOEXEC)
-            .build()
-            .user_data(ud);
         // SAFETY: multishot accept points at no memory of ours.
-        unsafe { self.push(e) };
+        unsafe { self.push(Sqe::AcceptMulti { fd: listener }, ud) };
     }
 
     /// `fdatasync` of a log segment file of `shard` (`IORING_FSYNC_DATASYNC`); the file must
@@ -333,33 +239,31 @@ impl Driver {
             serial: op::next_serial(&mut self.core_serial),
             ..UserData::core(Op::Fsync)
         };
-        let e = opcode::Fsync::new(types::Fd(fd))
-            .flags(types::FsyncFlags::DATASYNC)
-            .build()
-            .user_data(ud.pack());
         // SAFETY: fsync points at no memory of ours.
-        unsafe { self.push(e) };
+        unsafe { self.push(Sqe::Fsync { fd }, ud.pack()) };
     }
 
     /// Cancels every operation on `fd` (the listener, at shutdown).
     pub fn cancel_fd(&mut self, fd: RawFd) {
-        let e = opcode::AsyncCancel2::new(types::CancelBuilder::fd(types::Fd(fd)).all())
-            .build()
-            .user_data(UserData::core(Op::Cancel).pack());
+        let ud = UserData::core(Op::Cancel).pack();
         // SAFETY: cancel points at no memory of ours.
-        unsafe { self.push(e) };
+        unsafe { self.push(Sqe::CancelFd { fd }, ud) };
     }
 
     /// The 8-byte read on the core's eventfd.
     pub fn read_eventfd(&mut self, efd: RawFd) {
         let ud = self.core_arming(Op::EventFd);
         let ptr: *mut u64 = &mut *self.efd_buf;
-        let e = opcode::Read::new(types::Fd(efd), ptr.cast(), 8)
-            .build()
-            .user_data(ud);
-        // SAFETY: `efd_buf` is a Box owned by the driver, which owns the ring: it outlives
-        // the ring's use of it, and nothing else reads or writes it.
-        unsafe { self.push(e) };
+        let e = Sqe::Read {
+            fd: efd,
+            ptr: ptr.cast(),
+            len: 8,
+            offset: 0,
+        };
+        // SAFETY: `efd_buf` is a Box owned by the driver, which owns the ring (dropped first,
+        // as the first field): it outlives the ring's use of it, and nothing else reads or
+        // writes it.
+        unsafe { self.push(e, ud) };
     }
 
     /// A receive into `buf[from..]`; the buffer comes back with the completion.
@@ -371,12 +275,10 @@ impl Driver {
         let m = &mut self.mem[slot as usize];
         debug_assert!(m.recv.is_none());
         m.recv = Some(buf); // moving a Vec does not move its heap buffer
-        let e = opcode::Recv::new(types::Fd(fd), ptr, len)
-            .build()
-            .user_data(ud.pack());
+        let e = Sqe::Recv { fd, ptr, len };
         // SAFETY: `ptr..ptr+len` lies in the heap buffer of the Vec now held in this slot's
         // `mem.recv`, which is handed back only with the op's completion (`complete`).
-        unsafe { self.push(e) };
+        unsafe { self.push(e, ud.pack()) };
     }
 
     /// Sends `buf[from..]`; the buffer comes back with the completion.
@@ -388,13 +290,10 @@ impl Driver {
         let m = &mut self.mem[slot as usize];
         debug_assert!(m.send.is_none());
         m.send = Some(SendMem::Buf(buf));
-        let e = opcode::Send::new(types::Fd(fd), ptr, len)
-            .flags(libc::MSG_NOSIGNAL)
-            .build()
-            .user_data(ud.pack());
+        let e = Sqe::Send { fd, ptr, len };
         // SAFETY: the bytes lie in the heap buffer of the Vec held in this slot's `mem.send`
         // until the completion hands it back.
-        unsafe { self.push(e) };
+        unsafe { self.push(e, ud.pack()) };
     }
 
     /// Sends the runs of `v` (one plain `SEND` when it is a single run with no control
@@ -420,21 +319,23 @@ impl Driver {
             .then(|| u32::try_from(v.iov[0].iov_len).ok())
             .flatten();
         let e = match single {
-            Some(len) => opcode::Send::new(types::Fd(fd), v.iov[0].iov_base as *const u8, len)
-                .flags(libc::MSG_NOSIGNAL)
-                .build(),
-            None => opcode::SendMsg::new(types::Fd(fd), &raw const v.msg)
-                .flags(libc::MSG_NOSIGNAL as u32)
-                .build(),
-        }
-        .user_data(ud.pack());
+            Some(len) => Sqe::Send {
+                fd,
+                ptr: v.iov[0].iov_base as *const u8,
+                len,
+            },
+            None => Sqe::SendMsg {
+                fd,
+                msg: &raw const v.msg,
+            },
+        };
         self.mem[slot as usize].send = Some(SendMem::Vectored(v));
         // SAFETY: the msghdr and iovec array live in the boxed `Vectored` now held in this
         // slot's `mem.send` (moving the Box does not move them); every iovec points into the
         // bytes of a run that the same `Vectored` holds (`Bytes` never moves its bytes); the
         // control buffer, if any, is the static `sys::tx_ack_cmsg`. All of it is handed back
         // only with the op's completion.
-        unsafe { self.push(e) };
+        unsafe { self.push(e, ud.pack()) };
     }
 
     /// Reads `len` bytes of `file` at `offset` into a scratch buffer, so that the pages of a cold
@@ -448,45 +349,47 @@ impl Driver {
         let m = &mut self.mem[slot as usize];
         debug_assert!(m.prefetch.is_none());
         m.prefetch = Some(buf);
-        let e = opcode::Read::new(types::Fd(file), ptr, len as u32)
-            .offset(offset)
-            .build()
-            .user_data(ud.pack());
+        let e = Sqe::Read {
+            fd: file,
+            ptr,
+            len: len as u32,
+            offset,
+        };
         // SAFETY: the buffer is the heap allocation of the Vec now held in this slot's
         // `mem.prefetch`, handed back (dropped) only with the op's completion.
-        unsafe { self.push(e) };
+        unsafe { self.push(e, ud.pack()) };
     }
 
     /// A single-shot `POLLOUT` wait.
     pub fn poll_out(&mut self, slot: u32, fd: RawFd) {
         let ud = self.table.begin(slot, Op::PollOut);
-        let e = opcode::PollAdd::new(types::Fd(fd), libc::POLLOUT as u32)
-            .build()
-            .user_data(ud.pack());
+        let e = Sqe::Poll {
+            fd,
+            mask: libc::POLLOUT as u32,
+            multi: false,
+        };
         // SAFETY: poll points at no memory of ours.
-        unsafe { self.push(e) };
+        unsafe { self.push(e, ud.pack()) };
     }
 
     /// A multishot `POLLIN | POLLRDHUP` watch.
     pub fn watch(&mut self, slot: u32, fd: RawFd) {
         let ud = self.table.begin(slot, Op::Watch);
         let mask = (libc::POLLIN | libc::POLLRDHUP) as u32;
-        let e = opcode::PollAdd::new(types::Fd(fd), mask)
-            .multi(true)
-            .build()
-            .user_data(ud.pack());
+        let e = Sqe::Poll {
+            fd,
+            mask,
+            multi: true,
+        };
         // SAFETY: poll points at no memory of ours.
-        unsafe { self.push(e) };
+        unsafe { self.push(e, ud.pack()) };
     }
 
     /// The multishot TX-timestamp command.
     pub fn tx_timestamps(&mut self, slot: u32, fd: RawFd) {
         let ud = self.table.begin(slot, Op::TxTimestamps);
-        let e = opcode::UringCmd16::new(types::Fd(fd), SOCKET_URING_OP_TX_TIMESTAMP)
-            .build()
-            .user_data(ud.pack());
         // SAFETY: the command points at no memory of ours.
-        unsafe { self.push(e) };
+        unsafe { self.push(Sqe::TxTimestamps { fd }, ud.pack()) };
     }
 
     /// Cancels every operation in flight on `slot`, each by its user_data. Not by fd: the
@@ -495,58 +398,33 @@ impl Driver {
     /// socket that reuses the fd number either.
     pub fn cancel_slot(&mut self, slot: u32) {
         for ud in self.table.in_flight_ops(slot) {
-            let e = opcode::AsyncCancel::new(ud.pack())
-                .build()
-                .user_data(UserData::core(Op::Cancel).pack());
+            let e = Sqe::Cancel {
+                user_data: ud.pack(),
+            };
             // SAFETY: cancel points at no memory of ours.
-            unsafe { self.push(e) };
+            unsafe { self.push(e, UserData::core(Op::Cancel).pack()) };
         }
     }
 
     // ---- completions ----
 
-    /// Submits, then waits up to `timeout` for a completion (not at all with a backlog).
+    /// Submits, then waits up to `timeout` for a completion (not at all while submissions
+    /// wait for room).
     pub fn submit_and_wait(&mut self, timeout: Duration) {
-        self.drain_backlog();
-        let (want, wait) = if self.backlog.is_empty() {
-            (1, timeout)
-        } else {
-            (0, Duration::ZERO)
-        };
-        let ts = types::Timespec::new()
-            .sec(wait.as_secs())
-            .nsec(wait.subsec_nanos());
-        let args = types::SubmitArgs::new().timespec(&ts);
-        match self.ring.submitter().submit_with_args(want, &args) {
-            Ok(_) => {}
-            Err(e) if e.raw_os_error() == Some(libc::ETIME) || is_transient(&e) => {}
-            Err(e) => panic!("io_uring_enter: {e}"),
-        }
+        self.ring.submit_and_wait(timeout);
     }
 
     /// Every CQE ready now, unmatched (match each with [`Driver::complete`] in order: acting
     /// on one may close a connection the next one names).
     pub fn reap(&mut self, out: &mut Vec<Cqe>) {
-        for c in self.ring.completion() {
-            let cqe = (c.user_data(), c.result(), c.flags());
-            if self.lap.is_stale(cqe) {
-                self.unmatched.stale_slot += 1;
-                if self.unmatched.stale_slot <= 10 {
-                    tracing::warn!(
-                        "dropped a stale last-slot completion {cqe:?} (kernel CQE32 skip)"
-                    );
-                }
-                continue;
-            }
-            out.push(cqe);
-        }
+        self.ring.reap(out);
     }
 
     /// Matches one CQE against the op table: the completion to act on, with its memory, or
     /// `None` for a cancel's own CQE, a stale one, or one that matches nothing in flight
     /// (counted).
     pub fn complete(&mut self, (u, res, flags): Cqe) -> Option<Completion> {
-        let more = cqueue::more(flags);
+        let more = flags & CQE_F_MORE != 0;
         let Some(ud) = UserData::unpack(u) else {
             self.unmatched.unknown += 1;
             return None;
@@ -626,40 +504,5 @@ impl Driver {
                 ud.serial
             );
         }
-    }
-}
-
-#[cfg(test)]
-mod ring_size_tests {
-    use super::*;
-
-    fn enomem<T>() -> std::io::Result<T> {
-        Err(std::io::Error::from_raw_os_error(libc::ENOMEM))
-    }
-
-    #[test]
-    fn a_refused_ring_is_retried_then_halved_to_the_floor() {
-        let mut asked = Vec::new();
-        let got = shrink_on_enomem(1 << 16, |cq| {
-            asked.push(cq);
-            if cq > 8192 { enomem() } else { Ok(cq) }
-        });
-        assert_eq!(got.unwrap(), (8192, 8192));
-        assert_eq!(asked, [65536, 65536, 32768, 16384, 8192]);
-        // Never below the floor, and the last error is reported.
-        let mut asked = Vec::new();
-        let e = shrink_on_enomem(8192, |cq| {
-            asked.push(cq);
-            enomem::<u32>()
-        });
-        assert_eq!(e.unwrap_err().raw_os_error(), Some(libc::ENOMEM));
-        assert_eq!(asked, [8192, 8192, CQ_ENTRIES_MIN]);
-        // Another error is not retried.
-        let mut n = 0;
-        let e = shrink_on_enomem(8192, |_| {
-            n += 1;
-            Err::<u32, _>(std::io::Error::from_raw_os_error(libc::EPERM))
-        });
-        assert_eq!((e.unwrap_err().raw_os_error(), n), (Some(libc::EPERM), 1));
     }
 }
