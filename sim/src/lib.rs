@@ -19,7 +19,9 @@
 //! - [`sse`]: the client's parser.
 //! - [`clients`]: subscribers, what each must observe, and the checks of what it reads.
 //! - [`world`], `drive`: one seed's world and its steps.
-#![forbid(unsafe_code)]
+//! - [`whole`]: the whole node (`--whole`): the gateway's real per-core loop over a simulated
+//!   kernel (the `uring::Ring` seam) and disk, against HTTP clients.
+#![deny(unsafe_code)] // allowed only in `whole`'s kernel and clients (raw socket calls)
 
 pub mod clients;
 pub mod conn;
@@ -30,6 +32,7 @@ pub mod rng;
 pub mod sse;
 pub mod trace;
 pub mod truth;
+pub mod whole;
 pub mod world;
 
 use std::cell::RefCell;
@@ -76,6 +79,20 @@ pub fn quiet_panics() {
 
 /// Runs one seed to its end or its first violation.
 pub fn run_seed(seed: u64) -> SeedReport {
+    report(seed, || {
+        let mut w = world::World::new(seed)?;
+        let r = w.run();
+        let t = std::mem::take(&mut w.trace);
+        let r = r.map_err(|v| format!("step {}: {v}", w.step));
+        Ok((t.clone(), t.events, w.step, r))
+    })
+}
+
+/// What one run gave: its trace, events, steps and its check.
+type Ran = (trace::Trace, u64, u64, Result<(), String>);
+
+/// Runs `f` (one seed) with panics caught as violations.
+fn report(seed: u64, f: impl FnOnce() -> Result<Ran, String>) -> SeedReport {
     let mut report = SeedReport {
         seed,
         hash: 0,
@@ -86,14 +103,13 @@ pub fn run_seed(seed: u64) -> SeedReport {
         violation: None,
     };
     let r = panic::catch_unwind(AssertUnwindSafe(|| {
-        let mut w = world::World::new(seed)?;
-        let r = w.run();
-        report.hash = w.trace.hash();
-        report.events = w.trace.events;
-        report.faults = w.trace.faults;
-        report.steps = w.step;
-        report.counts = std::mem::take(&mut w.trace.counts);
-        r.map_err(|v| format!("step {}: {v}", w.step))
+        let (t, events, steps, r) = f()?;
+        report.hash = t.hash();
+        report.events = events;
+        report.faults = t.faults;
+        report.steps = steps;
+        report.counts = t.counts;
+        r
     }));
     report.violation = match r {
         Ok(Ok(())) => None,

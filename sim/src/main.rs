@@ -1,4 +1,5 @@
-//! `cargo run --release -p sim -- [--seeds N] [--seed S] [--secs T] [--stop]`: runs seeds
+//! `cargo run --release -p sim -- [--whole] [--seeds N] [--seed S] [--secs T] [--stop]`: runs
+//! seeds (of the whole node with `--whole`, see `sim::whole`)
 //! S, S+1, ... (N of them, or until T seconds passed; `--seed S` alone runs one and prints its
 //! trace hash). Each violation prints its seed and a reproduction command; `--stop` ends the
 //! run at the first one. The last line is `N seeds, V violations, E events, F faults, X
@@ -14,6 +15,7 @@ struct Args {
     seed: Option<u64>,
     secs: Option<u64>,
     stop: bool,
+    whole: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -30,6 +32,7 @@ fn parse_args() -> Result<Args, String> {
             "--seed" => a.seed = Some(num("--seed")?),
             "--secs" => a.secs = Some(num("--secs")?),
             "--stop" => a.stop = true,
+            "--whole" => a.whole = true,
             _ => return Err(format!("unknown argument {flag:?}")),
         }
     }
@@ -40,7 +43,7 @@ fn main() -> ExitCode {
     let args = match parse_args() {
         Ok(a) => a,
         Err(e) => {
-            eprintln!("sim: {e}\nusage: sim [--seeds N] [--seed S] [--secs T] [--stop]");
+            eprintln!("sim: {e}\nusage: sim [--whole] [--seeds N] [--seed S] [--secs T] [--stop]");
             return ExitCode::from(2);
         }
     };
@@ -55,7 +58,11 @@ fn main() -> ExitCode {
         if deadline.is_some_and(|d| t0.elapsed() >= d) {
             break;
         }
-        let r = sim::run_seed(seed);
+        let r = if args.whole {
+            sim::whole::run_seed(seed)
+        } else {
+            sim::run_seed(seed)
+        };
         n += 1;
         e += r.events;
         f += r.faults;
@@ -70,7 +77,8 @@ fn main() -> ExitCode {
         if let Some(msg) = &r.violation {
             v += 1;
             println!("VIOLATION seed {seed}: {msg}");
-            println!("  reproduce: cargo run --release -p sim -- --seed {seed}");
+            let whole = if args.whole { " --whole" } else { "" };
+            println!("  reproduce: cargo run --release -p sim --{whole} --seed {seed}");
             if args.stop {
                 println!("first violation after {n} seeds");
                 break;

@@ -1,0 +1,460 @@
+//! The clients of a whole simulated node, speaking HTTP/1.1 and SSE over their end of a
+//! socketpair, and the oracle they check against ([`StreamTruth`]).
+//!
+//! - A [`Publisher`] sends publishes and batches (keep-alive), in pieces of random size, and
+//!   reads the answer: a `201` names the IDs its events got; anything else is an explicit
+//!   error, and an answer never read (a cut, a crash) leaves the publish unsure.
+//! - A [`Subscriber`] subscribes from the start or resumes with its last `Last-Event-ID` (or,
+//!   by the seed, an ID beyond the tail, of another epoch, or malformed: each must be refused
+//!   with 400), reads a few bytes at a time (slow readers) or many, and is cut at any byte.
+#![allow(unsafe_code)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::os::fd::{AsRawFd, OwnedFd};
+
+use crate::rng::Rng;
+use crate::sse::{Item, Parser};
+
+pub type Check = Result<(), String>;
+
+/// What is known of one stream: every event acknowledged or shown, by sequence.
+#[derive(Debug, Default)]
+pub struct StreamTruth {
+    pub name: String,
+    /// The data of every event acknowledged or shown.
+    pub by_seq: BTreeMap<u64, Vec<u8>>,
+    /// Where each payload was seen (payloads are unique).
+    at_seq: BTreeMap<Vec<u8>, u64>,
+    /// Every payload ever sent to the stream.
+    sent: BTreeSet<Vec<u8>>,
+    pub acked_max: u64,
+}
+
+impl StreamTruth {
+    pub fn new(name: String) -> StreamTruth {
+        StreamTruth {
+            name,
+            ..StreamTruth::default()
+        }
+    }
+
+    /// `data` is being published.
+    pub fn sent_payload(&mut self, data: &[u8]) {
+        self.sent.insert(data.to_vec());
+    }
+
+    /// `data` is at `seq` (acknowledged or shown): consistent with all known so far?
+    pub fn learn(&mut self, seq: u64, data: &[u8], how: &str) -> Check {
+        if let Some(d) = self.by_seq.get(&seq) {
+            if d != data {
+                return Err(format!(
+                    "{}: event {seq} {how} as {:?}, known as {:?}",
+                    self.name,
+                    String::from_utf8_lossy(data),
+                    String::from_utf8_lossy(d)
+                ));
+            }
+            return Ok(());
+        }
+        if !self.sent.contains(data) {
+            return Err(format!(
+                "{}: event {seq} {how} with data never published: {:?}",
+                self.name,
+                String::from_utf8_lossy(data)
+            ));
+        }
+        if let Some(&other) = self.at_seq.get(data) {
+            return Err(format!(
+                "{}: payload {:?} at {seq} {how}, already at {other} (stored twice)",
+                self.name,
+                String::from_utf8_lossy(data)
+            ));
+        }
+        self.by_seq.insert(seq, data.to_vec());
+        self.at_seq.insert(data.to_vec(), seq);
+        Ok(())
+    }
+
+    /// The highest sequence acknowledged or shown.
+    pub fn known_max(&self) -> u64 {
+        self.by_seq.keys().next_back().copied().unwrap_or(0)
+    }
+}
+
+/// The client's end of a connection.
+#[derive(Debug)]
+pub struct ClientConn {
+    pub fd: OwnedFd,
+    out: Vec<u8>,
+    written: usize,
+    pub eof: bool,
+}
+
+impl ClientConn {
+    pub fn new(fd: OwnedFd) -> ClientConn {
+        ClientConn {
+            fd,
+            out: Vec::new(),
+            written: 0,
+            eof: false,
+        }
+    }
+
+    pub fn queue(&mut self, bytes: &[u8]) {
+        self.out.extend_from_slice(bytes);
+    }
+
+    /// Writes up to `n` queued bytes; whether all are written.
+    pub fn write_some(&mut self, n: usize) -> bool {
+        let end = (self.written + n).min(self.out.len());
+        if end > self.written {
+            let b = &self.out[self.written..end];
+            // SAFETY: a live slice and a descriptor we own.
+            let r = unsafe {
+                libc::send(
+                    self.fd.as_raw_fd(),
+                    b.as_ptr().cast(),
+                    b.len(),
+                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                )
+            };
+            if r > 0 {
+                self.written += r as usize;
+            } else if r < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EAGAIN)
+            {
+                self.eof = true;
+            }
+        }
+        self.written == self.out.len()
+    }
+
+    /// Reads up to `n` bytes (none when nothing is there); sets `eof` at the end.
+    pub fn read_some(&mut self, n: usize) -> Vec<u8> {
+        let mut buf = vec![0u8; n.max(1)];
+        // SAFETY: a live buffer and a descriptor we own.
+        let r = unsafe {
+            libc::recv(
+                self.fd.as_raw_fd(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                libc::MSG_DONTWAIT,
+            )
+        };
+        match r {
+            0 => {
+                self.eof = true;
+                Vec::new()
+            }
+            r if r < 0 => {
+                if std::io::Error::last_os_error().raw_os_error() != Some(libc::EAGAIN) {
+                    self.eof = true;
+                }
+                Vec::new()
+            }
+            r => {
+                buf.truncate(r as usize);
+                buf
+            }
+        }
+    }
+}
+
+/// The sequence number of an ID `epoch-shard-seq`.
+pub fn seq_of(id: &str) -> Option<u64> {
+    id.rsplit('-').next()?.parse().ok()
+}
+
+/// One publish on its way.
+#[derive(Debug)]
+struct Publish {
+    stream: usize,
+    payloads: Vec<Vec<u8>>,
+    answer: Vec<u8>,
+}
+
+/// A publisher: one connection at a time, one request in flight.
+#[derive(Debug, Default)]
+pub struct Publisher {
+    pub conn: Option<ClientConn>,
+    current: Option<Publish>,
+    pub answered: u64,
+}
+
+/// What a publisher's step did.
+#[derive(Debug)]
+pub enum PubOutcome {
+    Nothing,
+    /// A `201`: these IDs for these payloads, on this stream.
+    Stored(usize, Vec<(u64, Vec<u8>)>),
+    /// An explicit error (status).
+    Refused(u16),
+}
+
+impl Publisher {
+    pub fn busy(&self) -> bool {
+        self.current.is_some()
+    }
+
+    /// Starts a publish of `payloads` to stream `stream` named `name` (a batch if more than
+    /// one) on `conn` (a fresh connection if the last one closed).
+    pub fn start(&mut self, stream: usize, name: &str, payloads: Vec<Vec<u8>>) {
+        let conn = self.conn.as_mut().expect("connected");
+        let (path, body) = if payloads.len() == 1 {
+            (format!("/v1/streams/{name}/events"), payloads[0].clone())
+        } else {
+            let mut b = Vec::new();
+            for p in &payloads {
+                b.extend_from_slice(b"{\"data\":\"");
+                b.extend_from_slice(p);
+                b.extend_from_slice(b"\"}\n");
+            }
+            (format!("/v1/streams/{name}/events:batch"), b)
+        };
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: sim\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        conn.queue(head.as_bytes());
+        conn.queue(&body);
+        self.current = Some(Publish {
+            stream,
+            payloads,
+            answer: Vec::new(),
+        });
+    }
+
+    /// Writes up to `w` bytes and reads up to `r`; the answer once it is whole.
+    pub fn advance(&mut self, w: usize, r: usize) -> Result<PubOutcome, String> {
+        let (Some(conn), Some(p)) = (self.conn.as_mut(), self.current.as_mut()) else {
+            return Ok(PubOutcome::Nothing);
+        };
+        conn.write_some(w);
+        let got = conn.read_some(r);
+        p.answer.extend_from_slice(&got);
+        let Some((status, body)) = whole_answer(&p.answer)? else {
+            if conn.eof {
+                self.conn = None; // cut before the answer: unsure
+                self.current = None;
+            }
+            return Ok(PubOutcome::Nothing);
+        };
+        let p = self.current.take().expect("a publish in flight");
+        self.answered += 1;
+        if status != 201 {
+            self.conn = None; // an error may close the connection: start afresh
+            return Ok(PubOutcome::Refused(status));
+        }
+        let ids = ids_of(&body)?;
+        if ids.len() != p.payloads.len() {
+            return Err(format!(
+                "201 with {} IDs for {} events: {body}",
+                ids.len(),
+                p.payloads.len()
+            ));
+        }
+        Ok(PubOutcome::Stored(
+            p.stream,
+            ids.into_iter().zip(p.payloads).collect(),
+        ))
+    }
+
+    /// A cut: the connection closes wherever it was (the publish in flight is unsure).
+    pub fn cut(&mut self) {
+        self.conn = None;
+        self.current = None;
+    }
+}
+
+/// The status and body of a whole answer in `b`, if it is all there.
+fn whole_answer(b: &[u8]) -> Result<Option<(u16, String)>, String> {
+    let Some(end) = b.windows(4).position(|w| w == b"\r\n\r\n") else {
+        return Ok(None);
+    };
+    let head = String::from_utf8_lossy(&b[..end]);
+    let status: u16 = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("bad status line: {head:?}"))?;
+    let len: usize = head
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("content-length")
+                .then(|| v.trim().parse().ok())?
+        })
+        .ok_or_else(|| format!("an answer without Content-Length: {head:?}"))?;
+    let body = &b[end + 4..];
+    if body.len() < len {
+        return Ok(None);
+    }
+    if body.len() > len {
+        return Err(format!(
+            "bytes after the answer: {:?}",
+            String::from_utf8_lossy(b)
+        ));
+    }
+    Ok(Some((status, String::from_utf8_lossy(body).into_owned())))
+}
+
+/// The sequences of the IDs in a `201`'s body (`{"id":..}` or `{"ids":[..]}`).
+fn ids_of(body: &str) -> Result<Vec<u64>, String> {
+    let inner = body
+        .split_once("\"id\":")
+        .or_else(|| body.split_once("\"ids\":"))
+        .ok_or_else(|| format!("a 201 without IDs: {body}"))?
+        .1;
+    inner
+        .split('"')
+        .skip(1)
+        .step_by(2)
+        .take_while(|s| seq_of(s).is_some())
+        .map(|s| seq_of(s).ok_or_else(|| format!("bad ID {s:?}")))
+        .collect()
+}
+
+/// How a subscriber asks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ask {
+    /// From the start, or after its last event: 200 and exactly the suffix.
+    Suffix,
+    /// An ID the node must refuse with 400 (beyond the tail, another epoch, malformed).
+    Refused(String),
+}
+
+/// A subscriber of one stream.
+#[derive(Debug)]
+pub struct Subscriber {
+    pub stream: usize,
+    pub conn: Option<ClientConn>,
+    parser: Parser,
+    /// The last event observed: its ID and sequence.
+    pub last: Option<(String, u64)>,
+    ask: Ask,
+    pub status: Option<u16>,
+    /// Reads a few bytes at a time.
+    pub slow: bool,
+}
+
+impl Subscriber {
+    pub fn new(stream: usize, slow: bool) -> Subscriber {
+        Subscriber {
+            stream,
+            conn: None,
+            parser: Parser::default(),
+            last: None,
+            ask: Ask::Suffix,
+            status: None,
+            slow,
+        }
+    }
+
+    /// Subscribes on `conn`: after its last event, or with `odd` (an ID to be refused).
+    pub fn connect(&mut self, mut conn: ClientConn, name: &str, odd: Option<String>) {
+        let id = odd
+            .clone()
+            .or_else(|| self.last.as_ref().map(|l| l.0.clone()));
+        let (query, header) = match id {
+            Some(id) => (String::new(), format!("Last-Event-ID: {id}\r\n")),
+            None => ("?from=earliest".to_owned(), String::new()),
+        };
+        let req = format!(
+            "GET /v1/streams/{name}{query} HTTP/1.1\r\nHost: sim\r\nAccept: text/event-stream\r\n{header}\r\n"
+        );
+        conn.queue(req.as_bytes());
+        self.conn = Some(conn);
+        self.parser = Parser::default();
+        self.status = None;
+        self.ask = odd.map_or(Ask::Suffix, Ask::Refused);
+    }
+
+    /// Reads up to `n` bytes and checks every item against `truth`; how many events.
+    pub fn advance(&mut self, n: usize, truth: &mut StreamTruth) -> Result<u64, String> {
+        let Some(conn) = self.conn.as_mut() else {
+            return Ok(0);
+        };
+        conn.write_some(usize::MAX);
+        let got = conn.read_some(n);
+        let eof = conn.eof;
+        self.parser.feed(&got);
+        let mut events = 0;
+        while let Some(item) = self.parser.poll_item()? {
+            events += u64::from(self.on_item(item, truth)?);
+            if self.conn.is_none() {
+                return Ok(events);
+            }
+        }
+        if eof {
+            self.conn = None;
+        }
+        Ok(events)
+    }
+
+    fn on_item(&mut self, item: Item, truth: &mut StreamTruth) -> Result<bool, String> {
+        match (item, &self.ask) {
+            (Item::Head { status }, Ask::Suffix) => {
+                if status != 200 {
+                    return Err(format!(
+                        "{}: a resume after {:?} answered {status}",
+                        truth.name, self.last
+                    ));
+                }
+                self.status = Some(status);
+            }
+            (Item::Head { status }, Ask::Refused(id)) => {
+                if status != 400 {
+                    return Err(format!(
+                        "{}: ID {id:?} answered {status}, not 400",
+                        truth.name
+                    ));
+                }
+                self.conn = None; // refused: done with this connection
+            }
+            (Item::Event { id, data, .. }, Ask::Suffix) => {
+                let seq = seq_of(&id).ok_or_else(|| format!("bad event ID {id:?}"))?;
+                let want = self.last.as_ref().map_or(1, |l| l.1 + 1);
+                if seq != want {
+                    return Err(format!(
+                        "{}: event {seq} after {:?} (expected {want}: {})",
+                        truth.name,
+                        self.last,
+                        if seq > want { "a gap" } else { "a repeat" }
+                    ));
+                }
+                truth.learn(seq, &data, "shown")?;
+                self.last = Some((id, seq));
+                return Ok(true);
+            }
+            (Item::Truncated { .. }, Ask::Suffix) => {
+                // An explicit end (the subscriber lagged): it resumes from its last event.
+                self.conn = None;
+            }
+            (Item::Other, _) => {}
+            (item, Ask::Refused(id)) => {
+                return Err(format!(
+                    "{}: {item:?} after the refused ID {id:?}",
+                    truth.name
+                ));
+            }
+        }
+        Ok(false)
+    }
+
+    /// A cut at any byte.
+    pub fn cut(&mut self) {
+        self.conn = None;
+    }
+
+    /// An ID the node must refuse: beyond `tail`, of another epoch, or malformed.
+    pub fn odd_id(rng: &mut Rng, epoch_id: Option<&str>, tail: u64) -> String {
+        let prefix = epoch_id
+            .and_then(|id| id.rsplit_once('-'))
+            .map_or("0123456789abcdef-0", |(p, _)| p)
+            .to_owned();
+        match rng.below(3) {
+            0 => format!("{prefix}-{}", tail + 1_000_000),
+            1 => "00000000000000ff-0-1".to_owned(),
+            _ => "not-an-id".to_owned(),
+        }
+    }
+}

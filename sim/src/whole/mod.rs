@@ -1,0 +1,502 @@
+//! The whole node under simulation (`--whole`): the gateway's real per-core loop
+//! (`gateway::core::SteppedCore`: the connection machine, HTTP parsing, publishing, the
+//! streams, send windows, parked windows, the group commit, the tick) and the real log, over
+//! the simulated kernel ([`ring`]) and disk ([`crate::disk`]), against HTTP clients
+//! ([`client`]). One seed, one thread.
+//!
+//! Each step: the clients act (write a piece of a request, read a few bytes or many, cut),
+//! the kernel visits what is in flight, the core takes a turn, the clock moves 1 ms. By the
+//! seed, the node crashes: every segment page torn between its current and durable bytes, the
+//! log reopened from what remains and a new core started; a failed `fdatasync` (the log is
+//! poisoned) is followed by a crash too. The last 400 steps are quiet (no faults, no cuts,
+//! every reader fast), and every subscriber must then have caught up.
+//!
+//! Checked at every step: each subscriber observes exactly the suffix after its
+//! `Last-Event-ID` (or from the start), every event byte-for-byte what was published and
+//! never twice; each refused ID gets 400; a `201` names IDs whose events are the ones sent.
+//! After every crash: every event acknowledged or shown is in the recovered log, unchanged.
+//! At the end: every subscriber has observed its stream up to the last event acknowledged;
+//! operations in flight stay within a few per connection.
+
+pub mod client;
+pub mod ring;
+
+use std::cell::RefCell;
+use std::os::fd::OwnedFd;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::time::{Duration, Instant};
+
+use clap::Parser as _;
+use gateway::core::{CoreSetup, Shared, SteppedCore};
+use log_store::{Epoch, FsyncPolicy, Log, LogOptions};
+
+use crate::disk::{Disk, DiskFaults};
+use crate::rng::Rng;
+use crate::sse;
+use client::{Check, ClientConn, PubOutcome, Publisher, StreamTruth, Subscriber};
+use ring::{Kernel, KernelFaults, SimRing};
+
+const SEGMENT_BYTES: u64 = 64 * 1024;
+/// Steps at the end without faults, for the subscribers to catch up.
+const QUIET_STEPS: u64 = 400;
+
+/// What one seed draws.
+#[derive(Debug, Clone)]
+struct WholeConfig {
+    streams: usize,
+    publishers: usize,
+    subscribers: usize,
+    steps: u64,
+    page_bytes: usize,
+    sndbuf: i32,
+    send_bytes_max: usize,
+    kernel: KernelFaults,
+    disk: DiskFaults,
+    crash_per_mille: u32,
+    cut_per_mille: u32,
+    odd_id_per_mille: u32,
+    batch_per_mille: u32,
+}
+
+impl WholeConfig {
+    fn draw(rng: &mut Rng) -> WholeConfig {
+        let faulty = rng.chance(700);
+        let f = |rng: &mut Rng, hi: u64| if faulty { rng.range(0, hi) as u32 } else { 0 };
+        WholeConfig {
+            streams: rng.range(1, 3) as usize,
+            publishers: rng.range(1, 3) as usize,
+            subscribers: rng.range(1, 4) as usize,
+            steps: rng.range(400, 1200),
+            page_bytes: if rng.chance(500) { 4096 } else { 512 },
+            sndbuf: rng.range(2, 32) as i32 * 1024,
+            send_bytes_max: rng.range(1, 16) as usize * 1024,
+            kernel: KernelFaults {
+                defer_per_mille: f(rng, 400),
+                partial_per_mille: f(rng, 500),
+                fsync_eio_per_mille: f(rng, 15),
+                fsync_slow_per_mille: f(rng, 200),
+            },
+            disk: DiskFaults {
+                flush_eio_per_mille: f(rng, 20),
+                enospc_per_mille: f(rng, 200),
+            },
+            crash_per_mille: rng.range(0, 6) as u32,
+            cut_per_mille: rng.range(0, 30) as u32,
+            odd_id_per_mille: rng.range(0, 200) as u32,
+            batch_per_mille: rng.range(0, 500) as u32,
+        }
+    }
+}
+
+/// One seed's whole node and its clients.
+pub struct World {
+    pub seed: u64,
+    rng: Rng,
+    cfg: WholeConfig,
+    disk: Rc<Disk>,
+    kernel: Rc<RefCell<Kernel>>,
+    core: Option<SteppedCore>,
+    gw: gateway::config::Config,
+    opts: LogOptions,
+    pubs: Vec<Publisher>,
+    subs: Vec<Subscriber>,
+    truths: Vec<StreamTruth>,
+    pub step: u64,
+    /// Payloads published so far (each unique).
+    published: u64,
+    /// A crash due at this step (after a failed sync).
+    crash_at: Option<u64>,
+    /// An ID of this epoch seen (for odd IDs with the right prefix).
+    some_id: Option<String>,
+    pub events: u64,
+}
+
+impl std::fmt::Debug for World {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("World")
+            .field("seed", &self.seed)
+            .field("step", &self.step)
+            .finish()
+    }
+}
+
+impl World {
+    pub fn new(seed: u64) -> Result<World, String> {
+        let mut rng = Rng::new(seed ^ 0x5748_4f4c_45);
+        let cfg = WholeConfig::draw(&mut rng);
+        let disk = Disk::new(seed, cfg.page_bytes, cfg.disk, Rng::new(rng.next_u64()))
+            .map_err(|e| format!("disk: {e}"))?;
+        let disk = Rc::new(disk);
+        let t0 = Instant::now();
+        let kernel = Kernel::new(
+            Rng::new(rng.next_u64()),
+            cfg.kernel,
+            disk.clone(),
+            cfg.sndbuf,
+            t0,
+        );
+        let dir = disk.dir().display().to_string();
+        let send = cfg.send_bytes_max.to_string();
+        let gw = gateway::config::Config::try_parse_from([
+            "gateway",
+            "--insecure-no-auth",
+            "--data-dir",
+            &dir,
+            "--cores",
+            "1",
+            "--fsync",
+            "group",
+            "--send-bytes-max",
+            &send,
+            "--keepalive-secs",
+            "1",
+        ])
+        .map_err(|e| format!("gateway flags: {e}"))?;
+        let opts = LogOptions {
+            segment_bytes: SEGMENT_BYTES,
+            record_bytes_max: 16 * 1024,
+            retain_bytes: None,
+            retain_secs: None,
+            fsync: FsyncPolicy::Group,
+            epoch_on_create: Some(Epoch(seed | 1 << 63)),
+        };
+        let truths = (0..cfg.streams)
+            .map(|i| StreamTruth::new(format!("s{i}")))
+            .collect();
+        let subs = (0..cfg.subscribers)
+            .map(|i| Subscriber::new(i % cfg.streams, rng.chance(400)))
+            .collect();
+        let mut w = World {
+            seed,
+            pubs: (0..cfg.publishers).map(|_| Publisher::default()).collect(),
+            subs,
+            truths,
+            rng,
+            cfg,
+            disk,
+            kernel: Rc::new(RefCell::new(kernel)),
+            core: None,
+            gw,
+            opts,
+            step: 0,
+            published: 0,
+            crash_at: None,
+            some_id: None,
+            events: 0,
+        };
+        w.start_node()?;
+        Ok(w)
+    }
+
+    /// The trace's hash and its counts, faults.
+    pub fn trace(&self) -> crate::trace::Trace {
+        self.kernel.borrow().trace.clone()
+    }
+
+    /// Opens the log (faults paused) and starts a core over the simulated ring.
+    fn start_node(&mut self) -> Check {
+        self.disk.pause_faults(true);
+        let log = Log::open_with_manual_background(self.disk.dir(), self.opts.clone())
+            .map_err(|e| format!("the log does not open: {e}"));
+        self.disk.pause_faults(false);
+        let log = log?;
+        self.check_recovered(&log)?;
+        let shared = Arc::new(shared(&self.gw, &log).map_err(|e| format!("node: {e}"))?);
+        let (_tx, rx) = crossbeam::channel::unbounded();
+        let listener = gateway::sys::eventfd().map_err(|e| format!("eventfd: {e}"))?;
+        let setup = CoreSetup {
+            id: 0,
+            cpu: None,
+            listener: Some(listener),
+            rx,
+            logs: vec![(0, log)],
+            inbox: None,
+        };
+        let ring = Box::new(SimRing(self.kernel.clone()));
+        self.core = Some(SteppedCore::new(setup, shared, ring));
+        Ok(())
+    }
+
+    /// Every event acknowledged or shown is in the recovered log, unchanged.
+    fn check_recovered(&self, log: &Log) -> Check {
+        for t in &self.truths {
+            let Some(&(_, first)) = t.by_seq.iter().next().map(|(s, d)| (d, s)).as_ref() else {
+                continue;
+            };
+            let id = log
+                .streams()
+                .find(|(_, name, _)| *name == t.name)
+                .map(|(id, _, _)| id)
+                .ok_or_else(|| format!("{}: lost in a crash (event {first} was known)", t.name))?;
+            let b = log.bounds(id).ok_or("bounds")?;
+            if b.tail < t.known_max() {
+                return Err(format!(
+                    "{}: the crash lost events: tail {} after {} were acknowledged or shown",
+                    t.name,
+                    b.tail,
+                    t.known_max()
+                ));
+            }
+            for (&seq, data) in &t.by_seq {
+                let r = log
+                    .record(id, seq)
+                    .map_err(|e| format!("{}: record {seq}: {e}", t.name))?;
+                let block = r.as_bytes();
+                let block = block.strip_suffix(b"\n\n").unwrap_or(block);
+                match sse::parse_block(block)? {
+                    sse::Item::Event { data: d, .. } if d == *data => {}
+                    other => {
+                        return Err(format!(
+                            "{}: recovered event {seq} is {other:?}, was {:?}",
+                            t.name,
+                            String::from_utf8_lossy(data)
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub fn run(&mut self) -> Check {
+        let total = self.cfg.steps + QUIET_STEPS;
+        while self.step < total {
+            self.step += 1;
+            let quiet = self.step > self.cfg.steps;
+            if quiet && self.step == self.cfg.steps + 1 {
+                self.quiet_down();
+            }
+            self.clients(quiet)?;
+            self.maybe_crash(quiet)?;
+            self.kernel.borrow_mut().step();
+            let core = self.core.as_mut().expect("a node");
+            core.turn();
+            if self.rng.chance(300) {
+                core.run_background_jobs();
+            }
+            let conns = self.pubs.len() + self.subs.len();
+            let in_flight = self.kernel.borrow().in_flight();
+            if in_flight > 8 * conns + 16 {
+                return Err(format!(
+                    "{in_flight} operations in flight for {conns} clients"
+                ));
+            }
+            let mut k = self.kernel.borrow_mut();
+            k.now += Duration::from_millis(1);
+        }
+        self.caught_up()
+    }
+
+    /// No more faults: the kernel executes everything at once, readers are fast.
+    fn quiet_down(&mut self) {
+        let mut k = self.kernel.borrow_mut();
+        k.quiet();
+        self.disk.pause_faults(true);
+        self.crash_at = None;
+    }
+
+    /// Every subscriber connected and answered 200 has observed its stream up to the last
+    /// event acknowledged.
+    fn caught_up(&self) -> Check {
+        for (i, s) in self.subs.iter().enumerate() {
+            let t = &self.truths[s.stream];
+            let seen = s.last.as_ref().map_or(0, |l| l.1);
+            if s.conn.is_some() && s.status == Some(200) && seen < t.acked_max {
+                return Err(format!(
+                    "subscriber {i} of {} stopped at {seen}, {} acknowledged ({} quiet steps)",
+                    t.name, t.acked_max, QUIET_STEPS
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn clients(&mut self, quiet: bool) -> Check {
+        for i in 0..self.pubs.len() {
+            self.publisher(i, quiet)?;
+        }
+        for i in 0..self.subs.len() {
+            self.subscriber(i, quiet)?;
+        }
+        Ok(())
+    }
+
+    fn connect(&mut self) -> ClientConn {
+        ClientConn::new(self.kernel.borrow_mut().connect())
+    }
+
+    fn note(&self, what: &'static str, nums: &[u64]) {
+        self.kernel.borrow_mut().trace.note(what, nums);
+    }
+
+    fn fault(&self, what: &'static str, nums: &[u64]) {
+        self.kernel.borrow_mut().trace.fault(what, nums);
+    }
+
+    fn publisher(&mut self, i: usize, quiet: bool) -> Check {
+        if !quiet && self.pubs[i].busy() && self.rng.chance(self.cfg.cut_per_mille) {
+            self.pubs[i].cut();
+            self.fault("publisher cut", &[i as u64]);
+            return Ok(());
+        }
+        if !self.pubs[i].busy() && !quiet && self.rng.chance(300) {
+            if self.pubs[i].conn.is_none() {
+                let c = self.connect();
+                self.pubs[i].conn = Some(c);
+            }
+            let stream = self.rng.below(self.truths.len() as u64) as usize;
+            let n = if self.rng.chance(self.cfg.batch_per_mille) {
+                self.rng.range(2, 6)
+            } else {
+                1
+            };
+            let payloads: Vec<Vec<u8>> = (0..n)
+                .map(|_| {
+                    self.published += 1;
+                    let pad = "x".repeat(self.rng.below(200) as usize);
+                    format!("p{}-{pad}", self.published).into_bytes()
+                })
+                .collect();
+            for p in &payloads {
+                self.truths[stream].sent_payload(p);
+            }
+            let name = self.truths[stream].name.clone();
+            self.pubs[i].start(stream, &name, payloads);
+            self.note("publish", &[i as u64, stream as u64, n]);
+        }
+        let (w, r) = (self.rng.range(1, 400) as usize, 4096);
+        match self.pubs[i].advance(w, r)? {
+            PubOutcome::Nothing => {}
+            PubOutcome::Stored(stream, ids) => {
+                let t = &mut self.truths[stream];
+                for (seq, data) in &ids {
+                    t.learn(*seq, data, "acknowledged")?;
+                    t.acked_max = t.acked_max.max(*seq);
+                }
+                self.events += ids.len() as u64;
+                self.note("stored", &[stream as u64, ids.len() as u64]);
+            }
+            PubOutcome::Refused(status) => self.note("refused", &[u64::from(status)]),
+        }
+        Ok(())
+    }
+
+    fn subscriber(&mut self, i: usize, quiet: bool) -> Check {
+        if self.subs[i].conn.is_none() {
+            if !quiet && !self.rng.chance(100) {
+                return Ok(());
+            }
+            let c = self.connect();
+            let stream = self.subs[i].stream;
+            let odd = (!quiet && self.rng.chance(self.cfg.odd_id_per_mille)).then(|| {
+                let tail = self.truths[stream].known_max();
+                Subscriber::odd_id(&mut self.rng, self.some_id.as_deref(), tail)
+            });
+            if odd.is_some() {
+                self.fault("odd ID", &[i as u64]);
+            }
+            let name = self.truths[stream].name.clone();
+            let resume = self.subs[i].last.as_ref().map_or(0, |l| l.1);
+            self.subs[i].connect(c, &name, odd);
+            self.note("subscribe", &[i as u64, resume]);
+            return Ok(());
+        }
+        if !quiet && self.rng.chance(self.cfg.cut_per_mille) {
+            self.subs[i].cut();
+            self.fault("subscriber cut", &[i as u64]);
+            return Ok(());
+        }
+        let n = if self.subs[i].slow && !quiet {
+            self.rng.range(1, 64) as usize
+        } else {
+            self.rng.range(1, 64 * 1024) as usize
+        };
+        let stream = self.subs[i].stream;
+        let got = self.subs[i].advance(n, &mut self.truths[stream])?;
+        if got > 0 {
+            if self.some_id.is_none() {
+                self.some_id = self.subs[i].last.as_ref().map(|l| l.0.clone());
+            }
+            self.note("shown", &[i as u64, got]);
+        }
+        Ok(())
+    }
+
+    /// A crash by the seed, or after a failed sync: the disk torn, the node restarted.
+    fn maybe_crash(&mut self, quiet: bool) -> Check {
+        let failed = self.kernel.borrow_mut().take_failed_syncs() > 0
+            || self
+                .disk
+                .take_notes()
+                .iter()
+                .any(|n| matches!(n, crate::disk::DiskNote::FlushFailed));
+        if failed && self.crash_at.is_none() && !quiet {
+            self.crash_at = Some(self.step + self.rng.range(1, 20));
+        }
+        let due = self.crash_at.is_some_and(|t| self.step >= t);
+        if quiet || !(due || self.rng.chance(self.cfg.crash_per_mille)) {
+            return Ok(());
+        }
+        self.crash_at = None;
+        self.fault("crash", &[self.step]);
+        let image = self.disk.crash_image(&mut self.rng);
+        self.core.take().expect("a node").crash();
+        self.kernel.borrow_mut().crashed();
+        for p in &mut self.pubs {
+            p.cut();
+        }
+        for s in &mut self.subs {
+            s.cut();
+        }
+        self.disk.restore(image);
+        self.start_node()
+    }
+}
+
+/// What the node's cores share, as `main` makes it, for one core and one shard.
+fn shared(cfg: &gateway::config::Config, log: &Log) -> Result<Shared, String> {
+    let verifier = auth::Verifier::load(&cfg.auth.settings()).map_err(|e| e.to_string())?;
+    let verifier = Arc::new(verifier);
+    let keys = Arc::new(auth::Keys::new(verifier.clone()));
+    let (tx, _rx) = crossbeam::channel::unbounded();
+    let efd: OwnedFd = gateway::sys::eventfd().map_err(|e| e.to_string())?;
+    Ok(Shared {
+        access_log: gateway::access_log::Sink::off(),
+        cluster: None,
+        cfg: cfg.clone(),
+        cores: 1,
+        shards: 1,
+        handoff_tx: vec![tx],
+        eventfds: vec![efd],
+        metrics: vec![gateway::metrics::CoreMetrics::default()],
+        connections: AtomicUsize::new(0),
+        shutdown: AtomicBool::new(false),
+        epochs: vec![log.epoch()],
+        uring_cmd: false,
+        keys,
+        verifier,
+        certs: None,
+        origins: Arc::from(Vec::<String>::new()),
+        quota: gateway::streams::catalog::StreamQuota::new(cfg.streams_max, [log]),
+        subjects: gateway::streams::subjects::SubjectQuota::new(cfg.streams_per_subject_max()),
+        mcp_key: None,
+        per_ip: std::sync::Mutex::new(std::collections::HashMap::new()),
+        body_budget: Arc::new(gateway::proto::conn::BodyBudget::new(
+            cfg.request_buffer_bytes_max,
+        )),
+        ktls_refused: std::sync::atomic::AtomicU8::new(0),
+    })
+}
+
+/// Runs one seed of the whole node.
+pub fn run_seed(seed: u64) -> crate::SeedReport {
+    crate::report(seed, || {
+        let mut w = World::new(seed)?;
+        let r = w.run();
+        let t = w.trace();
+        let r = r.map_err(|v| format!("step {}: {v}", w.step));
+        Ok((t, w.events, w.step, r))
+    })
+}
