@@ -4,12 +4,16 @@
 # violation (at most SIM_MUTANT_SEEDS seeds, default 20000, or SIM_MUTANT_SECS seconds, default
 # 120), and prints `mutant NAME: found after K seeds` or `mutant NAME: NOT FOUND`. Never touches
 # the checkout it is run from (the copy has its own target directory). Exit 1 if any mutant
-# survives or does not apply.
+# survives or does not apply. SIM_ARGS=--whole runs the whole-node simulator instead (the
+# gateway's real per-core loop over a simulated kernel), and adds the mutants only a whole node
+# can meet (in `gateway/src/core/`); SIM_MUTANTS="name ..." runs only those named.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 seeds_max=${SIM_MUTANT_SEEDS:-20000}
 secs_max=${SIM_MUTANT_SECS:-120}
+sim_args=${SIM_ARGS:-}
+only=${SIM_MUTANTS:-}
 scratch=$(mktemp -d /tmp/sim-mutants.XXXXXX)
 trap 'rm -rf "$scratch"' EXIT
 
@@ -24,6 +28,7 @@ export CARGO_TARGET_DIR="$scratch/target"
 failed=0
 mutant() {
   local name=$1 file=$2 expr=$3
+  if [ -n "$only" ] && ! grep -qw -- "$name" <<<"$only"; then return; fi
   cp "$root/$file" "$scratch/$file"
   sed -i -e "$expr" "$scratch/$file"
   if cmp -s "$root/$file" "$scratch/$file"; then
@@ -31,7 +36,7 @@ mutant() {
   fi
   (cd "$scratch" && cargo build --release --quiet -p sim 2>&1 | tail -5)
   local out
-  out=$("$scratch/target/release/sim" --seeds "$seeds_max" --secs "$secs_max" --stop || true)
+  out=$("$scratch/target/release/sim" $sim_args --seeds "$seeds_max" --secs "$secs_max" --stop || true)
   cp "$root/$file" "$scratch/$file"
   local k why
   k=$(sed -n 's/^first violation after \([0-9]*\) seeds$/\1/p' <<<"$out")

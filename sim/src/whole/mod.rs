@@ -108,6 +108,8 @@ pub struct World {
     published: u64,
     /// A crash due at this step (after a failed sync).
     crash_at: Option<u64>,
+    /// Crashes so far.
+    crashes: u64,
     /// An ID of this epoch seen (for odd IDs with the right prefix).
     some_id: Option<String>,
     pub events: u64,
@@ -183,6 +185,7 @@ impl World {
             step: 0,
             published: 0,
             crash_at: None,
+            crashes: 0,
             some_id: None,
             events: 0,
         };
@@ -297,9 +300,16 @@ impl World {
         self.crash_at = None;
     }
 
-    /// Every subscriber connected and answered 200 has observed its stream up to the last
-    /// event acknowledged.
+    /// Every publish sent has its answer, and every subscriber connected and answered 200 has
+    /// observed its stream up to the last event acknowledged.
     fn caught_up(&self) -> Check {
+        for (i, p) in self.pubs.iter().enumerate() {
+            if p.busy() {
+                return Err(format!(
+                    "publisher {i}'s request has no answer after {QUIET_STEPS} quiet steps"
+                ));
+            }
+        }
         for (i, s) in self.subs.iter().enumerate() {
             let t = &self.truths[s.stream];
             let seen = s.last.as_ref().map_or(0, |l| l.1);
@@ -342,29 +352,7 @@ impl World {
             return Ok(());
         }
         if !self.pubs[i].busy() && !quiet && self.rng.chance(300) {
-            if self.pubs[i].conn.is_none() {
-                let c = self.connect();
-                self.pubs[i].conn = Some(c);
-            }
-            let stream = self.rng.below(self.truths.len() as u64) as usize;
-            let n = if self.rng.chance(self.cfg.batch_per_mille) {
-                self.rng.range(2, 6)
-            } else {
-                1
-            };
-            let payloads: Vec<Vec<u8>> = (0..n)
-                .map(|_| {
-                    self.published += 1;
-                    let pad = "x".repeat(self.rng.below(200) as usize);
-                    format!("p{}-{pad}", self.published).into_bytes()
-                })
-                .collect();
-            for p in &payloads {
-                self.truths[stream].sent_payload(p);
-            }
-            let name = self.truths[stream].name.clone();
-            self.pubs[i].start(stream, &name, payloads);
-            self.note("publish", &[i as u64, stream as u64, n]);
+            self.start_publish(i);
         }
         let (w, r) = (self.rng.range(1, 400) as usize, 4096);
         match self.pubs[i].advance(w, r)? {
@@ -381,6 +369,59 @@ impl World {
             PubOutcome::Refused(status) => self.note("refused", &[u64::from(status)]),
         }
         Ok(())
+    }
+
+    /// A new publish on publisher `i` (every other one with an `Idempotency-Key`), or by the
+    /// seed the last one whose answer was lost, sent again with its key.
+    fn start_publish(&mut self, i: usize) {
+        if self.pubs[i].conn.is_none() {
+            let c = self.connect();
+            self.pubs[i].conn = Some(c);
+        }
+        let retry = (self.pubs[i].unsure.take())
+            .filter(|u| u.key.is_some() && self.rng.chance(500));
+        let (stream, payloads, key) = match retry {
+            Some(u) => {
+                if let Some((_, crashes)) = &u.key
+                    && *crashes != self.crashes
+                {
+                    for p in &u.payloads {
+                        self.truths[u.stream].may_repeat(p);
+                    }
+                }
+                self.note("retry", &[i as u64, u.payloads.len() as u64]);
+                (u.stream, u.payloads, u.key)
+            }
+            None => self.new_payloads(),
+        };
+        for p in &payloads {
+            self.truths[stream].sent_payload(p);
+        }
+        let name = self.truths[stream].name.clone();
+        self.note("publish", &[i as u64, stream as u64, payloads.len() as u64]);
+        self.pubs[i].start(stream, &name, payloads, key);
+    }
+
+    /// A stream, 1 payload or a batch's, and maybe a key.
+    fn new_payloads(&mut self) -> (usize, Vec<Vec<u8>>, Option<(String, u64)>) {
+        let stream = self.rng.below(self.truths.len() as u64) as usize;
+        let n = if self.rng.chance(self.cfg.batch_per_mille) {
+            self.rng.range(2, 6)
+        } else {
+            1
+        };
+        let payloads: Vec<Vec<u8>> = (0..n)
+            .map(|_| {
+                self.published += 1;
+                let pad = "x".repeat(self.rng.below(200) as usize);
+                format!("p{}-{pad}", self.published).into_bytes()
+            })
+            .collect();
+        let key = self
+            .rng
+            .chance(500)
+            .then(|| (format!("k{}", self.published), self.crashes));
+        (stream, payloads, key)
     }
 
     fn subscriber(&mut self, i: usize, quiet: bool) -> Check {
@@ -440,6 +481,7 @@ impl World {
             return Ok(());
         }
         self.crash_at = None;
+        self.crashes += 1;
         self.fault("crash", &[self.step]);
         let image = self.disk.crash_image(&mut self.rng);
         self.core.take().expect("a node").crash();
