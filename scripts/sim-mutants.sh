@@ -72,4 +72,21 @@ mutant batch-answered-early gateway/src/streams/publish.rs \
 mutant recovery-drops-keys log-store/src/log/recover.rs \
   's/        self.keys.push(KeyRecord {/        Vec::new().push(KeyRecord {/'
 
+# Only the whole node (SIM_ARGS=--whole) drives these: the per-core loop, the connection
+# machine and the answers, which the log-level simulator replaces by calls of its own.
+if [[ " $sim_args " == *" --whole "* ]]; then
+  # 8. Publish answers leave at the end of any turn that touched a stream, durable or not.
+  mutant answer-before-durable gateway/src/core/waits.rs \
+    's/if h.release_waits(|w| hub.visible(w)) {/if h.release_waits(|_| true) {/'
+  # 9. A lost wake-up: the subscribers of streams that moved are not pumped.
+  mutant lost-wakeup gateway/src/core/mod.rs \
+    's/to_pump.extend_from_slice(self.hub.subscribers(key));/let _ = key;/'
+  # 10. A subscriber's partial send is counted whole: the rest of its runs is skipped.
+  mutant sub-partial-send-whole gateway/src/core/net/mod.rs \
+    's/let n = res.max(0) as u64;/let n = if res < 0 { 0 } else { v.len() };/'
+  # 11. An answer's partial send is counted whole: the rest of the answer is dropped.
+  mutant answer-partial-send-whole gateway/src/proto/conn/outbox.rs \
+    's/self.woff += n;/self.woff += self.sending;/'
+fi
+
 exit $failed

@@ -198,6 +198,9 @@ pub struct Publisher {
     pub answered: u64,
     /// The last publish whose answer was lost.
     pub unsure: Option<Unsure>,
+    /// The last keyed publish answered `201` (sent again, it must be stored once, also across
+    /// crashes: its key record was durable with its events before the answer).
+    pub answered_keyed: Option<Unsure>,
 }
 
 /// What a publisher's step did.
@@ -274,6 +277,13 @@ impl Publisher {
             return Ok(PubOutcome::Refused(status));
         }
         let ids = ids_of(&body)?;
+        if p.key.is_some() {
+            self.answered_keyed = Some(Unsure {
+                stream: p.stream,
+                payloads: p.payloads.clone(),
+                key: p.key.clone(),
+            });
+        }
         if ids.len() != p.payloads.len() {
             return Err(format!(
                 "201 with {} IDs for {} events: {body}",

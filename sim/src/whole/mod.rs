@@ -58,6 +58,8 @@ struct WholeConfig {
     cut_per_mille: u32,
     odd_id_per_mille: u32,
     batch_per_mille: u32,
+    /// Payloads are padded up to this many bytes (large ones roll segments often).
+    pad_bytes_max: u64,
 }
 
 impl WholeConfig {
@@ -86,6 +88,7 @@ impl WholeConfig {
             cut_per_mille: rng.range(0, 30) as u32,
             odd_id_per_mille: rng.range(0, 200) as u32,
             batch_per_mille: rng.range(0, 500) as u32,
+            pad_bytes_max: if rng.chance(400) { 3000 } else { 200 },
         }
     }
 }
@@ -378,12 +381,19 @@ impl World {
             let c = self.connect();
             self.pubs[i].conn = Some(c);
         }
-        let retry = (self.pubs[i].unsure.take())
-            .filter(|u| u.key.is_some() && self.rng.chance(500));
+        let (answered, unsure) = (self.rng.chance(100), self.rng.chance(500));
+        let retry = if answered {
+            self.pubs[i].answered_keyed.take().map(|u| (u, true))
+        } else {
+            (self.pubs[i].unsure.take())
+                .filter(|u| u.key.is_some() && unsure)
+                .map(|u| (u, false))
+        };
         let (stream, payloads, key) = match retry {
-            Some(u) => {
+            Some((u, was_answered)) => {
                 if let Some((_, crashes)) = &u.key
                     && *crashes != self.crashes
+                    && !was_answered
                 {
                     for p in &u.payloads {
                         self.truths[u.stream].may_repeat(p);
@@ -413,7 +423,7 @@ impl World {
         let payloads: Vec<Vec<u8>> = (0..n)
             .map(|_| {
                 self.published += 1;
-                let pad = "x".repeat(self.rng.below(200) as usize);
+                let pad = "x".repeat(self.rng.below(self.cfg.pad_bytes_max) as usize);
                 format!("p{}-{pad}", self.published).into_bytes()
             })
             .collect();
