@@ -46,10 +46,14 @@ echo "== fuzz (every cargo-fuzz target 20 s from its committed seeds; fails on a
 bash scripts/fuzz.sh --ci 20
 
 echo "== simulator (sim/: the log, group commit, crashes with torn pages and resuming subscribers, from seeds)"
-# About 120 s of seeds from a start that changes every day (a violation prints its seed and the
-# command that replays it; SIM_SEED=S starts from S instead); any violation fails the run.
+# About 60 s of seeds of each mode from a start that changes every day (a violation prints its
+# seed and the command that replays it; SIM_SEED=S starts from S instead); any violation fails
+# the run. First the log-level mode, then the whole node (--whole: the gateway's own per-core
+# loop over the simulated kernel).
 cargo build --release --locked --quiet -p sim
-./target/release/sim --secs 120 --seed "${SIM_SEED:-$(( $(date +%s) / 86400 * 100000 ))}"
+sim_seed=${SIM_SEED:-$(( $(date +%s) / 86400 * 100000 ))}
+./target/release/sim --secs 60 --seed "$sim_seed"
+./target/release/sim --whole --secs 60 --seed "$sim_seed"
 
 echo "== tests"
 log=$(mktemp)

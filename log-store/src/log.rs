@@ -658,6 +658,12 @@ impl Log {
         crate::log::recover::open(dir, opts, background::Executor::started())
     }
 
+    /// Whether an fsync failed: the log then refuses appends and syncs until it is reopened
+    /// (recovery decides what of it is there), and nothing more becomes visible.
+    pub fn is_poisoned(&self) -> bool {
+        self.poisoned
+    }
+
     pub fn epoch(&self) -> Epoch {
         self.epoch
     }

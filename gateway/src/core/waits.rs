@@ -10,10 +10,7 @@ use crate::proto::conn::Wait;
 use crate::proto::http;
 use crate::streams::SubRef;
 use crate::streams::hub::Hub;
-
-/// The answer to a publish whose group commit failed.
-const LOG_FAILED: &str = "the event could not be made durable: an fsync of its log failed, \
-     and that log refuses appends until the gateway restarts and recovers it";
+use crate::streams::publish::LOG_FAILED;
 
 /// The connections with an answer waiting for durability.
 #[derive(Debug, Default)]

@@ -103,6 +103,12 @@ impl Hub {
         self.logs.into_iter().collect()
     }
 
+    /// Whether `shard`'s log is poisoned (a group commit failed): nothing more of it becomes
+    /// visible, so no answer may wait for it.
+    pub fn poisoned(&self, shard: u32) -> bool {
+        self.logs.get(&shard).is_some_and(Log::is_poisoned)
+    }
+
     pub fn has_shard(&self, shard: u32) -> bool {
         self.logs.contains_key(&shard)
     }

@@ -138,14 +138,26 @@ impl Keys {
         let (keyed, key) = keyed.zip(hub.stream_key(stream))?;
         let (answer, wait) = match self.lookup(stream, &keyed.key, keyed.hash, key.1.0, now) {
             Lookup::New => return None,
-            Lookup::Replay { ids, batch } => {
+            Lookup::Replay {
+                ids,
+                batch,
+                refused,
+            } => {
                 self.replays.fetch_add(1, Relaxed);
-                let (b, wait) = publish::stored_answer(key.0, &ids, false, batch, close);
-                // Durable already (the usual case): nothing would release a wait.
-                (
-                    with_headers(b, REPLAY_HEADER),
-                    wait.filter(|w| !hub.visible(*w)),
-                )
+                let (mut b, wait) = publish::stored_answer(key.0, &ids, false, batch, close);
+                if let Some(r) = refused {
+                    b = publish::refused_answer(r.status, r.code, &r.message, &ids, close);
+                }
+                // Durable already (the usual case): nothing would release a wait. Not durable
+                // and its log poisoned since: nothing ever will, and the original answer (if
+                // its publisher was still there) was the same 500.
+                let wait = wait.filter(|w| !hub.visible(*w));
+                if wait.is_some_and(|w| hub.poisoned(w.shard())) {
+                    let msg = publish::LOG_FAILED;
+                    (http::error_response(500, "log_failed", msg, close), None)
+                } else {
+                    (with_headers(b, REPLAY_HEADER), wait)
+                }
             }
             Lookup::Reused => {
                 let body = serde_json::json!({
@@ -160,6 +172,7 @@ impl Keys {
             wait,
             appended: 0,
             ids: Vec::new(),
+            refusal: None,
         })
     }
 }
@@ -169,8 +182,13 @@ impl Keys {
 pub enum Lookup {
     /// No live entry: publish, then [`Keys::insert`].
     New,
-    /// The same key and body within the window: answer these IDs again (a batch or not).
-    Replay { ids: Vec<EventId>, batch: bool },
+    /// The same key and body within the window: answer these IDs again (a batch or not), or
+    /// the refusal that stopped the publish after them.
+    Replay {
+        ids: Vec<EventId>,
+        batch: bool,
+        refused: Option<publish::Refusal>,
+    },
     /// The same key with another body: 422.
     Reused,
 }
@@ -227,6 +245,8 @@ struct Entry {
     hash: u64,
     ids: Vec<EventId>,
     batch: bool,
+    /// The publish stopped after `ids` with this refusal (in memory only: no key record).
+    refused: Option<publish::Refusal>,
     at: Instant,
     serial: u64,
 }
@@ -280,6 +300,7 @@ impl Keys {
         Lookup::Replay {
             ids: e.ids.clone(),
             batch: e.batch,
+            refused: e.refused.clone(),
         }
     }
 
@@ -306,6 +327,7 @@ impl Keys {
                 hash,
                 ids,
                 batch,
+                refused: None,
                 at: now,
                 serial,
             },
@@ -323,8 +345,10 @@ impl Keys {
         }
     }
 
-    /// Remembers `p` under `keyed` if every one of the `n` events was stored; then the key
-    /// record to write after them.
+    /// Remembers `p` under `keyed` if it stored any of its `n` events; then the key record to
+    /// write after them when it stored all. One that stopped part-way (a full disk) is
+    /// remembered with its refusal, in memory only: a retry gets the same answer (the IDs
+    /// stored and the error) instead of storing those events again.
     pub fn remember(
         &mut self,
         stream: &str,
@@ -334,8 +358,13 @@ impl Keys {
         batch: bool,
         now: Instant,
     ) -> Option<Durable> {
-        let k = keyed.filter(|_| p.ids.len() == n && n > 0)?;
+        let k = keyed.filter(|_| !p.ids.is_empty())?;
         self.insert(stream, &k.key, k.hash, (p.ids.clone(), batch), now);
+        if p.ids.len() < n {
+            let e = self.entries.get_mut(&(stream.to_owned(), k.key.clone()));
+            e.expect("just inserted").refused = p.refusal.clone();
+            return None;
+        }
         durable(&p.ids, k.hash, batch, &k.key)
     }
 
@@ -469,6 +498,7 @@ mod tests {
         let replay = Lookup::Replay {
             ids: vec![id(0, 1)],
             batch: false,
+            refused: None,
         };
         assert_eq!(k.lookup("s", "k1", 5, 0, t0), replay);
         assert_eq!(k.lookup("s", "k1", 6, 0, t0), Lookup::Reused);
@@ -488,6 +518,91 @@ mod tests {
         assert!(k.is_empty());
     }
 
+    fn published(ids: Vec<EventId>, refusal: Option<publish::Refusal>) -> Published {
+        Published {
+            answer: Vec::new(),
+            wait: None,
+            appended: ids.len(),
+            ids,
+            refusal,
+        }
+    }
+
+    #[test]
+    fn a_publish_stopped_part_way_replays_its_refusal_and_one_that_stored_nothing_is_new() {
+        let mut k = keys(10, 10);
+        let t = Instant::now();
+        let events = [
+            (None, b"a".to_vec()),
+            (None, b"b".to_vec()),
+            (None, b"c".to_vec()),
+        ];
+        let keyed = || Some(Keyed::new("k".into(), &events));
+        let full = publish::Refusal {
+            status: 507,
+            code: "insufficient_storage",
+            message: "disk full".into(),
+        };
+        let p = published(vec![id(0, 4), id(0, 5)], Some(full.clone()));
+        // Two of three stored: remembered with the refusal, and no key record (in memory only).
+        assert_eq!(k.remember("s", keyed(), &p, 3, true, t), None);
+        let hash = keyed().unwrap().hash;
+        let want = Lookup::Replay {
+            ids: vec![id(0, 4), id(0, 5)],
+            batch: true,
+            refused: Some(full.clone()),
+        };
+        assert_eq!(k.lookup("s", "k", hash, 0, t), want);
+        // Nothing stored: nothing to replay, a retry publishes.
+        let p = published(Vec::new(), Some(full));
+        assert_eq!(
+            k.remember("s", Some(Keyed::new("k2".into(), &events)), &p, 3, true, t),
+            None
+        );
+        assert_eq!(k.lookup("s", "k2", hash, 0, t), Lookup::New);
+    }
+
+    /// A real log's hub with stream `s` holding one event appended, not yet durable.
+    fn hub_with_one_event(dir: &std::path::Path) -> (Hub, EventId) {
+        let opts = log_store::LogOptions {
+            segment_bytes: 64 * 1024,
+            record_bytes_max: 4096,
+            fsync: log_store::FsyncPolicy::Group,
+            ..log_store::LogOptions::default()
+        };
+        let log = log_store::Log::open(dir, opts).unwrap();
+        let mut hub = Hub::new(vec![(0, log)], 1);
+        let key = hub.open_stream("s").unwrap();
+        let m = crate::metrics::CoreMetrics::default();
+        let p = hub.append_events(key, &[(None, b"x".to_vec())], (false, false), &m);
+        (hub, p.ids[0])
+    }
+
+    #[test]
+    fn a_replay_waiting_on_a_poisoned_log_gets_its_500_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut hub, first) = hub_with_one_event(dir.path());
+        let mut k = keys(10, 10);
+        let t = Instant::now();
+        let events = [(None, b"x".to_vec())];
+        let keyed = Keyed::new("k".into(), &events);
+        k.insert("s", "k", keyed.hash, (vec![first], false), t);
+        // Before the group commit: the replay waits for durability, as the original did.
+        let r = k.known(&hub, "s", Some(&keyed), t, false).unwrap();
+        assert!(r.wait.is_some(), "held until durable");
+        assert!(String::from_utf8_lossy(&r.answer).starts_with("HTTP/1.1 201"));
+        // The group commit fails: the log is poisoned and nothing more becomes visible.
+        let syncs = hub.start_syncs(t);
+        assert_eq!(syncs.len(), 1);
+        hub.on_fsync(0, -libc::EIO, 0, t);
+        assert!(hub.poisoned(0));
+        let r = k.known(&hub, "s", Some(&keyed), t, false).unwrap();
+        let answer = String::from_utf8_lossy(&r.answer).into_owned();
+        assert!(answer.starts_with("HTTP/1.1 500"), "{answer}");
+        assert!(answer.contains("log_failed"), "{answer}");
+        assert_eq!(r.wait, None, "nothing would ever release it");
+    }
+
     #[test]
     fn applied_keyed_messages_make_their_key_known_once_all_are_applied() {
         let mut k = keys(10, 10);
@@ -505,6 +620,7 @@ mod tests {
         let want = Lookup::Replay {
             ids: vec![id(0, 4), id(0, 5)],
             batch: true,
+            refused: None,
         };
         assert_eq!(k.lookup("s", "k", keyed.hash, 0, t), want);
         // Out of order or malformed: ignored.
@@ -574,6 +690,7 @@ mod tests {
         let want = Lookup::Replay {
             ids: vec![id(0, 4), id(0, 5)],
             batch: true,
+            refused: None,
         };
         assert_eq!(k.lookup("s", "kb", 9, 0, t), want);
         assert_eq!(k.lookup("s", "kb", 8, 0, t), Lookup::Reused);

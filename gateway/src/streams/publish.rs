@@ -21,6 +21,21 @@ pub struct Published {
     pub appended: usize,
     /// The IDs of the events stored (all of them when the answer is 201).
     pub ids: Vec<EventId>,
+    /// Why the appends stopped part-way, if they did (the answer names `ids` as stored).
+    pub refusal: Option<Refusal>,
+}
+
+/// The message of the 500 `log_failed` to a publish whose group commit failed.
+pub const LOG_FAILED: &str = "the event could not be made durable: an fsync of its log failed, \
+     and that log refuses appends until the gateway restarts and recovers it";
+
+/// An append refused part-way through a publish: the error answered (with the IDs stored
+/// before it), and replayed to a retry under the same `Idempotency-Key`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub status: u16,
+    pub code: &'static str,
+    pub message: String,
 }
 
 /// The log's record limit as a publisher sees it, the one place that decides whether an
@@ -142,7 +157,8 @@ pub fn check_framed_worst(log: &Log, events: &[Event]) -> Result<(), (u16, &'sta
 }
 
 /// Appends the (checked) events in order. The answer waits for durability unless every
-/// append was durable at once; a refused append answers with the IDs appended before it.
+/// append was durable at once; a refused append answers with the IDs appended before it, held
+/// until those are durable too (they are named as stored: the client must not resend them).
 pub fn append(
     log: &mut Log,
     shard: u32,
@@ -161,11 +177,18 @@ pub fn append(
             }
             Err(e) => {
                 let (status, code) = append_status(&e);
+                let r = Refusal {
+                    status,
+                    code,
+                    message: e.to_string(),
+                };
+                let wait = stored_answer(shard, &ids, all_durable, batch, close).1;
                 return Published {
-                    answer: refused_answer(status, code, &e.to_string(), &ids, close),
-                    wait: None,
+                    answer: refused_answer(status, code, &r.message, &ids, close),
+                    wait,
                     appended: ids.len(),
                     ids,
+                    refusal: Some(r),
                 };
             }
         }
@@ -176,6 +199,7 @@ pub fn append(
         wait,
         appended: ids.len(),
         ids,
+        refusal: None,
     }
 }
 

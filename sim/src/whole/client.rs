@@ -71,7 +71,11 @@ impl StreamTruth {
                 String::from_utf8_lossy(data)
             ));
         }
-        if let Some(&other) = self.at_seq.get(data).filter(|_| !self.may_repeat.contains(data)) {
+        if let Some(&other) = self
+            .at_seq
+            .get(data)
+            .filter(|_| !self.may_repeat.contains(data))
+        {
             return Err(format!(
                 "{}: payload {:?} at {seq} {how}, already at {other} (stored twice)",
                 self.name,
@@ -209,8 +213,9 @@ pub enum PubOutcome {
     Nothing,
     /// A `201`: these IDs for these payloads, on this stream.
     Stored(usize, Vec<(u64, Vec<u8>)>),
-    /// An explicit error (status).
-    Refused(u16),
+    /// An explicit error (status), with the events it names as stored before it (a batch
+    /// stopped part-way: held until those are durable, so they count as acknowledged).
+    Refused(u16, usize, Vec<(u64, Vec<u8>)>),
 }
 
 impl Publisher {
@@ -274,7 +279,17 @@ impl Publisher {
         self.answered += 1;
         if status != 201 {
             self.conn = None; // an error may close the connection: start afresh
-            return Ok(PubOutcome::Refused(status));
+            let stored = match body.split_once("\"appended_ids\":") {
+                Some((_, rest)) => ids_of(&format!("\"ids\":{rest}"))?,
+                None => Vec::new(),
+            };
+            if stored.len() > p.payloads.len() {
+                return Err(format!(
+                    "{status} naming more events stored than sent: {body}"
+                ));
+            }
+            let stored = stored.into_iter().zip(p.payloads).collect();
+            return Ok(PubOutcome::Refused(status, p.stream, stored));
         }
         let ids = ids_of(&body)?;
         if p.key.is_some() {

@@ -341,10 +341,16 @@ impl World {
     }
 
     fn note(&self, what: &'static str, nums: &[u64]) {
+        if std::env::var_os("SIM_DEBUG").is_some() {
+            eprintln!("step {}: {what} {nums:?}", self.step);
+        }
         self.kernel.borrow_mut().trace.note(what, nums);
     }
 
     fn fault(&self, what: &'static str, nums: &[u64]) {
+        if std::env::var_os("SIM_DEBUG").is_some() {
+            eprintln!("step {}: {what} {nums:?}", self.step);
+        }
         self.kernel.borrow_mut().trace.fault(what, nums);
     }
 
@@ -369,7 +375,14 @@ impl World {
                 self.events += ids.len() as u64;
                 self.note("stored", &[stream as u64, ids.len() as u64]);
             }
-            PubOutcome::Refused(status) => self.note("refused", &[u64::from(status)]),
+            PubOutcome::Refused(status, stream, stored) => {
+                let t = &mut self.truths[stream];
+                for (seq, data) in &stored {
+                    t.learn(*seq, data, "named stored by a refusal")?;
+                    t.acked_max = t.acked_max.max(*seq);
+                }
+                self.note("refused", &[u64::from(status), stored.len() as u64]);
+            }
         }
         Ok(())
     }
@@ -408,7 +421,16 @@ impl World {
             self.truths[stream].sent_payload(p);
         }
         let name = self.truths[stream].name.clone();
-        self.note("publish", &[i as u64, stream as u64, payloads.len() as u64]);
+        let first: u64 = String::from_utf8_lossy(&payloads[0][1..])
+            .split('-')
+            .next()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        let keyed = u64::from(key.is_some());
+        self.note(
+            "publish",
+            &[i as u64, stream as u64, payloads.len() as u64, first, keyed],
+        );
         self.pubs[i].start(stream, &name, payloads, key);
     }
 
