@@ -9,7 +9,9 @@
 //! seed, the node crashes: every segment page torn between its current and durable bytes, the
 //! log reopened from what remains and a new core started; a failed `fdatasync` (the log is
 //! poisoned) is followed by a crash too. The last 400 steps are quiet (no faults, no cuts,
-//! every reader fast), and every subscriber must then have caught up.
+//! every reader fast; publishers go on calmly for the first 200): an event acknowledged while
+//! a subscriber was caught up must reach it within 20 steps, and at the end every publish has
+//! its answer and every subscriber has caught up.
 //!
 //! Checked at every step: each subscriber observes exactly the suffix after its
 //! `Last-Event-ID` (or from the start), every event byte-for-byte what was published and
@@ -41,6 +43,11 @@ use ring::{Kernel, KernelFaults, SimRing};
 const SEGMENT_BYTES: u64 = 64 * 1024;
 /// Steps at the end without faults, for the subscribers to catch up.
 const QUIET_STEPS: u64 = 400;
+/// The first of the quiet steps still publish (calmly): an event acknowledged while a
+/// subscriber was caught up must reach it within [`WAKE_STEPS_MAX`] steps (the tick, which
+/// would mask a lost wake-up, is 100).
+const CALM_STEPS: u64 = 200;
+const WAKE_STEPS_MAX: u64 = 20;
 
 /// What one seed draws.
 #[derive(Debug, Clone)]
@@ -113,6 +120,9 @@ pub struct World {
     crash_at: Option<u64>,
     /// Crashes so far.
     crashes: u64,
+    /// Per subscriber, in the calm steps: an event it must have by a step (it was caught up
+    /// when the event was acknowledged).
+    due: Vec<Option<(u64, u64)>>,
     /// An ID of this epoch seen (for odd IDs with the right prefix).
     some_id: Option<String>,
     pub events: u64,
@@ -189,6 +199,7 @@ impl World {
             published: 0,
             crash_at: None,
             crashes: 0,
+            due: Vec::new(),
             some_id: None,
             events: 0,
         };
@@ -275,6 +286,7 @@ impl World {
                 self.quiet_down();
             }
             self.clients(quiet)?;
+            self.woken()?;
             self.maybe_crash(quiet)?;
             self.kernel.borrow_mut().step();
             let core = self.core.as_mut().expect("a node");
@@ -293,6 +305,45 @@ impl World {
             k.now += Duration::from_millis(1);
         }
         self.caught_up()
+    }
+
+    /// Events `ids` of `stream` were acknowledged: each subscriber that had everything before
+    /// them must get them within [`WAKE_STEPS_MAX`] steps.
+    fn expect_wakeups(&mut self, stream: usize, ids: &[(u64, Vec<u8>)]) {
+        let (Some(first), Some(last)) =
+            (ids.iter().map(|x| x.0).min(), ids.iter().map(|x| x.0).max())
+        else {
+            return;
+        };
+        self.due.resize(self.subs.len(), None);
+        for (i, s) in self.subs.iter().enumerate() {
+            let seen = s.last.as_ref().map_or(0, |l| l.1);
+            let live = s.conn.is_some() && s.status == Some(200) && s.stream == stream;
+            if live && seen + 1 >= first && seen < last && self.due[i].is_none() {
+                self.due[i] = Some((last, self.step + WAKE_STEPS_MAX));
+                self.kernel
+                    .borrow_mut()
+                    .trace
+                    .note("wake due", &[i as u64, last]);
+            }
+        }
+    }
+
+    /// Every subscriber due an event has it by its step.
+    fn woken(&mut self) -> Check {
+        for (i, due) in self.due.iter_mut().enumerate() {
+            let Some((seq, by)) = *due else { continue };
+            let s = &self.subs[i];
+            if s.last.as_ref().is_some_and(|l| l.1 >= seq) || s.conn.is_none() {
+                *due = None;
+            } else if self.step > by {
+                return Err(format!(
+                    "subscriber {i} was caught up, and event {seq} acknowledged {WAKE_STEPS_MAX} \
+                     steps ago has not reached it (a lost wake-up?)"
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// No more faults: the kernel executes everything at once, readers are fast.
@@ -360,7 +411,8 @@ impl World {
             self.fault("publisher cut", &[i as u64]);
             return Ok(());
         }
-        if !self.pubs[i].busy() && !quiet && self.rng.chance(300) {
+        let calm = quiet && self.step <= self.cfg.steps + CALM_STEPS;
+        if !self.pubs[i].busy() && (!quiet && self.rng.chance(300) || calm && self.rng.chance(50)) {
             self.start_publish(i);
         }
         let (w, r) = (self.rng.range(1, 400) as usize, 4096);
@@ -371,6 +423,9 @@ impl World {
                 for (seq, data) in &ids {
                     t.learn(*seq, data, "acknowledged")?;
                     t.acked_max = t.acked_max.max(*seq);
+                }
+                if quiet {
+                    self.expect_wakeups(stream, &ids);
                 }
                 self.events += ids.len() as u64;
                 self.note("stored", &[stream as u64, ids.len() as u64]);
