@@ -13,8 +13,8 @@
       `impl` blocks together, whatever files hold them (a type being divided may be given a
       ceiling of its own in TYPE_METHOD_LINES_CEILING that may only go down; none today;
       --report lists every crate's largest types);
-  (c) the `unsafe` keyword only under gateway/src/uring/, in gateway/src/sys.rs and in
-      log-store/src/mmap.rs (the src/ of every workspace crate is checked, every .rs file,
+  (c) the `unsafe` keyword only under gateway/src/uring/, in gateway/src/sys.rs, in
+      log-store/src/mmap.rs and in sim/src/whole/ring.rs (the src/ of every workspace crate is checked, every .rs file,
       tests included; comments, strings and words like `unsafe_code` do not count).
 
 It does not compile or expand anything: a small Rust lexer (strings, raw strings, byte and C
@@ -55,8 +55,11 @@ FILE_BUDGET_DIRS = ("gateway/src/", "mcp-front/src/", "auth/src/", "sim/src/")
 UNSAFE_ALLOWED_PREFIXES = ("gateway/src/uring/",)
 # log-store/src/mmap.rs: the mapping of segment files (ARCHITECTURE.md: "all `unsafe` is in
 # mmap.rs"); every other log-store module is #![forbid(unsafe_code)].
-UNSAFE_ALLOWED_FILES = ("gateway/src/sys.rs", "log-store/src/mmap.rs")
-UNSAFE_WHERE = "gateway/src/uring/, gateway/src/sys.rs and log-store/src/mmap.rs"
+# sim/src/whole/ring.rs: the simulated kernel executes the driver's operations (`uring::Sqe`)
+# on the raw pointers the `Ring` seam hands it, under the same contract as io_uring.
+UNSAFE_ALLOWED_FILES = ("gateway/src/sys.rs", "log-store/src/mmap.rs", "sim/src/whole/ring.rs")
+UNSAFE_WHERE = ("gateway/src/uring/, gateway/src/sys.rs, log-store/src/mmap.rs and "
+                "sim/src/whole/ring.rs")
 REPORT_TOP = 15
 
 

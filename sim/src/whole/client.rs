@@ -7,10 +7,12 @@
 //! - A [`Subscriber`] subscribes from the start or resumes with its last `Last-Event-ID` (or,
 //!   by the seed, an ID beyond the tail, of another epoch, or malformed: each must be refused
 //!   with 400), reads a few bytes at a time (slow readers) or many, and is cut at any byte.
-#![allow(unsafe_code)]
+#![forbid(unsafe_code)]
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::io::{ErrorKind, Read, Write};
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixStream;
 
 use crate::rng::Rng;
 use crate::sse::{Item, Parser};
@@ -93,10 +95,10 @@ impl StreamTruth {
     }
 }
 
-/// The client's end of a connection.
+/// The client's end of a connection (non-blocking).
 #[derive(Debug)]
 pub struct ClientConn {
-    pub fd: OwnedFd,
+    pub sock: UnixStream,
     out: Vec<u8>,
     written: usize,
     pub eof: bool,
@@ -104,8 +106,10 @@ pub struct ClientConn {
 
 impl ClientConn {
     pub fn new(fd: OwnedFd) -> ClientConn {
+        let sock = UnixStream::from(fd);
+        sock.set_nonblocking(true).expect("O_NONBLOCK");
         ClientConn {
-            fd,
+            sock,
             out: Vec::new(),
             written: 0,
             eof: false,
@@ -120,21 +124,10 @@ impl ClientConn {
     pub fn write_some(&mut self, n: usize) -> bool {
         let end = (self.written + n).min(self.out.len());
         if end > self.written {
-            let b = &self.out[self.written..end];
-            // SAFETY: a live slice and a descriptor we own.
-            let r = unsafe {
-                libc::send(
-                    self.fd.as_raw_fd(),
-                    b.as_ptr().cast(),
-                    b.len(),
-                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-                )
-            };
-            if r > 0 {
-                self.written += r as usize;
-            } else if r < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EAGAIN)
-            {
-                self.eof = true;
+            match self.sock.write(&self.out[self.written..end]) {
+                Ok(k) => self.written += k,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+                Err(_) => self.eof = true,
             }
         }
         self.written == self.out.len()
@@ -143,29 +136,20 @@ impl ClientConn {
     /// Reads up to `n` bytes (none when nothing is there); sets `eof` at the end.
     pub fn read_some(&mut self, n: usize) -> Vec<u8> {
         let mut buf = vec![0u8; n.max(1)];
-        // SAFETY: a live buffer and a descriptor we own.
-        let r = unsafe {
-            libc::recv(
-                self.fd.as_raw_fd(),
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-                libc::MSG_DONTWAIT,
-            )
-        };
-        match r {
-            0 => {
+        match self.sock.read(&mut buf) {
+            Ok(0) => {
                 self.eof = true;
                 Vec::new()
             }
-            r if r < 0 => {
-                if std::io::Error::last_os_error().raw_os_error() != Some(libc::EAGAIN) {
+            Ok(k) => {
+                buf.truncate(k);
+                buf
+            }
+            Err(e) => {
+                if e.kind() != ErrorKind::WouldBlock {
                     self.eof = true;
                 }
                 Vec::new()
-            }
-            r => {
-                buf.truncate(r as usize);
-                buf
             }
         }
     }

@@ -289,20 +289,7 @@ impl Kernel {
                 ptr,
                 len,
                 offset,
-            } => {
-                if poll(fd, libc::POLLIN) == 0 {
-                    return Visit::Wait;
-                }
-                // SAFETY: the driver holds `ptr..ptr+len` until this operation's completion
-                // (the `Ring::push` contract).
-                let r = unsafe { libc::pread(fd, ptr.cast(), len as usize, offset as i64) };
-                if r < 0 && errno() == libc::ESPIPE {
-                    // SAFETY: as above (an eventfd: no offset).
-                    let r = unsafe { libc::read(fd, ptr.cast(), len as usize) };
-                    return result(r);
-                }
-                result(r)
-            }
+            } => read(fd, ptr, len, offset),
             Sqe::Recv { fd, ptr, len } => {
                 let len = self.partial(len as usize, "partial receive");
                 // SAFETY: the driver holds `ptr..ptr+len` until the completion.
@@ -435,6 +422,22 @@ impl Kernel {
         }
         n
     }
+}
+
+/// A read of a file at `offset`, or of the eventfd (no offset), once it is readable.
+fn read(fd: RawFd, ptr: *mut u8, len: u32, offset: u64) -> Visit {
+    if poll(fd, libc::POLLIN) == 0 {
+        return Visit::Wait;
+    }
+    // SAFETY: the driver holds `ptr..ptr+len` until this operation's completion (the
+    // `Ring::push` contract).
+    let r = unsafe { libc::pread(fd, ptr.cast(), len as usize, offset as i64) };
+    if r < 0 && errno() == libc::ESPIPE {
+        // SAFETY: as above (an eventfd: no offset).
+        let r = unsafe { libc::read(fd, ptr.cast(), len as usize) };
+        return result(r);
+    }
+    result(r)
 }
 
 /// The events of `mask` (and errors, hang-ups) ready on `fd` now.
