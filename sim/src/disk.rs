@@ -162,7 +162,7 @@ impl Disk {
         let st = self.state.borrow();
         let mut out = Vec::new();
         for (name, ino, cur) in list_files(&self.dir) {
-            if !(name.ends_with(".seg") || name == "spare") {
+            if !(name.ends_with(".seg") || name == "spare" || name.ends_with("/spare")) {
                 out.push((name, cur));
                 continue;
             }
@@ -199,6 +199,9 @@ impl Disk {
         st.full_left = 0;
         for (name, bytes) in image {
             let p = self.dir.join(&name);
+            if let Some(parent) = p.parent() {
+                fs::create_dir_all(parent).expect("a shard directory");
+            }
             fs::write(&p, &bytes).expect("write a file back");
             let ino = fs::metadata(&p).expect("stat").ino();
             st.durable.insert(ino, bytes);
@@ -273,17 +276,22 @@ impl State {
     }
 }
 
-/// Every file of `dir` by name, with its inode.
+/// Every file of `dir` and of its subdirectories (a node's shard directories) by relative
+/// name, with its inode.
 fn names(dir: &Path) -> Vec<(String, u64)> {
-    let mut v: Vec<_> = fs::read_dir(dir)
-        .expect("read the log directory")
-        .filter_map(Result::ok)
-        .filter_map(|e| {
-            let name = e.file_name().into_string().ok()?;
-            let meta = e.metadata().ok()?;
-            meta.is_file().then(|| (name, meta.ino()))
-        })
-        .collect();
+    let mut v = Vec::new();
+    let entries = fs::read_dir(dir).expect("read the log directory");
+    for e in entries.filter_map(Result::ok) {
+        let (Ok(name), Ok(meta)) = (e.file_name().into_string(), e.metadata()) else {
+            continue;
+        };
+        if meta.is_file() {
+            v.push((name, meta.ino()));
+        } else if meta.is_dir() {
+            let sub = names(&dir.join(&name));
+            v.extend(sub.into_iter().map(|(n, ino)| (format!("{name}/{n}"), ino)));
+        }
+    }
     v.sort();
     v
 }

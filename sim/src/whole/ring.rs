@@ -55,6 +55,8 @@ struct InFlight {
     last_mask: i16,
     /// A cancel found it: it completes with `-ECANCELED` when next visited.
     cancelled: bool,
+    /// The ring (core) that submitted it.
+    ring: usize,
 }
 
 /// The kernel's state, shared by the ring (inside the core) and the world.
@@ -63,9 +65,11 @@ pub struct Kernel {
     pub now: Instant,
     pub step: u64,
     in_flight: Vec<InFlight>,
-    ready: Vec<Cqe>,
-    /// Node ends of connections made, waiting for the multishot accept.
-    backlog: VecDeque<OwnedFd>,
+    /// Completions ready, per ring.
+    ready: Vec<Vec<Cqe>>,
+    /// Node ends of connections made, waiting for a ring's multishot accept (each core has a
+    /// listener of its own, as with `SO_REUSEPORT`).
+    backlog: Vec<VecDeque<OwnedFd>>,
     rng: Rng,
     faults: KernelFaults,
     disk: Rc<Disk>,
@@ -75,13 +79,16 @@ pub struct Kernel {
     pub trace: Trace,
 }
 
-/// The [`Ring`] a simulated core is given.
+/// The [`Ring`] a simulated core (`ring`) is given.
 #[derive(Debug)]
-pub struct SimRing(pub Rc<RefCell<Kernel>>);
+pub struct SimRing {
+    pub kernel: Rc<RefCell<Kernel>>,
+    pub ring: usize,
+}
 
 impl Ring for SimRing {
     unsafe fn push(&mut self, sqe: Sqe, user_data: u64) {
-        let mut k = self.0.borrow_mut();
+        let mut k = self.kernel.borrow_mut();
         let ino = fd_of(sqe).map_or(0, inode);
         k.in_flight.push(InFlight {
             user_data,
@@ -90,17 +97,18 @@ impl Ring for SimRing {
             not_before: None,
             last_mask: 0,
             cancelled: false,
+            ring: self.ring,
         });
     }
 
     fn submit_and_wait(&mut self, _timeout: Duration) {}
 
     fn reap(&mut self, out: &mut Vec<Cqe>) {
-        out.append(&mut self.0.borrow_mut().ready);
+        out.append(&mut self.kernel.borrow_mut().ready[self.ring]);
     }
 
     fn now(&self) -> Instant {
-        self.0.borrow().now
+        self.kernel.borrow().now
     }
 }
 
@@ -148,13 +156,20 @@ enum Visit {
 }
 
 impl Kernel {
-    pub fn new(rng: Rng, faults: KernelFaults, disk: Rc<Disk>, sndbuf: i32, now: Instant) -> Self {
+    /// A kernel for `rings` cores.
+    pub fn new(
+        rng: Rng,
+        faults: KernelFaults,
+        disk: Rc<Disk>,
+        (sndbuf, rings): (i32, usize),
+        now: Instant,
+    ) -> Self {
         Kernel {
             now,
             step: 0,
             in_flight: Vec::new(),
-            ready: Vec::new(),
-            backlog: VecDeque::new(),
+            ready: vec![Vec::new(); rings],
+            backlog: (0..rings).map(|_| VecDeque::new()).collect(),
             rng,
             faults,
             disk,
@@ -196,7 +211,8 @@ impl Kernel {
         // SAFETY: fcntl on a descriptor we own.
         let r = unsafe { libc::fcntl(client.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) };
         assert_eq!(r, 0, "O_NONBLOCK");
-        self.backlog.push_back(node);
+        let r = self.rng.below(self.backlog.len() as u64) as usize;
+        self.backlog[r].push_back(node);
         client
     }
 
@@ -221,8 +237,8 @@ impl Kernel {
     /// The node crashed: what was in flight, ready or waiting for an accept is gone.
     pub fn crashed(&mut self) {
         self.in_flight.clear();
-        self.ready.clear();
-        self.backlog.clear();
+        self.ready.iter_mut().for_each(Vec::clear);
+        self.backlog.iter_mut().for_each(VecDeque::clear);
     }
 
     /// Operations in flight (a bound on memory: every connection has a few).
@@ -247,13 +263,13 @@ impl Kernel {
             match self.visit(i) {
                 Visit::Wait => i += 1,
                 Visit::More(res) => {
-                    let ud = self.in_flight[i].user_data;
-                    self.ready.push((ud, res, CQE_F_MORE));
+                    let (ud, r) = (self.in_flight[i].user_data, self.in_flight[i].ring);
+                    self.ready[r].push((ud, res, CQE_F_MORE));
                     i += 1;
                 }
                 Visit::Done(res) => {
                     let op = self.in_flight.remove(i);
-                    self.ready.push((op.user_data, res, 0));
+                    self.ready[op.ring].push((op.user_data, res, 0));
                 }
             }
         }
@@ -270,17 +286,20 @@ impl Kernel {
             return Visit::Done(-libc::EBADF);
         }
         match sqe {
-            Sqe::AcceptMulti { .. } => match self.backlog.pop_front() {
+            Sqe::AcceptMulti { .. } => match self.backlog[self.in_flight[i].ring].pop_front() {
                 Some(fd) => Visit::More(fd.into_raw_fd()),
                 None => Visit::Wait,
             },
             Sqe::Cancel { user_data } => {
+                let r = self.in_flight[i].ring;
                 Visit::Done(self.cancel(|op| {
-                    op.user_data == user_data && !matches!(op.sqe, Sqe::Cancel { .. })
+                    op.ring == r
+                        && op.user_data == user_data
+                        && !matches!(op.sqe, Sqe::Cancel { .. })
                 }))
             }
             Sqe::CancelFd { fd } => {
-                let n = self.cancel_all(fd);
+                let n = self.cancel_all(self.in_flight[i].ring, fd);
                 Visit::Done(if n > 0 { n } else { -libc::ENOENT })
             }
             Sqe::Fsync { fd } => self.fsync(i, fd),
@@ -411,10 +430,11 @@ impl Kernel {
         }
     }
 
-    fn cancel_all(&mut self, fd: RawFd) -> i32 {
+    fn cancel_all(&mut self, ring: usize, fd: RawFd) -> i32 {
         let mut n = 0;
         while self.cancel(|op| {
-            fd_of(op.sqe) == Some(fd)
+            op.ring == ring
+                && fd_of(op.sqe) == Some(fd)
                 && !matches!(op.sqe, Sqe::CancelFd { .. } | Sqe::Cancel { .. })
         }) == 0
         {
