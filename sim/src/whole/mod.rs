@@ -147,7 +147,7 @@ impl std::fmt::Debug for World {
 
 impl World {
     pub fn new(seed: u64) -> Result<World, String> {
-        let mut rng = Rng::new(seed ^ 0x5748_4f4c_45);
+        let mut rng = Rng::new(seed ^ 0x0057_484f_4c45);
         let cfg = WholeConfig::draw(&mut rng);
         let disk = Disk::new(seed, cfg.page_bytes, cfg.disk, Rng::new(rng.next_u64()))
             .map_err(|e| format!("disk: {e}"))?;

@@ -19,7 +19,7 @@
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, IntoRawFd, OwnedFd, RawFd};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -179,23 +179,10 @@ impl Kernel {
         }
     }
 
-    /// A new connection to the node: its client end (non-blocking). The node's end waits for
-    /// the accept.
+    /// A new connection to the node: its client end. The node's end waits for an accept.
     pub fn connect(&mut self) -> OwnedFd {
-        let mut fds = [0; 2];
-        // SAFETY: socketpair writes two descriptors into the array, which is valid.
-        let r = unsafe {
-            libc::socketpair(
-                libc::AF_UNIX,
-                libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
-                0,
-                fds.as_mut_ptr(),
-            )
-        };
-        assert_eq!(r, 0, "socketpair: {}", std::io::Error::last_os_error());
-        // SAFETY: both descriptors were just created and are owned by nothing else.
-        let (node, client) =
-            unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        let (node, client) = std::os::unix::net::UnixStream::pair().expect("socketpair");
+        let (node, client) = (OwnedFd::from(node), OwnedFd::from(client));
         let v = self.sndbuf;
         // SAFETY: the option value is a live c_int of the size given.
         let r = unsafe {
@@ -208,9 +195,6 @@ impl Kernel {
             )
         };
         assert_eq!(r, 0, "SO_SNDBUF");
-        // SAFETY: fcntl on a descriptor we own.
-        let r = unsafe { libc::fcntl(client.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) };
-        assert_eq!(r, 0, "O_NONBLOCK");
         let r = self.rng.below(self.backlog.len() as u64) as usize;
         self.backlog[r].push_back(node);
         client
