@@ -144,7 +144,12 @@ impl Disk {
 
     /// Whether `bytes` at `off` of segment `number`'s file are in its durable image.
     pub fn is_durable(&self, number: u64, off: u64, bytes: &[u8]) -> bool {
-        let path = self.dir.join(format!("{number:020}.seg"));
+        self.is_durable_in(&self.dir, number, off, bytes)
+    }
+
+    /// [`Disk::is_durable`] for a log in `dir` (a node's shard directory).
+    pub fn is_durable_in(&self, dir: &Path, number: u64, off: u64, bytes: &[u8]) -> bool {
+        let path = dir.join(format!("{number:020}.seg"));
         let Ok(meta) = fs::metadata(&path) else {
             return false;
         };

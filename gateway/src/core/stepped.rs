@@ -48,6 +48,12 @@ impl SteppedCore {
             .sum()
     }
 
+    /// The log of `shard`, if this core owns it (for the simulator's durability checks).
+    pub fn log(&self, shard: u32) -> Option<&log_store::Log> {
+        let hub = &self.core.hub;
+        hub.has_shard(shard).then(|| hub.log(shard))
+    }
+
     /// Live connections.
     pub fn connections(&self) -> usize {
         self.core.live_connections()

@@ -282,6 +282,28 @@ impl World {
         }
     }
 
+    /// Event `seq` of stream `stream`, `what` (answered, shown), is in the disk's durable
+    /// image: what the node claims or shows must survive any crash from now on.
+    fn durable(&self, stream: usize, seq: u64, what: &str) -> Check {
+        let name = &self.truths[stream].name;
+        let shard = gateway::shards::shard_of(name, self.cfg.cores as u32);
+        let log = (self.cores.get(shard as usize))
+            .and_then(|c| c.log(shard))
+            .ok_or_else(|| format!("no core holds shard {shard}"))?;
+        let sid = (log.streams())
+            .find(|(_, n, _)| *n == name.as_str())
+            .map(|(id, _, _)| id)
+            .ok_or_else(|| format!("{name}: event {seq} {what}, and no such stream"))?;
+        let r = log
+            .record(sid, seq)
+            .map_err(|e| format!("{name}: event {seq} {what}: {e}"))?;
+        let dir = gateway::shards::shard_dir(self.disk.dir(), shard);
+        if !(self.disk).is_durable_in(&dir, r.segment_number(), r.file_offset(), r.as_bytes()) {
+            return Err(format!("{name}: event {seq} {what} while not durable"));
+        }
+        Ok(())
+    }
+
     /// The log of the shard holding `name`.
     fn log_of<'a>(&self, logs: &'a [Log], name: &str) -> &'a Log {
         &logs[gateway::shards::shard_of(name, self.cfg.cores as u32) as usize]
@@ -477,6 +499,9 @@ impl World {
         match self.pubs[i].advance(w, r)? {
             PubOutcome::Nothing => {}
             PubOutcome::Stored(stream, ids) => {
+                for (seq, _) in &ids {
+                    self.durable(stream, *seq, "answered 201")?;
+                }
                 let t = &mut self.truths[stream];
                 for (seq, data) in &ids {
                     t.learn(*seq, data, "acknowledged")?;
@@ -489,6 +514,9 @@ impl World {
                 self.note("stored", &[stream as u64, ids.len() as u64]);
             }
             PubOutcome::Refused(status, stream, stored) => {
+                for (seq, _) in &stored {
+                    self.durable(stream, *seq, "named stored by a refusal")?;
+                }
                 let t = &mut self.truths[stream];
                 for (seq, data) in &stored {
                     t.learn(*seq, data, "named stored by a refusal")?;
@@ -600,7 +628,12 @@ impl World {
             self.rng.range(1, 64 * 1024) as usize
         };
         let stream = self.subs[i].stream;
+        let before = self.subs[i].last.as_ref().map_or(0, |l| l.1);
         let got = self.subs[i].advance(n, &mut self.truths[stream])?;
+        let after = self.subs[i].last.as_ref().map_or(0, |l| l.1);
+        for seq in (before + 1..=after).take(got as usize) {
+            self.durable(stream, seq, "shown")?;
+        }
         if got > 0 {
             self.progress.resize(self.subs.len(), 0);
             self.progress[i] = self.step;
