@@ -378,10 +378,15 @@ pub struct Subscriber {
     pub status: Option<u16>,
     /// Reads a few bytes at a time.
     pub slow: bool,
+    /// Retention is on: a fresh subscription starts at the floor, whatever it is, and a resume
+    /// may be answered 410.
+    retention: bool,
+    /// The last resume was answered 410 (to be checked against the log's floor).
+    pub gone: bool,
 }
 
 impl Subscriber {
-    pub fn new(stream: usize, slow: bool) -> Subscriber {
+    pub fn new(stream: usize, slow: bool, retention: bool) -> Subscriber {
         Subscriber {
             stream,
             conn: None,
@@ -390,6 +395,8 @@ impl Subscriber {
             ask: Ask::Suffix,
             status: None,
             slow,
+            retention,
+            gone: false,
         }
     }
 
@@ -436,6 +443,10 @@ impl Subscriber {
 
     fn on_item(&mut self, item: Item, truth: &mut StreamTruth) -> Result<bool, String> {
         match (item, &self.ask) {
+            (Item::Head { status: 410 }, Ask::Suffix) if self.retention && self.last.is_some() => {
+                self.gone = true; // checked against the floor by the world
+                self.conn = None;
+            }
             (Item::Head { status }, Ask::Suffix) => {
                 if status != 200 {
                     return Err(format!(
@@ -456,7 +467,12 @@ impl Subscriber {
             }
             (Item::Event { id, data, .. }, Ask::Suffix) => {
                 let seq = seq_of(&id).ok_or_else(|| format!("bad event ID {id:?}"))?;
-                let want = self.last.as_ref().map_or(1, |l| l.1 + 1);
+                // From the start: event 1, or with retention the floor (checked by the world).
+                let want = match &self.last {
+                    Some(l) => l.1 + 1,
+                    None if self.retention => seq,
+                    None => 1,
+                };
                 if seq != want {
                     return Err(format!(
                         "{}: event {seq} after {:?} (expected {want}: {})",

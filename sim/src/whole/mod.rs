@@ -70,6 +70,8 @@ struct WholeConfig {
     batch_per_mille: u32,
     /// Payloads are padded up to this many bytes (large ones roll segments often).
     pad_bytes_max: u64,
+    /// Retention by bytes (`--retain-bytes`), in segments: floors move, old resumes get 410.
+    retain_segments: Option<u64>,
 }
 
 impl WholeConfig {
@@ -100,6 +102,7 @@ impl WholeConfig {
             odd_id_per_mille: rng.range(0, 200) as u32,
             batch_per_mille: rng.range(0, 500) as u32,
             pad_bytes_max: if rng.chance(400) { 3000 } else { 200 },
+            retain_segments: rng.chance(400).then(|| rng.range(2, 4)),
         }
     }
 }
@@ -181,7 +184,7 @@ impl World {
         let opts = LogOptions {
             segment_bytes: SEGMENT_BYTES,
             record_bytes_max: 16 * 1024,
-            retain_bytes: None,
+            retain_bytes: cfg.retain_segments.map(|n| n * SEGMENT_BYTES),
             retain_secs: None,
             fsync: FsyncPolicy::Group,
             epoch_on_create: Some(Epoch(seed | 1 << 63)),
@@ -190,7 +193,10 @@ impl World {
             .map(|i| StreamTruth::new(format!("s{i}")))
             .collect();
         let subs = (0..cfg.subscribers)
-            .map(|i| Subscriber::new(i % cfg.streams, rng.chance(400)))
+            .map(|i| {
+                let slow = rng.chance(400);
+                Subscriber::new(i % cfg.streams, slow, cfg.retain_segments.is_some())
+            })
             .collect();
         let mut w = World {
             seed,
@@ -282,6 +288,37 @@ impl World {
         }
     }
 
+    /// Subscriber `i`'s resume was answered 410: its next event must be below the floor now
+    /// (floors only rise, so one that was servable when answered may pass unseen, never the
+    /// reverse). It starts again from the floor.
+    fn check_gone(&mut self, i: usize) -> Check {
+        let s = &self.subs[i];
+        let want = s.last.as_ref().map_or(1, |l| l.1 + 1);
+        let floor = self.bounds(s.stream)?.map_or(1, |b| b.floor);
+        if floor <= want {
+            return Err(format!(
+                "{}: a resume for event {want} answered 410 while the floor is {floor}",
+                self.truths[s.stream].name
+            ));
+        }
+        self.note("gone", &[i as u64, want, floor]);
+        self.subs[i].last = None;
+        Ok(())
+    }
+
+    /// The bounds of stream `stream` in the running node's log (`None`: not created yet).
+    fn bounds(&self, stream: usize) -> Result<Option<log_store::Bounds>, String> {
+        let name = &self.truths[stream].name;
+        let shard = gateway::shards::shard_of(name, self.cfg.cores as u32);
+        let log = (self.cores.get(shard as usize))
+            .and_then(|c| c.log(shard))
+            .ok_or_else(|| format!("no core holds shard {shard}"))?;
+        let sid = (log.streams())
+            .find(|(_, n, _)| *n == name.as_str())
+            .map(|(id, _, _)| id);
+        Ok(sid.and_then(|id| log.bounds(id)))
+    }
+
     /// Event `seq` of stream `stream`, `what` (answered, shown), is in the disk's durable
     /// image: what the node claims or shows must survive any crash from now on.
     fn durable(&self, stream: usize, seq: u64, what: &str) -> Check {
@@ -294,6 +331,9 @@ impl World {
             .find(|(_, n, _)| *n == name.as_str())
             .map(|(id, _, _)| id)
             .ok_or_else(|| format!("{name}: event {seq} {what}, and no such stream"))?;
+        if log.bounds(sid).is_some_and(|b| seq < b.floor) {
+            return Ok(()); // deleted by retention, which deletes only durable records
+        }
         let r = log
             .record(sid, seq)
             .map_err(|e| format!("{name}: event {seq} {what}: {e}"))?;
@@ -330,7 +370,7 @@ impl World {
                     t.known_max()
                 ));
             }
-            for (&seq, data) in &t.by_seq {
+            for (&seq, data) in t.by_seq.range(b.floor..) {
                 let r = log
                     .record(id, seq)
                     .map_err(|e| format!("{}: record {seq}: {e}", t.name))?;
@@ -628,10 +668,13 @@ impl World {
             self.rng.range(1, 64 * 1024) as usize
         };
         let stream = self.subs[i].stream;
-        let before = self.subs[i].last.as_ref().map_or(0, |l| l.1);
         let got = self.subs[i].advance(n, &mut self.truths[stream])?;
+        if std::mem::take(&mut self.subs[i].gone) {
+            self.check_gone(i)?;
+        }
         let after = self.subs[i].last.as_ref().map_or(0, |l| l.1);
-        for seq in (before + 1..=after).take(got as usize) {
+        // The events shown are contiguous (checked), ending at `after`.
+        for seq in (after + 1).saturating_sub(got).max(1)..=after {
             self.durable(stream, seq, "shown")?;
         }
         if got > 0 {
