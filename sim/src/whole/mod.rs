@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser as _;
 use gateway::core::{CoreSetup, Shared, SteppedCore};
-use log_store::{Epoch, FsyncPolicy, Log, LogOptions};
+use log_store::{Epoch, FsyncPolicy, Log, LogOptions, StreamId};
 
 use crate::disk::{Disk, DiskFaults};
 use crate::rng::Rng;
@@ -306,8 +306,9 @@ impl World {
         Ok(())
     }
 
-    /// The bounds of stream `stream` in the running node's log (`None`: not created yet).
-    fn bounds(&self, stream: usize) -> Result<Option<log_store::Bounds>, String> {
+    /// The running node's log holding stream `stream`, its shard, and the stream's id there
+    /// (`None`: not created yet).
+    fn stream_log(&self, stream: usize) -> Result<(&Log, u32, Option<StreamId>), String> {
         let name = &self.truths[stream].name;
         let shard = gateway::shards::shard_of(name, self.cfg.cores as u32);
         let log = (self.cores.get(shard as usize))
@@ -316,6 +317,12 @@ impl World {
         let sid = (log.streams())
             .find(|(_, n, _)| *n == name.as_str())
             .map(|(id, _, _)| id);
+        Ok((log, shard, sid))
+    }
+
+    /// The bounds of stream `stream` in the running node's log (`None`: not created yet).
+    fn bounds(&self, stream: usize) -> Result<Option<log_store::Bounds>, String> {
+        let (log, _, sid) = self.stream_log(stream)?;
         Ok(sid.and_then(|id| log.bounds(id)))
     }
 
@@ -323,14 +330,8 @@ impl World {
     /// image: what the node claims or shows must survive any crash from now on.
     fn durable(&self, stream: usize, seq: u64, what: &str) -> Check {
         let name = &self.truths[stream].name;
-        let shard = gateway::shards::shard_of(name, self.cfg.cores as u32);
-        let log = (self.cores.get(shard as usize))
-            .and_then(|c| c.log(shard))
-            .ok_or_else(|| format!("no core holds shard {shard}"))?;
-        let sid = (log.streams())
-            .find(|(_, n, _)| *n == name.as_str())
-            .map(|(id, _, _)| id)
-            .ok_or_else(|| format!("{name}: event {seq} {what}, and no such stream"))?;
+        let (log, shard, sid) = self.stream_log(stream)?;
+        let sid = sid.ok_or_else(|| format!("{name}: event {seq} {what}, and no such stream"))?;
         if log.bounds(sid).is_some_and(|b| seq < b.floor) {
             return Ok(()); // deleted by retention, which deletes only durable records
         }
