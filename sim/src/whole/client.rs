@@ -122,7 +122,7 @@ impl ClientConn {
 
     /// Writes up to `n` queued bytes; whether all are written.
     pub fn write_some(&mut self, n: usize) -> bool {
-        let end = (self.written + n).min(self.out.len());
+        let end = self.written.saturating_add(n).min(self.out.len());
         if end > self.written {
             match self.sock.write(&self.out[self.written..end]) {
                 Ok(k) => self.written += k,
