@@ -128,6 +128,7 @@ impl KernelRing {
 }
 
 /// The io_uring entry of `sqe`.
+#[inline]
 fn entry(sqe: Sqe) -> squeue::Entry {
     match sqe {
         Sqe::AcceptMulti { fd } => opcode::AcceptMulti::new(types::Fd(fd))
@@ -165,6 +166,7 @@ fn entry(sqe: Sqe) -> squeue::Entry {
 }
 
 impl Ring for KernelRing {
+    #[inline]
     unsafe fn push(&mut self, sqe: Sqe, user_data: u64) {
         let e = entry(sqe).user_data(user_data);
         if self.backlog.is_empty() {

@@ -117,10 +117,26 @@ pub struct UnmatchedCounts {
     pub stale_slot: u64,
 }
 
+/// Where a driver's operations go: the kernel's io_uring, dispatched statically (the hot path
+/// of every send), or another [`Ring`] (the simulator's).
+enum Backend {
+    Kernel(KernelRing),
+    Other(Box<dyn Ring>),
+}
+
+impl Backend {
+    fn ring(&mut self) -> &mut dyn Ring {
+        match self {
+            Backend::Kernel(k) => k,
+            Backend::Other(r) => r.as_mut(),
+        }
+    }
+}
+
 /// One core's driver.
 pub struct Driver {
     /// First: dropped before the memory its operations point at.
-    ring: Box<dyn Ring>,
+    ring: Backend,
     table: OpTable,
     mem: Vec<SlotMem>,
     /// The eventfd read's 8-byte buffer (boxed: its address is fixed for the ring's life).
@@ -143,11 +159,17 @@ impl std::fmt::Debug for Driver {
 impl Driver {
     /// A driver over the kernel's io_uring, sized for `connections_max`.
     pub fn new(connections_max: usize) -> std::io::Result<Driver> {
-        Ok(Driver::over(Box::new(KernelRing::new(connections_max)?)))
+        Ok(Driver::with(Backend::Kernel(KernelRing::new(
+            connections_max,
+        )?)))
     }
 
     /// A driver over `ring`.
     pub fn over(ring: Box<dyn Ring>) -> Driver {
+        Driver::with(Backend::Other(ring))
+    }
+
+    fn with(ring: Backend) -> Driver {
         Driver {
             core_serial: 0,
             ring,
@@ -160,13 +182,20 @@ impl Driver {
 
     /// The reactor's clock (the ring's: the simulator's is simulated).
     pub fn now(&self) -> Instant {
-        self.ring.now()
+        match &self.ring {
+            Backend::Kernel(k) => k.now(),
+            Backend::Other(r) => r.now(),
+        }
     }
 
     /// Completions that matched nothing in flight so far.
     pub fn unmatched(&self) -> UnmatchedCounts {
+        let stale_slot = match &self.ring {
+            Backend::Kernel(k) => k.stale_dropped(),
+            Backend::Other(r) => r.stale_dropped(),
+        };
         UnmatchedCounts {
-            stale_slot: self.ring.stale_dropped(),
+            stale_slot,
             ..self.unmatched
         }
     }
@@ -211,8 +240,12 @@ impl Driver {
     /// Every buffer and iovec the operation points at must stay valid and unmoved until its
     /// completion is reaped.
     unsafe fn push(&mut self, sqe: Sqe, user_data: u64) {
-        // SAFETY: forwarded from the caller's contract.
-        unsafe { self.ring.push(sqe, user_data) }
+        match &mut self.ring {
+            // SAFETY: forwarded from the caller's contract.
+            Backend::Kernel(k) => unsafe { k.push(sqe, user_data) },
+            // SAFETY: forwarded from the caller's contract.
+            Backend::Other(r) => unsafe { r.push(sqe, user_data) },
+        }
     }
 
     /// The user_data of a new arming of a core-wide operation.
@@ -411,13 +444,13 @@ impl Driver {
     /// Submits, then waits up to `timeout` for a completion (not at all while submissions
     /// wait for room).
     pub fn submit_and_wait(&mut self, timeout: Duration) {
-        self.ring.submit_and_wait(timeout);
+        self.ring.ring().submit_and_wait(timeout);
     }
 
     /// Every CQE ready now, unmatched (match each with [`Driver::complete`] in order: acting
     /// on one may close a connection the next one names).
     pub fn reap(&mut self, out: &mut Vec<Cqe>) {
-        self.ring.reap(out);
+        self.ring.ring().reap(out);
     }
 
     /// Matches one CQE against the op table: the completion to act on, with its memory, or
