@@ -85,7 +85,10 @@ fn stream_creation_flood_past_streams_max_keeps_rss_flat() {
     const MAX: usize = 1000;
     const ATTEMPTS: usize = 100_000;
     const PIPELINE: usize = 500;
-    // One client: its own quota (--streams-per-subject-max) would stop it first.
+    // One client: its own quota (--streams-per-subject-max) would stop it first. No access
+    // log: its queue (bounded by --access-log-queue-lines-max, tens of MB of lines) fills while
+    // its writer, at SCHED_IDLE, waits for an idle CPU, which a loaded machine may not have for
+    // the whole run; that memory is the access log's, not the streams'.
     let g = Gateway::start(&[
         "--cores",
         "1",
@@ -95,6 +98,8 @@ fn stream_creation_flood_past_streams_max_keeps_rss_flat() {
         "1000",
         "--streams-per-subject-max",
         "100000",
+        "--access-log",
+        "off",
     ]);
     let s = connect(g.addr);
     let mut r = std::io::BufReader::new(s.try_clone().unwrap());
