@@ -119,6 +119,8 @@ pub struct UnmatchedCounts {
 
 /// Where a driver's operations go: the kernel's io_uring, dispatched statically (the hot path
 /// of every send), or another [`Ring`] (the simulator's).
+// One per core: boxing the kernel ring would only add an indirection to every submission.
+#[allow(clippy::large_enum_variant)]
 enum Backend {
     Kernel(KernelRing),
     Other(Box<dyn Ring>),

@@ -95,33 +95,48 @@ impl StreamTruth {
     }
 }
 
-/// The client's end of a connection (non-blocking).
+/// The client's end of a connection (non-blocking), in the clear or through a TLS session.
 #[derive(Debug)]
 pub struct ClientConn {
     pub sock: UnixStream,
+    /// Bytes for the socket (ciphertext under TLS), from `written` on not sent yet.
     out: Vec<u8>,
     written: usize,
+    tls: Option<Box<rustls::ClientConnection>>,
     pub eof: bool,
 }
 
 impl ClientConn {
-    pub fn new(fd: OwnedFd) -> ClientConn {
+    pub fn new(fd: OwnedFd, tls: Option<rustls::ClientConnection>) -> ClientConn {
         let sock = UnixStream::from(fd);
         sock.set_nonblocking(true).expect("O_NONBLOCK");
         ClientConn {
             sock,
             out: Vec::new(),
             written: 0,
+            tls: tls.map(Box::new),
             eof: false,
         }
     }
 
+    /// Queues request bytes (sealed by the session under TLS, once its handshake allows).
     pub fn queue(&mut self, bytes: &[u8]) {
-        self.out.extend_from_slice(bytes);
+        match &mut self.tls {
+            Some(t) => t
+                .writer()
+                .write_all(bytes)
+                .expect("rustls buffers plaintext"),
+            None => self.out.extend_from_slice(bytes),
+        }
     }
 
-    /// Writes up to `n` queued bytes; whether all are written.
+    /// Writes up to `n` bytes of what is queued; whether all are written.
     pub fn write_some(&mut self, n: usize) -> bool {
+        if let Some(t) = &mut self.tls {
+            while t.wants_write() {
+                t.write_tls(&mut self.out).expect("into a vector");
+            }
+        }
         let end = self.written.saturating_add(n).min(self.out.len());
         if end > self.written {
             match self.sock.write(&self.out[self.written..end]) {
@@ -133,25 +148,41 @@ impl ClientConn {
         self.written == self.out.len()
     }
 
-    /// Reads up to `n` bytes (none when nothing is there); sets `eof` at the end.
-    pub fn read_some(&mut self, n: usize) -> Vec<u8> {
+    /// Reads up to `n` bytes from the socket (none when nothing is there) and returns what
+    /// they carry (the plaintext under TLS); sets `eof` at the end. A TLS record the client
+    /// cannot open is an error: the node sent bytes that are not its session's.
+    pub fn read_some(&mut self, n: usize) -> Result<Vec<u8>, String> {
         let mut buf = vec![0u8; n.max(1)];
-        match self.sock.read(&mut buf) {
+        let got = match self.sock.read(&mut buf) {
             Ok(0) => {
                 self.eof = true;
-                Vec::new()
+                return Ok(Vec::new());
             }
-            Ok(k) => {
-                buf.truncate(k);
-                buf
-            }
+            Ok(k) => k,
             Err(e) => {
                 if e.kind() != ErrorKind::WouldBlock {
                     self.eof = true;
                 }
-                Vec::new()
+                return Ok(Vec::new());
+            }
+        };
+        buf.truncate(got);
+        let Some(t) = &mut self.tls else {
+            return Ok(buf);
+        };
+        let mut plain = Vec::new();
+        let mut rd = &buf[..];
+        while !rd.is_empty() {
+            t.read_tls(&mut rd).map_err(|e| format!("TLS read: {e}"))?;
+            t.process_new_packets()
+                .map_err(|e| format!("TLS from the node: {e}"))?;
+            match t.reader().read_to_end(&mut plain) {
+                Ok(_) => self.eof = true, // close_notify
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+                Err(_) => self.eof = true, // closed without close_notify
             }
         }
+        Ok(plain)
     }
 }
 
@@ -251,7 +282,7 @@ impl Publisher {
             return Ok(PubOutcome::Nothing);
         };
         conn.write_some(w);
-        let got = conn.read_some(r);
+        let got = conn.read_some(r)?;
         p.answer.extend_from_slice(&got);
         let Some((status, body)) = whole_answer(&p.answer)? else {
             if conn.eof {
@@ -425,7 +456,7 @@ impl Subscriber {
             return Ok(0);
         };
         conn.write_some(usize::MAX);
-        let got = conn.read_some(n);
+        let got = conn.read_some(n)?;
         let eof = conn.eof;
         self.parser.feed(&got);
         let mut events = 0;

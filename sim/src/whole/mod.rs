@@ -23,6 +23,7 @@
 
 pub mod client;
 pub mod ring;
+pub mod tls;
 
 use std::cell::RefCell;
 use std::os::fd::OwnedFd;
@@ -72,6 +73,8 @@ struct WholeConfig {
     pad_bytes_max: u64,
     /// Retention by bytes (`--retain-bytes`), in segments: floors move, old resumes get 410.
     retain_segments: Option<u64>,
+    /// Every connection over TLS.
+    tls: bool,
 }
 
 impl WholeConfig {
@@ -103,6 +106,7 @@ impl WholeConfig {
             batch_per_mille: rng.range(0, 500) as u32,
             pad_bytes_max: if rng.chance(400) { 3000 } else { 200 },
             retain_segments: rng.chance(400).then(|| rng.range(2, 4)),
+            tls: rng.chance(300),
         }
     }
 }
@@ -117,6 +121,8 @@ pub struct World {
     cores: Vec<SteppedCore>,
     /// What the running node's cores share (its metrics are read for the trace).
     shared: Option<Arc<Shared>>,
+    /// The node's certificate and the clients' TLS configuration (TLS seeds).
+    tls: Option<tls::TlsSetup>,
     gw: gateway::config::Config,
     opts: LogOptions,
     pubs: Vec<Publisher>,
@@ -166,7 +172,11 @@ impl World {
         let dir = disk.dir().display().to_string();
         let send = cfg.send_bytes_max.to_string();
         let cores = cfg.cores.to_string();
-        let gw = gateway::config::Config::try_parse_from([
+        let tls = cfg
+            .tls
+            .then(|| tls::TlsSetup::new(disk.dir()))
+            .transpose()?;
+        let mut gw = gateway::config::Config::try_parse_from([
             "gateway",
             "--insecure-no-auth",
             "--data-dir",
@@ -181,6 +191,10 @@ impl World {
             "1",
         ])
         .map_err(|e| format!("gateway flags: {e}"))?;
+        if let Some(t) = &tls {
+            gw.tls_cert_file = Some(t.cert_file.clone());
+            gw.tls_key_file = Some(t.key_file.clone());
+        }
         let opts = LogOptions {
             segment_bytes: SEGMENT_BYTES,
             record_bytes_max: 16 * 1024,
@@ -209,6 +223,7 @@ impl World {
             kernel: Rc::new(RefCell::new(kernel)),
             cores: Vec::new(),
             shared: None,
+            tls,
             gw,
             opts,
             step: 0,
@@ -220,6 +235,9 @@ impl World {
             some_id: None,
             events: 0,
         };
+        if w.tls.is_some() {
+            w.note("tls", &[]);
+        }
         w.start_node()?;
         Ok(w)
     }
@@ -509,7 +527,8 @@ impl World {
     }
 
     fn connect(&mut self) -> ClientConn {
-        ClientConn::new(self.kernel.borrow_mut().connect())
+        let session = self.tls.as_ref().map(tls::TlsSetup::session);
+        ClientConn::new(self.kernel.borrow_mut().connect(), session)
     }
 
     fn note(&self, what: &'static str, nums: &[u64]) {
@@ -757,7 +776,10 @@ impl Node {
             uring_cmd: false,
             keys,
             verifier,
-            certs: None,
+            certs: match (&cfg.tls_cert_file, &cfg.tls_key_file) {
+                (Some(c), Some(k)) => Some(gateway::tls::Certs::load(c, k)?),
+                _ => None,
+            },
             origins: Arc::from(Vec::<String>::new()),
             quota: gateway::streams::catalog::StreamQuota::new(cfg.streams_max, logs),
             subjects: gateway::streams::subjects::SubjectQuota::new(cfg.streams_per_subject_max()),
