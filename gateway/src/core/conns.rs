@@ -80,6 +80,10 @@ impl Conns {
     }
 
     /// Every connection with its slot.
+    pub(super) fn iter(&self) -> impl Iterator<Item = (u32, &Conn)> {
+        (self.by_slot.iter().enumerate()).filter_map(|(i, c)| c.as_ref().map(|c| (i as u32, c)))
+    }
+
     pub(super) fn iter_mut(&mut self) -> impl Iterator<Item = (u32, &mut Conn)> {
         let slots = self.by_slot.iter_mut().enumerate();
         slots.filter_map(|(i, c)| Some((i as u32, c.as_mut()?)))

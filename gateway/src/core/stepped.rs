@@ -4,9 +4,10 @@
 //! tick — except that the caller decides when a turn runs, when the logs' background jobs run
 //! (logs opened with `Log::open_with_manual_background`), and when the node crashes.
 
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 
-use super::{Core, CoreSetup, Shared};
+use super::{Core, CoreSetup, Shared, State};
 use crate::uring::{Cqe, Driver, Ring};
 
 /// One core driven turn by turn.
@@ -52,6 +53,19 @@ impl SteppedCore {
     pub fn log(&self, shard: u32) -> Option<&log_store::Log> {
         let hub = &self.core.hub;
         hub.has_shard(shard).then(|| hub.log(shard))
+    }
+
+    /// Each plaintext subscriber's socket and the bytes of its window its peer confirmed
+    /// (released): never more than the peer has read (the simulator checks).
+    pub fn confirmed(&self) -> Vec<(RawFd, u64)> {
+        (self.core.net.conns.iter())
+            .filter_map(|(_, c)| match &c.state {
+                State::Sub(s) if c.transport.kernel_counts_plain() => {
+                    Some((c.fd.as_raw_fd(), s.acked_bytes()))
+                }
+                _ => None,
+            })
+            .collect()
     }
 
     /// Live connections.

@@ -261,6 +261,11 @@ impl Sub {
         self.window.unconfirmed_bytes()
     }
 
+    /// Bytes of the window the peer confirmed (released).
+    pub fn acked_bytes(&self) -> u64 {
+        self.window.acked()
+    }
+
     /// Events between the cursor and `tail` (how far behind the tail the subscriber is).
     pub fn lag(&self, tail: Seq) -> u64 {
         tail.saturating_sub(self.cursor.saturating_sub(1))

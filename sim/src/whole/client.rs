@@ -9,10 +9,12 @@
 //!   with 400), reads a few bytes at a time (slow readers) or many, and is cut at any byte.
 #![forbid(unsafe_code)]
 
+use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{ErrorKind, Read, Write};
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
+use std::rc::Rc;
 
 use crate::rng::Rng;
 use crate::sse::{Item, Parser};
@@ -104,6 +106,16 @@ pub struct ClientConn {
     written: usize,
     tls: Option<Box<rustls::ClientConnection>>,
     pub eof: bool,
+    /// Bytes read from the socket so far, and whether the client closed it (shared with the
+    /// world's check of the node's windows, which outlives the connection).
+    pub read_total: Rc<Cell<(u64, bool)>>,
+}
+
+impl Drop for ClientConn {
+    fn drop(&mut self) {
+        let (n, _) = self.read_total.get();
+        self.read_total.set((n, true));
+    }
 }
 
 impl ClientConn {
@@ -116,6 +128,7 @@ impl ClientConn {
             written: 0,
             tls: tls.map(Box::new),
             eof: false,
+            read_total: Rc::new(Cell::new((0, false))),
         }
     }
 
@@ -167,6 +180,8 @@ impl ClientConn {
             }
         };
         buf.truncate(got);
+        let (n, closed) = self.read_total.get();
+        self.read_total.set((n + got as u64, closed));
         let Some(t) = &mut self.tls else {
             return Ok(buf);
         };

@@ -140,6 +140,8 @@ pub struct World {
     due: Vec<Option<(u64, u64)>>,
     /// Per subscriber, the last step it observed an event.
     progress: Vec<u64>,
+    /// Bytes each client connection read, by the connection's serial.
+    reads: std::collections::BTreeMap<u64, Rc<std::cell::Cell<(u64, bool)>>>,
     /// An ID of this epoch seen (for odd IDs with the right prefix).
     some_id: Option<String>,
     pub events: u64,
@@ -232,6 +234,7 @@ impl World {
             crashes: 0,
             due: Vec::new(),
             progress: Vec::new(),
+            reads: std::collections::BTreeMap::new(),
             some_id: None,
             events: 0,
         };
@@ -428,6 +431,7 @@ impl World {
                     core.run_background_jobs();
                 }
             }
+            self.windows_confirmed()?;
             let conns = self.pubs.len() + self.subs.len();
             let in_flight = self.kernel.borrow().in_flight();
             if in_flight > 8 * conns + 16 {
@@ -528,7 +532,35 @@ impl World {
 
     fn connect(&mut self) -> ClientConn {
         let session = self.tls.as_ref().map(tls::TlsSetup::session);
-        ClientConn::new(self.kernel.borrow_mut().connect(), session)
+        let (fd, serial) = self.kernel.borrow_mut().connect();
+        let c = ClientConn::new(fd, session);
+        self.reads.insert(serial, c.read_total.clone());
+        c
+    }
+
+    /// No plaintext subscriber's window has released more than its client read (the
+    /// window's bytes are all its connection sent: a subscription is a fresh connection's
+    /// only request), while the client has its end open (once it closed, the kernel drops what
+    /// it did not read and `SIOCOUTQ` says 0, so the window releases it: harmless, since a
+    /// parked window serves a resume only when its head is the client's next event).
+    /// Checked after the cores' turns, when every executed send's completion has been taken.
+    fn windows_confirmed(&self) -> Check {
+        let k = self.kernel.borrow();
+        for core in &self.cores {
+            for (fd, acked) in core.confirmed() {
+                let read = (k.peer_of(fd))
+                    .and_then(|serial| self.reads.get(&serial))
+                    .map(|r| r.get());
+                if let Some((read, false)) = read
+                    && acked > read
+                {
+                    return Err(format!(
+                        "a window released {acked} bytes; its client had read {read}"
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 
     fn note(&self, what: &'static str, nums: &[u64]) {

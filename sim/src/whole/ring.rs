@@ -2,8 +2,9 @@
 //! simulator, on one thread, in an order the seed chooses.
 //!
 //! Sockets are real `AF_UNIX` stream socketpairs (the node's end has a small send buffer chosen
-//! by the seed, so slow readers fill it), so `SIOCOUTQ` is exact: it counts the bytes the client
-//! has not read yet, which is what the node's send windows wait on. Files are the log's real
+//! by the seed, so slow readers fill it). Their `SIOCOUTQ` counts the memory of the buffers the
+//! client has not read to their end, more than the bytes: the node's windows are confirmed late
+//! and in lumps (a fault of its own), and at once when the client closes. Files are the log's real
 //! files on the simulated [`Disk`]. Each step ([`Kernel::step`]) visits the operations in
 //! flight in a shuffled order (completions come back reordered, as io_uring may reorder
 //! them); each one may wait a step longer, and a send or receive may move fewer bytes than
@@ -76,6 +77,10 @@ pub struct Kernel {
     /// The node end's send buffer (`SO_SNDBUF`).
     sndbuf: i32,
     failed_syncs: u64,
+    /// Each connection's serial (its order of creation), by its node end's inode (unique while
+    /// the node holds it).
+    peers: std::collections::BTreeMap<u64, u64>,
+    connections: u64,
     pub trace: Trace,
 }
 
@@ -175,14 +180,19 @@ impl Kernel {
             disk,
             sndbuf,
             failed_syncs: 0,
+            peers: std::collections::BTreeMap::new(),
+            connections: 0,
             trace: Trace::default(),
         }
     }
 
-    /// A new connection to the node: its client end. The node's end waits for an accept.
-    pub fn connect(&mut self) -> OwnedFd {
+    /// A new connection to the node: its client end and its serial. The node's end waits for
+    /// an accept.
+    pub fn connect(&mut self) -> (OwnedFd, u64) {
         let (node, client) = std::os::unix::net::UnixStream::pair().expect("socketpair");
         let (node, client) = (OwnedFd::from(node), OwnedFd::from(client));
+        self.connections += 1;
+        self.peers.insert(inode(node.as_raw_fd()), self.connections);
         let v = self.sndbuf;
         // SAFETY: the option value is a live c_int of the size given.
         let r = unsafe {
@@ -197,7 +207,7 @@ impl Kernel {
         assert_eq!(r, 0, "SO_SNDBUF");
         let r = self.rng.below(self.backlog.len() as u64) as usize;
         self.backlog[r].push_back(node);
-        client
+        (client, self.connections)
     }
 
     /// No more faults from here on (the quiet end of a run).
@@ -223,6 +233,11 @@ impl Kernel {
         self.in_flight.clear();
         self.ready.iter_mut().for_each(Vec::clear);
         self.backlog.iter_mut().for_each(VecDeque::clear);
+    }
+
+    /// The serial of the connection whose node end is `node_fd`.
+    pub fn peer_of(&self, node_fd: RawFd) -> Option<u64> {
+        self.peers.get(&inode(node_fd)).copied()
     }
 
     /// Operations in flight (a bound on memory: every connection has a few).
