@@ -21,25 +21,25 @@
 //! After every crash: every event acknowledged or shown is in the recovered log, unchanged.
 //! Operations in flight stay within a few per connection.
 
+mod checks;
 pub mod client;
+mod node;
 pub mod ring;
 pub mod tls;
 
 use std::cell::RefCell;
-use std::os::fd::OwnedFd;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::time::{Duration, Instant};
 
 use clap::Parser as _;
 use gateway::core::{CoreSetup, Shared, SteppedCore};
-use log_store::{Epoch, FsyncPolicy, Log, LogOptions, StreamId};
+use log_store::{Epoch, FsyncPolicy, Log, LogOptions};
 
 use crate::disk::{Disk, DiskFaults};
 use crate::rng::Rng;
-use crate::sse;
 use client::{Check, ClientConn, PubOutcome, Publisher, StreamTruth, Subscriber};
+use node::Node;
 use ring::{Kernel, KernelFaults, SimRing};
 
 const SEGMENT_BYTES: u64 = 64 * 1024;
@@ -111,6 +111,37 @@ impl WholeConfig {
     }
 }
 
+/// The gateway's flags for a seed: its data directory, cores, send window, TLS files.
+fn gateway_config(
+    cfg: &WholeConfig,
+    dir: &std::path::Path,
+    tls: Option<&tls::TlsSetup>,
+) -> Result<gateway::config::Config, String> {
+    let dir = dir.display().to_string();
+    let send = cfg.send_bytes_max.to_string();
+    let cores = cfg.cores.to_string();
+    let mut gw = gateway::config::Config::try_parse_from([
+        "gateway",
+        "--insecure-no-auth",
+        "--data-dir",
+        &dir,
+        "--cores",
+        &cores,
+        "--fsync",
+        "group",
+        "--send-bytes-max",
+        &send,
+        "--keepalive-secs",
+        "1",
+    ])
+    .map_err(|e| format!("gateway flags: {e}"))?;
+    if let Some(t) = tls {
+        gw.tls_cert_file = Some(t.cert_file.clone());
+        gw.tls_key_file = Some(t.key_file.clone());
+    }
+    Ok(gw)
+}
+
 /// One seed's whole node and its clients.
 pub struct World {
     pub seed: u64,
@@ -171,32 +202,11 @@ impl World {
             (cfg.sndbuf, cfg.cores),
             t0,
         );
-        let dir = disk.dir().display().to_string();
-        let send = cfg.send_bytes_max.to_string();
-        let cores = cfg.cores.to_string();
         let tls = cfg
             .tls
             .then(|| tls::TlsSetup::new(disk.dir()))
             .transpose()?;
-        let mut gw = gateway::config::Config::try_parse_from([
-            "gateway",
-            "--insecure-no-auth",
-            "--data-dir",
-            &dir,
-            "--cores",
-            &cores,
-            "--fsync",
-            "group",
-            "--send-bytes-max",
-            &send,
-            "--keepalive-secs",
-            "1",
-        ])
-        .map_err(|e| format!("gateway flags: {e}"))?;
-        if let Some(t) = &tls {
-            gw.tls_cert_file = Some(t.cert_file.clone());
-            gw.tls_key_file = Some(t.key_file.clone());
-        }
+        let gw = gateway_config(&cfg, disk.dir(), tls.as_ref())?;
         let opts = LogOptions {
             segment_bytes: SEGMENT_BYTES,
             record_bytes_max: 16 * 1024,
@@ -309,110 +319,6 @@ impl World {
         }
     }
 
-    /// Subscriber `i`'s resume was answered 410: its next event must be below the floor now
-    /// (floors only rise, so one that was servable when answered may pass unseen, never the
-    /// reverse). It starts again from the floor.
-    fn check_gone(&mut self, i: usize) -> Check {
-        let s = &self.subs[i];
-        let want = s.last.as_ref().map_or(1, |l| l.1 + 1);
-        let floor = self.bounds(s.stream)?.map_or(1, |b| b.floor);
-        if floor <= want {
-            return Err(format!(
-                "{}: a resume for event {want} answered 410 while the floor is {floor}",
-                self.truths[s.stream].name
-            ));
-        }
-        self.note("gone", &[i as u64, want, floor]);
-        self.subs[i].last = None;
-        Ok(())
-    }
-
-    /// The running node's log holding stream `stream`, its shard, and the stream's id there
-    /// (`None`: not created yet).
-    fn stream_log(&self, stream: usize) -> Result<(&Log, u32, Option<StreamId>), String> {
-        let name = &self.truths[stream].name;
-        let shard = gateway::shards::shard_of(name, self.cfg.cores as u32);
-        let log = (self.cores.get(shard as usize))
-            .and_then(|c| c.log(shard))
-            .ok_or_else(|| format!("no core holds shard {shard}"))?;
-        let sid = (log.streams())
-            .find(|(_, n, _)| *n == name.as_str())
-            .map(|(id, _, _)| id);
-        Ok((log, shard, sid))
-    }
-
-    /// The bounds of stream `stream` in the running node's log (`None`: not created yet).
-    fn bounds(&self, stream: usize) -> Result<Option<log_store::Bounds>, String> {
-        let (log, _, sid) = self.stream_log(stream)?;
-        Ok(sid.and_then(|id| log.bounds(id)))
-    }
-
-    /// Event `seq` of stream `stream`, `what` (answered, shown), is in the disk's durable
-    /// image: what the node claims or shows must survive any crash from now on.
-    fn durable(&self, stream: usize, seq: u64, what: &str) -> Check {
-        let name = &self.truths[stream].name;
-        let (log, shard, sid) = self.stream_log(stream)?;
-        let sid = sid.ok_or_else(|| format!("{name}: event {seq} {what}, and no such stream"))?;
-        if log.bounds(sid).is_some_and(|b| seq < b.floor) {
-            return Ok(()); // deleted by retention, which deletes only durable records
-        }
-        let r = log
-            .record(sid, seq)
-            .map_err(|e| format!("{name}: event {seq} {what}: {e}"))?;
-        let dir = gateway::shards::shard_dir(self.disk.dir(), shard);
-        if !(self.disk).is_durable_in(&dir, r.segment_number(), r.file_offset(), r.as_bytes()) {
-            return Err(format!("{name}: event {seq} {what} while not durable"));
-        }
-        Ok(())
-    }
-
-    /// The log of the shard holding `name`.
-    fn log_of<'a>(&self, logs: &'a [Log], name: &str) -> &'a Log {
-        &logs[gateway::shards::shard_of(name, self.cfg.cores as u32) as usize]
-    }
-
-    /// Every event acknowledged or shown is in the recovered log, unchanged.
-    fn check_recovered(&self, logs: &[Log]) -> Check {
-        for t in &self.truths {
-            let log = self.log_of(logs, &t.name);
-            let Some(&(_, first)) = t.by_seq.iter().next().map(|(s, d)| (d, s)).as_ref() else {
-                continue;
-            };
-            let id = log
-                .streams()
-                .find(|(_, name, _)| *name == t.name)
-                .map(|(id, _, _)| id)
-                .ok_or_else(|| format!("{}: lost in a crash (event {first} was known)", t.name))?;
-            let b = log.bounds(id).ok_or("bounds")?;
-            if b.tail < t.known_max() {
-                return Err(format!(
-                    "{}: the crash lost events: tail {} after {} were acknowledged or shown",
-                    t.name,
-                    b.tail,
-                    t.known_max()
-                ));
-            }
-            for (&seq, data) in t.by_seq.range(b.floor..) {
-                let r = log
-                    .record(id, seq)
-                    .map_err(|e| format!("{}: record {seq}: {e}", t.name))?;
-                let block = r.as_bytes();
-                let block = block.strip_suffix(b"\n\n").unwrap_or(block);
-                match sse::parse_block(block)? {
-                    sse::Item::Event { data: d, .. } if d == *data => {}
-                    other => {
-                        return Err(format!(
-                            "{}: recovered event {seq} is {other:?}, was {:?}",
-                            t.name,
-                            String::from_utf8_lossy(data)
-                        ));
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-
     pub fn run(&mut self) -> Check {
         let total = self.cfg.steps + QUIET_STEPS;
         while self.step < total {
@@ -446,78 +352,12 @@ impl World {
         self.caught_up()
     }
 
-    /// Events `ids` of `stream` were acknowledged: each subscriber that had everything before
-    /// them must get them within [`WAKE_STEPS_MAX`] steps.
-    fn expect_wakeups(&mut self, stream: usize, ids: &[(u64, Vec<u8>)]) {
-        let (Some(first), Some(last)) =
-            (ids.iter().map(|x| x.0).min(), ids.iter().map(|x| x.0).max())
-        else {
-            return;
-        };
-        self.due.resize(self.subs.len(), None);
-        for (i, s) in self.subs.iter().enumerate() {
-            let seen = s.last.as_ref().map_or(0, |l| l.1);
-            let live = s.conn.is_some() && s.status == Some(200) && s.stream == stream;
-            if live && seen + 1 >= first && seen < last && self.due[i].is_none() {
-                self.due[i] = Some((last, self.step + WAKE_STEPS_MAX));
-                self.kernel
-                    .borrow_mut()
-                    .trace
-                    .note("wake due", &[i as u64, last]);
-            }
-        }
-    }
-
-    /// Every subscriber due an event has it by its step.
-    fn woken(&mut self) -> Check {
-        for (i, due) in self.due.iter_mut().enumerate() {
-            let Some((seq, by)) = *due else { continue };
-            let s = &self.subs[i];
-            if s.last.as_ref().is_some_and(|l| l.1 >= seq) || s.conn.is_none() {
-                *due = None;
-            } else if self.step > by {
-                return Err(format!(
-                    "subscriber {i} was caught up, and event {seq} acknowledged {WAKE_STEPS_MAX} \
-                     steps ago has not reached it (a lost wake-up?)"
-                ));
-            }
-        }
-        Ok(())
-    }
-
     /// No more faults: the kernel executes everything at once, readers are fast.
     fn quiet_down(&mut self) {
         let mut k = self.kernel.borrow_mut();
         k.quiet();
         self.disk.pause_faults(true);
         self.crash_at = None;
-    }
-
-    /// Every publish sent has its answer, and every subscriber connected and answered 200 has
-    /// observed its stream up to the last event acknowledged, or is still catching up.
-    fn caught_up(&self) -> Check {
-        for (i, p) in self.pubs.iter().enumerate() {
-            if p.busy() {
-                return Err(format!(
-                    "publisher {i}'s request has no answer after {QUIET_STEPS} quiet steps"
-                ));
-            }
-        }
-        for (i, s) in self.subs.iter().enumerate() {
-            let t = &self.truths[s.stream];
-            let seen = s.last.as_ref().map_or(0, |l| l.1);
-            // Behind is allowed while it catches up (a slow reader's backlog of large events
-            // through a small window takes a while); stalled is not.
-            let idle = self.step - self.progress.get(i).copied().unwrap_or(0);
-            if s.conn.is_some() && s.status == Some(200) && seen < t.acked_max && idle > 100 {
-                return Err(format!(
-                    "subscriber {i} of {} stalled at {seen} for {idle} quiet steps, {} \
-                     acknowledged",
-                    t.name, t.acked_max
-                ));
-            }
-        }
-        Ok(())
     }
 
     fn clients(&mut self, quiet: bool) -> Check {
@@ -536,31 +376,6 @@ impl World {
         let c = ClientConn::new(fd, session);
         self.reads.insert(serial, c.read_total.clone());
         c
-    }
-
-    /// No plaintext subscriber's window has released more than its client read (the
-    /// window's bytes are all its connection sent: a subscription is a fresh connection's
-    /// only request), while the client has its end open (once it closed, the kernel drops what
-    /// it did not read and `SIOCOUTQ` says 0, so the window releases it: harmless, since a
-    /// parked window serves a resume only when its head is the client's next event).
-    /// Checked after the cores' turns, when every executed send's completion has been taken.
-    fn windows_confirmed(&self) -> Check {
-        let k = self.kernel.borrow();
-        for core in &self.cores {
-            for (fd, acked) in core.confirmed() {
-                let read = (k.peer_of(fd))
-                    .and_then(|serial| self.reads.get(&serial))
-                    .map(|r| r.get());
-                if let Some((read, false)) = read
-                    && acked > read
-                {
-                    return Err(format!(
-                        "a window released {acked} bytes; its client had read {read}"
-                    ));
-                }
-            }
-        }
-        Ok(())
     }
 
     fn note(&self, what: &'static str, nums: &[u64]) {
@@ -771,58 +586,6 @@ impl World {
         }
         self.disk.restore(image);
         self.start_node()
-    }
-}
-
-/// What the node's cores share, as `main` makes it (one shard per core), and each core's
-/// handoff receiver.
-struct Node {
-    shared: Shared,
-    rxs: Vec<crossbeam::channel::Receiver<gateway::core::Handoff>>,
-}
-
-impl Node {
-    fn new(cfg: &gateway::config::Config, logs: &[Log]) -> Result<Node, String> {
-        let n = logs.len();
-        let verifier = auth::Verifier::load(&cfg.auth.settings()).map_err(|e| e.to_string())?;
-        let verifier = Arc::new(verifier);
-        let keys = Arc::new(auth::Keys::new(verifier.clone()));
-        let (txs, rxs) = (0..n).map(|_| crossbeam::channel::unbounded()).unzip();
-        let eventfds = (0..n)
-            .map(|_| gateway::sys::eventfd().map_err(|e| e.to_string()))
-            .collect::<Result<Vec<OwnedFd>, _>>()?;
-        let shared = Shared {
-            access_log: gateway::access_log::Sink::off(),
-            cluster: None,
-            cfg: cfg.clone(),
-            cores: n,
-            shards: n as u32,
-            handoff_tx: txs,
-            eventfds,
-            metrics: (0..n)
-                .map(|_| gateway::metrics::CoreMetrics::default())
-                .collect(),
-            connections: AtomicUsize::new(0),
-            shutdown: AtomicBool::new(false),
-            epochs: logs.iter().map(Log::epoch).collect(),
-            uring_cmd: false,
-            keys,
-            verifier,
-            certs: match (&cfg.tls_cert_file, &cfg.tls_key_file) {
-                (Some(c), Some(k)) => Some(gateway::tls::Certs::load(c, k)?),
-                _ => None,
-            },
-            origins: Arc::from(Vec::<String>::new()),
-            quota: gateway::streams::catalog::StreamQuota::new(cfg.streams_max, logs),
-            subjects: gateway::streams::subjects::SubjectQuota::new(cfg.streams_per_subject_max()),
-            mcp_key: None,
-            per_ip: std::sync::Mutex::new(std::collections::HashMap::new()),
-            body_budget: Arc::new(gateway::proto::conn::BodyBudget::new(
-                cfg.request_buffer_bytes_max,
-            )),
-            ktls_refused: std::sync::atomic::AtomicU8::new(0),
-        };
-        Ok(Node { shared, rxs })
     }
 }
 
