@@ -87,6 +87,14 @@ if [[ " $sim_args " == *" --whole "* ]]; then
   # 11. An answer's partial send is counted whole: the rest of the answer is dropped.
   mutant answer-partial-send-whole gateway/src/proto/conn/outbox.rs \
     's/self.woff += n;/self.woff += self.sending;/'
+  # 12. An MCP stream resumed with GET + Last-Event-ID starts one event late (the MCP front's
+  #     own use of the resume plan, in mcp-front).
+  mutant mcp-resume-off-by-one mcp-front/src/core/resume.rs \
+    's/Some(aligned.map_or(from, |(head, _)| head))/Some(aligned.map_or(from + 1, |(head, _)| head))/'
+  # 13. An MCP call's stream is declared complete one record before its response: its
+  #     connection ends before the result is delivered.
+  mutant mcp-ends-early mcp-front/src/core/routing.rs \
+    's/                st.complete = Some(seq);/                st.complete = Some(seq - 1);/'
 fi
 
 exit $failed

@@ -267,6 +267,7 @@ fn core_setups(
             rx,
             logs,
             inbox: inboxes[id].take(),
+            mcp_outside: None,
         })
         .collect()
 }

@@ -100,6 +100,51 @@ fn term_pending(p: &Proc) -> bool {
         .is_some_and(|d| !d.load(Ordering::SeqCst))
 }
 
+/// What the reactor asks of its upstreams. [`UpstreamSet`] is the real one (children or HTTP
+/// clients); a test or the simulator may bring its own, deterministic one. The reactor never
+/// blocks on it: events are taken with [`Upstreams::try_recv`] when the core's eventfd is
+/// woken, exits with [`Upstreams::poll`].
+pub trait Upstreams: Send + std::fmt::Debug {
+    /// Upstreams running (children, HTTP clients) or not yet reaped.
+    fn children(&self) -> usize;
+
+    /// The HTTP upstream's connection counters (`None` for stdio children).
+    fn http_stats(&self) -> Option<PoolStats>;
+
+    /// Starts the upstream for `id`. `session` is exported as `MCP_GATEWAY_SESSION`.
+    fn spawn(&mut self, id: UpstreamId, session: Option<&str>) -> Result<(), String>;
+
+    /// Queues a line (ending in `\n`) for the upstream. A child that does not read its
+    /// input fast enough to keep the queue under the limit is reported stuck (the caller
+    /// treats it as exited). `authorization` goes with the line to an HTTP upstream (see
+    /// [`Outbound`]); a stdio child has nowhere to put it (`--mcp-forward-authorization` is
+    /// refused with `--upstream-cmd`, so the core gives it none).
+    fn send(
+        &mut self,
+        id: UpstreamId,
+        line: Vec<u8>,
+        authorization: Option<Credential>,
+    ) -> Result<(), String>;
+
+    /// The `Authorization` an HTTP upstream's requests carry from now on
+    /// ([`HttpUpstream::set_authorization`]); nothing for a stdio child.
+    fn set_authorization(&mut self, id: UpstreamId, authorization: Option<Credential>);
+
+    /// Closes the child's stdin now; SIGTERM after the grace period and SIGKILL after another
+    /// one if it is still running (`poll` sends them).
+    fn kill(&mut self, id: UpstreamId, now: Instant);
+
+    /// Next reader event, if any (non-blocking).
+    fn try_recv(&self) -> Option<UpstreamEvent>;
+
+    /// Reaps exited children and SIGKILLs those past their grace. Returns how they ended.
+    fn poll(&mut self, now: Instant) -> Vec<(UpstreamId, String)>;
+
+    /// Shutdown: close every stdin, wait up to the grace period, SIGTERM the rest, wait up to
+    /// another grace period, then SIGKILL what is left.
+    fn stop_all(&mut self);
+}
+
 /// All upstream children of one reactor core.
 pub struct UpstreamSet {
     cmd: String,
@@ -173,17 +218,18 @@ impl UpstreamSet {
         s
     }
 
-    pub fn children(&self) -> usize {
+}
+
+impl Upstreams for UpstreamSet {
+    fn children(&self) -> usize {
         self.procs.len() + self.http.len()
     }
 
-    /// The HTTP upstream's connection counters (`None` for stdio children).
-    pub fn http_stats(&self) -> Option<PoolStats> {
+    fn http_stats(&self) -> Option<PoolStats> {
         self.target.as_ref().map(|t| t.stats())
     }
 
-    /// Starts the child for `id`. `session` is exported as `MCP_GATEWAY_SESSION`.
-    pub fn spawn(&mut self, id: UpstreamId, session: Option<&str>) -> Result<(), String> {
+    fn spawn(&mut self, id: UpstreamId, session: Option<&str>) -> Result<(), String> {
         if let Some(t) = &self.target {
             let h = HttpUpstream::start(
                 id,
@@ -245,12 +291,7 @@ impl UpstreamSet {
         Ok(())
     }
 
-    /// Queues a line (ending in `\n`) for the child's stdin. A child that does not read its
-    /// input fast enough to keep the queue under the limit is reported stuck (the caller
-    /// treats it as exited). `authorization` goes with the line to an HTTP upstream (see
-    /// [`Outbound`]); a stdio child has nowhere to put it (`--mcp-forward-authorization` is
-    /// refused with `--upstream-cmd`, so the core gives it none).
-    pub fn send(
+    fn send(
         &mut self,
         id: UpstreamId,
         line: Vec<u8>,
@@ -288,17 +329,13 @@ impl UpstreamSet {
         }
     }
 
-    /// The `Authorization` an HTTP upstream's requests carry from now on
-    /// ([`HttpUpstream::set_authorization`]); nothing for a stdio child.
-    pub fn set_authorization(&mut self, id: UpstreamId, authorization: Option<Credential>) {
+    fn set_authorization(&mut self, id: UpstreamId, authorization: Option<Credential>) {
         if let Some((h, _)) = self.http.get(&id) {
             h.set_authorization(authorization);
         }
     }
 
-    /// Closes the child's stdin now; SIGTERM after the grace period and SIGKILL after another
-    /// one if it is still running (`poll` sends them).
-    pub fn kill(&mut self, id: UpstreamId, now: Instant) {
+    fn kill(&mut self, id: UpstreamId, now: Instant) {
         if let Some((h, at)) = self.http.get_mut(&id) {
             h.stop();
             at.get_or_insert(now + Duration::from_millis(self.limits.kill_grace_ms));
@@ -313,13 +350,11 @@ impl UpstreamSet {
         }
     }
 
-    /// Next reader event, if any (non-blocking).
-    pub fn try_recv(&self) -> Option<UpstreamEvent> {
+    fn try_recv(&self) -> Option<UpstreamEvent> {
         self.rx.try_recv().ok()
     }
 
-    /// Reaps exited children and SIGKILLs those past their grace. Returns how they ended.
-    pub fn poll(&mut self, now: Instant) -> Vec<(UpstreamId, String)> {
+    fn poll(&mut self, now: Instant) -> Vec<(UpstreamId, String)> {
         let mut ended = Vec::new();
         for (id, p) in &mut self.procs {
             if term_pending(p) {
@@ -360,9 +395,7 @@ impl UpstreamSet {
         ended
     }
 
-    /// Shutdown: close every stdin, wait up to the grace period, SIGTERM the rest, wait up to
-    /// another grace period, then SIGKILL what is left.
-    pub fn stop_all(&mut self) {
+    fn stop_all(&mut self) {
         for p in self.procs.values_mut() {
             p.stdin = None;
         }

@@ -25,9 +25,19 @@ pub enum Item {
 pub struct Parser {
     buf: Vec<u8>,
     head_done: bool,
+    /// The answer's head, once read (status line and headers).
+    pub head: String,
 }
 
 impl Parser {
+    /// The value of header `name` in the head read, if any.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.head.lines().skip(1).find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.trim().eq_ignore_ascii_case(name).then(|| v.trim())
+        })
+    }
+
     pub fn feed(&mut self, b: &[u8]) {
         self.buf.extend_from_slice(b);
     }
@@ -41,6 +51,7 @@ impl Parser {
             let head = String::from_utf8_lossy(&self.buf[..end]).into_owned();
             self.buf.drain(..end + 4);
             self.head_done = true;
+            self.head.clone_from(&head);
             let status = head
                 .split(' ')
                 .nth(1)

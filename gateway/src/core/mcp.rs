@@ -15,7 +15,7 @@ use log_store::{Bounds, Epoch, Log, Seq, StreamId};
 use super::cluster_state::ClusterCore;
 use crate::config::Config;
 use crate::mcp::core::{ConnId, HttpMethod, HttpRequest, LogView, McpCore};
-use crate::mcp::upstream::{UpstreamEvent, UpstreamSet};
+use crate::mcp::upstream::{UpstreamEvent, UpstreamSet, Upstreams};
 use crate::metrics::CoreMetrics;
 use crate::shards;
 use crate::streams::StreamKey;
@@ -81,7 +81,7 @@ pub(super) struct McpSubscribe {
 /// MCP state of the owning core.
 pub(super) struct Mcp {
     pub(super) core: McpCore,
-    pub(super) ups: UpstreamSet,
+    pub(super) ups: Box<dyn Upstreams>,
     pub(super) shard: u32,
     /// The core's id (for log lines).
     pub(super) core_id: usize,
@@ -158,11 +158,31 @@ impl LogView for LogRef<'_> {
     }
 }
 
+/// Where a session ID's 16 bytes come from.
+pub type SessionIds = Box<dyn FnMut() -> [u8; 16] + Send>;
+
+/// The MCP front's outside world: its upstreams, and where session IDs come from (`None`: the
+/// operating system's randomness). The gateway builds the real ones from its flags; the
+/// simulator brings a deterministic pair, so that one seed gives one trace.
+pub struct McpOutside {
+    pub upstreams: Box<dyn Upstreams>,
+    pub session_ids: Option<SessionIds>,
+}
+
+impl std::fmt::Debug for McpOutside {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("McpOutside")
+            .field("upstreams", &self.upstreams)
+            .field("session_ids", &self.session_ids.is_some())
+            .finish()
+    }
+}
+
 /// The MCP core's source of session IDs: 16 random bytes; in cluster mode (`minted`) every
 /// session ID this process mints starts with its 4 random bytes (96 random bits remain), so
 /// it tells its own sessions from other nodes' ones. The first call names the process's
 /// modern-era streams: all random.
-fn session_ids(minted: Option<[u8; 4]>) -> Box<dyn FnMut() -> [u8; 16] + Send> {
+fn session_ids(minted: Option<[u8; 4]>) -> SessionIds {
     let mut first = true;
     Box::new(move || {
         let mut b = [0u8; 16];
@@ -215,21 +235,22 @@ fn header<'h>(headers: &[(&str, &'h [u8])], name: &str) -> Option<&'h [u8]> {
 }
 
 impl Mcp {
-    /// The MCP state of the owner core of the MCP shard `shard`, with its upstreams `ups`;
-    /// outside cluster mode it recovers the sessions whose streams are in `hub`'s log.
+    /// The MCP state of the owner core of the MCP shard `shard`, with its upstreams and
+    /// session IDs from `outside`; outside cluster mode it recovers the sessions whose streams
+    /// are in `hub`'s log.
     pub(super) fn new(
         cfg: &Config,
         core_id: usize,
         shard: u32,
-        ups: UpstreamSet,
+        outside: McpOutside,
         hub: &Hub,
-        clustered: bool,
-        now: Instant,
+        (clustered, now): (bool, Instant),
     ) -> Mcp {
         let args = &cfg.mcp;
         let mut minted = [0u8; 4];
         getrandom::fill(&mut minted).expect("getrandom for MCP session ids");
-        let mut core = McpCore::new(args.core_config(), session_ids(clustered.then_some(minted)));
+        let ids = (outside.session_ids).unwrap_or_else(|| session_ids(clustered.then_some(minted)));
+        let mut core = McpCore::new(args.core_config(), ids);
         // Cluster mode recovers a session when a client resumes it (`cluster_recover`): the
         // log holds every node's sessions.
         if hub.has_shard(shard) && !clustered {
@@ -249,7 +270,7 @@ impl Mcp {
         let deadline_ms = core.poll_timeout();
         Mcp {
             core,
-            ups,
+            ups: outside.upstreams,
             shard,
             core_id,
             t0: now,

@@ -9,6 +9,7 @@
 use log_store::Seq;
 
 use super::mcp::{BROKEN_PER_SESSION_MAX, Effect, Mcp, McpCx, McpSubscribe};
+use crate::streams::catalog::MCP_STREAM_PREFIX;
 use crate::mcp::core::{Action, ConnId, UpstreamId, redact_stream_name as redacted};
 use crate::mcp::jsonrpc;
 use mcp_front::credential::Credential;
@@ -59,13 +60,11 @@ impl Mcp {
             Action::CreateStream { stream } => {
                 self.calls.created(&stream, cx.now);
                 if let Err(e) = cx.hub.log_mut(self.shard).create_stream(&stream) {
-                    let stream = redacted(&stream);
-                    crate::warn_limited!(
-                        core = self.core_id,
-                        %stream,
-                        error = %e,
-                        "MCP stream cannot be created",
-                    );
+                    // A full disk, a poisoned log: the stream is broken from the start (its
+                    // response is an explicit 503, none of its messages is appended), never
+                    // appended to as if it existed.
+                    let why = format!("the stream cannot be created: {e}");
+                    self.break_stream(stream, why, cx, &mut out);
                 }
             }
             Action::Append {
@@ -286,6 +285,27 @@ impl Mcp {
     /// The log refused a record of `stream` and its substitute: nothing more goes to it, its
     /// open connections are closed (the client sees the records up to the log's tail, then the
     /// end; resuming gets an explicit 503), and the process keeps running.
+    /// The MCP shard's log is poisoned (a group commit failed): nothing more of it becomes
+    /// durable, so no MCP stream of it can go on, and a response waiting for its next record
+    /// would wait for ever. Every stream the MCP core holds or that has subscribers is broken:
+    /// its connections close, a resume of it is an explicit 503, nothing more is appended.
+    pub(super) fn log_failed(&mut self, cx: &McpCx<'_>) -> Vec<Effect> {
+        let names: Vec<String> = (cx.hub.log(self.shard).streams())
+            .filter(|(_, name, _)| name.starts_with(MCP_STREAM_PREFIX))
+            .map(|(_, name, _)| name.to_owned())
+            .collect();
+        let mut out = Vec::new();
+        for name in names {
+            if !self.broken.contains_key(&name)
+                && (self.core.holds_stream(&name) || !self.stream_subs(&name, cx).is_empty())
+            {
+                let why = "the log's group commit failed".to_owned();
+                self.break_stream(name, why, cx, &mut out);
+            }
+        }
+        out
+    }
+
     pub(super) fn break_stream(
         &mut self,
         stream: String,

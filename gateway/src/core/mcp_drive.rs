@@ -29,8 +29,8 @@ impl Mcp {
         shared: &Arc<Shared>,
         id: usize,
         hub: &Hub,
-        clustered: bool,
-        now: Instant,
+        (clustered, now): (bool, Instant),
+        outside: Option<mcp::McpOutside>,
     ) -> Option<Box<Mcp>> {
         if !shared.cfg.mcp.enabled() {
             return None;
@@ -39,10 +39,16 @@ impl Mcp {
         if owner != id {
             return None;
         }
-        let waker = shared.clone();
-        let wake: mcp::Wake = Arc::new(move || sys::eventfd_wake(waker.eventfds[id].as_fd()));
-        let ups = mcp::upstreams(&shared.cfg, wake);
-        let m = Mcp::new(&shared.cfg, id, shard, ups, hub, clustered, now);
+        let outside = outside.unwrap_or_else(|| {
+            let waker = shared.clone();
+            let wake: mcp::Wake =
+                Arc::new(move || sys::eventfd_wake(waker.eventfds[id].as_fd()));
+            mcp::McpOutside {
+                upstreams: Box::new(mcp::upstreams(&shared.cfg, wake)),
+                session_ids: None,
+            }
+        });
+        let m = Mcp::new(&shared.cfg, id, shard, outside, hub, (clustered, now));
         Some(Box::new(m))
     }
 }
@@ -97,6 +103,18 @@ impl Core {
         let now = self.now;
         if self.mcp.as_mut().is_some_and(|m| m.conn_closed(now, slot)) {
             self.mcp_apply();
+        }
+    }
+
+    /// Hook from `end_turn`: `shard`'s group commit failed; if it is the MCP shard, the MCP
+    /// streams that were going on end (`Mcp::log_failed`).
+    pub(super) fn mcp_log_failed(&mut self, shard: u32) {
+        let Some((m, cx, _)) = self.mcp_split() else {
+            return;
+        };
+        if m.shard == shard {
+            let effects = m.log_failed(&cx);
+            self.mcp_carry_out(effects);
         }
     }
 

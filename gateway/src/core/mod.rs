@@ -57,6 +57,7 @@ use crate::sys;
 use crate::uring::{Cqe, Driver};
 use conns::State;
 use net::{Net, Then};
+pub use mcp::McpOutside;
 pub use stepped::SteppedCore;
 
 /// The tick: timers, `SIOCOUTQ` confirmation, keep-alives.
@@ -150,6 +151,9 @@ pub struct CoreSetup {
     pub logs: Vec<(u32, Log)>,
     /// Cluster mode: the messages of this core's shards, in JetStream order.
     pub inbox: Option<::cluster::Inbox>,
+    /// The MCP front's upstreams and session IDs, if not the real ones (the simulator's);
+    /// used by the core that owns the MCP shard.
+    pub mcp_outside: Option<McpOutside>,
 }
 
 /// The limits of a core, from the flags.
@@ -263,6 +267,7 @@ impl Core {
             shared.origins.clone(),
             auth::Auth::following(shared.keys.clone()),
         );
+        let mcp_outside = setup.mcp_outside;
         let clustered = match (setup.inbox, &shared.cluster) {
             (Some(inbox), Some(handle)) => Some(Box::new(cluster_state::ClusterCore::new(
                 inbox,
@@ -300,7 +305,7 @@ impl Core {
         core.net.arm_accept();
         core.net.io.read_eventfd(core.efd);
         let clustered = core.cluster.is_some();
-        core.mcp = mcp::Mcp::on_core(&core.shared, core.id, &core.hub, clustered, now);
+        core.mcp = mcp::Mcp::on_core(&core.shared, core.id, &core.hub, (clustered, now), mcp_outside);
         core
     }
 
@@ -380,6 +385,7 @@ impl Core {
         for shard in self.hub.take_failed() {
             self.m().log_sync_failures_total.fetch_add(1, Relaxed);
             self.waits.fail(&mut self.net, shard);
+            self.mcp_log_failed(shard);
         }
         let touched = self.hub.end_turn();
         if !touched.is_empty() {

@@ -8,13 +8,13 @@
 //!   keyed by `mcp-session.key` in the data directory.
 //! - `glue.rs`: the reactor driver (a child module of `reactor`, included there by `#[path]`):
 //!   carries out the core's `Action`s on the MCP shard's log and send path.
-//! - re-exported from `mcp_front`: [`core`], [`era`], [`headers`], [`http_upstream`],
-//!   [`jsonrpc`], [`upstream`].
+//! - re-exported from `mcp_front`: [`core`], [`credential`], [`era`], [`headers`],
+//!   [`http_upstream`], [`jsonrpc`], [`upstream`].
 #![forbid(unsafe_code)]
 
 pub mod config;
 pub mod identity;
-pub use mcp_front::{core, headers, http_upstream, jsonrpc, upstream};
+pub use mcp_front::{core, credential, headers, http_upstream, jsonrpc, upstream};
 // No gateway code names `mcp::era` today; the path is kept so code that did (or will, in
 // the glue being rewritten) still compiles. A binary crate warns on an unused re-export.
 #[allow(unused_imports)]

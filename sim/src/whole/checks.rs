@@ -57,15 +57,29 @@ impl World {
         let name = &self.truths[stream].name;
         let (log, shard, sid) = self.stream_log(stream)?;
         let sid = sid.ok_or_else(|| format!("{name}: event {seq} {what}, and no such stream"))?;
+        self.durable_at((log, shard), sid, seq, &format!("{name}: event {seq} {what}"))
+    }
+
+    /// The event of ID `id`, of an MCP stream, `what` (shown), is in the disk's durable image.
+    pub(super) fn durable_mcp(&self, id: &str, what: &str) -> Check {
+        let ev: log_store::EventId = id.parse().map_err(|e| format!("MCP event ID {id}: {e}"))?;
+        let prefix = gateway::streams::catalog::MCP_STREAM_PREFIX;
+        let shard = gateway::shards::shard_of(prefix, self.cfg.cores as u32);
+        let log = (self.cores.get(shard as usize))
+            .and_then(|c| c.log(shard))
+            .ok_or_else(|| format!("no core holds shard {shard}"))?;
+        self.durable_at((log, shard), ev.stream, ev.seq, &format!("MCP event {id} {what}"))
+    }
+
+    /// Record `seq` of stream `sid` in `log` (of shard `shard`) is durable; `label` names it.
+    fn durable_at(&self, (log, shard): (&Log, u32), sid: StreamId, seq: u64, label: &str) -> Check {
         if log.bounds(sid).is_some_and(|b| seq < b.floor) {
             return Ok(()); // deleted by retention, which deletes only durable records
         }
-        let r = log
-            .record(sid, seq)
-            .map_err(|e| format!("{name}: event {seq} {what}: {e}"))?;
+        let r = log.record(sid, seq).map_err(|e| format!("{label}: {e}"))?;
         let dir = gateway::shards::shard_dir(self.disk.dir(), shard);
         if !(self.disk).is_durable_in(&dir, r.segment_number(), r.file_offset(), r.as_bytes()) {
-            return Err(format!("{name}: event {seq} {what} while not durable"));
+            return Err(format!("{label} while not durable"));
         }
         Ok(())
     }

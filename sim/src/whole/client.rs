@@ -356,7 +356,7 @@ impl Publisher {
 }
 
 /// The status and body of a whole answer in `b`, if it is all there.
-fn whole_answer(b: &[u8]) -> Result<Option<(u16, String)>, String> {
+pub(super) fn whole_answer(b: &[u8]) -> Result<Option<(u16, String)>, String> {
     let Some(end) = b.windows(4).position(|w| w == b"\r\n\r\n") else {
         return Ok(None);
     };

@@ -23,9 +23,12 @@
 
 mod checks;
 pub mod client;
+mod mcp;
+pub mod mcp_client;
 mod node;
 pub mod ring;
 pub mod tls;
+pub mod upstream;
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -39,6 +42,7 @@ use log_store::{Epoch, FsyncPolicy, Log, LogOptions};
 use crate::disk::{Disk, DiskFaults};
 use crate::rng::Rng;
 use client::{Check, ClientConn, PubOutcome, Publisher, StreamTruth, Subscriber};
+use mcp_client::McpClient;
 use node::Node;
 use ring::{Kernel, KernelFaults, SimRing};
 
@@ -116,6 +120,7 @@ fn gateway_config(
     cfg: &WholeConfig,
     dir: &std::path::Path,
     tls: Option<&tls::TlsSetup>,
+    mcp: bool,
 ) -> Result<gateway::config::Config, String> {
     let dir = dir.display().to_string();
     let send = cfg.send_bytes_max.to_string();
@@ -139,6 +144,10 @@ fn gateway_config(
         gw.tls_cert_file = Some(t.cert_file.clone());
         gw.tls_key_file = Some(t.key_file.clone());
     }
+    if mcp {
+        // Its upstreams are the simulator's (`CoreSetup::mcp_outside`): nothing is run.
+        gw.mcp.upstream_cmd = Some("simulated".to_owned());
+    }
     Ok(gw)
 }
 
@@ -159,6 +168,13 @@ pub struct World {
     pubs: Vec<Publisher>,
     subs: Vec<Subscriber>,
     truths: Vec<StreamTruth>,
+    /// The MCP front: what the seed drew for it (from `mrng`), its upstreams, its clients and
+    /// the last step each made progress.
+    mcp_cfg: mcp::McpConfig,
+    mrng: Rng,
+    upstreams: upstream::SimUpstreams,
+    mcps: Vec<McpClient>,
+    mcp_progress: Vec<u64>,
     pub step: u64,
     /// Payloads published so far (each unique).
     published: u64,
@@ -166,6 +182,11 @@ pub struct World {
     crash_at: Option<u64>,
     /// Crashes so far.
     crashes: u64,
+    /// Failed syncs (`fdatasync` or a page flush) so far: the log is poisoned by each, and
+    /// the node crashes soon after.
+    sync_failures: u64,
+    /// A sync failed since the last step (a crash is to be scheduled).
+    sync_failed: bool,
     /// Per subscriber, in the calm steps: an event it must have by a step (it was caught up
     /// when the event was acknowledged).
     due: Vec<Option<(u64, u64)>>,
@@ -206,7 +227,12 @@ impl World {
             .tls
             .then(|| tls::TlsSetup::new(disk.dir()))
             .transpose()?;
-        let gw = gateway_config(&cfg, disk.dir(), tls.as_ref())?;
+        let mut mrng = Rng::new(seed ^ 0x004d_4350_4d43_5000);
+        let mcp_cfg = mcp::McpConfig::draw(&mut mrng);
+        let mcps = (0..mcp_cfg.clients)
+            .map(|_| McpClient::new(mrng.chance(400), cfg.retain_segments.is_some()))
+            .collect();
+        let gw = gateway_config(&cfg, disk.dir(), tls.as_ref(), mcp_cfg.clients > 0)?;
         let opts = LogOptions {
             segment_bytes: SEGMENT_BYTES,
             record_bytes_max: 16 * 1024,
@@ -229,6 +255,11 @@ impl World {
             pubs: (0..cfg.publishers).map(|_| Publisher::default()).collect(),
             subs,
             truths,
+            mcp_progress: vec![0; mcp_cfg.clients],
+            mcp_cfg,
+            mrng,
+            upstreams: upstream::SimUpstreams::default(),
+            mcps,
             rng,
             cfg,
             disk,
@@ -242,14 +273,22 @@ impl World {
             published: 0,
             crash_at: None,
             crashes: 0,
+            sync_failures: 0,
+            sync_failed: false,
             due: Vec::new(),
             progress: Vec::new(),
             reads: std::collections::BTreeMap::new(),
             some_id: None,
             events: 0,
         };
+        if std::env::var("SIM_DEBUG").as_deref() == Ok("2") {
+            gateway::logging::init(&w.gw.log)?; // and the node's log lines
+        }
         if w.tls.is_some() {
             w.note("tls", &[]);
+        }
+        if !w.mcps.is_empty() {
+            w.note("mcp clients", &[w.mcps.len() as u64]);
         }
         w.start_node()?;
         Ok(w)
@@ -292,6 +331,7 @@ impl World {
                 rx,
                 logs: vec![(id as u32, log)],
                 inbox: None,
+                mcp_outside: self.mcp_outside(),
             };
             let ring = Box::new(SimRing {
                 kernel: self.kernel.clone(),
@@ -327,9 +367,11 @@ impl World {
             if quiet && self.step == self.cfg.steps + 1 {
                 self.quiet_down();
             }
+            self.take_sync_failures();
             self.clients(quiet)?;
             self.woken()?;
             self.maybe_crash(quiet)?;
+            self.upstreams_step(quiet);
             self.kernel.borrow_mut().step();
             for core in &mut self.cores {
                 core.turn();
@@ -338,7 +380,7 @@ impl World {
                 }
             }
             self.windows_confirmed()?;
-            let conns = self.pubs.len() + self.subs.len();
+            let conns = self.pubs.len() + self.subs.len() + self.mcps.len();
             let in_flight = self.kernel.borrow().in_flight();
             if in_flight > 8 * conns + 16 {
                 return Err(format!(
@@ -349,7 +391,8 @@ impl World {
             k.now += Duration::from_millis(1);
         }
         self.note_handoffs();
-        self.caught_up()
+        self.caught_up()?;
+        self.mcp_caught_up()
     }
 
     /// No more faults: the kernel executes everything at once, readers are fast.
@@ -366,6 +409,9 @@ impl World {
         }
         for i in 0..self.subs.len() {
             self.subscriber(i, quiet)?;
+        }
+        for i in 0..self.mcps.len() {
+            self.mcp_client(i, quiet)?;
         }
         Ok(())
     }
@@ -555,14 +601,18 @@ impl World {
         Ok(())
     }
 
+    /// Counts the syncs that failed since the last step.
+    fn take_sync_failures(&mut self) {
+        let failed = self.kernel.borrow_mut().take_failed_syncs() > 0
+            || (self.disk.take_notes().iter())
+                .any(|n| matches!(n, crate::disk::DiskNote::FlushFailed));
+        self.sync_failures += u64::from(failed);
+        self.sync_failed |= failed;
+    }
+
     /// A crash by the seed, or after a failed sync: the disk torn, the node restarted.
     fn maybe_crash(&mut self, quiet: bool) -> Check {
-        let failed = self.kernel.borrow_mut().take_failed_syncs() > 0
-            || self
-                .disk
-                .take_notes()
-                .iter()
-                .any(|n| matches!(n, crate::disk::DiskNote::FlushFailed));
+        let failed = std::mem::take(&mut self.sync_failed);
         if failed && self.crash_at.is_none() && !quiet {
             self.crash_at = Some(self.step + self.rng.range(1, 20));
         }
@@ -584,6 +634,10 @@ impl World {
         for s in &mut self.subs {
             s.cut();
         }
+        for m in &mut self.mcps {
+            m.cut();
+        }
+        self.upstreams.world().crashed();
         self.disk.restore(image);
         self.start_node()
     }
