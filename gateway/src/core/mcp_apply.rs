@@ -286,19 +286,22 @@ impl Mcp {
     /// open connections are closed (the client sees the records up to the log's tail, then the
     /// end; resuming gets an explicit 503), and the process keeps running.
     /// The MCP shard's log is poisoned (a group commit failed): nothing more of it becomes
-    /// durable, so no MCP stream of it can go on, and a response waiting for its next record
-    /// would wait for ever. Every stream the MCP core holds or that has subscribers is broken:
-    /// its connections close, a resume of it is an explicit 503, nothing more is appended.
+    /// durable, so a response waiting for its next record would wait for ever. Every stream
+    /// that could still be waited on is broken — one the MCP core holds, one with readers, one
+    /// with records that will now never be durable (a complete stream resumed later would wait
+    /// for them): its connections close, a resume of it is an explicit 503, nothing more is
+    /// appended to it.
     pub(super) fn log_failed(&mut self, cx: &McpCx<'_>) -> Vec<Effect> {
         let names: Vec<String> = (cx.hub.log(self.shard).streams())
-            .filter(|(_, name, _)| name.starts_with(MCP_STREAM_PREFIX))
+            .filter(|(_, name, b)| {
+                name.starts_with(MCP_STREAM_PREFIX)
+                    && (b.tail > b.visible_tail || self.core.holds_stream(name))
+            })
             .map(|(_, name, _)| name.to_owned())
             .collect();
         let mut out = Vec::new();
         for name in names {
-            if !self.broken.contains_key(&name)
-                && (self.core.holds_stream(&name) || !self.stream_subs(&name, cx).is_empty())
-            {
+            if !self.broken.contains_key(&name) {
                 let why = "the log's group commit failed".to_owned();
                 self.break_stream(name, why, cx, &mut out);
             }

@@ -59,8 +59,8 @@ impl Parts {
     fn mcp(&self) -> Mcp {
         let (shard, owner) = mcp::mcp_owner(1, 1);
         assert_eq!((shard, owner), (0, 0));
-        let ups = mcp::upstreams(&self.cfg, Arc::new(|| {}));
-        Mcp::new(&self.cfg, 0, shard, ups, &self.hub, false, self.now)
+        let outside = outside(&self.cfg);
+        Mcp::new(&self.cfg, 0, shard, outside, &self.hub, (false, self.now))
     }
 
     /// Every action the MCP core has queued, as effects (what `Core::mcp_apply` carries out).
@@ -81,6 +81,14 @@ impl Parts {
             subject: None,
         };
         m.handle_request(req, 32, &mut self.cx())
+    }
+}
+
+/// The real upstreams of `cfg` (none is started by these tests) and session IDs.
+fn outside(cfg: &Config) -> mcp::McpOutside {
+    mcp::McpOutside {
+        upstreams: Box::new(mcp::upstreams(cfg, Arc::new(|| {}))),
+        session_ids: None,
     }
 }
 
@@ -166,6 +174,60 @@ fn a_broken_stream_closes_its_readers_and_refuses_to_be_served() {
         !text.contains("0123abcd"),
         "the session ID is not in the answer: {text}"
     );
+}
+
+/// Found by the whole-node simulator: a stream the log could not create (a full disk, a
+/// poisoned log) was appended to as if it existed, and the core panicked. It is broken from the
+/// start: its records are not stored, and its response is an explicit 503.
+#[test]
+fn a_stream_the_log_cannot_create_is_broken_not_appended_to() {
+    let mut p = Parts::new();
+    let mut m = p.mcp();
+    let name = "mcp/0123abcd/\u{1}".to_owned(); // a control character: refused by the log
+    let create = Action::CreateStream {
+        stream: name.clone(),
+    };
+    assert_eq!(m.act(create, &mut p.cx()), vec![]);
+    assert!(m.broken.contains_key(&name));
+    let record = br#"{"jsonrpc":"2.0","id":1,"result":{}}"#.to_vec();
+    assert_eq!(m.act(append(&name, 1, record), &mut p.cx()), vec![]);
+    assert_eq!(p.hub.log(0).streams().count(), 0, "nothing stored");
+    m.conns.insert(9, (6, 1, false));
+    let effects = m.act(open_sse(9, &name), &mut p.cx());
+    let [Effect::Respond { bytes, .. }] = effects.as_slice() else {
+        panic!("one answer: {effects:?}");
+    };
+    assert!(bytes.starts_with(b"HTTP/1.1 503 "));
+}
+
+/// Found by the whole-node simulator: after the MCP shard's group commit failed, a response
+/// waited for ever for records that could no longer become durable (a complete stream's
+/// result, appended but not synced, resumed later). Such streams end: their readers are
+/// closed, a resume is an explicit 503.
+#[test]
+fn a_failed_group_commit_ends_the_streams_that_cannot_complete() {
+    let mut p = Parts::with(LogOptions {
+        fsync: log_store::FsyncPolicy::Group,
+        ..LogOptions::default()
+    });
+    let mut m = p.mcp();
+    let (name, reader) = ("mcp/0123abcd/1", (5, 2));
+    let (_, sid) = stream_with_reader(&mut p, name, reader);
+    let log = p.hub.log_mut(0);
+    log.append(sid, None, b"{}").expect("append");
+    let b = log.bounds(sid).expect("bounds");
+    assert_eq!((b.tail, b.visible_tail), (1, 0), "appended, not durable");
+    log.create_stream("mcp/0123abcd/2").expect("create"); // nothing waits on it
+    let api = log.create_stream("api-stream").expect("create");
+    log.append(api, None, b"x").expect("append"); // not the MCP front's
+    assert_eq!(m.log_failed(&p.cx()), vec![Effect::Close(reader)]);
+    assert_eq!(m.broken.keys().collect::<Vec<_>>(), vec![name]);
+    m.conns.insert(9, (6, 1, false));
+    let effects = m.act(open_sse(9, name), &mut p.cx());
+    let [Effect::Respond { bytes, .. }] = effects.as_slice() else {
+        panic!("one answer: {effects:?}");
+    };
+    assert!(bytes.starts_with(b"HTTP/1.1 503 "));
 }
 
 #[test]
@@ -297,8 +359,7 @@ fn a_replay_only_resume_waits_for_its_read_barrier_or_gets_503() {
     let mut p = Parts::new();
     let (handle, inbox) = cluster::Cluster::detached();
     p.cluster = Some(ClusterCore::new(inbox, handle.clone(), &[]));
-    let ups = mcp::upstreams(&p.cfg, Arc::new(|| {}));
-    let mut m = Mcp::new(&p.cfg, 0, 0, ups, &p.hub, true, p.now);
+    let mut m = Mcp::new(&p.cfg, 0, 0, outside(&p.cfg), &p.hub, (true, p.now));
     m.cluster.as_mut().unwrap().minted = "ffffffff".into();
     // Another node's session: 40 records of its stream applied here (JetStream holds 42).
     let sid = p.hub.log_mut(0).create_stream("mcp/0123abcd/1").unwrap();
