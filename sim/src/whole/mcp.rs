@@ -52,10 +52,10 @@ impl World {
         })
     }
 
-    /// Crashes, failed syncs (a poisoned log breaks the MCP streams it cannot append to) and
-    /// upstream deaths so far: the causes that excuse an MCP client's loss.
+    /// Crashes, failed syncs and full disks (a record the log refuses breaks its MCP stream)
+    /// and upstream deaths so far: the causes that excuse an MCP client's loss.
     fn excuses(&self) -> u64 {
-        self.crashes + self.sync_failures + self.upstreams.world().deaths
+        self.crashes + self.sync_failures + self.disk_full + self.upstreams.world().deaths
     }
 
     /// The upstreams' step: by the seed one dies; a few written lines (all, when quiet) are

@@ -8,8 +8,8 @@
 //! each exactly once and in order across every cut and resume, with contiguous sequence
 //! numbers; a resumed response first restates the client's position. Explicit errors end a
 //! call: a lost session (404), an ended stream without its result (410), a JSON-RPC error —
-//! but only after a crash or an upstream death since the session began (or, for 410, with
-//! retention on); a 5xx always. Anything else is a violation, and so is a 400 to a resume
+//! but only after a crash, a failed sync, a full disk or an upstream death since the session's
+//! `initialize` (or, for 410, with retention on); a 5xx always. Anything else is a violation, and so is a 400 to a resume
 //! from an ID the node showed.
 #![forbid(unsafe_code)]
 
@@ -68,8 +68,8 @@ pub struct McpClient {
     answer: Vec<u8>,
     sid: Option<String>,
     state: State,
-    /// The world's excuses (crashes, failed syncs, upstream deaths) when its `initialize`
-    /// was sent.
+    /// The world's excuses (crashes, failed syncs, full disks, upstream deaths) when its
+    /// `initialize` was sent.
     excuses_at: u64,
     /// Retention is on: a resume may find its history gone (410).
     retention: bool,
@@ -112,7 +112,7 @@ impl McpClient {
 
     /// Sends on `conn` what comes next: an `initialize`, the `initialized` notification, a
     /// call of the tool with `count` progress notifications, or the resume of a call.
-    /// `excuses`: the world's count of crashes, failed syncs and upstream deaths so far.
+    /// `excuses`: the world's count of crashes, failed syncs, full disks and upstream deaths.
     pub fn connect(&mut self, mut conn: ClientConn, count: u64, excuses: u64) -> Asked {
         let sid = self.sid.clone().unwrap_or_default();
         let (asked, req) = match &mut self.state {
@@ -177,7 +177,7 @@ impl McpClient {
     }
 
     /// Writes what is queued, reads up to `n` bytes and checks what they carry; how many
-    /// events of calls were shown. `excuses`: the world's crashes and upstream deaths so far.
+    /// events of calls were shown. `excuses`: as in [`McpClient::connect`].
     pub fn advance(&mut self, n: usize, excuses: u64) -> Result<u64, String> {
         let Some(conn) = self.conn.as_mut() else {
             return Ok(0);

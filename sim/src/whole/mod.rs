@@ -187,6 +187,8 @@ pub struct World {
     sync_failures: u64,
     /// A sync failed since the last step (a crash is to be scheduled).
     sync_failed: bool,
+    /// Times the disk was full (a segment could not be preallocated): appends refused.
+    disk_full: u64,
     /// Per subscriber, in the calm steps: an event it must have by a step (it was caught up
     /// when the event was acknowledged).
     due: Vec<Option<(u64, u64)>>,
@@ -275,6 +277,7 @@ impl World {
             crashes: 0,
             sync_failures: 0,
             sync_failed: false,
+            disk_full: 0,
             due: Vec::new(),
             progress: Vec::new(),
             reads: std::collections::BTreeMap::new(),
@@ -601,11 +604,13 @@ impl World {
         Ok(())
     }
 
-    /// Counts the syncs that failed since the last step.
+    /// Counts the syncs that failed and the times the disk was full since the last step.
     fn take_sync_failures(&mut self) {
+        let notes = self.disk.take_notes();
+        let full = notes.iter().filter(|n| **n == crate::disk::DiskNote::DiskFull);
+        self.disk_full += full.count() as u64;
         let failed = self.kernel.borrow_mut().take_failed_syncs() > 0
-            || (self.disk.take_notes().iter())
-                .any(|n| matches!(n, crate::disk::DiskNote::FlushFailed));
+            || (notes.iter()).any(|n| matches!(n, crate::disk::DiskNote::FlushFailed));
         self.sync_failures += u64::from(failed);
         self.sync_failed |= failed;
     }
