@@ -28,7 +28,7 @@ export CARGO_TARGET_DIR="$scratch/target"
 failed=0
 mutant() {
   local name=$1 file=$2 expr=$3
-  if [ -n "$only" ] && ! grep -qw -- "$name" <<<"$only"; then return; fi
+  if [ -n "$only" ] && ! tr ' ' '\n' <<<"$only" | grep -qxF -- "$name"; then return; fi
   cp "$root/$file" "$scratch/$file"
   sed -i -e "$expr" "$scratch/$file"
   if cmp -s "$root/$file" "$scratch/$file"; then
@@ -91,10 +91,10 @@ if [[ " $sim_args " == *" --whole "* ]]; then
   #     own use of the resume plan, in mcp-front).
   mutant mcp-resume-off-by-one mcp-front/src/core/resume.rs \
     's/Some(aligned.map_or(from, |(head, _)| head))/Some(aligned.map_or(from + 1, |(head, _)| head))/'
-  # 13. An MCP call's stream is declared complete one record before its response: its
-  #     connection ends before the result is delivered.
-  mutant mcp-ends-early mcp-front/src/core/routing.rs \
-    's/                st.complete = Some(seq);/                st.complete = Some(seq - 1);/'
+  # 13. A complete MCP stream resumed from the log (its connection was gone when it completed)
+  #     ends one record before its tail: the call's result is never delivered.
+  mutant mcp-replay-ends-early mcp-front/src/core/resume.rs \
+    's/                (Some(bounds.tail), None)/                (Some(bounds.tail - 1), None)/'
 fi
 
 exit $failed

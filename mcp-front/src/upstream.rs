@@ -217,7 +217,6 @@ impl UpstreamSet {
         s.target = Some(target);
         s
     }
-
 }
 
 impl Upstreams for UpstreamSet {

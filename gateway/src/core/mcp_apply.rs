@@ -9,9 +9,9 @@
 use log_store::Seq;
 
 use super::mcp::{BROKEN_PER_SESSION_MAX, Effect, Mcp, McpCx, McpSubscribe};
-use crate::streams::catalog::MCP_STREAM_PREFIX;
 use crate::mcp::core::{Action, ConnId, UpstreamId, redact_stream_name as redacted};
 use crate::mcp::jsonrpc;
+use crate::streams::catalog::MCP_STREAM_PREFIX;
 use mcp_front::credential::Credential;
 
 fn reason(status: u16) -> &'static str {
@@ -287,20 +287,11 @@ impl Mcp {
     /// end; resuming gets an explicit 503), and the process keeps running.
     /// The MCP shard's log is poisoned (a group commit failed): nothing more of it becomes
     /// durable, so a response waiting for its next record would wait for ever. Every stream
-    /// that could still be waited on is broken — one the MCP core holds, one with readers, one
-    /// with records that will now never be durable (a complete stream resumed later would wait
-    /// for them): its connections close, a resume of it is an explicit 503, nothing more is
-    /// appended to it.
+    /// that could still be waited on ([`waited_on`]) is broken: its connections close, a
+    /// resume of it is an explicit 503, nothing more is appended to it.
     pub(super) fn log_failed(&mut self, cx: &McpCx<'_>) -> Vec<Effect> {
-        let names: Vec<String> = (cx.hub.log(self.shard).streams())
-            .filter(|(_, name, b)| {
-                name.starts_with(MCP_STREAM_PREFIX)
-                    && (b.tail > b.visible_tail || self.core.holds_stream(name))
-            })
-            .map(|(_, name, _)| name.to_owned())
-            .collect();
         let mut out = Vec::new();
-        for name in names {
+        for name in waited_on(cx.hub.log(self.shard), &self.core) {
             if !self.broken.contains_key(&name) {
                 let why = "the log's group commit failed".to_owned();
                 self.break_stream(name, why, cx, &mut out);
@@ -346,6 +337,19 @@ impl Mcp {
         }
         out.extend(subs.into_iter().map(Effect::Close));
     }
+}
+
+/// The MCP streams of `log` that a client could still wait on: one the MCP core holds (more
+/// records may come), one with records not yet durable (a complete stream resumed later would
+/// wait for them).
+fn waited_on(log: &log_store::Log, core: &crate::mcp::core::McpCore) -> Vec<String> {
+    (log.streams())
+        .filter(|(_, name, b)| {
+            name.starts_with(MCP_STREAM_PREFIX)
+                && (b.tail > b.visible_tail || core.holds_stream(name))
+        })
+        .map(|(_, name, _)| name.to_owned())
+        .collect()
 }
 
 /// The SSE response head of an MCP stream, with its `retry:` and re-priming event.

@@ -41,8 +41,7 @@ impl Mcp {
         }
         let outside = outside.unwrap_or_else(|| {
             let waker = shared.clone();
-            let wake: mcp::Wake =
-                Arc::new(move || sys::eventfd_wake(waker.eventfds[id].as_fd()));
+            let wake: mcp::Wake = Arc::new(move || sys::eventfd_wake(waker.eventfds[id].as_fd()));
             mcp::McpOutside {
                 upstreams: Box::new(mcp::upstreams(&shared.cfg, wake)),
                 session_ids: None,

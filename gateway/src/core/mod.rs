@@ -56,8 +56,8 @@ use crate::streams::subjects::SubjectQuota;
 use crate::sys;
 use crate::uring::{Cqe, Driver};
 use conns::State;
-use net::{Net, Then};
 pub use mcp::McpOutside;
+use net::{Net, Then};
 pub use stepped::SteppedCore;
 
 /// The tick: timers, `SIOCOUTQ` confirmation, keep-alives.
@@ -305,7 +305,13 @@ impl Core {
         core.net.arm_accept();
         core.net.io.read_eventfd(core.efd);
         let clustered = core.cluster.is_some();
-        core.mcp = mcp::Mcp::on_core(&core.shared, core.id, &core.hub, (clustered, now), mcp_outside);
+        core.mcp = mcp::Mcp::on_core(
+            &core.shared,
+            core.id,
+            &core.hub,
+            (clustered, now),
+            mcp_outside,
+        );
         core
     }
 

@@ -57,7 +57,12 @@ impl World {
         let name = &self.truths[stream].name;
         let (log, shard, sid) = self.stream_log(stream)?;
         let sid = sid.ok_or_else(|| format!("{name}: event {seq} {what}, and no such stream"))?;
-        self.durable_at((log, shard), sid, seq, &format!("{name}: event {seq} {what}"))
+        self.durable_at(
+            (log, shard),
+            sid,
+            seq,
+            &format!("{name}: event {seq} {what}"),
+        )
     }
 
     /// The event of ID `id`, of an MCP stream, `what` (shown), is in the disk's durable image.
@@ -68,7 +73,12 @@ impl World {
         let log = (self.cores.get(shard as usize))
             .and_then(|c| c.log(shard))
             .ok_or_else(|| format!("no core holds shard {shard}"))?;
-        self.durable_at((log, shard), ev.stream, ev.seq, &format!("MCP event {id} {what}"))
+        self.durable_at(
+            (log, shard),
+            ev.stream,
+            ev.seq,
+            &format!("MCP event {id} {what}"),
+        )
     }
 
     /// Record `seq` of stream `sid` in `log` (of shard `shard`) is durable; `label` names it.

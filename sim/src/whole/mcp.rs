@@ -8,7 +8,7 @@ use std::os::fd::AsFd;
 use gateway::core::McpOutside;
 
 use super::client::Check;
-use super::mcp_client::Asked;
+use super::mcp_client::{Asked, McpClient};
 use super::{CALM_STEPS, World};
 use crate::rng::Rng;
 
@@ -26,11 +26,29 @@ pub(super) struct McpConfig {
 impl McpConfig {
     pub(super) fn draw(rng: &mut Rng) -> McpConfig {
         McpConfig {
-            clients: if rng.chance(500) { rng.range(1, 3) as usize } else { 0 },
-            death_per_mille: if rng.chance(500) { rng.range(1, 10) as u32 } else { 0 },
+            clients: if rng.chance(500) {
+                rng.range(1, 3) as usize
+            } else {
+                0
+            },
+            death_per_mille: if rng.chance(500) {
+                rng.range(1, 10) as u32
+            } else {
+                0
+            },
             lines_per_step_max: rng.range(1, 4),
         }
     }
+}
+
+/// What a seed draws for the MCP front, the generator it goes on with, and the clients.
+pub(super) fn draw(seed: u64, retention: bool) -> (McpConfig, Rng, Vec<McpClient>) {
+    let mut mrng = Rng::new(seed ^ 0x004d_4350_4d43_5000);
+    let cfg = McpConfig::draw(&mut mrng);
+    let clients = (0..cfg.clients)
+        .map(|_| McpClient::new(mrng.chance(400), retention))
+        .collect();
+    (cfg, mrng, clients)
 }
 
 impl World {
@@ -142,7 +160,11 @@ impl World {
             if c.in_call() && idle > 100 {
                 return Err(format!(
                     "MCP client {i}'s call stalled for {idle} quiet steps ({})",
-                    if c.conn.is_some() { "connected" } else { "not resumed" }
+                    if c.conn.is_some() {
+                        "connected"
+                    } else {
+                        "not resumed"
+                    }
                 ));
             }
         }

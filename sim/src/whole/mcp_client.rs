@@ -221,7 +221,11 @@ impl McpClient {
             202 => State::Ready,
             404 if self.excused(excuses, status) => State::Fresh,
             500..=599 => State::Notify { sent: false },
-            _ => return Err(format!("notifications/initialized answered {status}: {body}")),
+            _ => {
+                return Err(format!(
+                    "notifications/initialized answered {status}: {body}"
+                ));
+            }
         };
         Ok(())
     }

@@ -23,6 +23,7 @@
 
 mod checks;
 pub mod client;
+mod config;
 mod mcp;
 pub mod mcp_client;
 mod node;
@@ -35,16 +36,16 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use clap::Parser as _;
 use gateway::core::{CoreSetup, Shared, SteppedCore};
-use log_store::{Epoch, FsyncPolicy, Log, LogOptions};
+use log_store::{Epoch, Log, LogOptions};
 
-use crate::disk::{Disk, DiskFaults};
+use crate::disk::Disk;
 use crate::rng::Rng;
 use client::{Check, ClientConn, PubOutcome, Publisher, StreamTruth, Subscriber};
+use config::{WholeConfig, gateway_config};
 use mcp_client::McpClient;
 use node::Node;
-use ring::{Kernel, KernelFaults, SimRing};
+use ring::{Kernel, SimRing};
 
 const SEGMENT_BYTES: u64 = 64 * 1024;
 /// Steps at the end without faults, for the subscribers to catch up.
@@ -54,102 +55,6 @@ const QUIET_STEPS: u64 = 400;
 /// would mask a lost wake-up, is 100).
 const CALM_STEPS: u64 = 200;
 const WAKE_STEPS_MAX: u64 = 20;
-
-/// What one seed draws.
-#[derive(Debug, Clone)]
-struct WholeConfig {
-    /// Cores, each with its shard (a request for another core's stream is handed over).
-    cores: usize,
-    streams: usize,
-    publishers: usize,
-    subscribers: usize,
-    steps: u64,
-    page_bytes: usize,
-    sndbuf: i32,
-    send_bytes_max: usize,
-    kernel: KernelFaults,
-    disk: DiskFaults,
-    crash_per_mille: u32,
-    cut_per_mille: u32,
-    odd_id_per_mille: u32,
-    batch_per_mille: u32,
-    /// Payloads are padded up to this many bytes (large ones roll segments often).
-    pad_bytes_max: u64,
-    /// Retention by bytes (`--retain-bytes`), in segments: floors move, old resumes get 410.
-    retain_segments: Option<u64>,
-    /// Every connection over TLS.
-    tls: bool,
-}
-
-impl WholeConfig {
-    fn draw(rng: &mut Rng) -> WholeConfig {
-        let faulty = rng.chance(700);
-        let f = |rng: &mut Rng, hi: u64| if faulty { rng.range(0, hi) as u32 } else { 0 };
-        WholeConfig {
-            cores: rng.range(1, 2) as usize,
-            streams: rng.range(1, 3) as usize,
-            publishers: rng.range(1, 3) as usize,
-            subscribers: rng.range(1, 4) as usize,
-            steps: rng.range(400, 1200),
-            page_bytes: if rng.chance(500) { 4096 } else { 512 },
-            sndbuf: rng.range(2, 32) as i32 * 1024,
-            send_bytes_max: rng.range(1, 16) as usize * 1024,
-            kernel: KernelFaults {
-                defer_per_mille: f(rng, 400),
-                partial_per_mille: f(rng, 500),
-                fsync_eio_per_mille: f(rng, 15),
-                fsync_slow_per_mille: f(rng, 200),
-            },
-            disk: DiskFaults {
-                flush_eio_per_mille: f(rng, 20),
-                enospc_per_mille: f(rng, 200),
-            },
-            crash_per_mille: rng.range(0, 6) as u32,
-            cut_per_mille: rng.range(0, 30) as u32,
-            odd_id_per_mille: rng.range(0, 200) as u32,
-            batch_per_mille: rng.range(0, 500) as u32,
-            pad_bytes_max: if rng.chance(400) { 3000 } else { 200 },
-            retain_segments: rng.chance(400).then(|| rng.range(2, 4)),
-            tls: rng.chance(300),
-        }
-    }
-}
-
-/// The gateway's flags for a seed: its data directory, cores, send window, TLS files.
-fn gateway_config(
-    cfg: &WholeConfig,
-    dir: &std::path::Path,
-    tls: Option<&tls::TlsSetup>,
-    mcp: bool,
-) -> Result<gateway::config::Config, String> {
-    let dir = dir.display().to_string();
-    let send = cfg.send_bytes_max.to_string();
-    let cores = cfg.cores.to_string();
-    let mut gw = gateway::config::Config::try_parse_from([
-        "gateway",
-        "--insecure-no-auth",
-        "--data-dir",
-        &dir,
-        "--cores",
-        &cores,
-        "--fsync",
-        "group",
-        "--send-bytes-max",
-        &send,
-        "--keepalive-secs",
-        "1",
-    ])
-    .map_err(|e| format!("gateway flags: {e}"))?;
-    if let Some(t) = tls {
-        gw.tls_cert_file = Some(t.cert_file.clone());
-        gw.tls_key_file = Some(t.key_file.clone());
-    }
-    if mcp {
-        // Its upstreams are the simulator's (`CoreSetup::mcp_outside`): nothing is run.
-        gw.mcp.upstream_cmd = Some("simulated".to_owned());
-    }
-    Ok(gw)
-}
 
 /// One seed's whole node and its clients.
 pub struct World {
@@ -229,20 +134,9 @@ impl World {
             .tls
             .then(|| tls::TlsSetup::new(disk.dir()))
             .transpose()?;
-        let mut mrng = Rng::new(seed ^ 0x004d_4350_4d43_5000);
-        let mcp_cfg = mcp::McpConfig::draw(&mut mrng);
-        let mcps = (0..mcp_cfg.clients)
-            .map(|_| McpClient::new(mrng.chance(400), cfg.retain_segments.is_some()))
-            .collect();
+        let (mcp_cfg, mrng, mcps) = mcp::draw(seed, cfg.retain_segments.is_some());
         let gw = gateway_config(&cfg, disk.dir(), tls.as_ref(), mcp_cfg.clients > 0)?;
-        let opts = LogOptions {
-            segment_bytes: SEGMENT_BYTES,
-            record_bytes_max: 16 * 1024,
-            retain_bytes: cfg.retain_segments.map(|n| n * SEGMENT_BYTES),
-            retain_secs: None,
-            fsync: FsyncPolicy::Group,
-            epoch_on_create: Some(Epoch(seed | 1 << 63)),
-        };
+        let opts = config::log_options(&cfg, seed);
         let truths = (0..cfg.streams)
             .map(|i| StreamTruth::new(format!("s{i}")))
             .collect();
@@ -284,17 +178,23 @@ impl World {
             some_id: None,
             events: 0,
         };
-        if std::env::var("SIM_DEBUG").as_deref() == Ok("2") {
-            gateway::logging::init(&w.gw.log)?; // and the node's log lines
-        }
-        if w.tls.is_some() {
-            w.note("tls", &[]);
-        }
-        if !w.mcps.is_empty() {
-            w.note("mcp clients", &[w.mcps.len() as u64]);
-        }
+        w.announce()?;
         w.start_node()?;
         Ok(w)
+    }
+
+    /// Notes what the seed drew (`SIM_DEBUG=2`: and installs the node's log lines on stderr).
+    fn announce(&self) -> Check {
+        if std::env::var("SIM_DEBUG").as_deref() == Ok("2") {
+            gateway::logging::init(&self.gw.log)?;
+        }
+        if self.tls.is_some() {
+            self.note("tls", &[]);
+        }
+        if !self.mcps.is_empty() {
+            self.note("mcp clients", &[self.mcps.len() as u64]);
+        }
+        Ok(())
     }
 
     /// The trace's hash and its counts, faults.
@@ -607,7 +507,9 @@ impl World {
     /// Counts the syncs that failed and the times the disk was full since the last step.
     fn take_sync_failures(&mut self) {
         let notes = self.disk.take_notes();
-        let full = notes.iter().filter(|n| **n == crate::disk::DiskNote::DiskFull);
+        let full = notes
+            .iter()
+            .filter(|n| **n == crate::disk::DiskNote::DiskFull);
         self.disk_full += full.count() as u64;
         let failed = self.kernel.borrow_mut().take_failed_syncs() > 0
             || (notes.iter()).any(|n| matches!(n, crate::disk::DiskNote::FlushFailed));

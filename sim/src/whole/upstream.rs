@@ -111,7 +111,8 @@ impl UpstreamWorld {
             _ => json!({}),
         };
         let answer = json!({ "jsonrpc": "2.0", "id": rpc, "result": result });
-        self.written.push_back((id, answer.to_string().into_bytes()));
+        self.written
+            .push_back((id, answer.to_string().into_bytes()));
     }
 }
 
