@@ -129,11 +129,7 @@ impl World {
             self.fault("mcp cut", &[i as u64]);
             return Ok(());
         }
-        let n = if self.mcps[i].slow && !quiet {
-            self.mrng.range(1, 64) as usize
-        } else {
-            self.mrng.range(1, 64 * 1024) as usize
-        };
+        let n = super::read_bytes(&mut self.mrng, self.mcps[i].slow, quiet);
         let excuses = self.excuses();
         let (results, errors) = (self.mcps[i].results, self.mcps[i].errors);
         let got = self.mcps[i].advance(n, excuses)?;

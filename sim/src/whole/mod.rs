@@ -478,11 +478,7 @@ impl World {
             self.fault("subscriber cut", &[i as u64]);
             return Ok(());
         }
-        let n = if self.subs[i].slow && !quiet {
-            self.rng.range(1, 64) as usize
-        } else {
-            self.rng.range(1, 64 * 1024) as usize
-        };
+        let n = read_bytes(&mut self.rng, self.subs[i].slow, quiet);
         let stream = self.subs[i].stream;
         let got = self.subs[i].advance(n, &mut self.truths[stream])?;
         if std::mem::take(&mut self.subs[i].gone) {
@@ -547,6 +543,16 @@ impl World {
         self.upstreams.world().crashed();
         self.disk.restore(image);
         self.start_node()
+    }
+}
+
+/// How many bytes a client reads in a step: a slow reader 1-64 (but fast in the quiet end),
+/// another up to 64 KiB.
+fn read_bytes(rng: &mut Rng, slow: bool, quiet: bool) -> usize {
+    if slow && !quiet {
+        rng.range(1, 64) as usize
+    } else {
+        rng.range(1, 64 * 1024) as usize
     }
 }
 
