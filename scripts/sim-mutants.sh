@@ -91,10 +91,15 @@ if [[ " $sim_args " == *" --whole "* ]]; then
   #     own use of the resume plan, in mcp-front).
   mutant mcp-resume-off-by-one mcp-front/src/core/resume.rs \
     's/Some(aligned.map_or(from, |(head, _)| head))/Some(aligned.map_or(from + 1, |(head, _)| head))/'
-  # 13. A complete MCP stream resumed from the log (its connection was gone when it completed)
-  #     ends one record before its tail: the call's result is never delivered.
-  mutant mcp-replay-ends-early mcp-front/src/core/resume.rs \
-    's/                (Some(bounds.tail), None)/                (Some(bounds.tail - 1), None)/'
+  # 13. A resumed MCP response does not restate the client's position first (README: "a
+  #     resumed response first restates that ID"; clients that lose it before the next event
+  #     would resume without an ID).
+  mutant mcp-no-restate mcp-front/src/core/resume.rs \
+    's/            reprime: Some(at.ev.to_string()),/            reprime: None,/'
+  # 14. Progress notifications are routed to the session's GET stream, not to the stream of
+  #     the request whose progressToken they carry.
+  mutant mcp-progress-misrouted mcp-front/src/core/routing.rs \
+    's/.and_then(|t| sess.progress.get(\&t).copied()),/.and_then(|_| Some(0)),/'
 fi
 
 exit $failed
