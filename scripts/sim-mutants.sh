@@ -100,6 +100,10 @@ if [[ " $sim_args " == *" --whole "* ]]; then
   #     the request whose progressToken they carry.
   mutant mcp-progress-misrouted mcp-front/src/core/routing.rs \
     's/.and_then(|t| sess.progress.get(\&t).copied()),/.and_then(|_| Some(0)),/'
+  # 15. A Last-Event-ID of another session's stream is served (the ID's session is not
+  #     checked): one session reads another's messages.
+  mutant mcp-foreign-id-served mcp-front/src/core/resume.rs \
+    's/            .filter(|(owner, _)| \*owner == sid)/            .filter(|_| true)/'
 fi
 
 exit $failed

@@ -112,7 +112,16 @@ impl World {
             } else {
                 self.mrng.chance(100)
             };
-            if go {
+            if go
+                && !quiet
+                && self.mcps[i].resuming()
+                && self.mrng.chance(self.cfg.odd_id_per_mille)
+            {
+                let odd = self.odd_mcp_id(i);
+                let c = self.connect();
+                self.mcps[i].connect_odd(c, odd);
+                self.fault("mcp odd ID", &[i as u64]);
+            } else if go {
                 let c = self.connect();
                 let count = self.mrng.range(0, 12);
                 let excuses = self.excuses();
@@ -146,6 +155,28 @@ impl World {
             self.note("mcp call ended", &[i as u64, c.results, c.errors]);
         }
         Ok(())
+    }
+
+    /// An ID client `i`'s session must have refused: another client's last event (another
+    /// session's), its own last one pushed beyond the tail, or not an event ID.
+    fn odd_mcp_id(&mut self, i: usize) -> String {
+        let own = self.mcps[i].last_id().unwrap_or("0-0-0").to_owned();
+        let others: Vec<String> = (self.mcps.iter().enumerate())
+            .filter(|(j, _)| *j != i)
+            .filter_map(|(_, c)| c.last_id().map(str::to_owned))
+            .collect();
+        match self.mrng.below(3) {
+            0 if !others.is_empty() => {
+                others[self.mrng.below(others.len() as u64) as usize].clone()
+            }
+            0 | 1 => match own.rsplit_once('-') {
+                Some((prefix, seq)) => {
+                    format!("{prefix}-{}", seq.parse::<u64>().unwrap_or(0) + 1_000_000)
+                }
+                None => "not-an-id".to_owned(),
+            },
+            _ => "not-an-id".to_owned(),
+        }
     }
 
     /// At the end: no MCP call is stalled on an open connection, and no upstream line is

@@ -80,6 +80,9 @@ pub struct McpClient {
     pub errors: u64,
     /// IDs of the events shown since the world last took them (checked durable).
     pub shown: Vec<String>,
+    /// The connection resumes with an ID the node must refuse (400): another session's, one
+    /// beyond the stream's tail, or not an event ID.
+    odd: Option<String>,
 }
 
 impl McpClient {
@@ -97,7 +100,30 @@ impl McpClient {
             results: 0,
             errors: 0,
             shown: Vec::new(),
+            odd: None,
         }
+    }
+
+    /// The ID of the last event of a call seen, if a call is in flight.
+    pub fn last_id(&self) -> Option<&str> {
+        match &self.state {
+            State::Call(c) => c.last.as_ref().map(|l| l.0.as_str()),
+            _ => None,
+        }
+    }
+
+    /// Resumes the call's stream on `conn` with `id`, which the node must refuse with 400
+    /// (another session's ID, one beyond the tail, not an ID); the call goes on afterwards.
+    pub fn connect_odd(&mut self, mut conn: ClientConn, id: String) {
+        let sid = self.sid.clone().unwrap_or_default();
+        let req = format!(
+            "GET /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n\
+             Mcp-Session-Id: {sid}\r\nLast-Event-ID: {id}\r\n\r\n"
+        );
+        conn.queue(req.as_bytes());
+        self.conn = Some(conn);
+        self.parser = Parser::default();
+        self.odd = Some(id);
     }
 
     /// Whether the next connection resumes a call's stream (else it starts a request).
@@ -162,6 +188,7 @@ impl McpClient {
     /// A cut at any byte.
     pub fn cut(&mut self) {
         self.conn = None;
+        self.odd = None;
         self.settle();
     }
 
@@ -205,6 +232,7 @@ impl McpClient {
             self.conn = None;
         }
         if self.conn.is_none() {
+            self.odd = None;
             self.settle();
         }
         Ok(events)
@@ -246,6 +274,22 @@ impl McpClient {
 
     fn on_head(&mut self, status: u16, excuses: u64) -> Result<(), String> {
         let excused = self.excused(excuses, status);
+        if let Some(id) = self.odd.take() {
+            // Refused, or the session is gone (a cause since it began): the call goes on.
+            self.conn = None;
+            return match status {
+                400 => Ok(()),
+                404 if excused => {
+                    self.errors += 1;
+                    self.sid = None;
+                    self.state = State::Fresh;
+                    Ok(())
+                }
+                _ => Err(format!(
+                    "a resume with ID {id:?} answered {status}, not 400"
+                )),
+            };
+        }
         let call = match &self.state {
             State::Call(c) => Some((c.rpc, c.resumed)),
             _ => None,
