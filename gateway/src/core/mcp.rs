@@ -103,6 +103,8 @@ pub(super) struct Mcp {
     /// its sessions and their streams).
     pub(super) broken: HashMap<String, String>,
     pub(super) broken_order: std::collections::VecDeque<String>,
+    /// The MCP shard's log was found poisoned (`Mcp::log_failed` has run).
+    pub(super) log_poisoned: bool,
     /// Messages handed to upstreams (lines / POST bodies).
     pub(super) messages_up: u64,
     /// Records the log refused (replaced by an error record, or breaking the stream).
@@ -281,6 +283,7 @@ impl Mcp {
             by_slot: HashMap::new(),
             broken: HashMap::new(),
             broken_order: std::collections::VecDeque::new(),
+            log_poisoned: false,
             messages_up: 0,
             records_refused: 0,
             metrics_dirty: true,

@@ -11,6 +11,7 @@ use log_store::Seq;
 use super::mcp::{BROKEN_PER_SESSION_MAX, Effect, Mcp, McpCx, McpSubscribe};
 use crate::mcp::core::{Action, ConnId, UpstreamId, redact_stream_name as redacted};
 use crate::mcp::jsonrpc;
+use crate::streams::StreamKey;
 use crate::streams::catalog::MCP_STREAM_PREFIX;
 use mcp_front::credential::Credential;
 
@@ -171,19 +172,24 @@ impl Mcp {
         let Some(&(slot, generation, _)) = self.conns.get(&conn) else {
             return;
         };
-        if let Some(why) = self.broken.get(&stream) {
+        let log = cx.hub.log(self.shard);
+        let key = log.stream_id(&stream).map(|sid| (self.shard, sid));
+        let never = never_durable(log, key, end_after);
+        let why = (self.broken.get(&stream).cloned())
+            .or_else(|| never.then(|| "the log's sync failed (it is poisoned)".to_owned()));
+        if let Some(why) = why {
             let name = redacted(&stream);
             let msg = format!("stream {name} cannot be served: its log refused a record ({why})");
             let data = Some(serde_json::json!({ "stream": name }));
             let body = jsonrpc::error_body(None, jsonrpc::NOT_STORED, &msg, data);
             let headers = vec![("Content-Type", "application/json".to_owned())];
-            return self.respond(conn, 503, &headers, &body, out);
+            self.respond(conn, 503, &headers, &body, out);
+            // The MCP core attached `conn` to the stream: it must learn that it is gone (else
+            // the session never idles out and the stream stays held).
+            return self
+                .core
+                .handle_connection_closed(self.now_ms(cx.now), conn);
         }
-        let key = cx
-            .hub
-            .log(self.shard)
-            .stream_id(&stream)
-            .map(|sid| (self.shard, sid));
         out.push(Effect::Subscribe(McpSubscribe {
             conn: (slot, generation),
             cid: conn,
@@ -282,24 +288,25 @@ impl Mcp {
         });
     }
 
-    /// The log refused a record of `stream` and its substitute: nothing more goes to it, its
-    /// open connections are closed (the client sees the records up to the log's tail, then the
-    /// end; resuming gets an explicit 503), and the process keeps running.
-    /// The MCP shard's log is poisoned (a group commit failed): nothing more of it becomes
-    /// durable, so a response waiting for its next record would wait for ever. Every stream
-    /// that could still be waited on ([`waited_on`]) is broken: its connections close, a
-    /// resume of it is an explicit 503, nothing more is appended to it.
+    /// The MCP shard's log is poisoned (a sync failed: a group commit, a segment's flush):
+    /// nothing more of it becomes durable, so a response waiting for its next record would
+    /// wait for ever. Every stream that could still be waited on ([`waited_on`]) is broken: its
+    /// connections close, a resume of it is an explicit 503, nothing more is appended to it.
+    /// (A resume that arrives later is refused by `open_sse`, whatever `broken` still holds.)
     pub(super) fn log_failed(&mut self, cx: &McpCx<'_>) -> Vec<Effect> {
         let mut out = Vec::new();
         for name in waited_on(cx.hub.log(self.shard), &self.core) {
             if !self.broken.contains_key(&name) {
-                let why = "the log's group commit failed".to_owned();
+                let why = "the log's sync failed (it is poisoned)".to_owned();
                 self.break_stream(name, why, cx, &mut out);
             }
         }
         out
     }
 
+    /// The log refused a record of `stream` and its substitute: nothing more goes to it, its
+    /// open connections are closed (the client sees the records up to the log's tail, then the
+    /// end; resuming gets an explicit 503), and the process keeps running.
     pub(super) fn break_stream(
         &mut self,
         stream: String,
@@ -339,14 +346,24 @@ impl Mcp {
     }
 }
 
-/// The MCP streams of `log` that a client could still wait on: one the MCP core holds (more
-/// records may come), one with records not yet durable (a complete stream resumed later would
-/// wait for them).
+/// On a poisoned log, whether a response of stream `key` that ends after `end_after` (`None`:
+/// a stream still open, or not created) would wait for a record that will never be durable.
+fn never_durable(log: &log_store::Log, key: Option<StreamKey>, end_after: Option<Seq>) -> bool {
+    log.is_poisoned()
+        && match (key, end_after) {
+            (Some((_, sid)), Some(last)) => log.bounds(sid).is_none_or(|b| last > b.visible_tail),
+            _ => true,
+        }
+}
+
+/// The MCP streams of `log` that a client could still wait on: one the MCP core holds open
+/// (more records are to come), one with records not yet durable (a complete stream resumed
+/// later would wait for them). A complete, durable stream is served as it is.
 fn waited_on(log: &log_store::Log, core: &crate::mcp::core::McpCore) -> Vec<String> {
     (log.streams())
         .filter(|(_, name, b)| {
             name.starts_with(MCP_STREAM_PREFIX)
-                && (b.tail > b.visible_tail || core.holds_stream(name))
+                && (b.tail > b.visible_tail || core.stream_open(name))
         })
         .map(|(_, name, _)| name.to_owned())
         .collect()

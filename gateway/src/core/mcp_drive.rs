@@ -105,15 +105,18 @@ impl Core {
         }
     }
 
-    /// Hook from `end_turn`: `shard`'s group commit failed; if it is the MCP shard, the MCP
-    /// streams that were going on end (`Mcp::log_failed`).
-    pub(super) fn mcp_log_failed(&mut self, shard: u32) {
+    /// Hook from `end_turn`: once the MCP shard's log is poisoned (by a failed group commit or
+    /// a failed flush of a segment), the MCP streams that could still be waited on end
+    /// (`Mcp::log_failed`), once.
+    pub(super) fn mcp_log_check(&mut self) {
         let Some((m, cx, _)) = self.mcp_split() else {
             return;
         };
-        if m.shard == shard {
+        if !m.log_poisoned && cx.hub.poisoned(m.shard) {
+            m.log_poisoned = true;
             let effects = m.log_failed(&cx);
             self.mcp_carry_out(effects);
+            self.mcp_apply(); // the MCP core's actions for the connections that closed
         }
     }
 

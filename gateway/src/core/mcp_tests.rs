@@ -10,7 +10,8 @@ use log_store::{Log, LogOptions};
 use super::cluster_state::ClusterCore;
 use super::mcp::{self, Effect, Mcp, McpCx, McpRequest, McpSubscribe};
 use crate::config::Config;
-use crate::mcp::core::Action;
+use crate::mcp::core::{Action, UpstreamId};
+use crate::mcp::credential::Credential;
 use crate::metrics::CoreMetrics;
 use crate::streams::hub::{Hub, SubRef};
 
@@ -228,6 +229,97 @@ fn a_failed_group_commit_ends_the_streams_that_cannot_complete() {
         panic!("one answer: {effects:?}");
     };
     assert!(bytes.starts_with(b"HTTP/1.1 503 "));
+}
+
+/// Upstreams that take every line and never answer: the MCP core's requests stay in flight.
+#[derive(Debug)]
+struct Silent;
+
+impl crate::mcp::upstream::Upstreams for Silent {
+    fn children(&self) -> usize {
+        0
+    }
+    fn http_stats(&self) -> Option<crate::mcp::http_upstream::PoolStats> {
+        None
+    }
+    fn spawn(&mut self, _: UpstreamId, _: Option<&str>) -> Result<(), String> {
+        Ok(())
+    }
+    fn send(&mut self, _: UpstreamId, _: Vec<u8>, _: Option<Credential>) -> Result<(), String> {
+        Ok(())
+    }
+    fn set_authorization(&mut self, _: UpstreamId, _: Option<Credential>) {}
+    fn kill(&mut self, _: UpstreamId, _: Instant) {}
+    fn try_recv(&self) -> Option<crate::mcp::upstream::UpstreamEvent> {
+        None
+    }
+    fn poll(&mut self, _: Instant) -> Vec<(UpstreamId, String)> {
+        Vec::new()
+    }
+    fn stop_all(&mut self) {}
+}
+
+/// Found in review: a resume answered 503 because its stream is broken left the MCP core
+/// believing the connection attached, so the session never idled out and the stream stayed
+/// held. The core is now told the connection is gone.
+#[test]
+fn a_503_for_a_broken_stream_lets_the_mcp_core_forget_its_connection() {
+    let mut p = Parts::new();
+    let mut n = 0u8;
+    let ids: mcp::SessionIds = Box::new(move || {
+        n += 1;
+        [n; 16]
+    });
+    let outside = mcp::McpOutside {
+        upstreams: Box::new(Silent),
+        session_ids: Some(ids),
+    };
+    let mut m = Mcp::new(&p.cfg, 0, 0, outside, &p.hub, (false, p.now));
+    let init = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nHost: localhost\r\nAccept: application/json, text/event-stream\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        init.len()
+    );
+    let req = McpRequest {
+        conn: (3, 1),
+        head: head.as_bytes(),
+        body: init.as_bytes().to_vec(),
+        close: false,
+        subject: None,
+    };
+    m.handle_request(req, 32, &mut p.cx());
+    p.drain(&mut m);
+    let log = p.hub.log(0);
+    let (sid, name) = (log.streams())
+        .find(|(_, name, _)| name.starts_with("mcp/"))
+        .map(|(id, name, _)| (id, name.to_owned()))
+        .expect("the initialize's stream");
+    let session = name
+        .split('/')
+        .nth(1)
+        .expect("mcp/<session>/<n>")
+        .to_owned();
+    let id = log_store::EventId {
+        epoch: log.epoch(),
+        stream: sid,
+        seq: 1,
+    };
+    m.broken.insert(name, "a record refused".into());
+    let get = format!(
+        "GET /mcp HTTP/1.1\r\nHost: localhost\r\nAccept: text/event-stream\r\n\
+         Mcp-Session-Id: {session}\r\nLast-Event-ID: {id}\r\n\r\n"
+    );
+    p.request(&mut m, (4, 1), &get);
+    let effects = p.drain(&mut m);
+    assert!(
+        effects
+            .iter()
+            .any(|e| matches!(e, Effect::Respond { conn: (4, 1), bytes, .. }
+            if bytes.starts_with(b"HTTP/1.1 503 "))),
+        "{effects:?}"
+    );
+    assert_eq!(m.core.connections_live(), 0, "the MCP core let it go");
 }
 
 #[test]

@@ -391,8 +391,8 @@ impl Core {
         for shard in self.hub.take_failed() {
             self.m().log_sync_failures_total.fetch_add(1, Relaxed);
             self.waits.fail(&mut self.net, shard);
-            self.mcp_log_failed(shard);
         }
+        self.mcp_log_check();
         let touched = self.hub.end_turn();
         if !touched.is_empty() {
             self.waits.complete(&mut self.net, &self.hub);

@@ -449,15 +449,21 @@ impl McpCore {
     /// Whether the core holds stream `name` in memory (so it may still append to it): a
     /// stream of a live session, or a live modern-era stream of this process.
     pub fn holds_stream(&self, name: &str) -> bool {
-        let Some((owner, n)) = parse_stream_name(name) else {
-            return false;
-        };
+        self.held(name).is_some()
+    }
+
+    /// Whether stream `name` is held and not complete: more of its records are to come (its
+    /// response, or a session's GET stream).
+    pub fn stream_open(&self, name: &str) -> bool {
+        self.held(name).is_some_and(|st| st.complete.is_none())
+    }
+
+    fn held(&self, name: &str) -> Option<&Stream> {
+        let (owner, n) = parse_stream_name(name)?;
         if owner == self.boot {
-            return self.modern.streams.contains_key(&n);
+            return self.modern.streams.get(&n);
         }
-        self.sessions
-            .get(owner)
-            .is_some_and(|s| s.streams.contains_key(&n))
+        self.sessions.get(owner)?.streams.get(&n)
     }
 
     /// Streams held in memory (live or attached), all sessions and the modern front.

@@ -8,7 +8,7 @@ use std::os::fd::AsFd;
 use gateway::core::McpOutside;
 
 use super::client::Check;
-use super::mcp_client::{Asked, McpClient};
+use super::mcp_client::{Asked, Excuses, McpClient};
 use super::{CALM_STEPS, World};
 use crate::rng::Rng;
 
@@ -70,10 +70,19 @@ impl World {
         })
     }
 
-    /// Crashes, failed syncs and full disks (a record the log refuses breaks its MCP stream)
-    /// and upstream deaths so far: the causes that excuse an MCP client's loss.
-    fn excuses(&self) -> u64 {
-        self.crashes + self.sync_failures + self.disk_full + self.upstreams.world().deaths
+    /// What excuses client `i`'s loss: crashes, failed syncs and full disks so far (a record
+    /// the log refuses breaks its MCP stream), plus one if the upstream of its session died;
+    /// and whether the node refuses records now. (With 2 cores a fault of either shard's disk
+    /// counts.)
+    fn excuses(&self, i: usize) -> Excuses {
+        let died = (self.mcps[i].session()).is_some_and(|s| self.upstreams.world().died(s));
+        let poisoned = (self.cores.iter().enumerate())
+            .any(|(s, c)| c.log(s as u32).is_some_and(log_store::Log::is_poisoned));
+        let full = self.disk_full > 0 && self.step <= self.disk_full_step + 100;
+        Excuses {
+            count: self.crashes + self.sync_failures + self.disk_full + u64::from(died),
+            failing: poisoned || full,
+        }
     }
 
     /// The upstreams' step: by the seed one dies; a few written lines (all, when quiet) are
@@ -124,10 +133,11 @@ impl World {
             } else if go {
                 let c = self.connect();
                 let count = self.mrng.range(0, 12);
-                let excuses = self.excuses();
+                let excuses = self.excuses(i);
                 let asked = self.mcps[i].connect(c, count, excuses);
                 self.note("mcp", &[i as u64, asked as u64, count]);
-                if asked == Asked::Resume || asked == Asked::Call {
+                if asked == Asked::Call {
+                    // Not at a resume: a loop of resumes without messages is a stall.
                     self.mcp_progress[i] = self.step;
                 }
             }
@@ -139,7 +149,7 @@ impl World {
             return Ok(());
         }
         let n = super::read_bytes(&mut self.mrng, self.mcps[i].slow, quiet);
-        let excuses = self.excuses();
+        let excuses = self.excuses(i);
         let (results, errors) = (self.mcps[i].results, self.mcps[i].errors);
         let got = self.mcps[i].advance(n, excuses)?;
         for id in std::mem::take(&mut self.mcps[i].shown) {

@@ -1,16 +1,19 @@
 //! MCP session clients of the whole node (the 2025-11-25 session transport on `/mcp`): each
 //! initializes a session, sends `notifications/initialized`, then calls a tool whose
 //! progress notifications and result stream on the POST's response. It reads a few bytes at a
-//! time or many, is cut at any byte, and resumes the call's stream with GET + `Last-Event-ID`.
+//! time or many, is cut at any byte, and resumes the call's stream with GET + `Last-Event-ID`
+//! (by the seed first with an ID the node must refuse with 400: another session's, one beyond
+//! its stream's tail, or not an event ID).
 //!
 //! The oracle is the call itself (the upstream's behaviour is known, see [`super::upstream`]):
 //! its stream is the priming event, progress `1..=count` and the result `{"sent": count}`,
 //! each exactly once and in order across every cut and resume, with contiguous sequence
-//! numbers; a resumed response first restates the client's position. Explicit errors end a
-//! call: a lost session (404), an ended stream without its result (410), a JSON-RPC error —
-//! but only after a crash, a failed sync, a full disk or an upstream death since the session's
-//! `initialize` (or, for 410, with retention on); a 5xx always. Anything else is a violation, and so is a 400 to a resume
-//! from an ID the node showed.
+//! numbers on one stream; a resumed response first restates the client's position. Explicit
+//! errors end a call — a lost session (404), an ended stream without its result (410), a
+//! JSON-RPC error, a 5xx — but only with a cause since the session's `initialize`: a crash, a
+//! failed sync, a full disk, or the death of the session's own upstream — or while the node
+//! refuses records (a poisoned log, a disk full in the last 100 steps), or, for 410, with
+//! retention on. Anything else is a violation, and so is a 400 to a resume from an ID the node showed.
 #![forbid(unsafe_code)]
 
 use serde_json::Value;
@@ -50,6 +53,17 @@ struct Call {
     read: u64,
 }
 
+/// What may excuse an MCP client's loss (see the module's doc).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Excuses {
+    /// Crashes, failed syncs and full disks so far, plus one if the upstream of the client's
+    /// session died.
+    pub count: u64,
+    /// The node refuses records now: its log is poisoned (until the crash that follows), or
+    /// its disk was full in the last 100 steps.
+    pub failing: bool,
+}
+
 /// What a client asks for on a new connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Asked {
@@ -68,8 +82,8 @@ pub struct McpClient {
     answer: Vec<u8>,
     sid: Option<String>,
     state: State,
-    /// The world's excuses (crashes, failed syncs, full disks, upstream deaths) when its
-    /// `initialize` was sent.
+    /// The world's excuses (crashes, failed syncs, full disks; see [`McpClient::advance`])
+    /// when its `initialize` was sent.
     excuses_at: u64,
     /// Retention is on: a resume may find its history gone (410).
     retention: bool,
@@ -126,6 +140,14 @@ impl McpClient {
         self.odd = Some(id);
     }
 
+    /// The session's ID, once an `initialize` was answered (none while a new one is sought).
+    pub fn session(&self) -> Option<&str> {
+        match self.state {
+            State::Fresh => None,
+            _ => self.sid.as_deref(),
+        }
+    }
+
     /// Whether the next connection resumes a call's stream (else it starts a request).
     pub fn resuming(&self) -> bool {
         matches!(&self.state, State::Call(c) if c.last.is_some())
@@ -138,13 +160,14 @@ impl McpClient {
 
     /// Sends on `conn` what comes next: an `initialize`, the `initialized` notification, a
     /// call of the tool with `count` progress notifications, or the resume of a call.
-    /// `excuses`: the world's count of crashes, failed syncs, full disks and upstream deaths.
-    pub fn connect(&mut self, mut conn: ClientConn, count: u64, excuses: u64) -> Asked {
+    /// `excuses`: as in [`McpClient::advance`].
+    pub fn connect(&mut self, mut conn: ClientConn, count: u64, excuses: Excuses) -> Asked {
         let sid = self.sid.clone().unwrap_or_default();
         let (asked, req) = match &mut self.state {
             State::Fresh | State::Init => {
                 self.state = State::Init;
-                self.excuses_at = excuses;
+                self.sid = None;
+                self.excuses_at = excuses.count;
                 (Asked::Initialize, post(None, INIT))
             }
             State::Notify { sent } => {
@@ -204,8 +227,9 @@ impl McpClient {
     }
 
     /// Writes what is queued, reads up to `n` bytes and checks what they carry; how many
-    /// events of calls were shown. `excuses`: as in [`McpClient::connect`].
-    pub fn advance(&mut self, n: usize, excuses: u64) -> Result<u64, String> {
+    /// messages of calls were shown (not counting priming events and restated positions).
+    /// `excuses`: what may excuse a loss, now.
+    pub fn advance(&mut self, n: usize, excuses: Excuses) -> Result<u64, String> {
         let Some(conn) = self.conn.as_mut() else {
             return Ok(0);
         };
@@ -240,15 +264,15 @@ impl McpClient {
 
     /// Whether an explicit loss (a session gone, a stream ended early, an error answer) has
     /// a cause since this session began.
-    fn excused(&self, excuses: u64, status: u16) -> bool {
-        excuses > self.excuses_at || status == 410 && self.retention
+    fn excused(&self, excuses: Excuses, status: u16) -> bool {
+        excuses.failing || excuses.count > self.excuses_at || status == 410 && self.retention
     }
 
-    fn on_notified(&mut self, status: u16, body: &str, excuses: u64) -> Result<(), String> {
+    fn on_notified(&mut self, status: u16, body: &str, excuses: Excuses) -> Result<(), String> {
         self.state = match status {
             202 => State::Ready,
             404 if self.excused(excuses, status) => State::Fresh,
-            500..=599 => State::Notify { sent: false },
+            500..=599 if self.excused(excuses, status) => State::Notify { sent: false },
             _ => {
                 return Err(format!(
                     "notifications/initialized answered {status}: {body}"
@@ -259,12 +283,12 @@ impl McpClient {
     }
 
     /// One item of an SSE answer; whether it was an event of a call.
-    fn on_item(&mut self, item: Item, excuses: u64) -> Result<bool, String> {
+    fn on_item(&mut self, item: Item, excuses: Excuses) -> Result<bool, String> {
         match item {
             Item::Head { status } => self.on_head(status, excuses).map(|()| false),
             Item::Event { id, data, .. } => match self.state {
                 State::Init => self.on_init_event(&data, excuses).map(|()| false),
-                State::Call(_) => self.on_call_event(id, &data, excuses).map(|()| true),
+                State::Call(_) => self.on_call_event(id, &data, excuses),
                 _ => Err(format!("an event {id:?} with nothing in flight")),
             },
             Item::Truncated { data } => Err(format!("an MCP stream truncated: {data}")),
@@ -272,7 +296,7 @@ impl McpClient {
         }
     }
 
-    fn on_head(&mut self, status: u16, excuses: u64) -> Result<(), String> {
+    fn on_head(&mut self, status: u16, excuses: Excuses) -> Result<(), String> {
         let excused = self.excused(excuses, status);
         if let Some(id) = self.odd.take() {
             // Refused, or the session is gone (a cause since it began): the call goes on.
@@ -302,7 +326,7 @@ impl McpClient {
                 return Ok(());
             }
             (200, Some(_)) => return Ok(()),
-            (500..=599, _) => self.errors += 1,
+            (500..=599, _) if excused => self.errors += 1,
             (404, Some(_)) if excused => {
                 self.errors += 1;
                 self.sid = None;
@@ -323,7 +347,7 @@ impl McpClient {
         Ok(())
     }
 
-    fn on_init_event(&mut self, data: &[u8], excuses: u64) -> Result<(), String> {
+    fn on_init_event(&mut self, data: &[u8], excuses: Excuses) -> Result<(), String> {
         if data.is_empty() {
             return Ok(()); // the priming event
         }
@@ -340,7 +364,9 @@ impl McpClient {
         Ok(())
     }
 
-    fn on_call_event(&mut self, id: String, data: &[u8], excuses: u64) -> Result<(), String> {
+    /// One event of a call's stream; whether it carried a message (not the priming event or
+    /// the restated position).
+    fn on_call_event(&mut self, id: String, data: &[u8], excuses: Excuses) -> Result<bool, String> {
         let excused = self.excused(excuses, 0);
         let State::Call(c) = &mut self.state else {
             unreachable!("called in a call");
@@ -357,9 +383,15 @@ impl McpClient {
                     String::from_utf8_lossy(data)
                 ));
             }
-            return Ok(());
+            return Ok(false);
         }
+        let stream_of = |id: &str| id.rsplit_once('-').map(|(p, _)| p.to_owned());
         match &c.last {
+            Some((last, _)) if stream_of(last) != stream_of(&id) => {
+                return Err(format!(
+                    "call {rpc}: event {id} after {last}, of another stream"
+                ));
+            }
             Some((_, prev)) if seq != prev + 1 => {
                 return Err(format!("call {rpc}: event {seq} after {prev}"));
             }
@@ -370,7 +402,7 @@ impl McpClient {
         }
         c.last = Some((id.clone(), seq));
         if data.is_empty() {
-            return Ok(()); // priming
+            return Ok(false); // priming
         }
         self.shown.push(id);
         let v: Value = serde_json::from_slice(data).map_err(|e| format!("call {rpc}: {e}"))?;
@@ -380,7 +412,7 @@ impl McpClient {
                 return Err(format!("call {rpc}: {v} where progress {} was due", c.next));
             }
             c.next += 1;
-            return Ok(());
+            return Ok(true);
         }
         if v["id"] != rpc {
             return Err(format!("call {rpc}: a message not of this call: {v}"));
@@ -394,7 +426,7 @@ impl McpClient {
         }
         self.state = State::Ready;
         self.conn = None;
-        Ok(())
+        Ok(true)
     }
 }
 

@@ -92,8 +92,10 @@ pub struct World {
     sync_failures: u64,
     /// A sync failed since the last step (a crash is to be scheduled).
     sync_failed: bool,
-    /// Times the disk was full (a segment could not be preallocated): appends refused.
+    /// Times the disk was full (a segment could not be preallocated): appends refused; the
+    /// last step it was.
     disk_full: u64,
+    disk_full_step: u64,
     /// Per subscriber, in the calm steps: an event it must have by a step (it was caught up
     /// when the event was acknowledged).
     due: Vec<Option<(u64, u64)>>,
@@ -172,6 +174,7 @@ impl World {
             sync_failures: 0,
             sync_failed: false,
             disk_full: 0,
+            disk_full_step: 0,
             due: Vec::new(),
             progress: Vec::new(),
             reads: std::collections::BTreeMap::new(),
@@ -506,7 +509,11 @@ impl World {
         let full = notes
             .iter()
             .filter(|n| **n == crate::disk::DiskNote::DiskFull);
-        self.disk_full += full.count() as u64;
+        let full = full.count() as u64;
+        self.disk_full += full;
+        if full > 0 {
+            self.disk_full_step = self.step;
+        }
         let failed = self.kernel.borrow_mut().take_failed_syncs() > 0
             || (notes.iter()).any(|n| matches!(n, crate::disk::DiskNote::FlushFailed));
         self.sync_failures += u64::from(failed);

@@ -13,7 +13,7 @@
 //! of the node takes every upstream with it ([`UpstreamWorld::crashed`]).
 #![forbid(unsafe_code)]
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -35,6 +35,9 @@ pub struct UpstreamWorld {
     ended: Vec<UpstreamId>,
     /// Upstreams that died by the seed.
     pub deaths: u64,
+    /// The session each upstream serves, and the sessions whose upstream died.
+    sessions: BTreeMap<UpstreamId, String>,
+    died: BTreeSet<String>,
 }
 
 impl UpstreamWorld {
@@ -69,14 +72,23 @@ impl UpstreamWorld {
         self.written.retain(|(w, _)| *w != id);
         self.ready.push_back(UpstreamEvent::Closed(id));
         self.deaths += 1;
+        if let Some(s) = self.sessions.get(&id) {
+            self.died.insert(s.clone());
+        }
         true
+    }
+
+    /// Whether the upstream of session `sid` died by the seed.
+    pub fn died(&self, sid: &str) -> bool {
+        self.died.contains(sid)
     }
 
     /// The node crashed: its upstreams are gone with it, and their lines.
     pub fn crashed(&mut self) {
-        let deaths = self.deaths;
+        let (deaths, died) = (self.deaths, std::mem::take(&mut self.died));
         *self = UpstreamWorld {
             deaths,
+            died,
             ..UpstreamWorld::default()
         };
     }
@@ -137,8 +149,12 @@ impl Upstreams for SimUpstreams {
         None
     }
 
-    fn spawn(&mut self, id: UpstreamId, _session: Option<&str>) -> Result<(), String> {
-        self.world().alive.insert(id);
+    fn spawn(&mut self, id: UpstreamId, session: Option<&str>) -> Result<(), String> {
+        let mut w = self.world();
+        w.alive.insert(id);
+        if let Some(s) = session {
+            w.sessions.insert(id, s.to_owned());
+        }
         Ok(())
     }
 
