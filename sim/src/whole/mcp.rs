@@ -70,17 +70,18 @@ impl World {
         })
     }
 
-    /// What excuses client `i`'s loss: crashes, failed syncs and full disks so far (a record
-    /// the log refuses breaks its MCP stream), plus one if the upstream of its session died;
-    /// and whether the node refuses records now. (With 2 cores a fault of either shard's disk
-    /// counts.)
-    fn excuses(&self, i: usize) -> Excuses {
-        let died = (self.mcps[i].session()).is_some_and(|s| self.upstreams.world().died(s));
+    /// What excuses an MCP client's loss, for a session: crashes, failed syncs and full disks
+    /// so far (a record the log refuses breaks its MCP stream), plus one if the upstream of
+    /// the session died; and whether the node refuses records now. (With 2 cores a fault of
+    /// either shard's disk counts.)
+    fn excuses(&self) -> impl Fn(Option<&str>) -> Excuses + use<> {
         let poisoned = (self.cores.iter().enumerate())
             .any(|(s, c)| c.log(s as u32).is_some_and(log_store::Log::is_poisoned));
         let full = self.disk_full > 0 && self.step <= self.disk_full_step + 100;
-        Excuses {
-            count: self.crashes + self.sync_failures + self.disk_full + u64::from(died),
+        let count = self.crashes + self.sync_failures + self.disk_full;
+        let up = self.upstreams.clone();
+        move |sid| Excuses {
+            count: count + u64::from(sid.is_some_and(|s| up.world().died(s))),
             failing: poisoned || full,
         }
     }
@@ -133,8 +134,8 @@ impl World {
             } else if go {
                 let c = self.connect();
                 let count = self.mrng.range(0, 12);
-                let excuses = self.excuses(i);
-                let asked = self.mcps[i].connect(c, count, excuses);
+                let ex = self.excuses();
+                let asked = self.mcps[i].connect(c, count, &ex);
                 self.note("mcp", &[i as u64, asked as u64, count]);
                 if asked == Asked::Call {
                     // Not at a resume: a loop of resumes without messages is a stall.
@@ -149,9 +150,9 @@ impl World {
             return Ok(());
         }
         let n = super::read_bytes(&mut self.mrng, self.mcps[i].slow, quiet);
-        let excuses = self.excuses(i);
+        let ex = self.excuses();
         let (results, errors) = (self.mcps[i].results, self.mcps[i].errors);
-        let got = self.mcps[i].advance(n, excuses)?;
+        let got = self.mcps[i].advance(n, &ex)?;
         for id in std::mem::take(&mut self.mcps[i].shown) {
             self.durable_mcp(&id, "shown")?;
         }

@@ -56,13 +56,16 @@ struct Call {
 /// What may excuse an MCP client's loss (see the module's doc).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Excuses {
-    /// Crashes, failed syncs and full disks so far, plus one if the upstream of the client's
-    /// session died.
+    /// Crashes, failed syncs and full disks so far, plus one if the upstream of the session
+    /// asked about died.
     pub count: u64,
     /// The node refuses records now: its log is poisoned (until the crash that follows), or
     /// its disk was full in the last 100 steps.
     pub failing: bool,
 }
+
+/// The world's [`Excuses`] for a session (`None`: no session yet).
+pub type Ex<'a> = &'a dyn Fn(Option<&str>) -> Excuses;
 
 /// What a client asks for on a new connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -160,14 +163,14 @@ impl McpClient {
 
     /// Sends on `conn` what comes next: an `initialize`, the `initialized` notification, a
     /// call of the tool with `count` progress notifications, or the resume of a call.
-    /// `excuses`: as in [`McpClient::advance`].
-    pub fn connect(&mut self, mut conn: ClientConn, count: u64, excuses: Excuses) -> Asked {
+    /// `ex`: as in [`McpClient::advance`].
+    pub fn connect(&mut self, mut conn: ClientConn, count: u64, ex: Ex<'_>) -> Asked {
         let sid = self.sid.clone().unwrap_or_default();
         let (asked, req) = match &mut self.state {
             State::Fresh | State::Init => {
                 self.state = State::Init;
                 self.sid = None;
-                self.excuses_at = excuses.count;
+                self.excuses_at = ex(None).count;
                 (Asked::Initialize, post(None, INIT))
             }
             State::Notify { sent } => {
@@ -228,8 +231,9 @@ impl McpClient {
 
     /// Writes what is queued, reads up to `n` bytes and checks what they carry; how many
     /// messages of calls were shown (not counting priming events and restated positions).
-    /// `excuses`: what may excuse a loss, now.
-    pub fn advance(&mut self, n: usize, excuses: Excuses) -> Result<u64, String> {
+    /// `ex`: what may excuse a loss now, for a session (asked at the moment of the decision,
+    /// with the session known then: an `initialize`'s answer names it).
+    pub fn advance(&mut self, n: usize, ex: Ex<'_>) -> Result<u64, String> {
         let Some(conn) = self.conn.as_mut() else {
             return Ok(0);
         };
@@ -240,13 +244,13 @@ impl McpClient {
         if matches!(self.state, State::Notify { sent: true }) {
             self.answer.extend_from_slice(&got);
             if let Some((status, body)) = whole_answer(&self.answer)? {
-                self.on_notified(status, &body, excuses)?;
+                self.on_notified(status, &body, ex)?;
                 self.conn = None;
             }
         } else {
             self.parser.feed(&got);
             while let Some(item) = self.parser.poll_item()? {
-                events += u64::from(self.on_item(item, excuses)?);
+                events += u64::from(self.on_item(item, ex)?);
                 if self.conn.is_none() {
                     break;
                 }
@@ -264,15 +268,16 @@ impl McpClient {
 
     /// Whether an explicit loss (a session gone, a stream ended early, an error answer) has
     /// a cause since this session began.
-    fn excused(&self, excuses: Excuses, status: u16) -> bool {
-        excuses.failing || excuses.count > self.excuses_at || status == 410 && self.retention
+    fn excused(&self, ex: Ex<'_>, status: u16) -> bool {
+        let e = ex(self.session());
+        e.failing || e.count > self.excuses_at || status == 410 && self.retention
     }
 
-    fn on_notified(&mut self, status: u16, body: &str, excuses: Excuses) -> Result<(), String> {
+    fn on_notified(&mut self, status: u16, body: &str, ex: Ex<'_>) -> Result<(), String> {
         self.state = match status {
             202 => State::Ready,
-            404 if self.excused(excuses, status) => State::Fresh,
-            500..=599 if self.excused(excuses, status) => State::Notify { sent: false },
+            404 if self.excused(ex, status) => State::Fresh,
+            500..=599 if self.excused(ex, status) => State::Notify { sent: false },
             _ => {
                 return Err(format!(
                     "notifications/initialized answered {status}: {body}"
@@ -283,12 +288,12 @@ impl McpClient {
     }
 
     /// One item of an SSE answer; whether it was an event of a call.
-    fn on_item(&mut self, item: Item, excuses: Excuses) -> Result<bool, String> {
+    fn on_item(&mut self, item: Item, ex: Ex<'_>) -> Result<bool, String> {
         match item {
-            Item::Head { status } => self.on_head(status, excuses).map(|()| false),
+            Item::Head { status } => self.on_head(status, ex).map(|()| false),
             Item::Event { id, data, .. } => match self.state {
-                State::Init => self.on_init_event(&data, excuses).map(|()| false),
-                State::Call(_) => self.on_call_event(id, &data, excuses),
+                State::Init => self.on_init_event(&data, ex).map(|()| false),
+                State::Call(_) => self.on_call_event(id, &data, ex),
                 _ => Err(format!("an event {id:?} with nothing in flight")),
             },
             Item::Truncated { data } => Err(format!("an MCP stream truncated: {data}")),
@@ -296,8 +301,8 @@ impl McpClient {
         }
     }
 
-    fn on_head(&mut self, status: u16, excuses: Excuses) -> Result<(), String> {
-        let excused = self.excused(excuses, status);
+    fn on_head(&mut self, status: u16, ex: Ex<'_>) -> Result<(), String> {
+        let excused = self.excused(ex, status);
         if let Some(id) = self.odd.take() {
             // Refused, or the session is gone (a cause since it began): the call goes on.
             self.conn = None;
@@ -347,14 +352,14 @@ impl McpClient {
         Ok(())
     }
 
-    fn on_init_event(&mut self, data: &[u8], excuses: Excuses) -> Result<(), String> {
+    fn on_init_event(&mut self, data: &[u8], ex: Ex<'_>) -> Result<(), String> {
         if data.is_empty() {
             return Ok(()); // the priming event
         }
         let v: Value = serde_json::from_slice(data).map_err(|e| format!("initialize: {e}"))?;
         if v["id"] == 0 && v["result"]["protocolVersion"] == "2025-11-25" {
             self.state = State::Notify { sent: false };
-        } else if v["id"] == 0 && v.get("error").is_some() && self.excused(excuses, 0) {
+        } else if v["id"] == 0 && v.get("error").is_some() && self.excused(ex, 0) {
             self.errors += 1;
             self.state = State::Fresh;
         } else {
@@ -366,8 +371,8 @@ impl McpClient {
 
     /// One event of a call's stream; whether it carried a message (not the priming event or
     /// the restated position).
-    fn on_call_event(&mut self, id: String, data: &[u8], excuses: Excuses) -> Result<bool, String> {
-        let excused = self.excused(excuses, 0);
+    fn on_call_event(&mut self, id: String, data: &[u8], ex: Ex<'_>) -> Result<bool, String> {
+        let excused = self.excused(ex, 0);
         let State::Call(c) = &mut self.state else {
             unreachable!("called in a call");
         };
