@@ -170,6 +170,12 @@ class TlsRecords {
 // response's first event, never in the handshake (a POST cut before its priming event cannot
 // be resumed by any client, and that would test nothing).
 const TLS_TICKET_BYTES = 400;
+// And this much more over TLS before a cut may fall: the response's head and first event are
+// sealed in records of their own (22 bytes of overhead each) and need not fit the plaintext
+// floor (`minBytes`). Without it a cut could still end a POST's response before its priming
+// event (seed 1291596643 of the `auto` test, about one run in four: the SDK, with no event ID,
+// cannot resume and waits for its timeout).
+const TLS_FIRST_EVENT_SLACK_BYTES = 400;
 
 // TCP proxy that cuts server→client streams at chosen byte offsets and can hold new
 // connections (to keep a client waiting while the gateway restarts). With --https it forwards
@@ -253,7 +259,9 @@ class CutProxy {
     upstream.on('data', (chunk) => {
       if (cutAt === undefined && this.cutsLeft > 0) {
         if (!HTTPS) cutAt = draw(sent);
-        else if (appStart !== undefined) cutAt = draw(Math.max(sent, appStart + TLS_TICKET_BYTES));
+        else if (appStart !== undefined) {
+          cutAt = draw(Math.max(sent, appStart + TLS_TICKET_BYTES + TLS_FIRST_EVENT_SLACK_BYTES));
+        }
       }
       if (cutAt !== undefined && sent + chunk.length >= cutAt && this.cutsLeft > 0) {
         const keep = cutAt - sent;
