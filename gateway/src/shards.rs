@@ -17,21 +17,118 @@ pub fn stream_hash(name: &str) -> u64 {
     h
 }
 
-/// The shard of a stream.
+/// The shard of a stream. An MCP stream (`mcp/<owner>/<n>`) lives in its owner's shard
+/// ([`mcp_owner_shard`]); any other stream in the shard of its name's hash.
 pub fn shard_of(name: &str, shards: u32) -> u32 {
     assert!(shards > 0);
-    // All MCP streams (`mcp/<session>/<n>`) live in one shard, so one core owns the MCP state.
-    let name = if name.starts_with("mcp/") {
-        "mcp/"
-    } else {
-        name
-    };
-    (stream_hash(name) % u64::from(shards)) as u32
+    match name.strip_prefix("mcp/") {
+        Some(rest) => mcp_owner_shard(rest.split('/').next().unwrap_or(""), shards),
+        None => (stream_hash(name) % u64::from(shards)) as u32,
+    }
+}
+
+/// The shard every MCP stream lived in before the MCP front ran on every core, and where the
+/// streams of an owner that names no shard still live: a session ID minted then (or in
+/// cluster mode) is bare hex.
+pub fn mcp_legacy_shard(shards: u32) -> u32 {
+    (stream_hash("mcp/") % u64::from(shards)) as u32
+}
+
+/// The shard of an MCP stream owner: a session ID, or a modern-era boot prefix (`m` and the
+/// rest). One minted on a core of the MCP front starts with its shard in decimal and `-`
+/// (see [`mcp_id_prefix`]); a bare one (minted before, or in cluster mode), or one whose
+/// shard is not below `shards`, is in [`mcp_legacy_shard`]. A client's made-up ID only
+/// chooses which core answers "no such session".
+pub fn mcp_owner_shard(owner: &str, shards: u32) -> u32 {
+    let o = owner.strip_prefix('m').unwrap_or(owner);
+    let named = o.split_once('-').and_then(|(d, _)| {
+        let digits = !d.is_empty() && d.len() <= 4 && d.bytes().all(|b| b.is_ascii_digit());
+        digits.then(|| d.parse::<u32>().ok()).flatten()
+    });
+    named
+        .filter(|s| *s < shards)
+        .unwrap_or_else(|| mcp_legacy_shard(shards))
+}
+
+/// What a core of the MCP front puts before every session ID and modern boot it mints, so
+/// [`mcp_owner_shard`] finds `shard` again.
+pub fn mcp_id_prefix(shard: u32) -> String {
+    format!("{shard}-")
+}
+
+/// The MCP shard of `core` when the MCP front runs on every core: the first shard it owns in
+/// the order of the legacy shard, the next one, and so on (so the legacy shard's owner keeps
+/// it, and its sessions from before). `None` for a core that owns no shard (more cores than
+/// shards).
+pub fn mcp_shard_of_core(core: usize, cores: usize, shards: u32) -> Option<u32> {
+    let first = mcp_legacy_shard(shards);
+    (0..shards)
+        .map(|i| (first + i) % shards)
+        .find(|s| core_of_shard(*s, cores) == core)
 }
 
 /// The core owning a shard.
 pub fn core_of_shard(shard: u32, cores: usize) -> usize {
     shard as usize % cores
+}
+
+/// Where the MCP front runs, and so which core serves a request on the MCP path.
+///
+/// On a single node it runs on every core that owns a shard: each such core mints its
+/// sessions into its own MCP shard ([`mcp_shard_of_core`]) with that shard in their IDs, and
+/// serves them — POSTs, GETs, resumes, DELETEs and their upstreams. In cluster mode it stays on
+/// the legacy shard's owner: the nodes of a cluster may run different `--cores`, and a session
+/// is resumed on whichever node a client reaches, so its streams stay where every node's
+/// MCP part looks for them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct McpPlace {
+    pub everywhere: bool,
+    pub cores: usize,
+    pub shards: u32,
+}
+
+impl McpPlace {
+    pub fn new(clustered: bool, cores: usize, shards: u32) -> McpPlace {
+        assert!(cores > 0 && shards > 0);
+        McpPlace {
+            everywhere: !clustered,
+            cores,
+            shards,
+        }
+    }
+
+    /// The shard whose log holds the sessions of core `core`'s MCP part, if it runs one.
+    pub fn shard_of_core(&self, core: usize) -> Option<u32> {
+        if self.everywhere {
+            return mcp_shard_of_core(core, self.cores, self.shards);
+        }
+        let legacy = mcp_legacy_shard(self.shards);
+        (core_of_shard(legacy, self.cores) == core).then_some(legacy)
+    }
+
+    /// How many cores run an MCP part (cores `0..n`).
+    pub fn serving_cores(&self) -> usize {
+        match self.everywhere {
+            true => self.cores.min(self.shards as usize),
+            false => 1,
+        }
+    }
+
+    /// The core that serves a request on the MCP path which reached core `here`: a request
+    /// with a session ID goes to its session's shard's owner; one without (an `initialize`, a
+    /// modern-era request) to the core of its caller when the gateway knows who that is (so
+    /// the per-caller session limit is one core's count), else it stays where it is.
+    pub fn core_for(&self, here: usize, session: Option<&str>, caller: Option<&str>) -> usize {
+        if !self.everywhere {
+            return core_of_shard(mcp_legacy_shard(self.shards), self.cores);
+        }
+        let n = self.serving_cores();
+        match (session, caller) {
+            (Some(sid), _) => core_of_shard(mcp_owner_shard(sid, self.shards), self.cores),
+            (None, Some(who)) => (stream_hash(who) % n as u64) as usize,
+            (None, None) => here % n,
+        }
+    }
 }
 
 /// Directory of one shard's log.
@@ -135,6 +232,89 @@ mod tests {
         assert_eq!(stream_hash(""), 0xcbf2_9ce4_8422_2325);
         assert_eq!(stream_hash("a"), 0xaf63_dc4c_8601_ec8c);
         assert_eq!(shard_of("a", 8), (0xaf63_dc4c_8601_ec8cu64 % 8) as u32);
+    }
+
+    #[test]
+    fn mcp_streams_live_in_the_shard_their_owner_names() {
+        let legacy = mcp_legacy_shard(8);
+        assert_eq!(legacy, (stream_hash("mcp/") % 8) as u32);
+        // Bare hex (sessions from before, cluster mode) and modern boots: the legacy shard.
+        assert_eq!(shard_of("mcp/0123abcd/1", 8), legacy);
+        assert_eq!(shard_of("mcp/0123abcd.ffee/0", 8), legacy);
+        assert_eq!(shard_of("mcp/m0123abcd/7", 8), legacy);
+        // Minted with a shard prefix: that shard, session or boot.
+        for s in 0..8 {
+            let p = mcp_id_prefix(s);
+            assert_eq!(shard_of(&format!("mcp/{p}0123abcd/1"), 8), s);
+            assert_eq!(shard_of(&format!("mcp/m{p}0123/3"), 8), s);
+            assert_eq!(mcp_owner_shard(&format!("{p}beef.tag"), 8), s);
+        }
+        // A shard that does not exist, or junk before `-`: the legacy shard.
+        assert_eq!(shard_of("mcp/8-0123/1", 8), legacy);
+        assert_eq!(shard_of("mcp/99999-0123/1", 8), legacy);
+        assert_eq!(shard_of("mcp/-0123/1", 8), legacy);
+        assert_eq!(shard_of("mcp/a1-0123/1", 8), legacy);
+        assert_eq!(mcp_owner_shard("", 8), legacy);
+    }
+
+    #[test]
+    fn every_core_with_a_shard_gets_its_own_mcp_shard() {
+        for shards in 1..=12u32 {
+            for cores in 1..=6usize {
+                let mine: Vec<_> = (0..cores)
+                    .map(|c| mcp_shard_of_core(c, cores, shards))
+                    .collect();
+                for (c, s) in mine.iter().enumerate() {
+                    assert_eq!(
+                        s.is_some(),
+                        c < shards as usize,
+                        "{shards} shards, {cores} cores"
+                    );
+                    if let Some(s) = s {
+                        assert_eq!(core_of_shard(*s, cores), c);
+                    }
+                }
+                // The legacy shard's owner keeps the legacy shard.
+                let legacy = mcp_legacy_shard(shards);
+                let owner = core_of_shard(legacy, cores);
+                assert_eq!(mine[owner], Some(legacy));
+            }
+        }
+    }
+
+    #[test]
+    fn a_session_is_served_by_the_core_that_minted_it() {
+        for (shards, cores) in [(8, 1), (8, 2), (8, 3), (2, 4), (1, 2), (16, 6)] {
+            let place = McpPlace::new(false, cores, shards);
+            assert_eq!(place.serving_cores(), cores.min(shards as usize));
+            for c in 0..cores {
+                let Some(shard) = place.shard_of_core(c) else {
+                    assert!(c >= place.serving_cores());
+                    // A core with no MCP part keeps nothing: an initialize goes elsewhere.
+                    assert!(place.core_for(c, None, None) < place.serving_cores());
+                    continue;
+                };
+                let sid = format!("{}00ff.tag", mcp_id_prefix(shard));
+                for here in 0..cores {
+                    assert_eq!(place.core_for(here, Some(&sid), None), c);
+                    assert_eq!(place.core_for(here, Some(&sid), Some("who")), c);
+                }
+                assert_eq!(place.core_for(c, None, None), c);
+            }
+            // A caller's sessions are all minted on one core, whichever core it reaches.
+            let who = place.core_for(0, None, Some("iss\0sub"));
+            assert!((0..cores).all(|h| place.core_for(h, None, Some("iss\0sub")) == who));
+            // Sessions from before (bare hex) stay with the legacy shard's owner.
+            let legacy_owner = core_of_shard(mcp_legacy_shard(shards), cores);
+            assert_eq!(place.core_for(0, Some("00ff"), None), legacy_owner);
+        }
+        // Cluster mode: everything on the legacy shard's owner, with bare IDs.
+        let place = McpPlace::new(true, 2, 8);
+        let owner = core_of_shard(mcp_legacy_shard(8), 2);
+        assert_eq!(place.serving_cores(), 1);
+        assert_eq!(place.shard_of_core(owner), Some(mcp_legacy_shard(8)));
+        assert_eq!(place.shard_of_core(1 - owner), None);
+        assert_eq!(place.core_for(1 - owner, Some("1-00"), Some("x")), owner);
     }
 
     #[test]

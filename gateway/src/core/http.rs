@@ -20,7 +20,7 @@ impl Core {
         for _ in 0..PIPELINED_PER_CALL_MAX {
             let polled = self
                 .net
-                .poll_http(slot, &self.lim.conn, self.mcp_core, &mut self.gate);
+                .poll_http(slot, &self.lim.conn, &self.mcp_place, &mut self.gate);
             let Some(step) = polled else {
                 return;
             };

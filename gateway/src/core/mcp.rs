@@ -17,7 +17,7 @@ use crate::config::Config;
 use crate::mcp::core::{ConnId, HttpMethod, HttpRequest, LogView, McpCore};
 use crate::mcp::upstream::{UpstreamEvent, UpstreamSet, Upstreams};
 use crate::metrics::CoreMetrics;
-use crate::shards;
+use crate::shards::{self, McpPlace};
 use crate::streams::StreamKey;
 use crate::streams::catalog::MCP_STREAM_PREFIX;
 use crate::streams::hub::{Hub, SubRef};
@@ -197,12 +197,6 @@ fn session_ids(minted: Option<[u8; 4]>) -> SessionIds {
     })
 }
 
-/// The MCP shard and the core that owns it, of `shards` shards over `cores` cores.
-pub(super) fn mcp_owner(shards: u32, cores: usize) -> (u32, usize) {
-    let shard = shards::shard_of(MCP_STREAM_PREFIX, shards);
-    (shard, shards::core_of_shard(shard, cores))
-}
-
 /// The request's method, every header of `head`, and its `Last-Event-ID`.
 type Parsed<'h> = (HttpMethod, Vec<(&'h str, &'h [u8])>);
 
@@ -237,22 +231,30 @@ fn header<'h>(headers: &[(&str, &'h [u8])], name: &str) -> Option<&'h [u8]> {
 }
 
 impl Mcp {
-    /// The MCP state of the owner core of the MCP shard `shard`, with its upstreams and
-    /// session IDs from `outside`; outside cluster mode it recovers the sessions whose streams
-    /// are in `hub`'s log.
+    /// The MCP part of core `core_id`, whose sessions live in shard `shard`, with its
+    /// upstreams and session IDs from `outside`; outside cluster mode it recovers the sessions
+    /// whose streams are in that shard's log. When the front runs on every core (`place`),
+    /// the IDs it mints name the shard, and `--mcp-sessions-max` is shared out among the
+    /// cores that serve it (rounded up).
     pub(super) fn new(
         cfg: &Config,
-        core_id: usize,
-        shard: u32,
+        (core_id, shard): (usize, u32),
+        place: McpPlace,
         outside: McpOutside,
         hub: &Hub,
-        (clustered, now): (bool, Instant),
+        now: Instant,
     ) -> Mcp {
         let args = &cfg.mcp;
+        let clustered = !place.everywhere;
         let mut minted = [0u8; 4];
         getrandom::fill(&mut minted).expect("getrandom for MCP session ids");
         let ids = (outside.session_ids).unwrap_or_else(|| session_ids(clustered.then_some(minted)));
-        let mut core = McpCore::new(args.core_config(), ids);
+        let mut mcfg = args.core_config();
+        if place.everywhere {
+            mcfg.session_id_prefix = shards::mcp_id_prefix(shard);
+            mcfg.sessions_max = mcfg.sessions_max.div_ceil(place.serving_cores());
+        }
+        let mut core = McpCore::new(mcfg, ids);
         // Cluster mode recovers a session when a client resumes it (`cluster_recover`): the
         // log holds every node's sessions.
         if hub.has_shard(shard) && !clustered {
@@ -417,13 +419,13 @@ impl Mcp {
 
     /// The `gateway_mcp_*` metrics text, when a snapshot is due (something changed and
     /// `METRICS_INTERVAL` passed since the last one).
-    pub(super) fn metrics_due(&mut self, now: Instant) -> Option<String> {
+    pub(super) fn metrics_due(&mut self, now: Instant) -> Option<crate::metrics::mcp::McpFigures> {
         if !self.metrics_dirty || now < self.next_metrics {
             return None;
         }
         self.metrics_dirty = false;
         self.next_metrics = now + METRICS_INTERVAL;
-        Some(self.render_metrics())
+        Some(super::mcp_metrics::figures(self))
     }
 
     /// The next instant this part needs a turn: the MCP core's timer, the reaping of

@@ -13,6 +13,7 @@ use log_store::EventId;
 use super::mcp::{self, Effect, Mcp, McpCx, McpRequest, McpSubscribe};
 use super::net::Net;
 use super::{Core, Shared, State};
+use crate::shards::McpPlace;
 use crate::streams::hub::Hub;
 use crate::streams::sub::Sub;
 use crate::sys;
@@ -22,23 +23,20 @@ use crate::sys;
 const UPSTREAM_EVENTS_PER_TURN_MAX: usize = 4096;
 
 impl Mcp {
-    /// The MCP part of core `id`, if the MCP front is on and this core owns the MCP shard
-    /// (called once when the core starts; it recovers the sessions whose streams are in the
-    /// shard's log).
+    /// The MCP part of core `id`, if the MCP front is on and runs on this core (`place`);
+    /// called once when the core starts, it recovers the sessions whose streams are in its
+    /// MCP shard's log.
     pub(super) fn on_core(
         shared: &Arc<Shared>,
-        id: usize,
+        (id, place): (usize, McpPlace),
         hub: &Hub,
-        (clustered, now): (bool, Instant),
+        now: Instant,
         outside: Option<mcp::McpOutside>,
     ) -> Option<Box<Mcp>> {
         if !shared.cfg.mcp.enabled() {
             return None;
         }
-        let (shard, owner) = mcp::mcp_owner(shared.shards, shared.cores);
-        if owner != id {
-            return None;
-        }
+        let shard = place.shard_of_core(id)?;
         let outside = outside.unwrap_or_else(|| {
             let waker = shared.clone();
             let wake: mcp::Wake = Arc::new(move || sys::eventfd_wake(waker.eventfds[id].as_fd()));
@@ -47,7 +45,7 @@ impl Mcp {
                 session_ids: None,
             }
         });
-        let m = Mcp::new(&shared.cfg, id, shard, outside, hub, (clustered, now));
+        let m = Mcp::new(&shared.cfg, (id, shard), place, outside, hub, now);
         Some(Box::new(m))
     }
 }
@@ -205,8 +203,8 @@ impl Core {
         let Some(m) = self.mcp.as_mut() else { return };
         m.handle_timers(now);
         self.mcp_apply();
-        if let Some(text) = self.mcp.as_mut().and_then(|m| m.metrics_due(now)) {
-            *self.m().mcp_snapshot.lock().expect("metrics lock") = text;
+        if let Some(figures) = self.mcp.as_mut().and_then(|m| m.metrics_due(now)) {
+            *self.m().mcp_snapshot.lock().expect("metrics lock") = Some(figures);
         }
     }
 

@@ -13,6 +13,7 @@ use crate::config::Config;
 use crate::mcp::core::{Action, UpstreamId};
 use crate::mcp::credential::Credential;
 use crate::metrics::CoreMetrics;
+use crate::shards::McpPlace;
 use crate::streams::hub::{Hub, SubRef};
 
 /// A core's parts as the MCP part borrows them.
@@ -58,10 +59,10 @@ impl Parts {
 
     /// The MCP part of a one-shard, one-core node (no upstream is started by these tests).
     fn mcp(&self) -> Mcp {
-        let (shard, owner) = mcp::mcp_owner(1, 1);
-        assert_eq!((shard, owner), (0, 0));
+        let place = McpPlace::new(false, 1, 1);
+        assert_eq!(place.shard_of_core(0), Some(0));
         let outside = outside(&self.cfg);
-        Mcp::new(&self.cfg, 0, shard, outside, &self.hub, (false, self.now))
+        Mcp::new(&self.cfg, (0, 0), place, outside, &self.hub, self.now)
     }
 
     /// Every action the MCP core has queued, as effects (what `Core::mcp_apply` carries out).
@@ -274,7 +275,14 @@ fn a_503_for_a_broken_stream_lets_the_mcp_core_forget_its_connection() {
         upstreams: Box::new(Silent),
         session_ids: Some(ids),
     };
-    let mut m = Mcp::new(&p.cfg, 0, 0, outside, &p.hub, (false, p.now));
+    let mut m = Mcp::new(
+        &p.cfg,
+        (0, 0),
+        McpPlace::new(false, 1, 1),
+        outside,
+        &p.hub,
+        p.now,
+    );
     let init = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
     let head = format!(
         "POST /mcp HTTP/1.1\r\nHost: localhost\r\nAccept: application/json, text/event-stream\r\n\
@@ -424,7 +432,8 @@ fn a_record_the_log_refuses_is_an_error_record_at_its_seq_and_then_the_stream_br
 fn every_mcp_metric_family_has_help_and_type() {
     let p = Parts::new();
     let m = p.mcp();
-    let text = m.render_metrics();
+    let mut text = String::new();
+    crate::metrics::mcp::render(&mut text, [super::mcp_metrics::figures(&m)].iter());
     let lines: Vec<&str> = text.lines().collect();
     let mut families = 0;
     for (i, l) in lines.iter().enumerate() {
@@ -451,7 +460,14 @@ fn a_replay_only_resume_waits_for_its_read_barrier_or_gets_503() {
     let mut p = Parts::new();
     let (handle, inbox) = cluster::Cluster::detached();
     p.cluster = Some(ClusterCore::new(inbox, handle.clone(), &[]));
-    let mut m = Mcp::new(&p.cfg, 0, 0, outside(&p.cfg), &p.hub, (true, p.now));
+    let mut m = Mcp::new(
+        &p.cfg,
+        (0, 0),
+        McpPlace::new(true, 1, 1),
+        outside(&p.cfg),
+        &p.hub,
+        p.now,
+    );
     m.cluster.as_mut().unwrap().minted = "ffffffff".into();
     // Another node's session: 40 records of its stream applied here (JetStream holds 42).
     let sid = p.hub.log_mut(0).create_stream("mcp/0123abcd/1").unwrap();

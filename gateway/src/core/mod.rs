@@ -186,10 +186,11 @@ struct Core {
     next_retention: Instant,
     shutting_down: Option<Instant>,
     lim: Limits,
-    /// The MCP front, on the core that owns the MCP shard when it is on.
+    /// This core's part of the MCP front when it is on: on every core that owns a shard, or
+    /// on the legacy MCP shard's owner only in cluster mode (`McpPlace`).
     mcp: Option<Box<mcp::Mcp>>,
-    /// The core that owns the MCP shard (requests on the MCP path are handed to it).
-    mcp_core: usize,
+    /// Which core serves a request on the MCP path (others are handed to it).
+    mcp_place: crate::shards::McpPlace,
     /// CORS and authentication (with this core's token cache).
     gate: Gate,
     /// Cluster mode (`--nats-url`).
@@ -276,6 +277,7 @@ impl Core {
             ))),
             _ => None,
         };
+        let place = (clustered.is_some(), shared.cores, shared.shards);
         let lim = limits(&shared.cfg);
         let want_ts = shared.uring_cmd && !shared.cfg.no_tx_timestamps;
         let subs = subs::Subs::new(lim.sub, lim.park, want_ts);
@@ -297,19 +299,17 @@ impl Core {
             next_retention: now,
             shutting_down: None,
             mcp: None,
-            mcp_core: 0,
+            mcp_place: crate::shards::McpPlace::new(place.0, place.1, place.2),
             gate,
         };
         recover_keys(&mut core.hub, &mut core.idem, now);
-        core.mcp_core = mcp::mcp_owner(core.shared.shards, core.shared.cores).1;
         core.net.arm_accept();
         core.net.io.read_eventfd(core.efd);
-        let clustered = core.cluster.is_some();
         core.mcp = mcp::Mcp::on_core(
             &core.shared,
-            core.id,
+            (core.id, core.mcp_place),
             &core.hub,
-            (clustered, now),
+            now,
             mcp_outside,
         );
         core

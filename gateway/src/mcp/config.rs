@@ -132,6 +132,7 @@ impl McpArgs {
             requests_inflight_max: self.mcp_requests_inflight_max,
             batch_len_max: self.mcp_batch_len_max,
             forward_authorization: self.mcp_forward_authorization,
+            session_id_prefix: String::new(),
         }
     }
 

@@ -15,6 +15,7 @@ use crate::proto::request_log::RouteClass;
 mod families;
 mod histogram;
 pub mod jwks;
+pub mod mcp;
 mod process;
 
 pub use histogram::{Histogram, PUBLISH_ROUTES};
@@ -173,8 +174,9 @@ pub struct CoreMetrics {
     pub ticks: AtomicU64,
     /// Pre-rendered `gateway_stream_*` lines for this core's streams.
     pub streams_snapshot: Mutex<String>,
-    /// Pre-rendered `gateway_mcp_*` lines (only the MCP owner core writes them).
-    pub mcp_snapshot: Mutex<String>,
+    /// This core's MCP part's figures for the `gateway_mcp_*` lines (summed over the cores
+    /// at export; `None` on a core with no MCP part).
+    pub mcp_snapshot: Mutex<Option<mcp::McpFigures>>,
 }
 
 /// The `status` label of `gateway_requests_total`.
@@ -272,9 +274,11 @@ pub fn render(cores: &[CoreMetrics]) -> String {
     requests(&mut out, cores);
     histogram::histograms(&mut out, cores);
     per_stream(&mut out, cores);
-    for m in cores {
-        out.push_str(&m.mcp_snapshot.lock().expect("metrics lock"));
-    }
+    let mcp: Vec<_> = cores
+        .iter()
+        .filter_map(|m| m.mcp_snapshot.lock().expect("metrics lock").clone())
+        .collect();
+    mcp::render(&mut out, mcp.iter());
     out
 }
 

@@ -198,6 +198,13 @@ fn preflight_answer(origin: &str) -> Vec<u8> {
     .into_bytes()
 }
 
+/// Who an admitted caller is, for routing its MCP requests: its token's issuer and subject,
+/// NUL-separated (`None` without a token's subject).
+pub fn caller(access: &auth::Access) -> Option<String> {
+    let sub = access.subject.as_deref()?;
+    Some(format!("{}\0{sub}", access.issuer.as_deref().unwrap_or("")))
+}
+
 /// `answer` with `headers` (whole lines) added after its status line; 1xx answers unchanged.
 pub fn with_headers(answer: Vec<u8>, headers: &str) -> Vec<u8> {
     if headers.is_empty() || answer.starts_with(b"HTTP/1.1 1") {

@@ -79,6 +79,10 @@ pub struct Head {
     pub cookie: Option<String>,
     /// A sane `X-Request-Id` ([`sane_request_id`]); others are replaced.
     pub request_id: Option<String>,
+    /// The first `Mcp-Session-Id` if it is visible ASCII (it only routes a request on the MCP
+    /// path to its session's core; the MCP core checks it, and every other one, itself). A
+    /// credential: never in `Debug`.
+    pub mcp_session_id: Option<String>,
 }
 
 impl std::fmt::Debug for Head {
@@ -102,6 +106,7 @@ impl std::fmt::Debug for Head {
             .field("authorization", &redacted(&self.authorization))
             .field("cookie", &redacted(&self.cookie))
             .field("request_id", &self.request_id)
+            .field("mcp_session_id", &redacted(&self.mcp_session_id))
             .finish()
     }
 }
@@ -193,6 +198,7 @@ impl Head {
             authorization: None,
             cookie: None,
             request_id: None,
+            mcp_session_id: None,
         }
     }
 }
@@ -273,10 +279,8 @@ fn apply_header(head: &mut Head, name: &str, value: &[u8], version: u8) -> Resul
         if version == 0 {
             return refuse("HTTP/1.0 has no transfer codings");
         }
-        if !text(value, "Transfer-Encoding")?
-            .trim()
-            .eq_ignore_ascii_case("chunked")
-        {
+        let coding = text(value, "Transfer-Encoding")?.trim();
+        if !coding.eq_ignore_ascii_case("chunked") {
             return refuse("only chunked is supported");
         }
         head.chunked = true;
@@ -312,6 +316,8 @@ fn apply_header(head: &mut Head, name: &str, value: &[u8], version: u8) -> Resul
     } else if name.eq_ignore_ascii_case("authorization") {
         let v = text(value, "Authorization")?.trim();
         single(&mut head.authorization, v, "Authorization")?;
+    } else if name.eq_ignore_ascii_case("mcp-session-id") {
+        keep_mcp_session_id(head, value);
     } else if name.eq_ignore_ascii_case("x-request-id") {
         head.request_id = sane_request_id(value);
     } else if name.eq_ignore_ascii_case("cookie") {
@@ -325,6 +331,15 @@ fn apply_header(head: &mut Head, name: &str, value: &[u8], version: u8) -> Resul
         }
     }
     Ok(())
+}
+
+/// Keeps the first `Mcp-Session-Id` if it is visible ASCII (see [`Head::mcp_session_id`]).
+fn keep_mcp_session_id(head: &mut Head, value: &[u8]) {
+    let visible = |b: &u8| (0x21..=0x7e).contains(b);
+    let v = value.trim_ascii();
+    if head.mcp_session_id.is_none() && !v.is_empty() && v.iter().all(visible) {
+        head.mcp_session_id = Some(String::from_utf8_lossy(v).into_owned());
+    }
 }
 
 /// The longest `X-Request-Id` taken from a client (longer ones are replaced).
@@ -655,6 +670,17 @@ mod tests {
             b"GET /v1/streams/a HTTP/1.1\r\nLast-Event-ID: x-1-2\r\nlast-event-id:  x-1-2\r\n\r\n";
         let h = parse_head(same, &L).unwrap().unwrap();
         assert_eq!(h.last_event_id.as_deref(), Some("x-1-2"));
+    }
+
+    #[test]
+    fn an_mcp_session_id_is_kept_for_routing_and_never_shown() {
+        let h = b"POST /mcp HTTP/1.1\r\nMcp-Session-Id: 3-abcdef.01\r\nmcp-session-id: 4-x\r\n\r\n";
+        let h = parse_head(h, &L).unwrap().unwrap();
+        assert_eq!(h.mcp_session_id.as_deref(), Some("3-abcdef.01"));
+        assert!(!format!("{h:?}").contains("abcdef"));
+        // Not visible ASCII: not kept (the MCP core refuses it wherever it lands).
+        let h = parse_head(b"POST /mcp HTTP/1.1\r\nMcp-Session-Id: a b\r\n\r\n", &L);
+        assert_eq!(h.unwrap().unwrap().mcp_session_id, None);
     }
 
     #[test]

@@ -367,7 +367,8 @@ impl McpCore {
         // SPEC L1/L2: 128 random bits as lowercase hex: visible ASCII, unique.
         let tag = self.subject.as_deref().map(super::subject_tag);
         let sid = loop {
-            let mut s = hex(&(self.session_id_source)());
+            let mut s = self.cfg.session_id_prefix.clone();
+            s.push_str(&hex(&(self.session_id_source)()));
             s.push_str(tag.as_deref().unwrap_or(""));
             if !self.sessions.contains_key(&s) {
                 break s;

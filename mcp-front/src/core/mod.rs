@@ -123,6 +123,10 @@ pub struct McpConfig {
     /// modern upstream sends each request with its own ([`Action::SendUpstream`]). Off: the
     /// core never reads the header.
     pub forward_authorization: bool,
+    /// Put before every session ID and modern boot prefix this core mints (visible ASCII, no
+    /// `/` or `.`): the gateway names the log shard that holds the session's streams with it,
+    /// so any core can tell which core serves a session. Empty by default.
+    pub session_id_prefix: String,
 }
 
 impl Default for McpConfig {
@@ -137,6 +141,7 @@ impl Default for McpConfig {
             requests_inflight_max: 256,
             batch_len_max: 64,
             forward_authorization: false,
+            session_id_prefix: String::new(),
         }
     }
 }
@@ -404,7 +409,11 @@ impl McpCore {
         cfg: McpConfig,
         mut session_id_source: Box<dyn FnMut() -> [u8; 16] + Send>,
     ) -> McpCore {
-        let boot = format!("m{}", &hex(&session_id_source())[..16]);
+        let boot = format!(
+            "m{}{}",
+            cfg.session_id_prefix,
+            &hex(&session_id_source())[..16]
+        );
         McpCore {
             cfg,
             session_id_source,

@@ -65,14 +65,21 @@ impl World {
         )
     }
 
-    /// The event of ID `id`, of an MCP stream, `what` (shown), is in the disk's durable image.
-    pub(super) fn durable_mcp(&self, id: &str, what: &str) -> Check {
+    /// The event of ID `id`, of an MCP stream of session `session`, `what` (shown), is in the
+    /// disk's durable image, in the log of the shard the session's ID names (the core that
+    /// minted it keeps its streams there).
+    pub(super) fn durable_mcp(&self, session: Option<&str>, id: &str, what: &str) -> Check {
         let ev: log_store::EventId = id.parse().map_err(|e| format!("MCP event ID {id}: {e}"))?;
-        let prefix = gateway::streams::catalog::MCP_STREAM_PREFIX;
-        let shard = gateway::shards::shard_of(prefix, self.cfg.cores as u32);
+        let session = session.ok_or_else(|| format!("MCP event {id} {what} before a session"))?;
+        let shard = gateway::shards::mcp_owner_shard(session, self.cfg.cores as u32);
         let log = (self.cores.get(shard as usize))
             .and_then(|c| c.log(shard))
             .ok_or_else(|| format!("no core holds shard {shard}"))?;
+        if ev.epoch != log.epoch() {
+            return Err(format!(
+                "MCP event {id} {what}: not of its session's shard {shard}"
+            ));
+        }
         self.durable_at(
             (log, shard),
             ev.stream,

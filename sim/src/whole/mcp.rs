@@ -52,15 +52,15 @@ pub(super) fn draw(seed: u64, retention: bool) -> (McpConfig, Rng, Vec<McpClient
 }
 
 impl World {
-    /// What a core of the node is given for the MCP front: the simulated upstreams and
+    /// What core `core` of the node is given for the MCP front: its simulated upstreams and
     /// session IDs from the seed (`None` when the front is off).
-    pub(super) fn mcp_outside(&mut self) -> Option<McpOutside> {
+    pub(super) fn mcp_outside(&mut self, core: usize) -> Option<McpOutside> {
         if self.mcp_cfg.clients == 0 {
             return None;
         }
         let mut ids = Rng::new(self.mrng.next_u64());
         Some(McpOutside {
-            upstreams: Box::new(self.upstreams.clone()),
+            upstreams: Box::new(self.upstreams.for_core(core)),
             session_ids: Some(Box::new(move || {
                 let mut b = [0u8; 16];
                 b[..8].copy_from_slice(&ids.next_u64().to_le_bytes());
@@ -154,7 +154,7 @@ impl World {
         let (results, errors) = (self.mcps[i].results, self.mcps[i].errors);
         let got = self.mcps[i].advance(n, &ex)?;
         for id in std::mem::take(&mut self.mcps[i].shown) {
-            self.durable_mcp(&id, "shown")?;
+            self.durable_mcp(self.mcps[i].session(), &id, "shown")?;
         }
         if got > 0 {
             self.mcp_progress[i] = self.step;

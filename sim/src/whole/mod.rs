@@ -237,7 +237,7 @@ impl World {
                 rx,
                 logs: vec![(id as u32, log)],
                 inbox: None,
-                mcp_outside: self.mcp_outside(),
+                mcp_outside: self.mcp_outside(id),
             };
             let ring = Box::new(SimRing {
                 kernel: self.kernel.clone(),

@@ -23,20 +23,24 @@ use serde_json::{Value, json};
 
 use crate::rng::Rng;
 
-/// Every upstream of the running node.
+/// An upstream: the core whose MCP part runs it, and its ID there (each core's MCP part
+/// numbers its own).
+type Up = (usize, UpstreamId);
+
+/// Every upstream of the running node, of every core's MCP part.
 #[derive(Debug, Default)]
 pub struct UpstreamWorld {
-    alive: BTreeSet<UpstreamId>,
+    alive: BTreeSet<Up>,
     /// Lines the upstreams wrote, not yet read by the node.
-    written: VecDeque<(UpstreamId, Vec<u8>)>,
-    /// What the node reads next ([`Upstreams::try_recv`]).
-    ready: VecDeque<UpstreamEvent>,
+    written: VecDeque<(Up, Vec<u8>)>,
+    /// What each core reads next ([`Upstreams::try_recv`]).
+    ready: BTreeMap<usize, VecDeque<UpstreamEvent>>,
     /// Upstreams killed by the node, to be reported ended by the next [`Upstreams::poll`].
-    ended: Vec<UpstreamId>,
+    ended: Vec<Up>,
     /// Upstreams that died by the seed.
     pub deaths: u64,
     /// The session each upstream serves, and the sessions whose upstream died.
-    sessions: BTreeMap<UpstreamId, String>,
+    sessions: BTreeMap<Up, String>,
     died: BTreeSet<String>,
 }
 
@@ -46,10 +50,11 @@ impl UpstreamWorld {
     pub fn release(&mut self, n: usize) -> bool {
         let mut moved = false;
         for _ in 0..n {
-            let Some((id, line)) = self.written.pop_front() else {
+            let Some(((core, id), line)) = self.written.pop_front() else {
                 break;
             };
-            self.ready.push_back(UpstreamEvent::Line(id, line));
+            let ready = self.ready.entry(core).or_default();
+            ready.push_back(UpstreamEvent::Line(id, line));
             moved = true;
         }
         moved
@@ -70,7 +75,8 @@ impl UpstreamWorld {
         let id = *self.alive.iter().nth(i).expect("i < len");
         self.alive.remove(&id);
         self.written.retain(|(w, _)| *w != id);
-        self.ready.push_back(UpstreamEvent::Closed(id));
+        let ready = self.ready.entry(id.0).or_default();
+        ready.push_back(UpstreamEvent::Closed(id.1));
         self.deaths += 1;
         if let Some(s) = self.sessions.get(&id) {
             self.died.insert(s.clone());
@@ -94,7 +100,7 @@ impl UpstreamWorld {
     }
 
     /// What the upstream `id` writes for one line it read.
-    fn answer(&mut self, id: UpstreamId, line: &[u8]) {
+    fn answer(&mut self, id: Up, line: &[u8]) {
         let Ok(msg) = serde_json::from_slice::<Value>(line) else {
             return;
         };
@@ -128,21 +134,32 @@ impl UpstreamWorld {
     }
 }
 
-/// The node's view of [`UpstreamWorld`] (each core is given one; the owner of the MCP shard
-/// uses it).
+/// A core's view of [`UpstreamWorld`] (each core with an MCP part runs its own upstreams).
 #[derive(Debug, Clone, Default)]
-pub struct SimUpstreams(pub Arc<Mutex<UpstreamWorld>>);
+pub struct SimUpstreams {
+    world: Arc<Mutex<UpstreamWorld>>,
+    core: usize,
+}
 
 impl SimUpstreams {
     pub fn world(&self) -> MutexGuard<'_, UpstreamWorld> {
-        self.0.lock().expect("one thread")
+        self.world.lock().expect("one thread")
+    }
+
+    /// The view of core `core`'s MCP part, over the same world.
+    pub fn for_core(&self, core: usize) -> SimUpstreams {
+        SimUpstreams {
+            world: self.world.clone(),
+            core,
+        }
     }
 }
 
 impl Upstreams for SimUpstreams {
     fn children(&self) -> usize {
         let w = self.world();
-        w.alive.len() + w.ended.len()
+        let mine = |u: &&Up| u.0 == self.core;
+        w.alive.iter().filter(mine).count() + w.ended.iter().filter(mine).count()
     }
 
     fn http_stats(&self) -> Option<gateway::mcp::http_upstream::PoolStats> {
@@ -151,9 +168,9 @@ impl Upstreams for SimUpstreams {
 
     fn spawn(&mut self, id: UpstreamId, session: Option<&str>) -> Result<(), String> {
         let mut w = self.world();
-        w.alive.insert(id);
+        w.alive.insert((self.core, id));
         if let Some(s) = session {
-            w.sessions.insert(id, s.to_owned());
+            w.sessions.insert((self.core, id), s.to_owned());
         }
         Ok(())
     }
@@ -165,6 +182,7 @@ impl Upstreams for SimUpstreams {
         _authorization: Option<gateway::mcp::credential::Credential>,
     ) -> Result<(), String> {
         let mut w = self.world();
+        let id = (self.core, id);
         if !w.alive.contains(&id) {
             return Err("upstream stdin closed".into());
         }
@@ -181,6 +199,7 @@ impl Upstreams for SimUpstreams {
 
     fn kill(&mut self, id: UpstreamId, _now: Instant) {
         let mut w = self.world();
+        let id = (self.core, id);
         if w.alive.remove(&id) {
             w.written.retain(|(u, _)| *u != id);
             w.ended.push(id);
@@ -188,21 +207,30 @@ impl Upstreams for SimUpstreams {
     }
 
     fn try_recv(&self) -> Option<UpstreamEvent> {
-        self.world().ready.pop_front()
+        self.world().ready.get_mut(&self.core)?.pop_front()
     }
 
     fn poll(&mut self, _now: Instant) -> Vec<(UpstreamId, String)> {
-        let ended = std::mem::take(&mut self.world().ended);
-        ended
+        let mut w = self.world();
+        let (mine, others) = std::mem::take(&mut w.ended)
             .into_iter()
-            .map(|id| (id, "exit status: 0".to_owned()))
+            .partition(|u| u.0 == self.core);
+        w.ended = others;
+        let mine: Vec<Up> = mine;
+        mine.into_iter()
+            .map(|(_, id)| (id, "exit status: 0".to_owned()))
             .collect()
     }
 
     fn stop_all(&mut self) {
         let mut w = self.world();
-        let alive = std::mem::take(&mut w.alive);
-        w.written.clear();
-        w.ended.extend(alive);
+        let core = self.core;
+        let (mine, others) = std::mem::take(&mut w.alive)
+            .into_iter()
+            .partition(|u| u.0 == core);
+        w.alive = others;
+        let mine: BTreeSet<Up> = mine;
+        w.written.retain(|(u, _)| u.0 != core);
+        w.ended.extend(mine);
     }
 }

@@ -1,5 +1,5 @@
 //! The HTTP machine's next step on one of `Net`'s connections: the machine decides, with
-//! which core owns a request's stream (or the MCP path) for a hand-off.
+//! which core owns a request's stream (or serves it on the MCP path) for a hand-off.
 
 use std::time::Instant;
 
@@ -7,17 +7,21 @@ use super::Net;
 use crate::core::conns::{Conn, Conns, State};
 use crate::proto::access::Gate;
 use crate::proto::conn::{ConnLimits, Step, Target};
-use crate::shards;
+use crate::shards::{self, McpPlace};
 
-/// The other core a request is for, if any: its stream's shard's owner, or the MCP owner
-/// core; `at`: this core, the core count, the shard count, the MCP owner core.
+/// The other core a request is for, if any: its stream's shard's owner, or the core that
+/// serves it on the MCP path (`place`); `at`: this core, the core count, the shard count.
 fn remote(
     t: Target<'_>,
-    (id, cores, shards, mcp_core): (usize, usize, u32, usize),
+    (id, cores, shards): (usize, usize, u32),
+    place: &McpPlace,
 ) -> Option<usize> {
     let owner = match t {
         Target::Stream(s) => shards::core_of_shard(shards::shard_of(s, shards), cores),
-        Target::Mcp => mcp_core,
+        Target::Mcp(head, access) => {
+            let caller = crate::proto::access::caller(access);
+            place.core_for(id, head.mcp_session_id.as_deref(), caller.as_deref())
+        }
     };
     (owner != id).then_some(owner)
 }
@@ -45,16 +49,16 @@ impl Conns {
 
 impl Net {
     /// The connection machine's next step (`None`: the connection is not in HTTP or closing);
-    /// `mcp_core` owns the MCP path, a stream's shard tells its owner core.
+    /// `place` tells which core serves a request on the MCP path, a stream's shard its owner.
     pub(in crate::core) fn poll_http(
         &mut self,
         slot: u32,
         lim: &ConnLimits,
-        mcp_core: usize,
+        place: &McpPlace,
         gate: &mut Gate,
     ) -> Option<Step> {
-        let at = (self.id, self.shared.cores, self.shared.shards, mcp_core);
-        let owner = |t: Target<'_>| remote(t, at);
+        let at = (self.id, self.shared.cores, self.shared.shards);
+        let owner = |t: Target<'_>| remote(t, at, place);
         self.conns.poll_http(slot, (self.now, lim), &owner, gate)
     }
 }

@@ -56,7 +56,8 @@ pub struct ConnLimits {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Target<'a> {
     Stream(&'a str),
-    Mcp,
+    /// A request on the MCP path: its head (its `Mcp-Session-Id`) and who sent it.
+    Mcp(&'a Head, &'a auth::Access),
 }
 
 /// A complete request, consumed from the buffer.
@@ -455,7 +456,7 @@ impl HttpConn {
         if self.rlen < total {
             return self.await_body(&head, total, false);
         }
-        if let Some(owner) = remote(Target::Mcp) {
+        if let Some(owner) = remote(Target::Mcp(&head, &access)) {
             return self.hand_off(owner);
         }
         let head_bytes = self.rbuf.as_ref().expect("held")[..head.head_len].to_vec();
