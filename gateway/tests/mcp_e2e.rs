@@ -824,3 +824,144 @@ fn no_session_id_token_or_cookie_reaches_a_log_line() {
         );
     }
 }
+
+/// A tool call of `count` progress notifications on session `sid`, its stream cut after a
+/// few events and resumed with GET + `Last-Event-ID` on a fresh connection each time (a fresh
+/// connection may reach either core): every progress exactly once, in order, then the result.
+/// Returns the stream's event IDs.
+fn call_across_cuts(a: SocketAddr, sid: &str, count: u64) -> Vec<String> {
+    let body = format!(
+        r#"{{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{{"name":"p","arguments":{{"count":{count},"interval_ms":5}},"_meta":{{"progressToken":3}}}}}}"#
+    );
+    let mut x = Exchange::send(a, "POST", &[ACCEPT, ("Mcp-Session-Id", sid)], &body);
+    assert_eq!(x.status, 200);
+    let (mut seen, mut ids, mut result) = (Vec::new(), Vec::<String>::new(), false);
+    for take in [2usize, 3, 1, 4, usize::MAX] {
+        for _ in 0..take {
+            let Some(ev) = x.next_event() else { break };
+            ids.extend(ev.id.clone());
+            match progress_of(&ev) {
+                Some(p) => seen.push(p),
+                None => result |= ev.data.contains(r#""result""#),
+            }
+        }
+        if result {
+            break;
+        }
+        let last = ids.last().expect("the priming event at least").clone();
+        let headers = [
+            ("Accept", "text/event-stream"),
+            ("Mcp-Session-Id", sid),
+            ("Last-Event-ID", &last),
+        ];
+        x = Exchange::send(a, "GET", &headers, "");
+        assert_eq!(x.status, 200, "resume from {last}");
+        let re = x.next_event().expect("the restated position");
+        assert_eq!(
+            (re.id.as_deref(), re.data.as_str()),
+            (Some(last.as_str()), "")
+        );
+    }
+    assert!(result, "the result arrived");
+    assert_eq!(
+        seen,
+        (1..=count).collect::<Vec<_>>(),
+        "exactly once, in order"
+    );
+    ids
+}
+
+/// Replays session `sid`'s stream from its first event ID after a restart: the status, and
+/// the progress values that came.
+fn replay(a: SocketAddr, sid: &str, from: &str) -> (u16, Vec<u64>) {
+    let headers = [
+        ("Accept", "text/event-stream"),
+        ("Mcp-Session-Id", sid),
+        ("Last-Event-ID", from),
+    ];
+    let mut r = Exchange::send(a, "GET", &headers, "");
+    let mut got = Vec::new();
+    while r.status == 200
+        && let Some(ev) = r.next_event()
+    {
+        got.extend(progress_of(&ev));
+    }
+    (r.status, got)
+}
+
+/// The MCP front runs on every core: each core mints its sessions into its own shard, named
+/// in the session ID, and serves them — calls and resumes — whichever core a connection
+/// reaches (the others hand it over). After a restart with the same cores every stream
+/// replays from the log; after one with a single core the legacy shard's sessions still
+/// replay, and a session of the shard no core mints into now gets an explicit 404 (as
+/// documented), never a partial stream.
+#[test]
+fn mcp_sessions_live_on_every_core_and_are_served_wherever_a_request_lands() {
+    let mut g = start();
+    let a = g.addr;
+    // Sessions by the shard their ID names, until both cores have minted one (connections
+    // reach a core by the kernel's SO_REUSEPORT hash: 64 tries leave a 2^-63 chance).
+    let mut by_shard = std::collections::BTreeMap::new();
+    for _ in 0..64 {
+        let sid = initialize(a);
+        let (shard, rest) = sid.split_once('-').expect("a shard-prefixed session ID");
+        assert!(rest.len() >= 32, "128 random bits after the shard");
+        by_shard.entry(shard.to_owned()).or_insert(sid);
+        if by_shard.len() == 2 {
+            break;
+        }
+    }
+    assert_eq!(
+        by_shard.len(),
+        2,
+        "both cores mint sessions: {:?}",
+        by_shard.keys()
+    );
+    let count = 12;
+    let calls: Vec<(String, Vec<String>)> = (by_shard.values())
+        .map(|sid| (sid.clone(), call_across_cuts(a, sid, count)))
+        .collect();
+    // Requests of each session reach both cores; the other core hands them over (up to 64
+    // pings until one is seen handed over: a 2^-64 chance of none).
+    let handed = || g.metric("gateway_handoffs_total", "direction=\"in\"");
+    for sid in by_shard.values() {
+        let before = handed();
+        let ping = r#"{"jsonrpc":"2.0","id":9,"method":"ping"}"#;
+        for _ in 0..64 {
+            let x = Exchange::send(a, "POST", &[ACCEPT, ("Mcp-Session-Id", sid)], ping);
+            assert_eq!(x.status, 200, "ping {sid:.2}");
+            if handed() > before {
+                break;
+            }
+        }
+        assert!(
+            handed() > before,
+            "a request of {sid:.2} was handed to its core"
+        );
+    }
+    // Restart with the same cores: both sessions' streams replay whole from the log.
+    assert!(g.stop(), "clean shutdown");
+    let dir = g.data_dir.clone();
+    let args = ["--cores", "2", "--upstream-cmd", &upstream_cmd()];
+    let mut g2 = Gateway::start_in(&dir, &args);
+    for (sid, ids) in &calls {
+        assert_eq!(replay(g2.addr, sid, &ids[0]), (200, (1..=count).collect()));
+    }
+    // One core: it mints into the legacy shard (where sessions lived before the front ran on
+    // every core), and serves the sessions there; the other shard's get 404.
+    assert!(g2.stop(), "clean shutdown");
+    let g1 = Gateway::start_in(&dir, &["--cores", "1", "--upstream-cmd", &upstream_cmd()]);
+    let legacy = initialize(g1.addr);
+    let legacy_shard = legacy.split_once('-').expect("prefixed").0;
+    for (sid, ids) in &calls {
+        let want = match sid.starts_with(&format!("{legacy_shard}-")) {
+            true => (200, (1..=count).collect()),
+            false => (404, vec![]),
+        };
+        assert_eq!(
+            replay(g1.addr, sid, &ids[0]),
+            want,
+            "session of shard {sid:.2}"
+        );
+    }
+}

@@ -2122,3 +2122,26 @@ fn stream_names_are_redacted_for_output() {
     assert_eq!(redact_stream_name("mcp/odd"), "mcp/<redacted>");
     assert_eq!(redact_stream_name("orders"), "orders");
 }
+
+/// The gateway's shard prefix (`McpConfig::session_id_prefix`) leads every session ID and
+/// modern stream this core mints, so the streams of a session land in the shard it names.
+#[test]
+fn minted_ids_and_modern_streams_carry_the_configured_prefix() {
+    let mut h = H::with(McpConfig {
+        session_id_prefix: "5-".into(),
+        ..McpConfig::default()
+    });
+    let (sid, _, c) = h.init();
+    let random = sid.strip_prefix("5-").expect("prefixed");
+    assert!(random.len() == 32 && random.bytes().all(|b| b.is_ascii_hexdigit()));
+    assert_eq!(h.sse[&c].stream, format!("mcp/{sid}/1"));
+    let c = h.post(
+        &modern_headers("tools/call", Some("t")),
+        &modern_call(1, "t", None),
+    );
+    assert!(
+        h.sse[&c].stream.starts_with("mcp/m5-"),
+        "{}",
+        h.sse[&c].stream
+    );
+}

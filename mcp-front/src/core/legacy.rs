@@ -364,7 +364,8 @@ impl McpCore {
         if self.refuse_initialize(conn, h, id) {
             return;
         }
-        // SPEC L1/L2: 128 random bits as lowercase hex: visible ASCII, unique.
+        // SPEC L1/L2: the configured prefix, then 128 random bits as lowercase hex: visible
+        // ASCII, unique.
         let tag = self.subject.as_deref().map(super::subject_tag);
         let sid = loop {
             let mut s = self.cfg.session_id_prefix.clone();
