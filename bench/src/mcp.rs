@@ -117,6 +117,8 @@ pub struct McpReport {
     pub call: crate::report::Percentiles,
     pub resume: crate::report::Percentiles,
     pub progress_per_sec: f64,
+    /// Calls completed per second of the whole run (session setup included).
+    pub calls_per_sec: f64,
     pub window_secs: f64,
     pub violations: u64,
     pub errors: Vec<String>,
@@ -162,6 +164,7 @@ pub fn run(cfg: &McpConfig, label: &str) -> Result<McpReport, McpError> {
     let end = run_sessions(cfg, &shared, start);
     let window = end.duration_since(start).as_secs_f64();
     let sh = shared.into_inner().expect("threads joined");
+    let per_sec = |n: u64| if window > 0.0 { n as f64 / window } else { 0.0 };
     let session_failures = (cfg.sessions - sh.sessions_up) as u64;
     let violations =
         sh.counts.violations() + sh.bad_results + session_failures + (sh.calls - sh.completed);
@@ -178,11 +181,8 @@ pub fn run(cfg: &McpConfig, label: &str) -> Result<McpReport, McpError> {
         bad_results: sh.bad_results,
         call: crate::report::Percentiles::of(&sh.call_ns),
         resume: crate::report::Percentiles::of(&sh.resume_ns),
-        progress_per_sec: if window > 0.0 {
-            sh.counts.events as f64 / window
-        } else {
-            0.0
-        },
+        progress_per_sec: per_sec(sh.counts.events),
+        calls_per_sec: per_sec(sh.completed),
         window_secs: window,
         violations,
         errors: sh.errors,
@@ -233,8 +233,11 @@ impl McpReport {
             format!("{} / {}", self.sessions_up, self.sessions),
         );
         row(
-            "calls completed / made",
-            format!("{} / {}", self.calls_completed, self.calls),
+            "calls completed / made (per s)",
+            format!(
+                "{} / {} ({:.0})",
+                self.calls_completed, self.calls, self.calls_per_sec
+            ),
         );
         row(
             "progress events (per s)",
