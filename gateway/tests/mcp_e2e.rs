@@ -892,9 +892,8 @@ fn replay(a: SocketAddr, sid: &str, from: &str) -> (u16, Vec<u64>) {
 /// The MCP front runs on every core: each core mints its sessions into its own shard, named
 /// in the session ID, and serves them — calls and resumes — whichever core a connection
 /// reaches (the others hand it over). After a restart with the same cores every stream
-/// replays from the log; after one with a single core the legacy shard's sessions still
-/// replay, and a session of the shard no core mints into now gets an explicit 404 (as
-/// documented), never a partial stream.
+/// replays from the log, and after one with a single core too: that core mints into the
+/// legacy shard and replays the sessions of the other shard it now owns.
 #[test]
 fn mcp_sessions_live_on_every_core_and_are_served_wherever_a_request_lands() {
     let mut g = start();
@@ -948,20 +947,29 @@ fn mcp_sessions_live_on_every_core_and_are_served_wherever_a_request_lands() {
         assert_eq!(replay(g2.addr, sid, &ids[0]), (200, (1..=count).collect()));
     }
     // One core: it mints into the legacy shard (where sessions lived before the front ran on
-    // every core), and serves the sessions there; the other shard's get 404.
+    // every core), and replays the sessions of both shards.
     assert!(g2.stop(), "clean shutdown");
     let g1 = Gateway::start_in(&dir, &["--cores", "1", "--upstream-cmd", &upstream_cmd()]);
-    let legacy = initialize(g1.addr);
-    let legacy_shard = legacy.split_once('-').expect("prefixed").0;
+    let fresh = initialize(g1.addr);
+    let legacy_shard = fresh.split_once('-').expect("prefixed").0;
+    assert!(
+        by_shard.contains_key(legacy_shard),
+        "the legacy shard's owner keeps it"
+    );
     for (sid, ids) in &calls {
-        let want = match sid.starts_with(&format!("{legacy_shard}-")) {
-            true => (200, (1..=count).collect()),
-            false => (404, vec![]),
-        };
+        let want = (200, (1..=count).collect());
         assert_eq!(
             replay(g1.addr, sid, &ids[0]),
             want,
             "session of shard {sid:.2}"
         );
     }
+    // A recovered session takes no new request (its upstream is gone), whichever part has it.
+    let ping = r#"{"jsonrpc":"2.0","id":9,"method":"ping"}"#;
+    for sid in by_shard.values() {
+        let x = Exchange::send(g1.addr, "POST", &[ACCEPT, ("Mcp-Session-Id", sid)], ping);
+        assert_eq!(x.status, 404, "{sid:.2}");
+    }
+    let x = Exchange::send(g1.addr, "POST", &[ACCEPT, ("Mcp-Session-Id", &fresh)], ping);
+    assert_eq!(x.status, 200, "the fresh session is served");
 }

@@ -100,7 +100,9 @@ impl Core {
                     let (cc, cx) = self.cluster_cx().expect("cluster mode");
                     cc.snapshot_stored(cx.m, shard, seq, chunks)
                 }
-                m @ Inbound::LastSeq { .. } => barrier_known(&mut self.mcp, &self.cluster, m),
+                m @ Inbound::LastSeq { .. } => {
+                    barrier_known(self.mcp.first_mut(), &self.cluster, m)
+                }
             }
         }
         if n > 0 {

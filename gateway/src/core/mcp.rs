@@ -197,6 +197,19 @@ fn session_ids(minted: Option<[u8; 4]>) -> SessionIds {
     })
 }
 
+/// The shard the first `Mcp-Session-Id` of request head `head` names
+/// (`shards::mcp_owner_shard`), if it carries one.
+pub(super) fn session_shard(head: &[u8], shards: u32) -> Option<u32> {
+    let line = head.split(|b| *b == b'\n').skip(1).find_map(|l| {
+        let colon = l.iter().position(|b| *b == b':')?;
+        l[..colon]
+            .eq_ignore_ascii_case(b"mcp-session-id")
+            .then(|| &l[colon + 1..])
+    })?;
+    let sid = std::str::from_utf8(line.trim_ascii()).ok()?;
+    Some(shards::mcp_owner_shard(sid, shards))
+}
+
 /// The request's method, every header of `head`, and its `Last-Event-ID`.
 type Parsed<'h> = (HttpMethod, Vec<(&'h str, &'h [u8])>);
 
@@ -417,15 +430,15 @@ impl Mcp {
         }
     }
 
-    /// The `gateway_mcp_*` metrics text, when a snapshot is due (something changed and
-    /// `METRICS_INTERVAL` passed since the last one).
-    pub(super) fn metrics_due(&mut self, now: Instant) -> Option<crate::metrics::mcp::McpFigures> {
+    /// Whether a snapshot of the `gateway_mcp_*` figures is due (something changed and
+    /// `METRICS_INTERVAL` passed since the last one); it then counts as taken.
+    pub(super) fn metrics_due(&mut self, now: Instant) -> bool {
         if !self.metrics_dirty || now < self.next_metrics {
-            return None;
+            return false;
         }
         self.metrics_dirty = false;
         self.next_metrics = now + METRICS_INTERVAL;
-        Some(super::mcp_metrics::figures(self))
+        true
     }
 
     /// The next instant this part needs a turn: the MCP core's timer, the reaping of

@@ -39,14 +39,14 @@ use crate::streams::publish::RecordLimit;
 /// An [`Inbound::LastSeq`] for the MCP part ([`McpCluster::barrier_known`]), if this core
 /// runs it in cluster mode.
 pub(super) fn barrier_known(
-    mcp: &mut Option<Box<Mcp>>,
+    mcp: Option<&mut Mcp>,
     cluster: &Option<Box<super::cluster_state::ClusterCore>>,
     answer: Inbound,
 ) {
     let Inbound::LastSeq { token, last, .. } = answer else {
         return;
     };
-    let (Some(m), Some(cc)) = (mcp.as_deref_mut(), cluster.as_deref()) else {
+    let (Some(m), Some(cc)) = (mcp, cluster.as_deref()) else {
         return;
     };
     let shard = m.shard;

@@ -519,3 +519,26 @@ fn a_replay_only_resume_waits_for_its_read_barrier_or_gets_503() {
     mc.barrier_known(1, Err("no stream info".into()), to);
     assert_eq!(due(&mut p, &mut m, false), (vec![], vec![b]));
 }
+
+#[test]
+fn a_request_head_names_the_shard_of_its_session() {
+    let head = |h: &str| format!("GET /mcp HTTP/1.1\r\nHost: x\r\n{h}\r\n").into_bytes();
+    let legacy = crate::shards::mcp_legacy_shard(8);
+    assert_eq!(
+        mcp::session_shard(&head("mcp-session-id: 3-ab\r\n"), 8),
+        Some(3)
+    );
+    assert_eq!(
+        mcp::session_shard(&head("Mcp-Session-Id:  7-ab.cd \r\n"), 8),
+        Some(7)
+    );
+    assert_eq!(
+        mcp::session_shard(&head("Mcp-Session-Id: abcd\r\n"), 8),
+        Some(legacy)
+    );
+    assert_eq!(
+        mcp::session_shard(&head("X-Mcp-Session-Id: 3-ab\r\n"), 8),
+        None
+    );
+    assert_eq!(mcp::session_shard(&head(""), 8), None);
+}

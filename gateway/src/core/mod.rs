@@ -186,9 +186,10 @@ struct Core {
     next_retention: Instant,
     shutting_down: Option<Instant>,
     lim: Limits,
-    /// This core's part of the MCP front when it is on: on every core that owns a shard, or
-    /// on the legacy MCP shard's owner only in cluster mode (`McpPlace`).
-    mcp: Option<Box<mcp::Mcp>>,
+    /// This core's parts of the MCP front when it is on (on every core that owns a shard, or
+    /// on the legacy MCP shard's owner only in cluster mode: `McpPlace`): the one of its MCP
+    /// shard first, then any for shards whose sessions it recovered (`Mcp::on_core`).
+    mcp: Vec<mcp::Mcp>,
     /// Which core serves a request on the MCP path (others are handed to it).
     mcp_place: crate::shards::McpPlace,
     /// CORS and authentication (with this core's token cache).
@@ -298,14 +299,14 @@ impl Core {
             next_tick: now + TICK,
             next_retention: now,
             shutting_down: None,
-            mcp: None,
+            mcp: Vec::new(),
             mcp_place: crate::shards::McpPlace::new(place.0, place.1, place.2),
             gate,
         };
         recover_keys(&mut core.hub, &mut core.idem, now);
         core.net.arm_accept();
         core.net.io.read_eventfd(core.efd);
-        core.mcp = mcp::Mcp::on_core(
+        core.mcp = mcp_drive::parts_on_core(
             &core.shared,
             (core.id, core.mcp_place),
             &core.hub,

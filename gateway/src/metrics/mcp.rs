@@ -114,7 +114,8 @@ pub struct McpFigures {
 }
 
 impl McpFigures {
-    fn add(&mut self, o: &McpFigures) {
+    /// Adds `o`'s figures to these.
+    pub fn add(&mut self, o: &McpFigures) {
         let sum = |a: &mut [u64], b: &[u64]| a.iter_mut().zip(b).for_each(|(x, y)| *x += y);
         sum(&mut self.plain, &o.plain);
         sum(&mut self.dropped, &o.dropped);
