@@ -1,10 +1,10 @@
-//! The MCP front's part of the core that owns the MCP shard: [`Mcp`] turns a request on the
-//! MCP path into an [`HttpRequest`] for the pure [`McpCore`], runs the upstreams
-//! ([`UpstreamSet`]) and keeps the MCP core's timers; its actions (`mcp_apply`) become
-//! [`Effect`]s that `mcp_drive` carries out against the core. It never sees the core: each
-//! call borrows only what it needs ([`McpCx`]). It holds no protocol logic. All MCP streams
-//! (`mcp/...`) hash to one shard (see `shards::shard_of`), so one core owns the MCP state;
-//! requests landing on other cores are handed to it like any stream request.
+//! One MCP shard's part of the MCP front, on the core that owns the shard: [`Mcp`] turns a
+//! request on the MCP path into an [`HttpRequest`] for the pure [`McpCore`], runs the
+//! upstreams ([`UpstreamSet`]) and keeps the MCP core's timers; its actions (`mcp_apply`)
+//! become [`Effect`]s that `mcp_drive` carries out against the core. It never sees the core:
+//! each call borrows only what it needs ([`McpCx`]). It holds no protocol logic. Its sessions'
+//! IDs name its shard, so their streams (`mcp/<session>/...`) are in it (`shards::shard_of`)
+//! and requests landing on other cores are handed to this one (`shards::McpPlace`).
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -79,7 +79,8 @@ pub struct McpArgs {
     #[arg(long, default_value_t = 1800)]
     pub mcp_session_idle_secs: u64,
 
-    /// MCP sessions (each with its own upstream child); above it initialize gets 503.
+    /// MCP sessions (each with its own upstream child), in all: each core that serves MCP
+    /// takes an equal share (rounded up); above its share a core's initialize gets 503.
     #[arg(long, default_value_t = 256)]
     pub mcp_sessions_max: usize,
 
