@@ -134,6 +134,7 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
         quota,
         subjects: SubjectQuota::new(cfg.streams_per_subject_max()),
         mcp_key,
+        mcp_sessions: Default::default(),
         per_ip: std::sync::Mutex::new(std::collections::HashMap::new()),
         body_budget: Arc::new(proto::conn::BodyBudget::new(cfg.request_buffer_bytes_max)),
         ktls_refused: std::sync::atomic::AtomicU8::new(0),

@@ -106,7 +106,8 @@ impl McpPlace {
         (core_of_shard(legacy, self.cores) == core).then_some(legacy)
     }
 
-    /// How many cores run an MCP part (cores `0..n`).
+    /// How many cores run an MCP part: cores `0..n` on a single node; in cluster mode one,
+    /// the legacy shard's owner.
     pub fn serving_cores(&self) -> usize {
         match self.everywhere {
             true => self.cores.min(self.shards as usize),

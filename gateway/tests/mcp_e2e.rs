@@ -972,4 +972,18 @@ fn mcp_sessions_live_on_every_core_and_are_served_wherever_a_request_lands() {
     }
     let x = Exchange::send(g1.addr, "POST", &[ACCEPT, ("Mcp-Session-Id", &fresh)], ping);
     assert_eq!(x.status, 200, "the fresh session is served");
+    // And back to two cores: every session still replays, the one-core run's included.
+    let mut g1 = g1;
+    assert!(g1.stop(), "clean shutdown");
+    let g2 = Gateway::start_in(&dir, &args);
+    for (sid, ids) in &calls {
+        let want = (200, (1..=count).collect());
+        assert_eq!(
+            replay(g2.addr, sid, &ids[0]),
+            want,
+            "session of shard {sid:.2}"
+        );
+    }
+    let x = Exchange::send(g2.addr, "POST", &[ACCEPT, ("Mcp-Session-Id", &fresh)], ping);
+    assert_eq!(x.status, 404, "recovered: replay-only");
 }

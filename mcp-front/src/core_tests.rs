@@ -1111,6 +1111,32 @@ fn sessions_limit_is_503() {
     assert_eq!(h.status(c), 503);
 }
 
+/// Cores sharing one `SessionCount` share `sessions_max`: a core refuses an `initialize` when
+/// the others hold the places, and a place another core gives back is taken again.
+#[test]
+fn cores_sharing_a_count_share_the_sessions_limit() {
+    let cfg = McpConfig {
+        sessions_max: 3,
+        ..McpConfig::default()
+    };
+    let (mut a, mut b) = (H::with(cfg.clone()), H::with(cfg.clone()));
+    a.init();
+    let (on_b, _, _) = b.init();
+    b.init();
+    assert_eq!(cfg.sessions.get(), 3);
+    let c = a.post(&[("accept", "text/event-stream")], INIT);
+    assert_eq!(a.status(c), 503, "the other core holds the places");
+    let body: serde_json::Value = serde_json::from_slice(&a.resp(c).body).unwrap();
+    let msg = body["error"]["message"].to_string();
+    assert!(msg.contains("3 sessions"), "{msg}");
+    let d = b.req(HttpMethod::Delete, &[("mcp-session-id", &on_b)], "");
+    assert_eq!(b.status(d), 200);
+    assert_eq!(cfg.sessions.get(), 2);
+    a.init();
+    assert_eq!(cfg.sessions.get(), 3);
+    assert_eq!(a.core.sessions_live() + b.core.sessions_live(), 3);
+}
+
 /// Sessions per subject: an `initialize` beyond `sessions_per_subject_max` live sessions of
 /// its subject gets 429; other subjects still get theirs, and ending one frees its place.
 #[test]
@@ -1143,7 +1169,12 @@ fn replay_only_sessions_give_way_to_new_ones() {
     let mut h = H::with(cfg.clone());
     let (old, _, _) = h.init();
     let names = h.log.names.clone();
-    // "Restart": the session comes back replay-only, beside a new live one.
+    // "Restart" (a new process: a new count): the session comes back replay-only, beside a
+    // new live one.
+    let cfg = McpConfig {
+        sessions: Default::default(),
+        ..cfg
+    };
     h.core = McpCore::new(cfg, counter_source());
     h.sse.clear();
     for n in &names {

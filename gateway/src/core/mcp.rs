@@ -14,7 +14,7 @@ use log_store::{Bounds, Epoch, Log, Seq, StreamId};
 
 use super::cluster_state::ClusterCore;
 use crate::config::Config;
-use crate::mcp::core::{ConnId, HttpMethod, HttpRequest, LogView, McpCore};
+use crate::mcp::core::{ConnId, HttpMethod, HttpRequest, LogView, McpCore, SessionCount};
 use crate::mcp::upstream::{UpstreamEvent, UpstreamSet, Upstreams};
 use crate::metrics::CoreMetrics;
 use crate::shards::{self, McpPlace};
@@ -247,12 +247,12 @@ impl Mcp {
     /// The MCP part of core `core_id`, whose sessions live in shard `shard`, with its
     /// upstreams and session IDs from `outside`; outside cluster mode it recovers the sessions
     /// whose streams are in that shard's log. When the front runs on every core (`place`),
-    /// the IDs it mints name the shard, and `--mcp-sessions-max` is shared out among the
-    /// cores that serve it (rounded up).
+    /// the IDs it mints name the shard; `sessions` counts every part's sessions against
+    /// `--mcp-sessions-max`.
     pub(super) fn new(
         cfg: &Config,
         (core_id, shard): (usize, u32),
-        place: McpPlace,
+        (place, sessions): (McpPlace, &SessionCount),
         outside: McpOutside,
         hub: &Hub,
         now: Instant,
@@ -263,9 +263,9 @@ impl Mcp {
         getrandom::fill(&mut minted).expect("getrandom for MCP session ids");
         let ids = (outside.session_ids).unwrap_or_else(|| session_ids(clustered.then_some(minted)));
         let mut mcfg = args.core_config();
+        mcfg.sessions = sessions.clone();
         if place.everywhere {
             mcfg.session_id_prefix = shards::mcp_id_prefix(shard);
-            mcfg.sessions_max = mcfg.sessions_max.div_ceil(place.serving_cores());
         }
         let mut core = McpCore::new(mcfg, ids);
         // Cluster mode recovers a session when a client resumes it (`cluster_recover`): the

@@ -46,7 +46,7 @@ pub(super) fn parts_on_core(
         *s != mine
             && place.everywhere
             && hub.has_shard(*s)
-            && (hub.log(*s).streams()).any(|(_, n, _)| n.starts_with(MCP_STREAM_PREFIX))
+            && (hub.log(*s).streams()).any(|(_, n, _)| session_stream(n))
     });
     let mut outside = outside;
     let mut parts = Vec::new();
@@ -59,10 +59,18 @@ pub(super) fn parts_on_core(
                 session_ids: None,
             }
         });
-        let m = Mcp::new(&shared.cfg, (id, shard), place, outside, hub, now);
+        let sessions = (place, &shared.mcp_sessions);
+        let m = Mcp::new(&shared.cfg, (id, shard), sessions, outside, hub, now);
         parts.push(m);
     }
     parts
+}
+
+/// Whether log stream `name` is a stream of an MCP session (not of the 2026-07-28 era, whose
+/// streams are not resumed after a restart).
+fn session_stream(name: &str) -> bool {
+    name.strip_prefix(MCP_STREAM_PREFIX)
+        .is_some_and(|rest| !rest.starts_with('m'))
 }
 
 impl Core {

@@ -62,7 +62,15 @@ impl Parts {
         let place = McpPlace::new(false, 1, 1);
         assert_eq!(place.shard_of_core(0), Some(0));
         let outside = outside(&self.cfg);
-        Mcp::new(&self.cfg, (0, 0), place, outside, &self.hub, self.now)
+        let sessions = Default::default();
+        Mcp::new(
+            &self.cfg,
+            (0, 0),
+            (place, &sessions),
+            outside,
+            &self.hub,
+            self.now,
+        )
     }
 
     /// Every action the MCP core has queued, as effects (what `Core::mcp_apply` carries out).
@@ -278,7 +286,7 @@ fn a_503_for_a_broken_stream_lets_the_mcp_core_forget_its_connection() {
     let mut m = Mcp::new(
         &p.cfg,
         (0, 0),
-        McpPlace::new(false, 1, 1),
+        (McpPlace::new(false, 1, 1), &Default::default()),
         outside,
         &p.hub,
         p.now,
@@ -463,7 +471,7 @@ fn a_replay_only_resume_waits_for_its_read_barrier_or_gets_503() {
     let mut m = Mcp::new(
         &p.cfg,
         (0, 0),
-        McpPlace::new(true, 1, 1),
+        (McpPlace::new(true, 1, 1), &Default::default()),
         outside(&p.cfg),
         &p.hub,
         p.now,

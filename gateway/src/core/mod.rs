@@ -113,6 +113,8 @@ pub struct Shared {
     pub subjects: SubjectQuota,
     /// The key MCP session identities are derived with (when the MCP front is on).
     pub mcp_key: Option<crate::mcp::identity::SessionKey>,
+    /// MCP sessions held by every core's MCP parts (`--mcp-sessions-max` bounds them all).
+    pub mcp_sessions: crate::mcp::core::SessionCount,
     /// The listener's certificate and key (`--tls-cert-file`), reloaded on SIGHUP.
     pub certs: Option<crate::tls::Certs>,
     /// Open connections by peer address (`--connections-per-ip-max`).

@@ -34,7 +34,7 @@ pub struct McpArgs {
     pub upstream_ca_file: Vec<PathBuf>,
 
     /// Idle keep-alive connections kept to the --upstream-url server for later requests, per
-    /// upstream client (one per legacy session, one shared by 2026-07-28 clients). A request
+    /// upstream client (one per legacy session, one per core shared by 2026-07-28 clients). A request
     /// never waits for one: with none idle it opens a new connection. 0 = a new connection for
     /// every request.
     #[arg(long, default_value_t = 8)]
@@ -79,8 +79,8 @@ pub struct McpArgs {
     #[arg(long, default_value_t = 1800)]
     pub mcp_session_idle_secs: u64,
 
-    /// MCP sessions (each with its own upstream child), in all: each core that serves MCP
-    /// takes an equal share (rounded up); above its share a core's initialize gets 503.
+    /// MCP sessions (each with its own upstream child), over all cores; above it initialize
+    /// gets 503 (a replay-only session recovered from the log is dropped first).
     #[arg(long, default_value_t = 256)]
     pub mcp_sessions_max: usize,
 
@@ -89,7 +89,8 @@ pub struct McpArgs {
     #[arg(long, default_value_t = 8)]
     pub mcp_sessions_per_subject_max: usize,
 
-    /// Client requests awaiting a response per session; above it: 429.
+    /// Client requests awaiting a response per session (and per core, for 2026-07-28
+    /// clients, which have none); above it: 429.
     #[arg(long, default_value_t = 256)]
     pub mcp_requests_inflight_max: usize,
 
@@ -129,6 +130,7 @@ impl McpArgs {
             post_hold_ms: (self.mcp_post_hold_ms > 0).then_some(self.mcp_post_hold_ms),
             session_idle_ms: self.mcp_session_idle_secs.saturating_mul(1000),
             sessions_max: self.mcp_sessions_max,
+            sessions: Default::default(),
             sessions_per_subject_max: self.mcp_sessions_per_subject_max,
             requests_inflight_max: self.mcp_requests_inflight_max,
             batch_len_max: self.mcp_batch_len_max,

@@ -79,9 +79,9 @@ pub struct Head {
     pub cookie: Option<String>,
     /// A sane `X-Request-Id` ([`sane_request_id`]); others are replaced.
     pub request_id: Option<String>,
-    /// The first `Mcp-Session-Id` if it is visible ASCII (it only routes a request on the MCP
-    /// path to its session's core; the MCP core checks it, and every other one, itself). A
-    /// credential: never in `Debug`.
+    /// The first `Mcp-Session-Id` value that is visible ASCII (it only routes a request on the
+    /// MCP path to its session's core; the MCP core checks the field itself, and refuses a
+    /// repeated one). A credential: never in `Debug`.
     pub mcp_session_id: Option<String>,
 }
 

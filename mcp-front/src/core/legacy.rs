@@ -399,7 +399,7 @@ impl McpCore {
 
     /// Refuses an `initialize` that carries a session id (400), does not accept SSE (406), or
     /// would exceed `--mcp-sessions-per-subject-max` (429) or `--mcp-sessions-max` (503).
-    /// Returns true when it answered.
+    /// Returns true when it answered; false with the new session's place reserved.
     fn refuse_initialize(&mut self, conn: ConnId, h: &Headers<'_>, id: &RpcId) -> bool {
         if h.one(headers::SESSION_ID).ok().flatten().is_some() {
             self.error(conn, 400, Some(id), jsonrpc::INVALID_REQUEST, "Bad Request: initialize must not carry Mcp-Session-Id (start a new session without it)", None);
@@ -417,7 +417,7 @@ impl McpCore {
             self.error(conn, 429, Some(id), jsonrpc::LIMIT_EXCEEDED, &msg, None);
             return true;
         }
-        if self.sessions.len() >= self.cfg.sessions_max && !self.evict_replay_only() {
+        if !self.reserve_session() {
             self.error(
                 conn,
                 503,

@@ -63,6 +63,7 @@ impl McpCore {
         let Some(mut sess) = self.sessions.remove(sid) else {
             return;
         };
+        self.cfg.sessions.release();
         self.stats.sessions_terminated += 1;
         let message = why.to_string();
         let mut inflight: Vec<(RpcId, InFlight)> = sess.inflight.drain().collect();

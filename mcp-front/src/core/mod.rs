@@ -34,6 +34,9 @@ mod modern;
 mod resume;
 mod routing;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use crate::credential::Credential;
 use crate::era::Version;
 use crate::headers::OriginPolicy;
@@ -107,8 +110,12 @@ pub struct McpConfig {
     /// A session with no attached connection and no traffic for this long is terminated
     /// (`--mcp-session-idle-secs`, here in ms).
     pub session_idle_ms: u64,
-    /// Live + recovered sessions (`--mcp-sessions-max`).
+    /// Live + recovered sessions (`--mcp-sessions-max`), counted in `sessions`.
     pub sessions_max: usize,
+    /// The count `sessions_max` bounds: this core's sessions alone by default; one count
+    /// shared by several cores (the gateway runs an MCP core per shard it serves MCP on)
+    /// bounds them all together.
+    pub sessions: SessionCount,
     /// Live sessions (with an upstream) of one subject, when requests carry one
     /// (`--mcp-sessions-per-subject-max`); an `initialize` beyond it gets 429.
     pub sessions_per_subject_max: usize,
@@ -129,6 +136,33 @@ pub struct McpConfig {
     pub session_id_prefix: String,
 }
 
+/// Sessions held by one or more MCP cores, against `McpConfig::sessions_max`: a session is
+/// counted from the moment its place is reserved (an admitted `initialize`, a recovered
+/// stream's new session) until it is removed (ended, or evicted as replay-only).
+#[derive(Debug, Clone, Default)]
+pub struct SessionCount(Arc<AtomicUsize>);
+
+impl SessionCount {
+    /// Takes a place if fewer than `max` are taken (atomically: cores racing for the last
+    /// place cannot both take it).
+    fn try_reserve(&self, max: usize) -> bool {
+        (self.0)
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    fn release(&self) {
+        let _ = (self.0).fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+    }
+
+    /// Places taken now.
+    pub fn get(&self) -> usize {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
 impl Default for McpConfig {
     fn default() -> Self {
         McpConfig {
@@ -137,6 +171,7 @@ impl Default for McpConfig {
             post_hold_ms: None,
             session_idle_ms: 30 * 60 * 1000,
             sessions_max: 1024,
+            sessions: SessionCount::default(),
             sessions_per_subject_max: 8,
             requests_inflight_max: 256,
             batch_len_max: 64,
@@ -452,7 +487,19 @@ impl McpCore {
             .filter(|(_, s)| s.upstream.is_none() && s.streams.values().all(|st| st.conn.is_none()))
             .min_by_key(|(_, s)| s.last_active_ms)
             .map(|(sid, _)| sid.clone());
-        victim.is_some_and(|sid| self.sessions.remove(&sid).is_some())
+        let evicted = victim.is_some_and(|sid| self.sessions.remove(&sid).is_some());
+        if evicted {
+            self.cfg.sessions.release();
+        }
+        evicted
+    }
+
+    /// Reserves a place for a new session under `--mcp-sessions-max` (over every core sharing
+    /// the count), evicting a replay-only session of this core's if that makes room.
+    fn reserve_session(&mut self) -> bool {
+        let max = self.cfg.sessions_max;
+        self.cfg.sessions.try_reserve(max)
+            || self.evict_replay_only() && self.cfg.sessions.try_reserve(max)
     }
 
     /// Whether the core holds stream `name` in memory (so it may still append to it): a
@@ -496,11 +543,7 @@ impl McpCore {
         let Some((sid, n)) = parse_stream_name(name) else {
             return;
         };
-        if sid.starts_with('m')
-            || self.sessions.len() >= self.cfg.sessions_max
-                && !self.sessions.contains_key(sid)
-                && !self.evict_replay_only()
-        {
+        if sid.starts_with('m') || !self.sessions.contains_key(sid) && !self.reserve_session() {
             return;
         }
         let s = self

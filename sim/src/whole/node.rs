@@ -49,6 +49,7 @@ impl Node {
             quota: gateway::streams::catalog::StreamQuota::new(cfg.streams_max, logs),
             subjects: gateway::streams::subjects::SubjectQuota::new(cfg.streams_per_subject_max()),
             mcp_key: None,
+            mcp_sessions: Default::default(),
             per_ip: std::sync::Mutex::new(std::collections::HashMap::new()),
             body_budget: Arc::new(gateway::proto::conn::BodyBudget::new(
                 cfg.request_buffer_bytes_max,
