@@ -104,6 +104,10 @@ if [[ " $sim_args " == *" --whole "* ]]; then
   #     checked): one session reads another's messages.
   mutant mcp-foreign-id-served mcp-front/src/core/resume.rs \
     's/            .filter(|(owner, _)| \*owner == sid)/            .filter(|_| true)/'
+  # 16. A request with a session ID is served by the core it reached, not handed to the core
+  #     that minted the session (the MCP front on every core): that core does not know it.
+  mutant mcp-not-handed-over gateway/src/shards.rs \
+    's/            (Some(sid), _) => core_of_shard(mcp_owner_shard(sid, self.shards), self.cores),/            (Some(_), _) => here % n,/'
 fi
 
 exit $failed
