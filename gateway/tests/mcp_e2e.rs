@@ -889,6 +889,14 @@ fn replay(a: SocketAddr, sid: &str, from: &str) -> (u16, Vec<u64>) {
     (r.status, got)
 }
 
+/// Every call's stream replays whole (`count` progress values) from its first event ID.
+fn every_call_replays(a: SocketAddr, calls: &[(String, Vec<String>)], count: u64) {
+    for (sid, ids) in calls {
+        let want = (200, (1..=count).collect());
+        assert_eq!(replay(a, sid, &ids[0]), want, "session of shard {sid:.2}");
+    }
+}
+
 /// The MCP front runs on every core: each core mints its sessions into its own shard, named
 /// in the session ID, and serves them — calls and resumes — whichever core a connection
 /// reaches (the others hand it over). After a restart with the same cores every stream
@@ -943,9 +951,7 @@ fn mcp_sessions_live_on_every_core_and_are_served_wherever_a_request_lands() {
     let dir = g.data_dir.clone();
     let args = ["--cores", "2", "--upstream-cmd", &upstream_cmd()];
     let mut g2 = Gateway::start_in(&dir, &args);
-    for (sid, ids) in &calls {
-        assert_eq!(replay(g2.addr, sid, &ids[0]), (200, (1..=count).collect()));
-    }
+    every_call_replays(g2.addr, &calls, count);
     // One core: it mints into the legacy shard (where sessions lived before the front ran on
     // every core), and replays the sessions of both shards.
     assert!(g2.stop(), "clean shutdown");
@@ -956,14 +962,7 @@ fn mcp_sessions_live_on_every_core_and_are_served_wherever_a_request_lands() {
         by_shard.contains_key(legacy_shard),
         "the legacy shard's owner keeps it"
     );
-    for (sid, ids) in &calls {
-        let want = (200, (1..=count).collect());
-        assert_eq!(
-            replay(g1.addr, sid, &ids[0]),
-            want,
-            "session of shard {sid:.2}"
-        );
-    }
+    every_call_replays(g1.addr, &calls, count);
     // A recovered session takes no new request (its upstream is gone), whichever part has it.
     let ping = r#"{"jsonrpc":"2.0","id":9,"method":"ping"}"#;
     for sid in by_shard.values() {
@@ -976,14 +975,7 @@ fn mcp_sessions_live_on_every_core_and_are_served_wherever_a_request_lands() {
     let mut g1 = g1;
     assert!(g1.stop(), "clean shutdown");
     let g2 = Gateway::start_in(&dir, &args);
-    for (sid, ids) in &calls {
-        let want = (200, (1..=count).collect());
-        assert_eq!(
-            replay(g2.addr, sid, &ids[0]),
-            want,
-            "session of shard {sid:.2}"
-        );
-    }
+    every_call_replays(g2.addr, &calls, count);
     let x = Exchange::send(g2.addr, "POST", &[ACCEPT, ("Mcp-Session-Id", &fresh)], ping);
     assert_eq!(x.status, 404, "recovered: replay-only");
 }
