@@ -933,10 +933,14 @@ fn mcp_sessions_live_on_every_core_and_are_served_wherever_a_request_lands() {
     let handed = || g.metric("gateway_handoffs_total", "direction=\"in\"");
     for sid in by_shard.values() {
         let before = handed();
-        let ping = r#"{"jsonrpc":"2.0","id":9,"method":"ping"}"#;
-        for _ in 0..64 {
-            let x = Exchange::send(a, "POST", &[ACCEPT, ("Mcp-Session-Id", sid)], ping);
+        for i in 0..64 {
+            // A fresh id each time, and the answer read whole: an id still in flight in the
+            // session would be refused (400).
+            let ping = format!(r#"{{"jsonrpc":"2.0","id":{},"method":"ping"}}"#, 100 + i);
+            let mut x = Exchange::send(a, "POST", &[ACCEPT, ("Mcp-Session-Id", sid)], &ping);
             assert_eq!(x.status, 200, "ping {sid:.2}");
+            let answered = std::iter::from_fn(|| x.next_event()).any(|e| e.data.contains("result"));
+            assert!(answered, "ping {sid:.2} answered");
             if handed() > before {
                 break;
             }
