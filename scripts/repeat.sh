@@ -4,8 +4,8 @@
 #
 #   bash scripts/repeat.sh N                 # N runs of the README's test command (scripts/test.sh)
 #   bash scripts/repeat.sh N FILTER...       # N runs of `cargo nextest run` with these filter
-#                                            # arguments only (after the same browser and cluster
-#                                            # setup), e.g. `-p gateway --test browser_tls`
+#                                            # arguments only (after the same browser, cluster
+#                                            # and operator-tools setup), e.g. `-p gateway --test browser_tls`
 #
 # Each run's output is kept in $REPEAT_LOGS (default: a new directory under /tmp, printed).
 # The random tests print their seeds: grep a failed run's log for "seed" to replay it. Exits 1
@@ -22,6 +22,8 @@ if [ $# -gt 0 ]; then
   CHROMIUM=$(bash scripts/setup-browser.sh | tail -1); export CHROMIUM
   cluster_env=$(bash scripts/setup-cluster.sh | tail -2)
   export "${cluster_env%%$'\n'*}" "${cluster_env##*$'\n'}"
+  ops_env=$(bash scripts/setup-ops.sh | tail -2)
+  export "${ops_env%%$'\n'*}" "${ops_env##*$'\n'}"
 fi
 
 failed_runs=0
