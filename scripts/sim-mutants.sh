@@ -108,6 +108,10 @@ if [[ " $sim_args " == *" --whole "* ]]; then
   #     that minted the session (the MCP front on every core): that core does not know it.
   mutant mcp-not-handed-over gateway/src/shards.rs \
     's/            (Some(sid), _) => core_of_shard(mcp_owner_shard(sid, self.shards), self.cores),/            (Some(_), _) => here % n,/'
+  # 17. A failed syncfs round (--fsync-scope filesystem) is taken as a success: its shards'
+  #     records become visible and their publishes are answered though nothing is durable.
+  mutant syncfs-error-ignored gateway/src/streams/hub.rs \
+    's/            took = Some(self.on_fsync(s, res, core, now));/            took = Some(self.on_fsync(s, res.max(0), core, now));/'
 fi
 
 exit $failed

@@ -57,6 +57,7 @@ pub fn group_of(long: &str) -> &'static str {
         "retain-bytes",
         "retain-secs",
         "fsync",
+        "fsync-scope",
         "stream-idle-expire-secs",
     ];
     let prefixed = |p: &[&str]| p.iter().any(|p| long.starts_with(p));

@@ -14,6 +14,7 @@
 //! - `shards`: stream → shard → core ownership and the persisted shard count.
 //! - `jwks`: the JWKS fetcher thread (`--jwt-jwks-url`) and when it fetches.
 //! - `metrics`: per-core counters and the Prometheus rendering.
+//! - `sync_scope`: `--fsync-scope`, one `syncfs` per round of group commits or not.
 //! - `sys`: the few direct syscalls.
 
 pub mod access_log;
@@ -31,6 +32,7 @@ pub mod probe;
 pub mod proto;
 pub mod shards;
 pub mod streams;
+pub mod sync_scope;
 pub mod sys;
 pub mod tls;
 pub mod uring;

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 
 use gateway::mcp::identity::SessionKey;
 use gateway::streams::catalog::StreamQuota;
+use gateway::streams::hub::SyncDir;
 use gateway::streams::subjects::SubjectQuota;
 use gateway::{
     access_log, admin, clustering, config, config_file, core, logging, metrics, notify, probe,
@@ -100,6 +101,7 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
     let (txs, rxs, eventfds) = handoff_channels(cores)?;
     let (logs_per_core, epochs, clustered, follow_from) =
         logs_and_cluster(&cfg, cores, shard_count, &eventfds)?;
+    let sync_dirs = sync_dirs(&cfg, cores, shard_count)?;
     let all_logs = logs_per_core.iter().flatten().map(|(_, log)| log);
     let quota = StreamQuota::new(cfg.streams_max, all_logs);
     raise_fd_limit(&cfg, shard_count);
@@ -139,7 +141,8 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
         body_budget: Arc::new(proto::conn::BodyBudget::new(cfg.request_buffer_bytes_max)),
         ktls_refused: std::sync::atomic::AtomicU8::new(0),
     });
-    let setups = core_setups(&cfg, &cpus, cores, rxs, logs_per_core, listeners, inboxes);
+    let storage = logs_per_core.into_iter().zip(sync_dirs).collect();
+    let setups = core_setups(&cfg, &cpus, cores, rxs, storage, listeners, inboxes);
     let threads = start_cores(setups, &shared)?;
     if let Some(c) = &cluster {
         for (shard, from) in follow_from {
@@ -246,27 +249,28 @@ fn log_stop(shared: &core::Shared, started: std::time::Instant) {
 }
 
 /// Each core's setup: its CPU (round-robin over the allowed CPUs, unless more cores than CPUs
-/// were asked for), a listener for each of the first cores, its handoff receiver, its logs and
-/// its cluster inbox.
+/// were asked for), a listener for each of the first cores, its handoff receiver, its logs with
+/// its sync directory (`--fsync-scope`), and its cluster inbox.
 fn core_setups(
     cfg: &config::Config,
     cpus: &[usize],
     cores: usize,
     rxs: Vec<crossbeam::channel::Receiver<core::Handoff>>,
-    logs_per_core: Vec<Vec<(u32, log_store::Log)>>,
+    storage: Vec<CoreStorage>,
     listeners: Vec<OwnedFd>,
     mut inboxes: Vec<Option<::cluster::Inbox>>,
 ) -> Vec<core::CoreSetup> {
     let mut listeners = listeners.into_iter();
     rxs.into_iter()
-        .zip(logs_per_core)
+        .zip(storage)
         .enumerate()
-        .map(|(id, (rx, logs))| core::CoreSetup {
+        .map(|(id, (rx, (logs, sync_dir)))| core::CoreSetup {
             id,
             cpu: (cfg.cores == 0 || cores <= cpus.len()).then(|| cpus[id % cpus.len()]),
             listener: listeners.next(),
             rx,
             logs,
+            sync_dir,
             inbox: inboxes[id].take(),
             mcp_outside: None,
         })
@@ -467,6 +471,9 @@ fn logs_and_cluster(
     Ok((logs_per_core, epochs, clustered, follow_from))
 }
 
+/// A core's logs, by shard, and its sync directory (`--fsync-scope`).
+type CoreStorage = (Vec<(u32, log_store::Log)>, Option<SyncDir>);
+
 /// Logs of each core (shard `s` belongs to core `s % cores`) and every shard's epoch.
 type OpenLogs = (Vec<Vec<(u32, log_store::Log)>>, Vec<log_store::Epoch>);
 
@@ -519,6 +526,27 @@ fn open_logs(
         logs_per_core[shards::core_of_shard(s, cores)].push((s, log));
     }
     Ok((logs_per_core, epochs))
+}
+
+/// `--fsync-scope`: each core's descriptor of the data directory when rounds of group commits
+/// are one `syncfs`, else none.
+fn sync_dirs(
+    cfg: &config::Config,
+    cores: usize,
+    shard_count: u32,
+) -> Result<Vec<Option<SyncDir>>, String> {
+    let shard_dirs: Vec<_> = (0..shard_count)
+        .map(|s| shards::shard_dir(&cfg.data_dir, s))
+        .collect();
+    if !gateway::sync_scope::decide(cfg.fsync_scope, &cfg.data_dir, &shard_dirs)? {
+        return Ok((0..cores).map(|_| None).collect());
+    }
+    tracing::info!(
+        "group commits: one syncfs of the data directory's filesystem per round of several files"
+    );
+    let dirs = gateway::sync_scope::open_dirs(&cfg.data_dir, cores)?;
+    let sync_dir = |fd| SyncDir { fd, files_min: 2 };
+    Ok(dirs.into_iter().map(|fd| Some(sync_dir(fd))).collect())
 }
 
 /// Every connection is an fd; leave room for logs, listeners and eventfds.

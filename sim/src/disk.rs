@@ -132,6 +132,25 @@ impl Disk {
         .collect()
     }
 
+    /// The bytes of every segment file on the disk (each node's shard directories), as a
+    /// `syncfs` of the filesystem begins.
+    pub fn snapshot_all(&self) -> Vec<Snapshot> {
+        let mut files = Vec::new();
+        segment_files(&self.dir, &mut files);
+        let st = self.state.borrow();
+        (files.iter())
+            .filter_map(|p| File::open(p).ok())
+            .map(|f| {
+                let ino = f.metadata().expect("fstat").ino();
+                Snapshot {
+                    ino,
+                    flushes: st.flushes.get(&ino).copied().unwrap_or(0),
+                    bytes: read_all(&f),
+                }
+            })
+            .collect()
+    }
+
     /// The group commit that took `snaps` succeeded: their bytes are durable.
     pub fn commit(&self, snaps: Vec<Snapshot>) {
         let mut st = self.state.borrow_mut();
@@ -302,6 +321,22 @@ fn names(dir: &Path) -> Vec<(String, u64)> {
 }
 
 /// Every file of `dir` by name: (name, inode, bytes).
+/// Every `*.seg` file under `dir`, in name order (the order is the seed's: no hash order).
+fn segment_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(rd) = fs::read_dir(dir) else {
+        return;
+    };
+    let mut entries: Vec<PathBuf> = rd.filter_map(|e| e.ok().map(|e| e.path())).collect();
+    entries.sort();
+    for p in entries {
+        if p.is_dir() {
+            segment_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "seg") {
+            out.push(p);
+        }
+    }
+}
+
 fn list_files(dir: &Path) -> Vec<(String, u64, Vec<u8>)> {
     names(dir)
         .into_iter()

@@ -22,6 +22,12 @@ impl Core {
                 let took = self.hub.on_fsync(shard, res, self.id, self.now);
                 self.m().fsync_duration.observe(took);
             }
+            Completion::SyncFs { round, res } => {
+                self.m().log_syncfs_total.fetch_add(1, Relaxed);
+                if let Some(took) = self.hub.on_syncfs(round, res, self.id, self.now) {
+                    self.m().fsync_duration.observe(took);
+                }
+            }
             c => {
                 if let Some((slot, then)) = self.net.on_completion(c) {
                     self.then(slot, then);

@@ -48,7 +48,7 @@ use crate::proto::access::Gate;
 use crate::proto::conn::{BodyBudget, ConnLimits};
 use crate::proto::http::HeadLimits;
 use crate::streams::catalog::StreamQuota;
-use crate::streams::hub::Hub;
+use crate::streams::hub::{Hub, SyncOp};
 use crate::streams::idempotency::{self, Keys};
 use crate::streams::parked::ParkLimits;
 use crate::streams::sub::SubLimits;
@@ -151,6 +151,10 @@ pub struct CoreSetup {
     pub listener: Option<OwnedFd>,
     pub rx: Receiver<Handoff>,
     pub logs: Vec<(u32, Log)>,
+    /// `--fsync-scope filesystem`: this core's own descriptor of the data directory, whose
+    /// filesystem holds all its logs (one `syncfs` per round of group commits); `None`: one
+    /// `fdatasync` per file.
+    pub sync_dir: Option<crate::streams::hub::SyncDir>,
     /// Cluster mode: the messages of this core's shards, in JetStream order.
     pub inbox: Option<::cluster::Inbox>,
     /// The MCP front's upstreams and session IDs, if not the real ones (the simulator's);
@@ -290,7 +294,7 @@ impl Core {
             id: setup.id,
             lim,
             net,
-            hub: Hub::new(setup.logs, shared.shards),
+            hub: Hub::new(setup.logs, shared.shards).with_sync_dir(setup.sync_dir),
             idem: idempotency_keys(&shared, setup.id),
             shared,
             efd: shared_efd,
@@ -401,8 +405,11 @@ impl Core {
             self.waits.complete(&mut self.net, &self.hub);
             self.wake(&touched);
         }
-        for (shard, fd) in self.hub.start_syncs(self.now) {
-            self.net.io.fsync(shard, fd);
+        for op in self.hub.start_syncs(self.now) {
+            match op {
+                SyncOp::File { shard, fd } => self.net.io.fsync(shard, fd),
+                SyncOp::Filesystem { round, fd } => self.net.io.syncfs(round, fd),
+            }
         }
         // Receives deferred by --request-buffer-bytes-max, now that this turn's requests and
         // closes may have released bytes (a deferral re-queues itself: no loop).

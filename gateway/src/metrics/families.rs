@@ -169,6 +169,12 @@ pub(super) const FAMILIES: &[Family] = &[
         &[("", |m| &m.log_fsyncs_total)],
     ),
     one(
+        "gateway_log_syncfs_total",
+        "counter",
+        "syncfs calls of group commits (--fsync-scope filesystem: one per round of several files).",
+        &[("", |m| &m.log_syncfs_total)],
+    ),
+    one(
         "gateway_log_sync_failures_total",
         "counter",
         "Group commits that failed (the shard's log refuses appends until restart).",

@@ -75,7 +75,7 @@ const HISTOGRAMS: &[HistFamily] = &[
     },
     HistFamily {
         name: "gateway_fsync_duration_seconds",
-        help: "One fdatasync of a group commit, submitted to completed.",
+        help: "One fdatasync of a group commit, or one syncfs of a round of them (--fsync-scope filesystem), submitted to completed.",
         series: &[("", |m| &m.fsync_duration)],
     },
 ];

@@ -110,6 +110,7 @@ pub struct CoreMetrics {
     pub unmatched_completions_total: AtomicU64,
     pub cq_stale_slots_total: AtomicU64,
     pub log_fsyncs_total: AtomicU64,
+    pub log_syncfs_total: AtomicU64,
     /// Streams in the core's logs.
     pub streams: AtomicU64,
     /// Read-aheads of cold log pages before a replay's send.

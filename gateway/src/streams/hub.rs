@@ -2,15 +2,17 @@
 //! follow which stream), the streams touched this turn, and the group commit that makes
 //! appends visible — after which the answers waiting for them leave and the subscribers of
 //! every stream whose visible tail moved are woken. Group commits are asynchronous: the hub
-//! says which files to `fdatasync` ([`Hub::start_syncs`]), the core runs them through its
-//! ring, and each completion comes back here ([`Hub::on_fsync`]). Retention and the
-//! `/metrics` stream lines. No I/O of its own beyond the log's.
+//! says which files to `fdatasync` ([`Hub::start_syncs`]) — or, with a sync directory
+//! (`--fsync-scope filesystem`), one `syncfs` for every shard whose commit starts in the same
+//! round —, the core runs them through its ring, and each completion comes back here
+//! ([`Hub::on_fsync`], [`Hub::on_syncfs`]). Retention and the `/metrics` stream lines. No I/O
+//! of its own beyond the log's.
 #![forbid(unsafe_code)]
 
 use std::collections::HashMap;
 
 use rustc_hash::FxHashMap;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant, SystemTime};
 
 use log_store::{
@@ -42,10 +44,40 @@ pub struct Hub {
     syncs: FxHashMap<u32, Pending>,
     /// Shards whose group commit failed since the last `take_failed` (their logs are poisoned).
     failed: Vec<u32>,
+    /// `--fsync-scope filesystem`: where and when a round is one `syncfs`. `None`: one
+    /// `fdatasync` per file.
+    sync_dir: Option<SyncDir>,
+    /// `syncfs` rounds in flight: the shards each covers.
+    rounds: FxHashMap<u32, Vec<u32>>,
+    next_round: u32,
     /// Since when each API stream has had no retained event and no subscriber (idle expiry).
     idle_since: HashMap<StreamKey, Instant>,
     /// Subscribers of streams not created yet (registered under `PENDING_STREAM` keys).
     unborn: Unborn,
+}
+
+/// Round numbers wrap within the 24 bits an operation's `user_data` carries.
+const ROUND_MASK: u32 = (1 << 24) - 1;
+
+/// Where a round of group commits is one `syncfs` (`--fsync-scope filesystem`).
+#[derive(Debug)]
+pub struct SyncDir {
+    /// A descriptor of the data directory, opened for this core alone (`syncfs` reports each
+    /// writeback error once per open file description), on the filesystem holding every log
+    /// of the core.
+    pub fd: OwnedFd,
+    /// The fewest files a round names to be one `syncfs` (the gateway: 2; a round of one file
+    /// is its `fdatasync`).
+    pub files_min: usize,
+}
+
+/// One sync operation of a group-commit round ([`Hub::start_syncs`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyncOp {
+    /// `fdatasync` of one of `shard`'s files.
+    File { shard: u32, fd: RawFd },
+    /// `syncfs` of the filesystem holding `fd` (the sync directory), covering round `round`.
+    Filesystem { round: u32, fd: RawFd },
 }
 
 /// A group commit in flight: its job, the `fdatasync`s not completed yet, the first error.
@@ -67,9 +99,20 @@ impl Hub {
             shards,
             syncs: FxHashMap::default(),
             failed: Vec::new(),
+            sync_dir: None,
+            rounds: FxHashMap::default(),
+            next_round: 0,
             idle_since: HashMap::new(),
             unborn: Unborn::default(),
         }
+    }
+
+    /// Group commits that start in the same round share one `syncfs` of the filesystem of
+    /// `dir` (which must hold every log of this hub) when they name `dir.files_min` files or
+    /// more.
+    pub fn with_sync_dir(mut self, dir: Option<SyncDir>) -> Hub {
+        self.sync_dir = dir;
+        self
     }
 
     /// The cluster's (or the data directory's) shard count.
@@ -273,8 +316,36 @@ impl Hub {
     }
 
     /// Starts the group commits due now (one in flight per shard at most): the files to
-    /// `fdatasync`, as `(shard, fd)`; each completion goes to [`Hub::on_fsync`].
-    pub fn start_syncs(&mut self, now: Instant) -> Vec<(u32, RawFd)> {
+    /// `fdatasync` ([`SyncOp::File`], each completion to [`Hub::on_fsync`]), or with a sync
+    /// directory and more than one file, one `syncfs` for all of them ([`SyncOp::Filesystem`],
+    /// its completion to [`Hub::on_syncfs`]). The `syncfs` starts after every job of its round
+    /// began (they are taken here, before the core submits it), so it covers their records.
+    pub fn start_syncs(&mut self, now: Instant) -> Vec<SyncOp> {
+        let files = self.begin_jobs(now);
+        match &self.sync_dir {
+            Some(dir) if files.len() >= dir.files_min => {
+                let round = self.next_round;
+                self.next_round = (self.next_round + 1) & ROUND_MASK;
+                let mut shards: Vec<u32> = files.iter().map(|&(s, _)| s).collect();
+                shards.dedup();
+                for s in &shards {
+                    self.syncs.get_mut(s).expect("begun above").left = 1;
+                }
+                self.rounds.insert(round, shards);
+                vec![SyncOp::Filesystem {
+                    round,
+                    fd: dir.fd.as_raw_fd(),
+                }]
+            }
+            _ => (files.into_iter())
+                .map(|(shard, fd)| SyncOp::File { shard, fd })
+                .collect(),
+        }
+    }
+
+    /// Takes a job from every log whose group commit is due: its files, as `(shard, fd)`,
+    /// each shard's together.
+    fn begin_jobs(&mut self, now: Instant) -> Vec<(u32, RawFd)> {
         let mut out = Vec::new();
         for (&s, log) in self.logs.iter_mut() {
             if !log.sync_due(now) {
@@ -324,6 +395,24 @@ impl Hub {
                 tracing::error!(core, shard, "group commit failed, log poisoned: {e}");
                 self.failed.push(shard);
             }
+        }
+        took
+    }
+
+    /// Round `round`'s `syncfs` completed (`res` 0 or -errno): every group commit it covers
+    /// ends as [`Hub::on_fsync`] ends one (an error poisons each of their logs). Returns how
+    /// long it took; `None` for a round not in flight (nothing is done).
+    pub fn on_syncfs(
+        &mut self,
+        round: u32,
+        res: i32,
+        core: usize,
+        now: Instant,
+    ) -> Option<Duration> {
+        let shards = self.rounds.remove(&round)?;
+        let mut took = None;
+        for s in shards {
+            took = Some(self.on_fsync(s, res, core, now));
         }
         took
     }
@@ -453,3 +542,7 @@ impl Hub {
         out
     }
 }
+
+#[cfg(test)]
+#[path = "hub_tests.rs"]
+mod tests;

@@ -594,6 +594,10 @@ mod tests {
         // The group commit fails: the log is poisoned and nothing more becomes visible.
         let syncs = hub.start_syncs(t);
         assert_eq!(syncs.len(), 1);
+        assert!(matches!(
+            syncs[0],
+            super::super::hub::SyncOp::File { shard: 0, .. }
+        ));
         hub.on_fsync(0, -libc::EIO, 0, t);
         assert!(hub.poisoned(0));
         let r = k.known(&hub, "s", Some(&keyed), t, false).unwrap();

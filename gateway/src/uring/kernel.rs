@@ -12,6 +12,7 @@ use io_uring::{IoUring, cqueue, opcode, squeue, types};
 use super::Cqe;
 use super::lap::LapGuard;
 use super::ring::{Ring, Sqe};
+use super::syncfs::SyncfsThread;
 
 const SOCKET_URING_OP_TX_TIMESTAMP: u32 = 4;
 /// Submission queue entries of a core's ring.
@@ -21,12 +22,18 @@ const CQ_ENTRIES_MIN: u32 = 4096;
 
 /// One core's io_uring.
 pub struct KernelRing {
+    /// The `syncfs` helper, started at the first [`Sqe::SyncFs`]. Declared first, so it is
+    /// dropped (its thread joined, its last completion posted) before the ring is closed.
+    syncfs: Option<SyncfsThread>,
     ring: IoUring<squeue::Entry, cqueue::Entry32>,
     /// Submissions that found the SQ full while the kernel could not take more (EBUSY with
     /// an overflowing CQ, EAGAIN/ENOMEM); submitted in order after the next reap.
     backlog: VecDeque<squeue::Entry>,
     lap: LapGuard,
     stale_dropped: u64,
+    /// Completions of operations that failed before reaching the kernel (a `syncfs` whose
+    /// thread could not start), reaped first.
+    failed: Vec<Cqe>,
 }
 
 impl std::fmt::Debug for KernelRing {
@@ -89,10 +96,12 @@ impl KernelRing {
         }
         let lap = LapGuard::new(ring.params().cq_entries());
         Ok(KernelRing {
+            syncfs: None,
             ring,
             backlog: VecDeque::new(),
             lap,
             stale_dropped: 0,
+            failed: Vec::new(),
         })
     }
 
@@ -111,6 +120,26 @@ impl KernelRing {
                 b.setup_coop_taskrun().setup_cqsize(cq);
                 b.build(SQ_ENTRIES)
             }
+        }
+    }
+
+    /// Hands a `syncfs` to the helper thread (started now if it is not running); if that
+    /// fails, the operation completes at once with the error, through the ring.
+    fn push_syncfs(&mut self, fd: std::os::fd::RawFd, user_data: u64) {
+        use std::os::fd::AsRawFd;
+        let target = self.ring.as_raw_fd();
+        let res = match &mut self.syncfs {
+            Some(t) => t.push(fd, user_data),
+            slot @ None => match SyncfsThread::start(target) {
+                Ok(t) => slot.insert(t).push(fd, user_data),
+                Err(e) => {
+                    tracing::error!("syncfs: cannot start its thread: {e}");
+                    Err(-e.raw_os_error().unwrap_or(libc::EIO))
+                }
+            },
+        };
+        if let Err(res) = res {
+            self.failed.push((user_data, res, 0));
         }
     }
 
@@ -137,6 +166,7 @@ fn entry(sqe: Sqe) -> squeue::Entry {
         Sqe::Fsync { fd } => opcode::Fsync::new(types::Fd(fd))
             .flags(types::FsyncFlags::DATASYNC)
             .build(),
+        Sqe::SyncFs { .. } => unreachable!("a syncfs goes to its thread (KernelRing::push)"),
         Sqe::CancelFd { fd } => {
             opcode::AsyncCancel2::new(types::CancelBuilder::fd(types::Fd(fd)).all()).build()
         }
@@ -168,6 +198,9 @@ fn entry(sqe: Sqe) -> squeue::Entry {
 impl Ring for KernelRing {
     #[inline]
     unsafe fn push(&mut self, sqe: Sqe, user_data: u64) {
+        if let Sqe::SyncFs { fd } = sqe {
+            return self.push_syncfs(fd, user_data);
+        }
         let e = entry(sqe).user_data(user_data);
         if self.backlog.is_empty() {
             for attempt in 0..2 {
@@ -189,7 +222,7 @@ impl Ring for KernelRing {
 
     fn submit_and_wait(&mut self, timeout: Duration) {
         self.drain_backlog();
-        let (want, wait) = if self.backlog.is_empty() {
+        let (want, wait) = if self.backlog.is_empty() && self.failed.is_empty() {
             (1, timeout)
         } else {
             (0, Duration::ZERO)
@@ -206,6 +239,7 @@ impl Ring for KernelRing {
     }
 
     fn reap(&mut self, out: &mut Vec<Cqe>) {
+        out.append(&mut self.failed);
         for c in self.ring.completion() {
             let cqe = (c.user_data(), c.result(), c.flags());
             if self.lap.is_stale(cqe) {
@@ -262,5 +296,56 @@ mod ring_size_tests {
             Err::<u32, _>(std::io::Error::from_raw_os_error(libc::EPERM))
         });
         assert_eq!((e.unwrap_err().raw_os_error(), n), (Some(libc::EPERM), 1));
+    }
+}
+
+#[cfg(test)]
+mod syncfs_tests {
+    use std::os::fd::AsRawFd;
+
+    use super::*;
+
+    /// Completions reaped until `n` came or `waits` waits of 50 ms passed, by `user_data`.
+    fn reap_n(r: &mut KernelRing, n: usize, waits: usize) -> Vec<Cqe> {
+        let mut got = Vec::new();
+        for _ in 0..waits {
+            if got.len() >= n {
+                break;
+            }
+            r.submit_and_wait(Duration::from_millis(50));
+            r.reap(&mut got);
+        }
+        got.sort_unstable();
+        got
+    }
+
+    #[test]
+    fn a_syncfs_completes_through_the_ring_with_its_user_data_and_result() {
+        let mut r = KernelRing::new(16).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let fd = std::fs::File::open(dir.path()).unwrap();
+        // SAFETY: a syncfs points at no memory; the directory stays open until reaped.
+        unsafe {
+            r.push(Sqe::SyncFs { fd: fd.as_raw_fd() }, 41);
+            r.push(Sqe::SyncFs { fd: fd.as_raw_fd() }, 42);
+            // A descriptor that is not open fails at once, through the ring too.
+            r.push(Sqe::SyncFs { fd: 999_999 }, 43);
+        }
+        let got = reap_n(&mut r, 3, 200);
+        assert_eq!(got, [(41, 0, 0), (42, 0, 0), (43, -libc::EBADF, 0)]);
+        // Nothing more arrives: each completion was posted once.
+        assert!(reap_n(&mut r, 1, 4).is_empty());
+    }
+
+    #[test]
+    fn a_ring_dropped_with_a_syncfs_in_flight_waits_for_its_thread() {
+        let mut r = KernelRing::new(16).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let fd = std::fs::File::open(dir.path()).unwrap();
+        // SAFETY: as above.
+        unsafe { r.push(Sqe::SyncFs { fd: fd.as_raw_fd() }, 7) };
+        // Dropping joins the helper after it posted to this ring, which is still open.
+        drop(r);
+        drop(fd);
     }
 }

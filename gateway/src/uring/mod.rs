@@ -13,6 +13,7 @@ pub mod lap;
 mod mem;
 pub mod op;
 pub mod ring;
+mod syncfs;
 pub mod table;
 
 pub use mem::{Bytes, SendMem, Vectored};
@@ -70,6 +71,11 @@ pub enum Completion {
         shard: u32,
         res: i32,
     },
+    /// A `syncfs` covering round `round` of group commits completed (`res` 0 or -errno).
+    SyncFs {
+        round: u32,
+        res: i32,
+    },
     /// A subscriber's read-ahead completed (the pages are in memory; the bytes read are
     /// dropped). Its result is not needed: a failed read-ahead only means the send faults the
     /// pages in itself, as it would have without one.
@@ -89,9 +95,10 @@ impl Completion {
             | Completion::Watch { slot, .. }
             | Completion::TxTimestamp { slot, .. }
             | Completion::Prefetch { slot, .. } => Some(slot),
-            Completion::Accept { .. } | Completion::EventFd { .. } | Completion::Fsync { .. } => {
-                None
-            }
+            Completion::Accept { .. }
+            | Completion::EventFd { .. }
+            | Completion::Fsync { .. }
+            | Completion::SyncFs { .. } => None,
         }
     }
 }
@@ -276,6 +283,18 @@ impl Driver {
         };
         // SAFETY: fsync points at no memory of ours.
         unsafe { self.push(Sqe::Fsync { fd }, ud.pack()) };
+    }
+
+    /// `syncfs` of the filesystem holding `fd`, for round `round` of group commits; `fd`
+    /// must stay open until the completion (the caller's `Hub` holds it).
+    pub fn syncfs(&mut self, round: u32, fd: RawFd) {
+        let ud = UserData {
+            slot: round,
+            serial: op::next_serial(&mut self.core_serial),
+            ..UserData::core(Op::SyncFs)
+        };
+        // SAFETY: syncfs points at no memory of ours.
+        unsafe { self.push(Sqe::SyncFs { fd }, ud.pack()) };
     }
 
     /// Cancels every operation on `fd` (the listener, at shutdown).
@@ -482,6 +501,12 @@ impl Driver {
                     res,
                 });
             }
+            Op::SyncFs => {
+                return Some(Completion::SyncFs {
+                    round: ud.slot,
+                    res,
+                });
+            }
             Op::Cancel => return None,
             _ => {}
         }
@@ -520,7 +545,9 @@ impl Driver {
                 flags,
                 more,
             },
-            Op::Accept | Op::EventFd | Op::Cancel | Op::Fsync => unreachable!("handled above"),
+            Op::Accept | Op::EventFd | Op::Cancel | Op::Fsync | Op::SyncFs => {
+                unreachable!("handled above")
+            }
         })
     }
 

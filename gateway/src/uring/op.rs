@@ -38,6 +38,8 @@ pub enum Op {
     Fsync,
     /// A subscriber's read-ahead of cold log pages (into a scratch buffer) before a send.
     Prefetch,
+    /// A `syncfs` covering several shards' group commits; its slot field names the round.
+    SyncFs,
 }
 
 impl Op {
@@ -63,6 +65,7 @@ impl Op {
             Op::Watch => 8,
             Op::Fsync => 9,
             Op::Prefetch => 10,
+            Op::SyncFs => 11,
         }
     }
 
@@ -78,6 +81,7 @@ impl Op {
             8 => Op::Watch,
             9 => Op::Fsync,
             10 => Op::Prefetch,
+            11 => Op::SyncFs,
             _ => return None,
         })
     }
@@ -91,7 +95,7 @@ impl Op {
             Op::TxTimestamps => Some(3),
             Op::Watch => Some(4),
             Op::Prefetch => Some(5),
-            Op::Accept | Op::EventFd | Op::Cancel | Op::Fsync => None,
+            Op::Accept | Op::EventFd | Op::Cancel | Op::Fsync | Op::SyncFs => None,
         }
     }
 
@@ -162,7 +166,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn op_strategy() -> impl Strategy<Value = Op> {
-        (1u8..=10).prop_map(|c| Op::from_code(c).expect("valid code"))
+        (1u8..=11).prop_map(|c| Op::from_code(c).expect("valid code"))
     }
 
     proptest! {

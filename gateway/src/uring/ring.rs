@@ -24,6 +24,10 @@ pub enum Sqe {
     AcceptMulti { fd: RawFd },
     /// `fdatasync`.
     Fsync { fd: RawFd },
+    /// `syncfs` of the filesystem holding `fd` (every file's dirty data and the journal).
+    /// Not an io_uring operation: the kernel ring runs it on a helper thread, which posts
+    /// the completion to the ring (`super::syncfs`).
+    SyncFs { fd: RawFd },
     /// Cancel every operation on `fd`.
     CancelFd { fd: RawFd },
     /// Cancel the operation submitted with `user_data`.

@@ -32,6 +32,9 @@ pub(super) struct WholeConfig {
     pub(super) retain_segments: Option<u64>,
     /// Every connection over TLS.
     pub(super) tls: bool,
+    /// `--fsync-scope filesystem`: a round of group commits naming this many files or more is
+    /// one `syncfs` (1: every round; 2: as the gateway does). `None`: `fdatasync` per file.
+    pub(super) syncfs_files_min: Option<usize>,
 }
 
 impl WholeConfig {
@@ -64,6 +67,7 @@ impl WholeConfig {
             pad_bytes_max: if rng.chance(400) { 3000 } else { 200 },
             retain_segments: rng.chance(400).then(|| rng.range(2, 4)),
             tls: rng.chance(300),
+            syncfs_files_min: rng.chance(400).then(|| rng.range(1, 2) as usize),
         }
     }
 }

@@ -194,6 +194,9 @@ impl World {
         if self.tls.is_some() {
             self.note("tls", &[]);
         }
+        if let Some(n) = self.cfg.syncfs_files_min {
+            self.note("syncfs rounds", &[n as u64]);
+        }
         if !self.mcps.is_empty() {
             self.note("mcp clients", &[self.mcps.len() as u64]);
         }
@@ -236,6 +239,7 @@ impl World {
                 listener: Some(listener),
                 rx,
                 logs: vec![(id as u32, log)],
+                sync_dir: self.sync_dir()?,
                 inbox: None,
                 mcp_outside: self.mcp_outside(id),
             };
@@ -247,6 +251,20 @@ impl World {
                 .push(SteppedCore::new(setup, shared.clone(), ring));
         }
         Ok(())
+    }
+
+    /// A core's sync directory when the seed drew `syncfs` rounds: its own descriptor of the
+    /// node's data directory.
+    fn sync_dir(&self) -> Result<Option<gateway::streams::hub::SyncDir>, String> {
+        let Some(files_min) = self.cfg.syncfs_files_min else {
+            return Ok(None);
+        };
+        let fd =
+            std::fs::File::open(self.disk.dir()).map_err(|e| format!("sync directory: {e}"))?;
+        Ok(Some(gateway::streams::hub::SyncDir {
+            fd: fd.into(),
+            files_min,
+        }))
     }
 
     /// Connections the running node's cores handed to each other (noted at each crash and

@@ -9,7 +9,8 @@
 //! flight in a shuffled order (completions come back reordered, as io_uring may reorder
 //! them); each one may wait a step longer, and a send or receive may move fewer bytes than
 //! asked (partial). An `fdatasync` may be slow (steps later) or fail with `EIO`; one that
-//! succeeds makes its file's bytes at that moment the durable image. Time is the simulated
+//! succeeds makes its file's bytes at that moment the durable image. A `syncfs` is the same
+//! for every segment file of the disk at once. Time is the simulated
 //! clock: the world advances it.
 //!
 //! What the kernel model keeps: a file (socket) an operation was submitted on stays that
@@ -121,6 +122,7 @@ fn fd_of(sqe: Sqe) -> Option<RawFd> {
     match sqe {
         Sqe::AcceptMulti { fd }
         | Sqe::Fsync { fd }
+        | Sqe::SyncFs { fd }
         | Sqe::CancelFd { fd }
         | Sqe::Read { fd, .. }
         | Sqe::Recv { fd, .. }
@@ -302,6 +304,7 @@ impl Kernel {
                 Visit::Done(if n > 0 { n } else { -libc::ENOENT })
             }
             Sqe::Fsync { fd } => self.fsync(i, fd),
+            Sqe::SyncFs { fd } => self.syncfs(i, fd),
             Sqe::Read {
                 fd,
                 ptr,
@@ -385,17 +388,44 @@ impl Kernel {
         would_block_or(r)
     }
 
-    fn fsync(&mut self, i: usize, fd: RawFd) -> Visit {
+    /// Whether a sync waits this visit: by the seed it becomes slow (2-40 steps) at its first.
+    fn sync_waits(&mut self, i: usize, what: &'static str) -> bool {
         let op = &mut self.in_flight[i];
         match op.not_before {
             None if self.rng.chance(self.faults.fsync_slow_per_mille) => {
                 let later = self.step + self.rng.range(2, 40);
                 op.not_before = Some(later);
-                self.trace.fault("slow fsync", &[later]);
-                return Visit::Wait;
+                self.trace.fault(what, &[later]);
+                true
             }
-            Some(t) if self.step < t => return Visit::Wait,
-            _ => {}
+            Some(t) => self.step < t,
+            None => false,
+        }
+    }
+
+    /// A `syncfs`: by the seed slow or failing (`EIO`); once it succeeds, every segment file's
+    /// bytes at that moment are durable (as an `fdatasync` makes its one file's).
+    fn syncfs(&mut self, i: usize, fd: RawFd) -> Visit {
+        if self.sync_waits(i, "slow syncfs") {
+            return Visit::Wait;
+        }
+        if self.rng.chance(self.faults.fsync_eio_per_mille) {
+            self.trace.fault("syncfs EIO", &[]);
+            self.failed_syncs += 1;
+            return Visit::Done(-libc::EIO);
+        }
+        let snaps = self.disk.snapshot_all();
+        // SAFETY: the hub keeps its directory open until the completion.
+        if unsafe { libc::syncfs(fd) } < 0 {
+            return Visit::Done(-errno());
+        }
+        self.disk.commit(snaps);
+        Visit::Done(0)
+    }
+
+    fn fsync(&mut self, i: usize, fd: RawFd) -> Visit {
+        if self.sync_waits(i, "slow fsync") {
+            return Visit::Wait;
         }
         if self.rng.chance(self.faults.fsync_eio_per_mille) {
             self.trace.fault("fsync EIO", &[]);

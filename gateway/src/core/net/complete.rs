@@ -36,9 +36,10 @@ impl Net {
                 self.on_tx_timestamp(slot, res, flags, more);
                 Then::Wait
             }
-            Completion::Accept { .. } | Completion::EventFd { .. } | Completion::Fsync { .. } => {
-                unreachable!("above")
-            }
+            Completion::Accept { .. }
+            | Completion::EventFd { .. }
+            | Completion::Fsync { .. }
+            | Completion::SyncFs { .. } => unreachable!("above"),
         };
         Some((slot, then))
     }
