@@ -4,6 +4,9 @@
 #  1. the gateway with its default flags (`--fsync group`): `bench durable` — the raw
 #     fdatasync of its data filesystem (on core 0 and on core 1), then 1 and 64 sequential publishers (publish p50/p99,
 #     durable events/s, server CPU per event);
+#  1b. the same with `--fsync-scope filesystem`: a round of group commits naming several files
+#     (the 8 shards' segments) is one syncfs (the data directory here is not a mount point of
+#     its own, so `auto` would keep one fdatasync per file);
 #  2. the same with `--fsync never` (the plain request round trip, for comparison);
 #  3. fan-out 1 x 100 (300 B) with the default flags, publisher pipeline 1 (unbatched) and 16
 #     (batched), and with `--fsync never`: server CPU per delivered event;
@@ -15,7 +18,8 @@
 # Every wait is bounded; each gateway is stopped after its run and on any exit.
 # Environment: SECS (seconds per step, default 5), PUBLISHERS (the publisher counts of (1) and
 # (2), default 1,64; e.g. 1,2,4,8,16,32,64 for a curve), OUT (where the results are kept,
-# default target/bench-durable/<UTC time>), BENCH_BIN (default target/release/bench).
+# default target/bench-durable/<UTC time>), BENCH_BIN (default target/release/bench),
+# DURABLE_ONLY (set: stop after step 2).
 # OUT keeps the log (run.log) and each bench run's JSON report with its meta object (commit,
 # argv, CPUs, kernel, load average): durable-group.json, durable-never.json,
 # fanout-fan-{g,n}{1,16}.json, floor-spin.json, floor-epoll.json. Plot the durable rate against
@@ -79,8 +83,11 @@ echo "## 1. default flags (--fsync group)"
 # The raw probe on core 0 (the gateway's: its syncs pay the same interrupt routing) and on core
 # 1 (where the block device's interrupt lands on these VMs, the cheapest).
 start group; durable --fsync-probe-dir "$WORK/group/data" --fsync-probe-cpus 0,1; stop
+echo "## 1b. --fsync-scope filesystem (one syncfs per round of several files)"
+start groupfs --fsync-scope filesystem; durable; stop
 echo "## 2. --fsync never"
 start never --fsync never; durable; stop
+if [[ -n ${DURABLE_ONLY:-} ]]; then exit 0; fi
 echo "## 3. fan-out 1 x 100"
 EPS=0
 for p in 1 16; do

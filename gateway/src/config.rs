@@ -55,15 +55,16 @@ pub struct Config {
     pub fsync: Option<String>,
 
     /// What one round of group commits syncs when it names several files (a core's shards
-    /// each sync their own segment files). `file`: one `fdatasync` per file, all in flight at
-    /// once (on ext4 each is a journal commit of its own: a round of 8 costs about 8).
-    /// `filesystem`: one `syncfs` of the data directory's filesystem for the whole round (one
-    /// journal commit; it also writes back every other dirty file on that filesystem, and a
-    /// writeback error of any of them fails the round and stops the shards' logs, fail-stop).
-    /// `auto`: `filesystem` when the data directory is a mount point of its own (nothing
-    /// else's dirty data to flush), else `file`. A round of one file is always an
-    /// `fdatasync`. log-store/DESIGN.md, "What a commit round costs with several shards".
-    #[arg(long, value_enum, default_value_t = FsyncScope::Auto)]
+    /// each sync their own segment files). `file` (default): one `fdatasync` per file, all in
+    /// flight at once (on ext4 each is a journal commit of its own). `filesystem`: one
+    /// `syncfs` of the data directory's filesystem for the whole round, one round in flight
+    /// per core (one journal commit, but two hand-offs to the kernel's writeback worker; it
+    /// also writes back every other dirty file of that filesystem, and a writeback error of
+    /// any of them fails the round and stops its shards' logs, fail-stop). A round of one file
+    /// is always an `fdatasync`. Measured slower than `file` on the reference machine (2 busy
+    /// CPUs): BENCHMARKS.md; log-store/DESIGN.md, "What a commit round costs with several
+    /// shards".
+    #[arg(long, value_enum, default_value_t = FsyncScope::File)]
     pub fsync_scope: FsyncScope,
 
     /// TCP_NOTSENT_LOWAT on subscriber sockets: unsent bytes the kernel may hold per subscriber;
@@ -745,5 +746,4 @@ pub enum TlsKernel {
 pub enum FsyncScope {
     File,
     Filesystem,
-    Auto,
 }

@@ -10,10 +10,8 @@ use std::path::{Path, PathBuf};
 
 use crate::config::FsyncScope;
 
-/// Whether rounds use `syncfs`: `filesystem` always, `file` never, `auto` when `data_dir` is a
-/// mount point of its own. Every shard directory must be on the data directory's filesystem
-/// (a `syncfs` of it would not cover the others): `filesystem` refuses to start otherwise,
-/// `auto` falls back to `file`.
+/// Whether rounds use `syncfs` (`filesystem`). Every shard directory must then be on the data
+/// directory's filesystem (a `syncfs` of it would not cover the others): refused otherwise.
 pub fn decide(scope: FsyncScope, data_dir: &Path, shard_dirs: &[PathBuf]) -> Result<bool, String> {
     if scope == FsyncScope::File {
         return Ok(false);
@@ -21,14 +19,11 @@ pub fn decide(scope: FsyncScope, data_dir: &Path, shard_dirs: &[PathBuf]) -> Res
     let dev = |p: &Path| {
         std::fs::metadata(p)
             .map(|m| m.dev())
-            .map_err(|e| format!("--fsync-scope: {}: {e}", p.display()))
+            .map_err(|e| format!("--fsync-scope filesystem: {}: {e}", p.display()))
     };
     let home = dev(data_dir)?;
     for d in shard_dirs {
         if dev(d)? != home {
-            if scope == FsyncScope::Auto {
-                return Ok(false);
-            }
             return Err(format!(
                 "--fsync-scope filesystem: shard directory {} is not on the filesystem of \
                  --data-dir {} (one syncfs would not cover it); use --fsync-scope file",
@@ -37,22 +32,7 @@ pub fn decide(scope: FsyncScope, data_dir: &Path, shard_dirs: &[PathBuf]) -> Res
             ));
         }
     }
-    Ok(scope == FsyncScope::Filesystem || is_mount_point(data_dir)?)
-}
-
-/// Whether `dir` is the root of a filesystem: its parent is on another device, or it is `/`.
-pub fn is_mount_point(dir: &Path) -> Result<bool, String> {
-    let dir = dir
-        .canonicalize()
-        .map_err(|e| format!("{}: {e}", dir.display()))?;
-    let Some(parent) = dir.parent() else {
-        return Ok(true);
-    };
-    let (a, b) = (std::fs::metadata(&dir), std::fs::metadata(parent));
-    match (a, b) {
-        (Ok(a), Ok(b)) => Ok(a.dev() != b.dev()),
-        (Err(e), _) | (_, Err(e)) => Err(format!("{}: {e}", dir.display())),
-    }
+    Ok(true)
 }
 
 /// `cores` descriptors of `data_dir`, each its own open file description.
@@ -71,63 +51,42 @@ mod tests {
     use super::*;
 
     #[test]
-    fn file_never_syncs_the_filesystem_and_filesystem_always_does() {
-        let d = tempfile_dir("scope");
-        let shard = d.join("shard-0");
+    fn file_never_syncs_the_filesystem_and_filesystem_does() {
+        let d = tempfile::tempdir().unwrap();
+        let shard = d.path().join("shard-0");
         std::fs::create_dir_all(&shard).unwrap();
         let shards = [shard];
-        assert_eq!(decide(FsyncScope::File, &d, &shards), Ok(false));
-        assert_eq!(decide(FsyncScope::Filesystem, &d, &shards), Ok(true));
-        // A directory under /tmp is not a mount point of its own: auto keeps fdatasync.
-        assert_eq!(decide(FsyncScope::Auto, &d, &shards), Ok(false));
-        std::fs::remove_dir_all(&d).unwrap();
+        assert_eq!(decide(FsyncScope::File, d.path(), &shards), Ok(false));
+        assert_eq!(decide(FsyncScope::Filesystem, d.path(), &shards), Ok(true));
+        // A missing directory is named.
+        let e = decide(FsyncScope::Filesystem, &d.path().join("nope"), &shards).unwrap_err();
+        assert!(e.contains("nope"), "{e}");
     }
 
     #[test]
-    fn a_mount_point_is_told_from_a_plain_directory() {
-        assert_eq!(is_mount_point(Path::new("/")), Ok(true));
-        assert_eq!(is_mount_point(Path::new("/proc")), Ok(true));
-        let d = tempfile_dir("mount");
-        assert_eq!(is_mount_point(&d), Ok(false));
-        std::fs::remove_dir_all(&d).unwrap();
-    }
-
-    #[test]
-    fn a_shard_on_another_filesystem_is_refused_or_falls_back() {
+    fn a_shard_on_another_filesystem_is_refused() {
         // /proc is another filesystem than the temporary directory.
-        let d = tempfile_dir("other");
+        let d = tempfile::tempdir().unwrap();
         let shards = [PathBuf::from("/proc")];
-        let e = decide(FsyncScope::Filesystem, &d, &shards).unwrap_err();
+        let e = decide(FsyncScope::Filesystem, d.path(), &shards).unwrap_err();
         assert!(
             e.contains("not on the filesystem") && e.contains("/proc"),
             "{e}"
         );
-        assert_eq!(decide(FsyncScope::Auto, &d, &shards), Ok(false));
-        std::fs::remove_dir_all(&d).unwrap();
+        assert_eq!(decide(FsyncScope::File, d.path(), &shards), Ok(false));
     }
 
     #[test]
     fn each_core_gets_its_own_open_file_description() {
-        let d = tempfile_dir("dirs");
-        let fds = open_dirs(&d, 2).unwrap();
+        let d = tempfile::tempdir().unwrap();
+        let fds = open_dirs(d.path(), 2).unwrap();
         assert_eq!(fds.len(), 2);
-        // Setting a status flag on one does not show on the other: two descriptions.
+        // A status flag set on one does not show on the other: two descriptions, so each
+        // core's syncfs sees every writeback error once.
         let flags = |fd: &OwnedFd| rustix::fs::fcntl_getfl(fd).unwrap();
         rustix::fs::fcntl_setfl(&fds[0], flags(&fds[0]) | rustix::fs::OFlags::NONBLOCK).unwrap();
         assert!(flags(&fds[0]).contains(rustix::fs::OFlags::NONBLOCK));
         assert!(!flags(&fds[1]).contains(rustix::fs::OFlags::NONBLOCK));
-        assert!(open_dirs(&d.join("missing"), 1).is_err());
-        std::fs::remove_dir_all(&d).unwrap();
-    }
-
-    fn tempfile_dir(what: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!(
-            "gateway-sync-scope-{what}-{}-{:?}",
-            std::process::id(),
-            std::thread::current().id()
-        ));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        d
+        assert!(open_dirs(&d.path().join("missing"), 1).is_err());
     }
 }

@@ -223,3 +223,97 @@ fn a_full_disk_answers_507_loses_nothing_and_publishing_resumes_after_retention(
     assert_eq!(full_lines, 1, "{told:#?}");
     drop(mount);
 }
+
+/// Publishes `data` to each of `streams` over one connection, every request in one write (so
+/// the gateway reads them together and their appends share group-commit rounds); each
+/// answer's status and JSON body, in order.
+fn publish_pipelined(g: &Gateway, streams: &[String], data: &str) -> Vec<(u16, serde_json::Value)> {
+    use std::io::Write as _;
+    let mut reqs = Vec::new();
+    for s in streams {
+        reqs.extend_from_slice(
+            format!(
+                "POST /v1/streams/{s}/events HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\n\r\n{data}",
+                data.len()
+            )
+            .as_bytes(),
+        );
+    }
+    let mut c = common::connect(g.addr);
+    c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    c.write_all(&reqs).unwrap();
+    let mut r = std::io::BufReader::new(c);
+    (0..streams.len())
+        .map(|_| {
+            let (st, _, body) = common::read_response(&mut r);
+            (st, json(&body))
+        })
+        .collect()
+}
+
+#[test]
+fn syncfs_rounds_make_every_shard_durable_and_a_failed_one_stops_each_shard_it_covered() {
+    if !root_or_skip("syncfs_rounds") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let img = tmp.path().join("fs.img");
+    let mnt = tmp.path().join("mnt");
+    let mount = ext4_on_loop(&img, &mnt);
+    let data = mnt.join("data");
+    let flags = ["--cores", "1", "--fsync-scope", "filesystem"];
+    let mut g = Gateway::start_in(&data, &flags);
+    // Streams over most of the 8 shards: a round names several files.
+    let streams: Vec<String> = (0..16).map(|i| format!("s{i}")).collect();
+    let shards: std::collections::BTreeSet<u32> = (streams.iter())
+        .map(|s| gateway::shards::shard_of(s, 8))
+        .collect();
+    assert!(shards.len() >= 4, "{shards:?}");
+    for (st, body) in publish_pipelined(&g, &streams, "durable") {
+        assert_eq!(st, 201, "{body}");
+    }
+    let rounds = g.metric("gateway_log_syncfs_total", "");
+    assert!(rounds >= 1, "no syncfs round");
+    // A killed process loses nothing acknowledged (and a restart recovers each shard).
+    let _ = g.child.kill();
+    let _ = g.child.wait();
+    let mut g = Gateway::start_in(&data, &flags);
+    for s in &streams {
+        assert_eq!(
+            events_of(&g, s, Duration::from_millis(200)),
+            ["durable"],
+            "{s}"
+        );
+    }
+    // The device loses everything past its first MiB: the next round's syncfs fails. Every
+    // publish gets 500 log_failed, each shard's log stops (counted once), nothing is shown.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&img)
+        .unwrap()
+        .set_len(1 << 20)
+        .unwrap();
+    run(Command::new("losetup").args(["-c", mount.loop_dev.as_deref().unwrap()]));
+    for (st, body) in publish_pipelined(&g, &streams, "lost") {
+        assert_eq!(
+            (st, body["error"].as_str()),
+            (500, Some("log_failed")),
+            "{body}"
+        );
+    }
+    assert_eq!(
+        g.metric("gateway_log_sync_failures_total", ""),
+        shards.len() as u64
+    );
+    assert!(g.metric("gateway_log_syncfs_total", "") >= 1);
+    assert_eq!(request(g.addr, "GET", "/healthz", &[], b"").0, 200);
+    for s in &streams {
+        assert_eq!(
+            events_of(&g, s, Duration::from_millis(200)),
+            ["durable"],
+            "{s}"
+        );
+    }
+    g.stop();
+    drop(mount);
+}

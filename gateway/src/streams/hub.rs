@@ -320,7 +320,13 @@ impl Hub {
     /// directory and more than one file, one `syncfs` for all of them ([`SyncOp::Filesystem`],
     /// its completion to [`Hub::on_syncfs`]). The `syncfs` starts after every job of its round
     /// began (they are taken here, before the core submits it), so it covers their records.
+    /// With a sync directory, nothing starts while a `syncfs` round is in flight.
     pub fn start_syncs(&mut self, now: Instant) -> Vec<SyncOp> {
+        if self.sync_dir.is_some() && !self.rounds.is_empty() {
+            // One syncfs round in flight at a time: what is dirty meanwhile waits to go
+            // together in the next (a second round would queue behind the first anyway).
+            return Vec::new();
+        }
         let files = self.begin_jobs(now);
         match &self.sync_dir {
             Some(dir) if files.len() >= dir.files_min => {

@@ -324,12 +324,10 @@ mod syncfs_tests {
         let mut r = KernelRing::new(16).unwrap();
         let dir = tempfile::tempdir().unwrap();
         let fd = std::fs::File::open(dir.path()).unwrap();
-        // SAFETY: a syncfs points at no memory; the directory stays open until reaped.
-        unsafe {
-            r.push(Sqe::SyncFs { fd: fd.as_raw_fd() }, 41);
-            r.push(Sqe::SyncFs { fd: fd.as_raw_fd() }, 42);
-            // A descriptor that is not open fails at once, through the ring too.
-            r.push(Sqe::SyncFs { fd: 999_999 }, 43);
+        // A descriptor that is not open (999999) fails at once, through the ring too.
+        for (fd, ud) in [(fd.as_raw_fd(), 41), (fd.as_raw_fd(), 42), (999_999, 43)] {
+            // SAFETY: a syncfs points at no memory; the directory stays open until reaped.
+            unsafe { r.push(Sqe::SyncFs { fd }, ud) };
         }
         let got = reap_n(&mut r, 3, 200);
         assert_eq!(got, [(41, 0, 0), (42, 0, 0), (43, -libc::EBADF, 0)]);
