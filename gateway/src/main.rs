@@ -92,16 +92,14 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
     // thread that does not block it, and one that did not would die of it (1 stop in 10 did).
     let signals = sys::block_shutdown_signals();
     let cpus = sys::allowed_cpus();
-    let cores = match cfg.cores {
-        0 => cpus.len().max(1),
-        n => n,
-    };
+    let cores = Some(cfg.cores)
+        .filter(|&n| n > 0)
+        .unwrap_or(cpus.len().max(1));
     start_log_threads();
     let shard_count = shard_count(&cfg)?;
     let (txs, rxs, eventfds) = handoff_channels(cores)?;
     let (logs_per_core, epochs, clustered, follow_from) =
         logs_and_cluster(&cfg, cores, shard_count, &eventfds)?;
-    let sync_dirs = sync_dirs(&cfg, cores, shard_count)?;
     let all_logs = logs_per_core.iter().flatten().map(|(_, log)| log);
     let quota = StreamQuota::new(cfg.streams_max, all_logs);
     raise_fd_limit(&cfg, shard_count);
@@ -141,7 +139,7 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
         body_budget: Arc::new(proto::conn::BodyBudget::new(cfg.request_buffer_bytes_max)),
         ktls_refused: std::sync::atomic::AtomicU8::new(0),
     });
-    let storage = logs_per_core.into_iter().zip(sync_dirs).collect();
+    let storage = with_sync_dirs(&cfg, shard_count, logs_per_core)?;
     let setups = core_setups(&cfg, &cpus, cores, rxs, storage, listeners, inboxes);
     let threads = start_cores(setups, &shared)?;
     if let Some(c) = &cluster {
@@ -528,25 +526,29 @@ fn open_logs(
     Ok((logs_per_core, epochs))
 }
 
-/// `--fsync-scope`: each core's descriptor of the data directory when rounds of group commits
-/// are one `syncfs`, else none.
-fn sync_dirs(
+/// Each core's logs with its sync directory (`--fsync-scope`): its own descriptor of the data
+/// directory when rounds of group commits are one `syncfs`, else none.
+fn with_sync_dirs(
     cfg: &config::Config,
-    cores: usize,
     shard_count: u32,
-) -> Result<Vec<Option<SyncDir>>, String> {
+    logs_per_core: Vec<Vec<(u32, log_store::Log)>>,
+) -> Result<Vec<CoreStorage>, String> {
+    let cores = logs_per_core.len();
     let shard_dirs: Vec<_> = (0..shard_count)
         .map(|s| shards::shard_dir(&cfg.data_dir, s))
         .collect();
     if !gateway::sync_scope::decide(cfg.fsync_scope, &cfg.data_dir, &shard_dirs)? {
-        return Ok((0..cores).map(|_| None).collect());
+        return Ok(logs_per_core.into_iter().map(|l| (l, None)).collect());
     }
     tracing::info!(
         "group commits: one syncfs of the data directory's filesystem per round of several files"
     );
     let dirs = gateway::sync_scope::open_dirs(&cfg.data_dir, cores)?;
-    let sync_dir = |fd| SyncDir { fd, files_min: 2 };
-    Ok(dirs.into_iter().map(|fd| Some(sync_dir(fd))).collect())
+    let sync_dir = |fd| Some(SyncDir { fd, files_min: 2 });
+    Ok(logs_per_core
+        .into_iter()
+        .zip(dirs.into_iter().map(sync_dir))
+        .collect())
 }
 
 /// Every connection is an fd; leave room for logs, listeners and eventfds.

@@ -483,32 +483,8 @@ impl Driver {
             self.unmatched.unknown += 1;
             return None;
         };
-        match ud.op {
-            Op::Accept => {
-                let fd = if res < 0 {
-                    Err(res)
-                } else {
-                    // SAFETY: a successful accept's result is a new descriptor the kernel
-                    // created for this ring's owner; nothing else holds or closes it.
-                    Ok(unsafe { OwnedFd::from_raw_fd(res) })
-                };
-                return Some(Completion::Accept { fd, more });
-            }
-            Op::EventFd => return Some(Completion::EventFd { res }),
-            Op::Fsync => {
-                return Some(Completion::Fsync {
-                    shard: ud.slot,
-                    res,
-                });
-            }
-            Op::SyncFs => {
-                return Some(Completion::SyncFs {
-                    round: ud.slot,
-                    res,
-                });
-            }
-            Op::Cancel => return None,
-            _ => {}
+        if ud.op.conn_index().is_none() {
+            return core_completion(ud, res, more);
         }
         match self.table.complete(ud, more) {
             Match::Genuine { .. } => {}
@@ -567,4 +543,32 @@ impl Driver {
             );
         }
     }
+}
+
+/// A core-wide operation's completion (accept, the eventfd, a sync; a cancel's own is
+/// nothing): not in the op table, acted on as it comes.
+fn core_completion(ud: UserData, res: i32, more: bool) -> Option<Completion> {
+    Some(match ud.op {
+        Op::Accept => {
+            let fd = if res < 0 {
+                Err(res)
+            } else {
+                // SAFETY: a successful accept's result is a new descriptor the kernel
+                // created for this ring's owner; nothing else holds or closes it.
+                Ok(unsafe { OwnedFd::from_raw_fd(res) })
+            };
+            Completion::Accept { fd, more }
+        }
+        Op::EventFd => Completion::EventFd { res },
+        Op::Fsync => Completion::Fsync {
+            shard: ud.slot,
+            res,
+        },
+        Op::SyncFs => Completion::SyncFs {
+            round: ud.slot,
+            res,
+        },
+        Op::Cancel => return None,
+        _ => unreachable!("a connection's operation is matched in the op table"),
+    })
 }
