@@ -213,7 +213,7 @@ mod tests {
 
     #[test]
     fn unknown_op_codes_are_refused() {
-        for code in [0u64, 11, 15] {
+        for code in [0u64, 12, 15] {
             assert_eq!(UserData::unpack(code), None);
         }
     }
