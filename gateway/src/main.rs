@@ -139,7 +139,7 @@ fn run(cfg: config::Config, features: probe::Features) -> Result<(), String> {
         body_budget: Arc::new(proto::conn::BodyBudget::new(cfg.request_buffer_bytes_max)),
         ktls_refused: std::sync::atomic::AtomicU8::new(0),
     });
-    let storage = with_sync_dirs(&cfg, shard_count, logs_per_core)?;
+    let storage = with_sync_dirs(&cfg, shard_count, logs_per_core, features.msg_ring)?;
     let setups = core_setups(&cfg, &cpus, cores, rxs, storage, listeners, inboxes);
     let threads = start_cores(setups, &shared)?;
     if let Some(c) = &cluster {
@@ -532,12 +532,13 @@ fn with_sync_dirs(
     cfg: &config::Config,
     shard_count: u32,
     logs_per_core: Vec<Vec<(u32, log_store::Log)>>,
+    msg_ring: bool,
 ) -> Result<Vec<CoreStorage>, String> {
     let cores = logs_per_core.len();
     let shard_dirs: Vec<_> = (0..shard_count)
         .map(|s| shards::shard_dir(&cfg.data_dir, s))
         .collect();
-    if !gateway::sync_scope::decide(cfg.fsync_scope, &cfg.data_dir, &shard_dirs)? {
+    if !gateway::sync_scope::decide(cfg.fsync_scope, &cfg.data_dir, &shard_dirs, msg_ring)? {
         return Ok(logs_per_core.into_iter().map(|l| (l, None)).collect());
     }
     tracing::info!(

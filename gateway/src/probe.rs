@@ -64,6 +64,9 @@ impl fmt::Display for ProbeError {
 pub struct Features {
     /// `IORING_OP_URING_CMD` exists (TX_TIMESTAMP socket command may work; verified per socket).
     pub uring_cmd: bool,
+    /// `IORING_OP_MSG_RING` exists (Linux 5.18): how a `syncfs` completes into a core's ring
+    /// (`--fsync-scope filesystem`).
+    pub msg_ring: bool,
 }
 
 /// Runs the probe.
@@ -106,6 +109,7 @@ pub fn probe() -> Result<Features, ProbeError> {
     }
     Ok(Features {
         uring_cmd: p.is_supported(opcode::UringCmd16::CODE),
+        msg_ring: p.is_supported(opcode::MsgRingData::CODE),
     })
 }
 
@@ -117,7 +121,7 @@ mod tests {
     fn this_machine_has_io_uring() {
         // The gateway's test environment is documented to have io_uring (kernel 6.18).
         let f = probe().expect("io_uring available");
-        assert!(f.uring_cmd);
+        assert!(f.uring_cmd && f.msg_ring);
     }
 
     #[test]

@@ -11,10 +11,25 @@ use std::path::{Path, PathBuf};
 use crate::config::FsyncScope;
 
 /// Whether rounds use `syncfs` (`filesystem`). Every shard directory must then be on the data
-/// directory's filesystem (a `syncfs` of it would not cover the others): refused otherwise.
-pub fn decide(scope: FsyncScope, data_dir: &Path, shard_dirs: &[PathBuf]) -> Result<bool, String> {
+/// directory's filesystem (a `syncfs` of it would not cover the others), and the kernel must
+/// have `IORING_OP_MSG_RING` (`msg_ring`, how its completion reaches the core): refused
+/// otherwise.
+pub fn decide(
+    scope: FsyncScope,
+    data_dir: &Path,
+    shard_dirs: &[PathBuf],
+    msg_ring: bool,
+) -> Result<bool, String> {
     if scope == FsyncScope::File {
         return Ok(false);
+    }
+    if !msg_ring {
+        return Err(
+            "--fsync-scope filesystem: this kernel's io_uring has no MSG_RING \
+                    operation (Linux 5.18), which brings a syncfs's completion to its core; \
+                    use --fsync-scope file"
+                .into(),
+        );
     }
     let dev = |p: &Path| {
         std::fs::metadata(p)
@@ -56,11 +71,27 @@ mod tests {
         let shard = d.path().join("shard-0");
         std::fs::create_dir_all(&shard).unwrap();
         let shards = [shard];
-        assert_eq!(decide(FsyncScope::File, d.path(), &shards), Ok(false));
-        assert_eq!(decide(FsyncScope::Filesystem, d.path(), &shards), Ok(true));
+        assert_eq!(decide(FsyncScope::File, d.path(), &shards, true), Ok(false));
+        assert_eq!(
+            decide(FsyncScope::Filesystem, d.path(), &shards, true),
+            Ok(true)
+        );
         // A missing directory is named.
-        let e = decide(FsyncScope::Filesystem, &d.path().join("nope"), &shards).unwrap_err();
+        let e = decide(
+            FsyncScope::Filesystem,
+            &d.path().join("nope"),
+            &shards,
+            true,
+        )
+        .unwrap_err();
         assert!(e.contains("nope"), "{e}");
+        // Without MSG_RING the completion could not reach the core: refused, and said why.
+        let e = decide(FsyncScope::Filesystem, d.path(), &shards, false).unwrap_err();
+        assert!(e.contains("MSG_RING"), "{e}");
+        assert_eq!(
+            decide(FsyncScope::File, d.path(), &shards, false),
+            Ok(false)
+        );
     }
 
     #[test]
@@ -68,12 +99,12 @@ mod tests {
         // /proc is another filesystem than the temporary directory.
         let d = tempfile::tempdir().unwrap();
         let shards = [PathBuf::from("/proc")];
-        let e = decide(FsyncScope::Filesystem, d.path(), &shards).unwrap_err();
+        let e = decide(FsyncScope::Filesystem, d.path(), &shards, true).unwrap_err();
         assert!(
             e.contains("not on the filesystem") && e.contains("/proc"),
             "{e}"
         );
-        assert_eq!(decide(FsyncScope::File, d.path(), &shards), Ok(false));
+        assert_eq!(decide(FsyncScope::File, d.path(), &shards, true), Ok(false));
     }
 
     #[test]

@@ -248,7 +248,15 @@ pub fn run_core(setup: CoreSetup, shared: Arc<Shared>, ready: impl FnOnce(Result
         );
     }
     let io = Driver::new(shared.cfg.connections_max)
-        .map_err(|e| format!("core {}: io_uring setup failed: {e}", setup.id));
+        .map_err(|e| format!("core {}: io_uring setup failed: {e}", setup.id))
+        .and_then(|mut io| {
+            if setup.sync_dir.is_some() {
+                // Started now: a failure stops the start, not a group commit later.
+                (io.start_syncfs())
+                    .map_err(|e| format!("core {}: its syncfs thread: {e}", setup.id))?;
+            }
+            Ok(io)
+        });
     match io {
         Ok(io) => {
             let mut core = Core::new(setup, shared, io);

@@ -123,20 +123,24 @@ impl KernelRing {
         }
     }
 
+    /// Starts the `syncfs` thread if it is not running.
+    pub fn start_syncfs(&mut self) -> std::io::Result<()> {
+        use std::os::fd::AsRawFd;
+        if self.syncfs.is_none() {
+            self.syncfs = Some(SyncfsThread::start(self.ring.as_raw_fd())?);
+        }
+        Ok(())
+    }
+
     /// Hands a `syncfs` to the helper thread (started now if it is not running); if that
     /// fails, the operation completes at once with the error, through the ring.
     fn push_syncfs(&mut self, fd: std::os::fd::RawFd, user_data: u64) {
-        use std::os::fd::AsRawFd;
-        let target = self.ring.as_raw_fd();
-        let res = match &mut self.syncfs {
-            Some(t) => t.push(fd, user_data),
-            slot @ None => match SyncfsThread::start(target) {
-                Ok(t) => slot.insert(t).push(fd, user_data),
-                Err(e) => {
-                    tracing::error!("syncfs: cannot start its thread: {e}");
-                    Err(-e.raw_os_error().unwrap_or(libc::EIO))
-                }
-            },
+        let res = match self.start_syncfs() {
+            Ok(()) => (self.syncfs.as_ref()).expect("started").push(fd, user_data),
+            Err(e) => {
+                tracing::error!("syncfs: cannot start its thread: {e}");
+                Err(-e.raw_os_error().unwrap_or(libc::EIO))
+            }
         };
         if let Err(res) = res {
             self.failed.push((user_data, res, 0));

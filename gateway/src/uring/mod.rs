@@ -173,6 +173,15 @@ impl Driver {
         )?)))
     }
 
+    /// Starts the kernel ring's `syncfs` thread now (`--fsync-scope filesystem`), not at the
+    /// first round; other rings need none.
+    pub fn start_syncfs(&mut self) -> std::io::Result<()> {
+        match &mut self.ring {
+            Backend::Kernel(k) => k.start_syncfs(),
+            Backend::Other(_) => Ok(()),
+        }
+    }
+
     /// A driver over `ring`.
     pub fn over(ring: Box<dyn Ring>) -> Driver {
         Driver::with(Backend::Other(ring))
