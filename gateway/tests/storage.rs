@@ -83,6 +83,18 @@ fn ext4_on_loop(img: &Path, dir: &Path) -> Mount {
     mount
 }
 
+/// The loop device under `mount` loses everything past its first MiB (its backing file `img`
+/// cut short): writeback of the log's pages fails from now on.
+fn cut_device(img: &Path, mount: &Mount) {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(img)
+        .unwrap()
+        .set_len(1 << 20)
+        .unwrap();
+    run(Command::new("losetup").args(["-c", mount.loop_dev.as_deref().unwrap()]));
+}
+
 /// Publishes one event; the status and the JSON body.
 fn try_publish(g: &Gateway, stream: &str, data: &str) -> (u16, serde_json::Value) {
     let path = format!("/v1/streams/{stream}/events");
@@ -123,13 +135,7 @@ fn a_failed_fsync_is_fail_stop_and_shows_nothing_it_did_not_make_durable() {
         publish(g.addr, "s", &format!("durable {i}"));
     }
     // The device loses everything past its first MiB: writeback of the log's pages fails.
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&img)
-        .unwrap()
-        .set_len(1 << 20)
-        .unwrap();
-    run(Command::new("losetup").args(["-c", mount.loop_dev.as_deref().unwrap()]));
+    cut_device(&img, &mount);
     let (st, body) = try_publish(&g, "s", "lost");
     assert_eq!(
         (st, body["error"].as_str()),
@@ -287,13 +293,7 @@ fn syncfs_rounds_make_every_shard_durable_and_a_failed_one_stops_each_shard_it_c
     }
     // The device loses everything past its first MiB: the next round's syncfs fails. Every
     // publish gets 500 log_failed, each shard's log stops (counted once), nothing is shown.
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&img)
-        .unwrap()
-        .set_len(1 << 20)
-        .unwrap();
-    run(Command::new("losetup").args(["-c", mount.loop_dev.as_deref().unwrap()]));
+    cut_device(&img, &mount);
     for (st, body) in publish_pipelined(&g, &streams, "lost") {
         assert_eq!(
             (st, body["error"].as_str()),

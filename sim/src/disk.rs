@@ -121,13 +121,9 @@ impl Disk {
     pub fn snapshot<'a>(&self, fds: impl Iterator<Item = BorrowedFd<'a>>) -> Vec<Snapshot> {
         let st = self.state.borrow();
         fds.map(|fd| {
-            let f = File::from(fd.try_clone_to_owned().expect("dup a segment fd"));
-            let ino = f.metadata().expect("fstat").ino();
-            Snapshot {
-                ino,
-                flushes: st.flushes.get(&ino).copied().unwrap_or(0),
-                bytes: read_all(&f),
-            }
+            st.snapshot(&File::from(
+                fd.try_clone_to_owned().expect("dup a segment fd"),
+            ))
         })
         .collect()
     }
@@ -140,14 +136,7 @@ impl Disk {
         let st = self.state.borrow();
         (files.iter())
             .filter_map(|p| File::open(p).ok())
-            .map(|f| {
-                let ino = f.metadata().expect("fstat").ino();
-                Snapshot {
-                    ino,
-                    flushes: st.flushes.get(&ino).copied().unwrap_or(0),
-                    bytes: read_all(&f),
-                }
-            })
+            .map(|f| st.snapshot(&f))
             .collect()
     }
 
@@ -241,6 +230,16 @@ impl Drop for Disk {
 }
 
 impl State {
+    /// `f`'s bytes now, with its flush count.
+    fn snapshot(&self, f: &File) -> Snapshot {
+        let ino = f.metadata().expect("fstat").ino();
+        Snapshot {
+            ino,
+            flushes: self.flushes.get(&ino).copied().unwrap_or(0),
+            bytes: read_all(f),
+        }
+    }
+
     /// The hook: fail the call by the seed, else (a flush) make its bytes durable.
     fn at(&mut self, p: Point) -> io::Result<()> {
         match p {
