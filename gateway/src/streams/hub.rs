@@ -317,7 +317,7 @@ impl Hub {
 
     /// Starts the group commits due now (one in flight per shard at most): the files to
     /// `fdatasync` ([`SyncOp::File`], each completion to [`Hub::on_fsync`]), or with a sync
-    /// directory and more than one file, one `syncfs` for all of them ([`SyncOp::Filesystem`],
+    /// directory and its `files_min` files or more, one `syncfs` for all of them ([`SyncOp::Filesystem`],
     /// its completion to [`Hub::on_syncfs`]). The `syncfs` starts after every job of its round
     /// began (they are taken here, before the core submits it), so it covers their records.
     /// With a sync directory, nothing starts while a `syncfs` round is in flight.
@@ -329,7 +329,7 @@ impl Hub {
         }
         let files = self.begin_jobs(now);
         match &self.sync_dir {
-            Some(dir) if files.len() >= dir.files_min => {
+            Some(dir) if !files.is_empty() && files.len() >= dir.files_min => {
                 let round = self.next_round;
                 self.next_round = (self.next_round + 1) & ROUND_MASK;
                 let mut shards: Vec<u32> = files.iter().map(|&(s, _)| s).collect();
