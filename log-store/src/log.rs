@@ -786,7 +786,7 @@ impl Log {
                 record_bytes_max: self.opts.record_bytes_max,
             });
         }
-        self.ensure_room(framed_bytes)?;
+        self.ensure_room_for_event(framed_bytes)?;
         let ts = mmap::coarse_unix_ms();
         // Borrow the prefix out of the stream for the duration of the write (no allocation).
         let prefix = std::mem::take(&mut self.streams[stream].id_prefix);

@@ -12,6 +12,10 @@ use crate::mmap;
 /// The longest key a key record holds (bytes).
 pub const KEY_BYTES_MAX: usize = 256;
 
+/// The largest key record's payload: the count, then the longest key. Every event append
+/// leaves room for one after it (`Log::ensure_room_for_event`).
+pub(crate) const KEY_RECORD_BYTES_MAX: usize = 4 + KEY_BYTES_MAX;
+
 /// A key record: events `first..first + count` of `stream` were stored under `key`, at
 /// `timestamp_ms` (Unix ms, coarse).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,6 +74,7 @@ impl Log {
         if self.active.version < KEY_SINCE_VERSION {
             self.roll()?;
         }
+        // Right after its events this never rolls: each event left room for it.
         let len = 4 + key.len();
         self.ensure_room(len)?;
         let ts = mmap::coarse_unix_ms();

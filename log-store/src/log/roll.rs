@@ -2,7 +2,9 @@
 //! adopting the segment the background thread prepared (DESIGN.md "Segment roll").
 #![forbid(unsafe_code)]
 
+use super::keys::KEY_RECORD_BYTES_MAX;
 use super::*;
+use crate::format::KEY_SINCE_VERSION;
 
 /// How the log's rolls went (see [`Log::inline_segment_creations`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -24,21 +26,45 @@ pub struct RollCounts {
 impl Log {
     /// Makes room for a record of `payload` bytes in the active segment, rolling if needed.
     pub(super) fn ensure_room(&mut self, payload: usize) -> Result<(), AppendError> {
-        let a = &self.active;
-        // One entry for the record plus one always reserved for the seal.
-        if !a.sealed && a.data_end + payload + 2 * ENTRY_BYTES <= a.entry_low {
-            if a.entry_low - a.data_end < a.prepare_below {
-                self.request_prepare();
-            }
+        if self.fits(payload) {
             return Ok(());
         }
         self.roll()?;
-        let a = &self.active;
-        assert!(
-            a.data_end + payload + 2 * ENTRY_BYTES <= a.entry_low,
-            "record larger than segment"
-        );
+        assert!(self.fits(payload), "record larger than segment");
         Ok(())
+    }
+
+    /// Makes room for an event of `payload` bytes and, after it, a key record of the longest
+    /// key, rolling if needed (and first rolling an upgraded log's active segment older than
+    /// key records). A key record written right after its publish's events
+    /// ([`Log::append_key`]) then never rolls: a roll may make everything before it durable
+    /// and visible (its forced sync), and the events must not be visible — their publish
+    /// answered — before the key that names them is written (DESIGN.md "Key records").
+    /// Only an event too large for a fresh segment with the reserve goes in without it.
+    pub(super) fn ensure_room_for_event(&mut self, payload: usize) -> Result<(), AppendError> {
+        if self.active.version < KEY_SINCE_VERSION {
+            self.roll()?;
+        }
+        let with_key = payload + ENTRY_BYTES + KEY_RECORD_BYTES_MAX;
+        if self.fits(with_key) {
+            return Ok(());
+        }
+        self.roll()?;
+        assert!(self.fits(payload), "record larger than segment");
+        Ok(())
+    }
+
+    /// Whether a record of `payload` bytes fits in the active segment (one entry for it plus
+    /// one always reserved for the seal); asks for the next segment once past half full.
+    fn fits(&mut self, payload: usize) -> bool {
+        let a = &self.active;
+        if a.sealed || a.data_end + payload + 2 * ENTRY_BYTES > a.entry_low {
+            return false;
+        }
+        if a.entry_low - a.data_end < a.prepare_below {
+            self.request_prepare();
+        }
+        true
     }
 
     /// The active segment is past half full: have the next one prepared in the background.
