@@ -1,5 +1,6 @@
 //! `syncfs` for a core's ring. io_uring has no `syncfs` operation, so the kernel ring hands
-//! each one to this helper thread (one per ring, started at the first): it runs `syncfs(2)`
+//! each one to this helper thread (one per ring, started with the core under `--fsync-scope
+//! filesystem`, else at the first `syncfs`; it inherits the core's CPU): it runs `syncfs(2)`
 //! and posts the result to the core's ring as an ordinary completion with the operation's
 //! `user_data`, through `IORING_OP_MSG_RING` on a small ring of its own. The reactor never
 //! blocks, and the completion is matched like any other (the driver's `Op::SyncFs`).
