@@ -128,14 +128,13 @@ impl Disk {
         .collect()
     }
 
-    /// The bytes of every segment file on the disk (each node's shard directories), as a
-    /// `syncfs` of the filesystem begins.
+    /// The bytes of every segment file on the disk (each node's shard directories) now: what
+    /// a `syncfs` that succeeds now makes durable.
     pub fn snapshot_all(&self) -> Vec<Snapshot> {
-        let mut files = Vec::new();
-        segment_files(&self.dir, &mut files);
         let st = self.state.borrow();
-        (files.iter())
-            .filter_map(|p| File::open(p).ok())
+        (names(&self.dir).into_iter())
+            .filter(|(name, _)| name.ends_with(".seg"))
+            .filter_map(|(name, _)| File::open(self.dir.join(name)).ok())
             .map(|f| st.snapshot(&f))
             .collect()
     }
@@ -320,22 +319,6 @@ fn names(dir: &Path) -> Vec<(String, u64)> {
 }
 
 /// Every file of `dir` by name: (name, inode, bytes).
-/// Every `*.seg` file under `dir`, in name order (the order is the seed's: no hash order).
-fn segment_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    let Ok(rd) = fs::read_dir(dir) else {
-        return;
-    };
-    let mut entries: Vec<PathBuf> = rd.filter_map(|e| e.ok().map(|e| e.path())).collect();
-    entries.sort();
-    for p in entries {
-        if p.is_dir() {
-            segment_files(&p, out);
-        } else if p.extension().is_some_and(|x| x == "seg") {
-            out.push(p);
-        }
-    }
-}
-
 fn list_files(dir: &Path) -> Vec<(String, u64, Vec<u8>)> {
     names(dir)
         .into_iter()

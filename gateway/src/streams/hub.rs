@@ -47,8 +47,8 @@ pub struct Hub {
     /// `--fsync-scope filesystem`: where and when a round is one `syncfs`. `None`: one
     /// `fdatasync` per file.
     sync_dir: Option<SyncDir>,
-    /// `syncfs` rounds in flight: the shards each covers.
-    rounds: FxHashMap<u32, Vec<u32>>,
+    /// The `syncfs` round in flight (one at a time): its number and the shards it covers.
+    round: Option<(u32, Vec<u32>)>,
     next_round: u32,
     /// Since when each API stream has had no retained event and no subscriber (idle expiry).
     idle_since: HashMap<StreamKey, Instant>,
@@ -100,7 +100,7 @@ impl Hub {
             syncs: FxHashMap::default(),
             failed: Vec::new(),
             sync_dir: None,
-            rounds: FxHashMap::default(),
+            round: None,
             next_round: 0,
             idle_since: HashMap::new(),
             unborn: Unborn::default(),
@@ -322,36 +322,40 @@ impl Hub {
     /// began (they are taken here, before the core submits it), so it covers their records.
     /// With a sync directory, nothing starts while a `syncfs` round is in flight.
     pub fn start_syncs(&mut self, now: Instant) -> Vec<SyncOp> {
-        if self.sync_dir.is_some() && !self.rounds.is_empty() {
+        if self.round.is_some() {
             // One syncfs round in flight at a time: what is dirty meanwhile waits to go
             // together in the next (a second round would queue behind the first anyway).
             return Vec::new();
         }
         let files = self.begin_jobs(now);
-        match &self.sync_dir {
-            Some(dir) if !files.is_empty() && files.len() >= dir.files_min => {
-                let round = self.next_round;
-                self.next_round = (self.next_round + 1) & ROUND_MASK;
-                let mut shards: Vec<u32> = files.iter().map(|&(s, _)| s).collect();
-                shards.dedup();
-                for s in &shards {
-                    self.syncs.get_mut(s).expect("begun above").left = 1;
-                }
-                self.rounds.insert(round, shards);
-                vec![SyncOp::Filesystem {
-                    round,
-                    fd: dir.fd.as_raw_fd(),
-                }]
-            }
-            _ => (files.into_iter())
-                .map(|(shard, fd)| SyncOp::File { shard, fd })
-                .collect(),
+        let Some(dir) = &self.sync_dir else {
+            return files;
+        };
+        if files.is_empty() || files.len() < dir.files_min {
+            return files;
         }
+        let round = self.next_round;
+        self.next_round = (self.next_round + 1) & ROUND_MASK;
+        let mut shards: Vec<u32> = (files.iter())
+            .filter_map(|op| match *op {
+                SyncOp::File { shard, .. } => Some(shard),
+                SyncOp::Filesystem { .. } => None,
+            })
+            .collect();
+        shards.dedup();
+        for s in &shards {
+            self.syncs.get_mut(s).expect("begun above").left = 1;
+        }
+        self.round = Some((round, shards));
+        vec![SyncOp::Filesystem {
+            round,
+            fd: dir.fd.as_raw_fd(),
+        }]
     }
 
-    /// Takes a job from every log whose group commit is due: its files, as `(shard, fd)`,
-    /// each shard's together.
-    fn begin_jobs(&mut self, now: Instant) -> Vec<(u32, RawFd)> {
+    /// Takes a job from every log whose group commit is due: its files' `fdatasync`s, each
+    /// shard's together.
+    fn begin_jobs(&mut self, now: Instant) -> Vec<SyncOp> {
         let mut out = Vec::new();
         for (&s, log) in self.logs.iter_mut() {
             if !log.sync_due(now) {
@@ -361,7 +365,10 @@ impl Hub {
                 continue;
             };
             let before = out.len();
-            out.extend(job.fds().map(|fd| (s, fd.as_raw_fd())));
+            out.extend(job.fds().map(|fd| SyncOp::File {
+                shard: s,
+                fd: fd.as_raw_fd(),
+            }));
             let left = out.len() - before;
             self.syncs.insert(
                 s,
@@ -415,7 +422,7 @@ impl Hub {
         core: usize,
         now: Instant,
     ) -> Option<Duration> {
-        let shards = self.rounds.remove(&round)?;
+        let (_, shards) = self.round.take_if(|(r, _)| *r == round)?;
         let mut took = None;
         for s in shards {
             took = Some(self.on_fsync(s, res, core, now));
