@@ -741,8 +741,19 @@ fn error_code(e: &jetstream::context::PublishError) -> Option<u64> {
 /// The longest a follower's pull waits (its idle heartbeats come at half of it).
 const FOLLOW_PULL_EXPIRES: Duration = Duration::from_secs(4);
 
-/// Delivers `shard`'s messages from `from` to its core until the consumer ends; returns the
-/// next sequence to ask for.
+/// How long a follower waits for a message before it asks JetStream whether the shard holds
+/// one it has not delivered (then its consumer is stuck, and it recreates it).
+const FOLLOW_STALL_CHECK: Duration = Duration::from_secs(8);
+
+/// Delivers `shard`'s messages from `from` to its core until the consumer ends or is stuck;
+/// returns the next sequence to ask for.
+///
+/// async-nats recreates an ordered consumer after two missed idle heartbeats, but not in
+/// every case: a node whose server was killed with the stream's leader (the consumer on it)
+/// was seen to deliver nothing for over a minute after reconnecting elsewhere, with no error.
+/// So a follower that got nothing for [`FOLLOW_STALL_CHECK`] reads the stream's last
+/// sequence, and when it is at or past the next one to apply, drops its consumer and creates
+/// one from there.
 async fn follow_from(
     s: &stream::Stream,
     shard: u32,
@@ -768,38 +779,84 @@ async fn follow_from(
         .map_err(|e| (from, e.to_string()))?;
     let mut msgs = c.messages().await.map_err(|e| (from, e.to_string()))?;
     let mut next = from;
-    while let Some(m) = msgs.next().await {
-        let m = m.map_err(|e| (next, e.to_string()))?;
+    let last_seq = || async move { s.get_info().await.ok().map(|i| i.state.last_sequence) };
+    loop {
+        let m = match next_or_stuck(&mut msgs, next, last_seq).await {
+            Wait::Message(m) => m.map_err(|e| (next, e.to_string()))?,
+            Wait::Ended => return Ok(next),
+            Wait::Stuck(last) => {
+                return Err((
+                    next,
+                    format!("consumer stuck: JetStream holds up to {last}"),
+                ));
+            }
+        };
         let seq = m.info().map_err(|e| (next, e.to_string()))?.stream_sequence;
-        let header = |k: &str| {
-            m.headers
-                .as_ref()
-                .and_then(|h| h.get(k))
-                .map(|v| v.as_str().to_owned())
-        };
-        let applied = Applied {
-            shard,
-            seq,
-            stream: header(HDR_STREAM),
-            event: header(HDR_EVENT),
-            seq_header: header(HDR_SEQ),
-            idempotency: header(HDR_IDEMPOTENCY),
-            data: m.payload.to_vec(),
-            ticket: names::own_ticket(
-                nonce,
-                m.headers
-                    .as_ref()
-                    .and_then(|h| {
-                        h.get(HDR_ORIGIN)
-                            .or(h.get(async_nats::header::NATS_MESSAGE_ID))
-                    })
-                    .map(|v| v.as_str()),
-            ),
-        };
-        out.send(Inbound::Message(applied)).await;
+        out.send(Inbound::Message(applied(&m, shard, seq, nonce)))
+            .await;
         next = seq + 1;
     }
-    Ok(next)
+}
+
+/// What a follower's wait for its next message came to.
+#[derive(Debug, PartialEq)]
+enum Wait<T> {
+    Message(T),
+    /// The consumer ended.
+    Ended,
+    /// Nothing came for [`FOLLOW_STALL_CHECK`] though JetStream holds up to this sequence, at
+    /// or past the next one to apply.
+    Stuck(u64),
+}
+
+/// The next of `msgs`; each time none came for [`FOLLOW_STALL_CHECK`], asks `last_seq` for
+/// the stream's last sequence (`None`: JetStream cannot say now) and reports the consumer
+/// stuck when that is at or past `next`. An idle shard waits on.
+async fn next_or_stuck<S, F>(msgs: &mut S, next: u64, last_seq: impl Fn() -> F) -> Wait<S::Item>
+where
+    S: futures::Stream + Unpin,
+    F: Future<Output = Option<u64>>,
+{
+    loop {
+        match tokio::time::timeout(FOLLOW_STALL_CHECK, msgs.next()).await {
+            Ok(Some(m)) => return Wait::Message(m),
+            Ok(None) => return Wait::Ended,
+            Err(_) => {
+                if let Some(last) = last_seq().await.filter(|&last| last >= next) {
+                    return Wait::Stuck(last);
+                }
+            }
+        }
+    }
+}
+
+/// A delivered message as its core applies it.
+fn applied(m: &jetstream::Message, shard: u32, seq: u64, nonce: &str) -> Applied {
+    let header = |k: &str| {
+        m.headers
+            .as_ref()
+            .and_then(|h| h.get(k))
+            .map(|v| v.as_str().to_owned())
+    };
+    Applied {
+        shard,
+        seq,
+        stream: header(HDR_STREAM),
+        event: header(HDR_EVENT),
+        seq_header: header(HDR_SEQ),
+        idempotency: header(HDR_IDEMPOTENCY),
+        data: m.payload.to_vec(),
+        ticket: names::own_ticket(
+            nonce,
+            m.headers
+                .as_ref()
+                .and_then(|h| {
+                    h.get(HDR_ORIGIN)
+                        .or(h.get(async_nats::header::NATS_MESSAGE_ID))
+                })
+                .map(|v| v.as_str()),
+        ),
+    }
 }
 
 #[cfg(test)]

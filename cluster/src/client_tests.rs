@@ -261,3 +261,64 @@ async fn a_keyed_publish_resent_after_it_was_stored_is_a_duplicate_read_as_held_
     };
     assert_already_held(single_after_a_lost_answer(&t, true).await);
 }
+
+/// The last sequences a fake JetStream reports, one per stall check (the last repeats), and
+/// how many checks were made.
+fn reporting(
+    lasts: &[Option<u64>],
+) -> (
+    impl Fn() -> std::future::Ready<Option<u64>>,
+    Arc<std::sync::atomic::AtomicUsize>,
+) {
+    let checks = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (lasts, c) = (lasts.to_vec(), checks.clone());
+    let f = move || {
+        let i = c.fetch_add(1, Ordering::Relaxed);
+        std::future::ready(lasts[i.min(lasts.len() - 1)])
+    };
+    (f, checks)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_follower_that_gets_nothing_while_jetstream_holds_its_next_message_is_stuck() {
+    // Idle at first (JetStream's last is below the next to apply), then unanswered, then
+    // holding the next: stuck at the third check, not before.
+    let (last_seq, checks) = reporting(&[Some(6), None, Some(9)]);
+    let start = tokio::time::Instant::now();
+    let mut msgs = futures::stream::pending::<u64>();
+    let stuck = tokio::time::timeout(
+        FOLLOW_STALL_CHECK * 10,
+        next_or_stuck(&mut msgs, 7, last_seq),
+    );
+    assert_eq!(stuck.await, Ok(Wait::Stuck(9)));
+    assert_eq!(checks.load(Ordering::Relaxed), 3);
+    assert_eq!(start.elapsed(), FOLLOW_STALL_CHECK * 3);
+    // At the next one exactly is stuck too.
+    let (last_seq, _) = reporting(&[Some(7)]);
+    assert_eq!(next_or_stuck(&mut msgs, 7, last_seq).await, Wait::Stuck(7));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_idle_follower_waits_on_and_a_message_or_the_end_comes_through() {
+    let (last_seq, checks) = reporting(&[Some(6)]);
+    let mut msgs = futures::stream::pending::<u64>();
+    let waited = tokio::time::timeout(
+        FOLLOW_STALL_CHECK * 41 / 2,
+        next_or_stuck(&mut msgs, 7, last_seq),
+    )
+    .await;
+    assert!(waited.is_err(), "an idle shard is not stuck: {waited:?}");
+    assert_eq!(checks.load(Ordering::Relaxed), 20, "checked at each period");
+    let (last_seq, checks) = reporting(&[Some(100)]);
+    let mut msgs = futures::stream::iter([7u64]);
+    assert_eq!(
+        next_or_stuck(&mut msgs, 7, &last_seq).await,
+        Wait::Message(7)
+    );
+    assert_eq!(next_or_stuck(&mut msgs, 8, &last_seq).await, Wait::Ended);
+    assert_eq!(
+        checks.load(Ordering::Relaxed),
+        0,
+        "no check while messages come"
+    );
+}
