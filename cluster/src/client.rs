@@ -753,7 +753,8 @@ const FOLLOW_STALL_CHECK: Duration = Duration::from_secs(8);
 /// was seen to deliver nothing for over a minute after reconnecting elsewhere, with no error.
 /// So a follower that got nothing for [`FOLLOW_STALL_CHECK`] reads the stream's last
 /// sequence, and when it is at or past the next one to apply, drops its consumer and creates
-/// one from there.
+/// one from there. And async-nats recreates an ordered consumer that has delivered nothing
+/// yet from the stream's first message: a follower handed one below its next drops it too.
 async fn follow_from(
     s: &stream::Stream,
     shard: u32,
@@ -792,6 +793,12 @@ async fn follow_from(
             }
         };
         let seq = m.info().map_err(|e| (next, e.to_string()))?.stream_sequence;
+        if seq < next {
+            // async-nats recreated the consumer before it delivered anything (after missed
+            // heartbeats or a deletion), and then from the stream's first message: the whole
+            // shard would come again. Recreated here from the next one instead.
+            return Err((next, format!("consumer restarted at {seq}, below {next}")));
+        }
         out.send(Inbound::Message(applied(&m, shard, seq, nonce)))
             .await;
         next = seq + 1;

@@ -7,6 +7,10 @@
 //! message once); keyed, as "already holds" (the gateway's 503 `publish_unconfirmed`). The
 //! server's answers are asserted as well, so a server that answers otherwise fails here.
 //!
+//! And the follower (`follow_from`): on paused time without a server, when its wait for a
+//! message reports the consumer stuck; against the server, that a consumer async-nats
+//! recreates from the stream's first message is dropped and asked again from the next one.
+//!
 //! Needs `nats-server` >= 2.12 at $NATS_SERVER (`bash scripts/setup-cluster.sh` prints it);
 //! when that is unset the tests print SKIPPED and pass. One server per test, on a loopback
 //! port it picks itself (no race for a free port), its store in a temporary directory; the
@@ -320,5 +324,63 @@ async fn an_idle_follower_waits_on_and_a_message_or_the_end_comes_through() {
         checks.load(Ordering::Relaxed),
         0,
         "no check while messages come"
+    );
+}
+
+#[tokio::test]
+async fn a_follower_whose_consumer_is_recreated_from_the_first_message_starts_again_at_its_next() {
+    let Some((_server, t)) = start().await else {
+        return;
+    };
+    for p in publishes(false, EVENTS) {
+        crate::msg::send(&t.js, &t.msg(p))
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+    let (tx, mut rx) = mpsc::channel(64);
+    let out = Out {
+        tx,
+        armed: Arc::new(AtomicBool::new(false)),
+        wake: Arc::new(|| {}),
+    };
+    let s = t.streams[&0].clone();
+    let from = EVENTS + 1;
+    let follower = tokio::spawn({
+        let s = s.clone();
+        async move { follow_from(&s, 0, from, &out, "test").await }
+    });
+    // The follower's consumer, once it exists, deleted under it: async-nats recreates it
+    // from the stream's first message (it delivered none yet).
+    let deadline = tokio::time::Instant::now() + START_WAIT;
+    let name = loop {
+        let names: Vec<String> = s
+            .consumer_names()
+            .collect::<Vec<_>>()
+            .await
+            .into_iter()
+            .flatten()
+            .collect();
+        if let Some(n) = names.into_iter().next() {
+            break n;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no consumer within {START_WAIT:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(s.delete_consumer(&name).await.unwrap().success);
+    let ended = tokio::time::timeout(START_WAIT, follower).await;
+    let ended = ended.expect("the follower ends at the replay").unwrap();
+    assert_eq!(
+        ended.map_err(|(next, e)| (next, e.starts_with("consumer restarted at 1,"))),
+        Err((from, true)),
+        "it asks again from its next"
+    );
+    assert!(
+        rx.try_recv().is_err(),
+        "nothing below its next was delivered"
     );
 }
