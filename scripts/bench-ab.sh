@@ -12,12 +12,14 @@
 #   SECS       publishing seconds per run (default 6, as in BENCHMARKS.md; keep it <= 10)
 #   SERVER_CORE / BENCH_CORE  cores for the gateway and the bench (default 0 / 1)
 #   ONLY       scenarios to run, space-separated (default "fanout-1x100 streams-1000x1";
-#              also fanout-1x100-depth1: the unbatched fan-out, one publish in flight)
+#              also fanout-1x100-depth1: the unbatched fan-out, one publish in flight, and
+#              streams-100x1-depth1: 100 streams x 1 subscriber, 4 publishers, one in flight)
 #
 # Scenarios (BENCHMARKS.md "Side by side with nginx + nchan" and "the subscriber receive path",
 # 256 B payloads, bench defaults otherwise):
 #   fanout-1x100    fanout --streams 1 --subscribers-per-stream 100 --pipeline-depth 64
 #   streams-1000x1  fanout --streams 1000 --subscribers-per-stream 1 --publishers 4 --pipeline-depth 64
+#   streams-100x1-depth1  fanout --streams 100 --subscribers-per-stream 1 --publishers 4 --pipeline-depth 1
 # each with --events-per-stream SECS*2,000,000 (a cap; --publish-secs-max SECS ends the run).
 # Every gateway run: a fresh temp data dir, `taskset -c SERVER_CORE BIN --listen 127.0.0.1:0
 # --cores 1 --fsync never --connections-max 200000`; the bench on BENCH_CORE with --target-pid.
@@ -74,6 +76,7 @@ declare -A SCENARIO=(
   [fanout-1x100]="fanout --streams 1 --subscribers-per-stream 100 --pipeline-depth 64"
   [streams-1000x1]="fanout --streams 1000 --subscribers-per-stream 1 --publishers 4 --pipeline-depth 64"
   [fanout-1x100-depth1]="fanout --streams 1 --subscribers-per-stream 100 --pipeline-depth 1"
+  [streams-100x1-depth1]="fanout --streams 100 --subscribers-per-stream 1 --publishers 4 --pipeline-depth 1"
 )
 # shellcheck disable=SC2206 # ONLY is a word list on purpose
 SCENARIOS=(${ONLY:-fanout-1x100 streams-1000x1})
@@ -130,10 +133,11 @@ def load(name, side, r):
         with open(f"{out}/{name}-{side}.r{r}.json") as f:
             rep = json.load(f)["reports"][-1]
         server = rep.get("server") or {}
+        lat = rep.get("latency") or {}
         return (rep["delivered_per_sec"], server.get("cpu_us_per_delivered_event"),
-                server.get("runqueue_wait_secs"))
+                server.get("runqueue_wait_secs"), lat.get("p50_us"), lat.get("p99_us"))
     except (OSError, ValueError, KeyError, IndexError, TypeError):
-        return None, None, None
+        return None, None, None, None, None
 
 def fmt(v, digits):
     return "—" if v is None else f"{v:,.{digits}f}"
@@ -147,8 +151,11 @@ print("|---|---|---|---|---:|---:|---:|---:|")
 for name in scenarios:
     # The run-queue wait (time the gateway's threads were runnable but not running, summed over
     # threads) is the noise gauge: other load on the gateway's core shows up there first.
+    # Publish -> delivery latency as the bench measures it (closed loop: its tail depends on
+    # the rate, which the first row gives).
     for metric, idx, digits in (("delivered ev/s", 0, 0), ("server CPU µs / delivered ev", 1, 2),
-                                ("gateway run-queue wait s (noise)", 2, 2)):
+                                ("gateway run-queue wait s (noise)", 2, 2),
+                                ("latency p50 µs", 3, 0), ("latency p99 µs", 4, 0)):
         med, per_round = {}, {}
         for side in ("old", "new"):
             vals = [load(name, side, r)[idx] for r in range(1, rounds + 1)]
@@ -157,7 +164,7 @@ for name in scenarios:
             med[side] = statistics.median(got) if got else None
             spread = ((max(got) - min(got)) / med[side]) if len(got) > 1 and med[side] else None
             ratio = paired = ""
-            if side == "new" and idx < 2 and med["old"] and med["new"] is not None:
+            if side == "new" and idx != 2 and med["old"] and med["new"] is not None:
                 ratio = f"**{med['new'] / med['old']:.3f}**"
                 pairs = [n / o for o, n in zip(per_round["old"], vals) if o and n is not None]
                 paired = f"{statistics.median(pairs):.3f}" if pairs else "—"

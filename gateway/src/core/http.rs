@@ -10,13 +10,26 @@ use crate::proto::route::{self, Route};
 use crate::streams::resume::Start;
 use crate::streams::sub::{PENDING_STREAM, Sub};
 
+/// A publish (one event or a batch): its answer may wait for the turn's deliveries.
+fn is_publish(r: &Request) -> bool {
+    matches!(
+        &r.kind,
+        Kind::Api {
+            route: Route::Publish { .. } | Route::PublishBatch { .. },
+            ..
+        }
+    )
+}
+
 /// A request's connection and who sent it (the gate's verdict).
 pub(super) type Caller<'a> = (u32, &'a auth::Access);
 
 impl Core {
     /// The machine's next steps, until it waits (bounded per call; a send completion or a
-    /// receive continues), then whatever answers are ready go out.
+    /// receive continues), then whatever answers are ready go out: at once, or at the end of
+    /// the turn if it published (`Waits::hold_to_turn_end`).
     pub(super) fn drive_http(&mut self, slot: u32) {
+        let mut published = false;
         for _ in 0..PIPELINED_PER_CALL_MAX {
             let polled = self
                 .net
@@ -40,13 +53,16 @@ impl Core {
                     return self.net.hand_off_when_sent(slot, owner, bytes);
                 }
                 Step::Request(r) => {
+                    published |= is_publish(&r);
                     if !self.carry_out(slot, r) {
                         return;
                     }
                 }
             }
         }
-        self.net.flush(slot);
+        if !(published && self.waits.hold_to_turn_end(&mut self.net, slot)) {
+            self.net.flush(slot);
+        }
     }
 
     /// Carries out one request; false if the connection left HTTP (a subscriber, an MCP

@@ -348,6 +348,7 @@ impl Core {
         self.gate.now_unix_secs = unix_secs();
         cqes.clear();
         self.net.io.reap(cqes);
+        self.waits.open_turn();
         for &cqe in cqes.iter() {
             if let Some(c) = self.net.io.complete(cqe) {
                 self.dispatch(c);
@@ -400,8 +401,10 @@ impl Core {
         }
     }
 
-    /// Answers that became durable (or whose group commit failed), the subscribers of the
-    /// streams touched this turn, then the group commits due now.
+    /// The turn's answers (those held by its publishes, those that became durable or whose
+    /// group commit failed) and the subscribers of the streams touched this turn, the
+    /// deliveries first when they are few ([`waits::DELIVER_FIRST_WOKEN_MAX`]); then the
+    /// group commits due now.
     fn end_turn(&mut self) {
         for shard in self.hub.take_failed() {
             self.m().log_sync_failures_total.fetch_add(1, Relaxed);
@@ -409,9 +412,20 @@ impl Core {
         }
         self.mcp_log_check();
         let touched = self.hub.end_turn();
+        let woken = self.subs.to_pump.len()
+            + touched
+                .iter()
+                .map(|&k| self.hub.subscribers(k).len())
+                .sum::<usize>();
+        let deliver_first = waits::Waits::deliver_first(woken);
+        if !deliver_first {
+            self.send_answers(!touched.is_empty());
+        }
         if !touched.is_empty() {
-            self.waits.complete(&mut self.net, &self.hub);
             self.wake(&touched);
+        }
+        if deliver_first {
+            self.send_answers(!touched.is_empty());
         }
         for op in self.hub.start_syncs(self.now) {
             match op {
@@ -422,6 +436,15 @@ impl Core {
         // Receives deferred by --request-buffer-bytes-max, now that this turn's requests and
         // closes may have released bytes (a deferral re-queues itself: no loop).
         self.retry_deferred_recvs();
+    }
+
+    /// The answers held to the end of the turn, then (`released`: a stream was touched) those
+    /// whose wait became visible.
+    fn send_answers(&mut self, released: bool) {
+        self.waits.send_held(&mut self.net);
+        if released {
+            self.waits.complete(&mut self.net, &self.hub);
+        }
     }
 
     /// Pumps the subscribers of `touched` streams.
