@@ -77,7 +77,10 @@ mutant recovery-drops-keys log-store/src/log/recover.rs \
 if [[ " $sim_args " == *" --whole "* ]]; then
   # 8. Publish answers leave at the end of any turn that touched a stream, durable or not.
   mutant answer-before-durable gateway/src/core/waits.rs \
-    's/if h.release_waits(|w| hub.visible(w)) {/if h.release_waits(|_| true) {/'
+    's/let released = h.release_waits(|w| hub.visible(w));/let released = h.release_waits(|_| true);/'
+  # 8b. The answers a turn held for its end (Waits::hold_to_turn_end): the first is never sent.
+  mutant held-answer-dropped gateway/src/core/waits.rs \
+    's/for \&r in \&self.held {/for \&r in self.held.iter().skip(1) {/'
   # 9. A lost wake-up: the subscribers of streams that moved are not pumped.
   mutant lost-wakeup gateway/src/core/mod.rs \
     's/to_pump.extend_from_slice(self.hub.subscribers(key));/let _ = key;/'

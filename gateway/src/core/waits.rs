@@ -99,10 +99,14 @@ impl Waits {
             let State::Http(h) = &mut c.state else {
                 continue;
             };
-            if h.release_waits(|w| hub.visible(w)) {
+            let released = h.release_waits(|w| hub.visible(w));
+            if released.still_waiting {
                 self.conns.push(r);
             }
-            net.flush(r.0);
+            // Nothing released, nothing new to send: what was ready went out when it was.
+            if released.some {
+                net.flush(r.0);
+            }
         }
     }
 

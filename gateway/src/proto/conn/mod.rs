@@ -19,6 +19,7 @@ mod record;
 use std::sync::Arc;
 
 pub use budget::BodyBudget;
+pub use outbox::Released;
 
 use super::access::{Admission, Gate};
 use super::chunked::Decoder;

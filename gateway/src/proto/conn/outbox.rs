@@ -9,6 +9,15 @@ use super::super::http;
 use super::super::request_log::{Finished, status_of};
 use super::{HttpConn, Outgoing, Wait};
 
+/// What [`HttpConn::release_waits`] did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Released {
+    /// Some answer was released (something new may be ready to send).
+    pub some: bool,
+    /// Some answer still waits.
+    pub still_waiting: bool,
+}
+
 impl HttpConn {
     /// Queues an answer after the earlier ones; `wait`: held back until durable.
     pub fn answer(&mut self, bytes: Vec<u8>, wait: Option<Wait>, close: bool) {
@@ -36,19 +45,20 @@ impl HttpConn {
         self.answer(http::error_response(status, code, msg, close), None, close);
     }
 
-    /// Releases the answers whose wait `visible` says is over; true if some still wait.
-    pub fn release_waits(&mut self, visible: impl Fn(Wait) -> bool) -> bool {
-        let mut still = false;
+    /// Releases the answers whose wait `visible` says is over.
+    pub fn release_waits(&mut self, visible: impl Fn(Wait) -> bool) -> Released {
+        let mut r = Released::default();
         for o in self.outbox.iter_mut() {
             if let Some(w) = o.wait {
                 if visible(w) {
                     o.wait = None;
+                    r.some = true;
                 } else {
-                    still = true;
+                    r.still_waiting = true;
                 }
             }
         }
-        still
+        r
     }
 
     /// Replaces every queued answer whose wait `failed` says is lost with `error(close)` (the

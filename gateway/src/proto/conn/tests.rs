@@ -90,12 +90,22 @@ fn pipelined_requests_come_out_in_order_and_answers_keep_it() {
         drain(&mut c, t0).is_empty(),
         "nothing passes a waiting answer"
     );
-    assert!(
+    assert_eq!(
         c.release_waits(|x| matches!(x, Wait::Durable { seq, .. } if seq > 1)),
+        Released {
+            some: false,
+            still_waiting: true
+        },
         "not visible yet: still waiting"
     );
     assert!(drain(&mut c, t0).is_empty());
-    assert!(!c.release_waits(|x| matches!(x, Wait::Durable { seq, .. } if seq <= 1)));
+    assert_eq!(
+        c.release_waits(|x| matches!(x, Wait::Durable { seq, .. } if seq <= 1)),
+        Released {
+            some: true,
+            still_waiting: false
+        }
+    );
     assert_eq!(drain(&mut c, t0), b"A1A2A3");
     assert!(matches!(
         c.poll(t0, &lim, &local, &mut open_gate()),
@@ -441,7 +451,13 @@ fn a_failed_wait_turns_its_answer_into_the_error_in_place() {
         "the error leaves; the next still waits"
     );
     assert_eq!(c.answer_bytes(), b"201-kept".len());
-    assert!(!c.release_waits(|_| true));
+    assert_eq!(
+        c.release_waits(|_| true),
+        Released {
+            some: true,
+            still_waiting: false
+        }
+    );
     assert_eq!(drain(&mut c, t0), b"201-kept");
 }
 
