@@ -13,14 +13,16 @@
 #   SERVER_CORE / BENCH_CORE  cores for the gateway and the bench (default 0 / 1)
 #   ONLY       scenarios to run, space-separated (default "fanout-1x100 streams-1000x1";
 #              also fanout-1x100-depth1: the unbatched fan-out, one publish in flight, and
-#              streams-100x1-depth1: 100 streams x 1 subscriber, 4 publishers, one in flight)
+#              streams-100x1-depth1: 100 streams x 1 subscriber, 4 publishers, one in flight,
+#              and durable-64: 64 sequential publishers, durable (the gateway's default flags))
 #
 # Scenarios (BENCHMARKS.md "Side by side with nginx + nchan" and "the subscriber receive path",
 # 256 B payloads, bench defaults otherwise):
 #   fanout-1x100    fanout --streams 1 --subscribers-per-stream 100 --pipeline-depth 64
 #   streams-1000x1  fanout --streams 1000 --subscribers-per-stream 1 --publishers 4 --pipeline-depth 64
 #   streams-100x1-depth1  fanout --streams 100 --subscribers-per-stream 1 --publishers 4 --pipeline-depth 1
-# each with --events-per-stream SECS*2,000,000 (a cap; --publish-secs-max SECS ends the run).
+# each with --events-per-stream SECS*2,000,000 (a cap; --publish-secs-max SECS ends the run);
+#   durable-64      durable --publishers 64 --secs-per-run SECS, the gateway without --fsync never
 # Every gateway run: a fresh temp data dir, `taskset -c SERVER_CORE BIN --listen 127.0.0.1:0
 # --cores 1 --fsync never --connections-max 200000`; the bench on BENCH_CORE with --target-pid.
 # Round r runs old then new when r is odd, new then old when r is even (order effects cancel
@@ -77,6 +79,7 @@ declare -A SCENARIO=(
   [streams-1000x1]="fanout --streams 1000 --subscribers-per-stream 1 --publishers 4 --pipeline-depth 64"
   [fanout-1x100-depth1]="fanout --streams 1 --subscribers-per-stream 100 --pipeline-depth 1"
   [streams-100x1-depth1]="fanout --streams 100 --subscribers-per-stream 1 --publishers 4 --pipeline-depth 1"
+  [durable-64]="durable --publishers 64"
 )
 # shellcheck disable=SC2206 # ONLY is a word list on purpose
 SCENARIOS=(${ONLY:-fanout-1x100 streams-1000x1})
@@ -90,8 +93,10 @@ run_one() {
   file="$OUT/$name-$side.r$round"
   data="$WORK/data-$name-$side-$round"
   log="$file.gateway.log"
+  local fsync=(--fsync never)
+  if [[ $name == durable-* ]]; then fsync=(); fi
   taskset -c "$SERVER_CORE" "$bin" --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 --connections-per-ip-max 0 --data-dir "$data" --cores 1 \
-    --fsync never --connections-max 200000 >"$log" 2>&1 &
+    "${fsync[@]}" --connections-max 200000 >"$log" 2>&1 &
   GW_PID=$!
   addr=$(wait_for_listen_addr "$log" "$GW_PID") # bounded: 10 s
   if [[ -z $addr ]]; then
@@ -106,6 +111,11 @@ run_one() {
     --publish-secs-max "$SECS" --publish-url "$u/events" --publish-batch-url "$u/events:batch"
     --subscribe-url "$u" --publish-style gateway --id-style gateway
     --target-pid "$GW_PID" --label "$side" --json)
+  if [[ $name == durable-* ]]; then
+    # shellcheck disable=SC2086,SC2206
+    args=(${SCENARIO[$name]} --secs-per-run "$SECS" --publish-url "$u/events"
+      --target-pid "$GW_PID" --json)
+  fi
   # $file.json/.err/.rc; a nonzero exit sets STATUS=1
   run_bench "$name [$side] round $round" "$file" $((SECS * 3 + 90)) "${args[@]}"
   stop_gateway
@@ -131,7 +141,14 @@ out, rounds, scenarios = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 def load(name, side, r):
     try:
         with open(f"{out}/{name}-{side}.r{r}.json") as f:
-            rep = json.load(f)["reports"][-1]
+            doc = json.load(f)
+        if "rows" in doc:  # bench durable: acknowledged events/s, publish latency
+            row = doc["rows"][-1]
+            lat = row.get("latency") or {}
+            ms = lambda k: None if lat.get(k) is None else lat[k] * 1000
+            return (row["events_per_sec"], row.get("server_cpu_us_per_event"), None,
+                    ms("p50_ms"), ms("p99_ms"))
+        rep = doc["reports"][-1]
         server = rep.get("server") or {}
         lat = rep.get("latency") or {}
         return (rep["delivered_per_sec"], server.get("cpu_us_per_delivered_event"),
@@ -144,7 +161,8 @@ def fmt(v, digits):
 
 print(f"Rounds: {rounds} (odd rounds old→new, even rounds new→old). "
       "Spread = (max − min) / median over the rounds. new/old = ratio of the medians; "
-      "paired = median over rounds of that round's new/old (the two ran back to back).")
+      "paired = median over rounds of that round's new/old (the two ran back to back). "
+      "durable-*: ev/s are acknowledged (durable) publishes, latency is publish -> 201.")
 print()
 print("| scenario | metric | binary | per round | median | spread | new/old | paired |")
 print("|---|---|---|---|---:|---:|---:|---:|")
