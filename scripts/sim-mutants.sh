@@ -115,6 +115,10 @@ if [[ " $sim_args " == *" --whole "* ]]; then
   #     records become visible and their publishes are answered though nothing is durable.
   mutant syncfs-error-ignored gateway/src/streams/hub.rs \
     's/            took = Some(self.on_fsync(s, res, core, now));/            took = Some(self.on_fsync(s, res.max(0), core, now));/'
+  # 18. A group commit's hold (--group-commit-hold-us-max) has no time limit: when the
+  #     publishers a commit answered do not all come back, the others wait forever.
+  mutant hold-without-limit gateway/src/streams/pace.rs \
+    's/        if s.publishes - h.from < h.need \&\& now < h.until {/        if s.publishes - h.from < h.need {/'
 fi
 
 exit $failed

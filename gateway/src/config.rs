@@ -67,6 +67,14 @@ pub struct Config {
     #[arg(long, value_enum, default_value_t = FsyncScope::File)]
     pub fsync_scope: FsyncScope,
 
+    /// Microseconds a shard's next group commit may wait, after one that answered several
+    /// publishes, for that many new publishes (the publishers it answered, coming back), and
+    /// never longer than the commit it follows took. Without it sequential publishers split
+    /// into two halves that take turns, each commit covering half of them. One sequential
+    /// publisher is never held; 0 = never hold. BENCHMARKS.md, "Session 17".
+    #[arg(long, default_value_t = 1_000)]
+    pub group_commit_hold_us_max: u64,
+
     /// TCP_NOTSENT_LOWAT on subscriber sockets: unsent bytes the kernel may hold per subscriber;
     /// the rest of a slow subscriber's backlog stays in the log.
     #[arg(long, default_value_t = 64 * 1024)]

@@ -58,6 +58,7 @@ pub fn group_of(long: &str) -> &'static str {
         "retain-secs",
         "fsync",
         "fsync-scope",
+        "group-commit-hold-us-max",
         "stream-idle-expire-secs",
     ];
     let prefixed = |p: &[&str]| p.iter().any(|p| long.starts_with(p));

@@ -302,7 +302,9 @@ impl Core {
             id: setup.id,
             lim,
             net,
-            hub: Hub::new(setup.logs, shared.shards).with_sync_dir(setup.sync_dir),
+            hub: Hub::new(setup.logs, shared.shards)
+                .with_sync_dir(setup.sync_dir)
+                .with_commit_hold(Duration::from_micros(shared.cfg.group_commit_hold_us_max)),
             idem: idempotency_keys(&shared, setup.id),
             shared,
             efd: shared_efd,

@@ -21,6 +21,7 @@ use log_store::{
 
 use super::StreamKey;
 use super::catalog::{StreamKind, StreamQuota};
+use super::pace::Pace;
 use super::publish;
 use super::sub::PENDING_STREAM;
 use super::subjects::{self, Subject, SubjectQuota};
@@ -54,6 +55,8 @@ pub struct Hub {
     idle_since: HashMap<StreamKey, Instant>,
     /// Subscribers of streams not created yet (registered under `PENDING_STREAM` keys).
     unborn: Unborn,
+    /// When each shard's next group commit may start (`--group-commit-hold-us`).
+    pace: Pace,
 }
 
 /// Round numbers wrap within the 24 bits an operation's `user_data` carries.
@@ -104,6 +107,7 @@ impl Hub {
             next_round: 0,
             idle_since: HashMap::new(),
             unborn: Unborn::default(),
+            pace: Pace::new(Duration::ZERO),
         }
     }
 
@@ -112,6 +116,13 @@ impl Hub {
     /// more.
     pub fn with_sync_dir(mut self, dir: Option<SyncDir>) -> Hub {
         self.sync_dir = dir;
+        self
+    }
+
+    /// `--group-commit-hold-us-max`: how long a shard's next group commit may wait for the
+    /// publishers its last one answered ([`Pace`]); zero never holds.
+    pub fn with_commit_hold(mut self, hold_max: Duration) -> Hub {
+        self.pace = Pace::new(hold_max);
         self
     }
 
@@ -203,6 +214,9 @@ impl Hub {
         m: &metrics::CoreMetrics,
     ) -> publish::Published {
         let p = publish::append(self.log_mut(key.0), key.0, key.1, events, batch, close);
+        if p.appended > 0 {
+            self.pace.published(key.0);
+        }
         self.record_appends(key, p.appended);
         m.events_appended_total
             .fetch_add(p.appended as u64, std::sync::atomic::Ordering::Relaxed);
@@ -358,12 +372,13 @@ impl Hub {
     fn begin_jobs(&mut self, now: Instant) -> Vec<SyncOp> {
         let mut out = Vec::new();
         for (&s, log) in self.logs.iter_mut() {
-            if !log.sync_due(now) {
+            if !log.sync_due(now) || self.pace.held(s, now) {
                 continue;
             }
             let Some(job) = log.begin_sync() else {
                 continue;
             };
+            self.pace.began(s);
             let before = out.len();
             out.extend(job.fds().map(|fd| SyncOp::File {
                 shard: s,
@@ -401,6 +416,7 @@ impl Hub {
             return took;
         }
         let p = self.syncs.remove(&shard).expect("present");
+        self.pace.ended(shard, now, took);
         let outcome = p.error.map_or(Ok(()), Err);
         match self.log_mut(shard).finish_sync(p.job, outcome) {
             Ok(r) => self.note_synced(shard, &r),
@@ -463,10 +479,12 @@ impl Hub {
 
     /// The earliest sync deadline of the core's logs with no group commit in flight.
     pub fn next_sync_deadline(&self) -> Option<Instant> {
-        self.logs
-            .values()
-            .filter(|l| !l.sync_in_flight())
-            .filter_map(Log::next_sync_deadline)
+        (self.logs.iter())
+            .filter(|(_, l)| !l.sync_in_flight())
+            .filter_map(|(s, l)| {
+                let due = l.next_sync_deadline()?;
+                Some(self.pace.until(*s).map_or(due, |held| held.max(due)))
+            })
             .min()
     }
 

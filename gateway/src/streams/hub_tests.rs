@@ -2,7 +2,7 @@
 //! files (`--fsync-scope filesystem`), and what each completion ends.
 
 use std::os::fd::OwnedFd;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::*;
 
@@ -141,4 +141,42 @@ fn round_numbers_wrap_within_the_bits_user_data_carries() {
         assert!(hub.on_syncfs(round, 0, 0, t).is_some());
         assert!(hub.visible(a) && hub.visible(b));
     }
+}
+
+/// `--group-commit-hold-us-max`: a commit that answered several publishes holds the shard's
+/// next one until as many publishes arrived again, or until its time is up (the core's wake
+/// deadline says when); a lone publisher's commits are never held.
+#[test]
+fn a_commit_that_answered_several_publishes_holds_the_next_until_they_are_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut hub = hub(dir.path(), 1, None).with_commit_hold(Duration::from_millis(5));
+    let t = Instant::now();
+    let waits = [append(&mut hub, 0, "a"), append(&mut hub, 0, "b")];
+    assert_eq!(hub.start_syncs(t).len(), 1);
+    let done = t + Duration::from_millis(2);
+    hub.on_fsync(0, 0, 0, done);
+    assert!(waits.iter().all(|w| hub.visible(*w)));
+    // One of the two publishers is back: held (until the commit's own 2 ms have passed).
+    let c = append(&mut hub, 0, "c");
+    assert_eq!(hub.start_syncs(done), []);
+    assert_eq!(
+        hub.next_sync_deadline(),
+        Some(done + Duration::from_millis(2))
+    );
+    // The second is back: the commit starts at once and covers both.
+    let d = append(&mut hub, 0, "d");
+    assert_eq!(hub.start_syncs(done).len(), 1);
+    let done2 = done + Duration::from_millis(2);
+    hub.on_fsync(0, 0, 0, done2);
+    assert!(hub.visible(c) && hub.visible(d));
+    // Only one comes back: its commit starts when the hold's time is up, not before.
+    let e = append(&mut hub, 0, "e");
+    assert_eq!(hub.start_syncs(done2 + Duration::from_micros(1_999)), []);
+    let at = done2 + Duration::from_millis(2);
+    assert_eq!(hub.start_syncs(at).len(), 1);
+    hub.on_fsync(0, 0, 0, at + Duration::from_millis(1));
+    assert!(hub.visible(e));
+    // That commit answered one publish: the next is not held.
+    append(&mut hub, 0, "f");
+    assert_eq!(hub.start_syncs(at + Duration::from_millis(1)).len(), 1);
 }

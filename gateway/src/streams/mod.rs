@@ -10,6 +10,7 @@
 pub mod catalog;
 pub mod hub;
 pub mod idempotency;
+pub mod pace;
 pub mod parked;
 pub mod publish;
 pub mod quarantine;

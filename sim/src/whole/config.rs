@@ -35,6 +35,9 @@ pub(super) struct WholeConfig {
     /// `--fsync-scope filesystem`: a round of group commits naming this many files or more is
     /// one `syncfs` (1: every round; 2: as the gateway does). `None`: `fdatasync` per file.
     pub(super) syncfs_files_min: Option<usize>,
+    /// `--group-commit-hold-us-max`: 0 (never held), the default, or long enough that a hold
+    /// lasts as long as the commit it follows (a slow one: up to 40 steps).
+    pub(super) commit_hold_us: u64,
 }
 
 impl WholeConfig {
@@ -68,6 +71,7 @@ impl WholeConfig {
             retain_segments: rng.chance(400).then(|| rng.range(2, 4)),
             tls: rng.chance(300),
             syncfs_files_min: rng.chance(400).then(|| rng.range(1, 2) as usize),
+            commit_hold_us: [0, 1_000, 60_000][rng.range(0, 2) as usize],
         }
     }
 }
@@ -97,6 +101,7 @@ pub(super) fn gateway_config(
         "1",
     ])
     .map_err(|e| format!("gateway flags: {e}"))?;
+    gw.group_commit_hold_us_max = cfg.commit_hold_us;
     if let Some(t) = tls {
         gw.tls_cert_file = Some(t.cert_file.clone());
         gw.tls_key_file = Some(t.key_file.clone());

@@ -197,6 +197,9 @@ impl World {
         if let Some(n) = self.cfg.syncfs_files_min {
             self.note("syncfs rounds", &[n as u64]);
         }
+        if self.cfg.commit_hold_us > 0 {
+            self.note("commit hold us", &[self.cfg.commit_hold_us]);
+        }
         if !self.mcps.is_empty() {
             self.note("mcp clients", &[self.mcps.len() as u64]);
         }
