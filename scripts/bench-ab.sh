@@ -14,7 +14,8 @@
 #   ONLY       scenarios to run, space-separated (default "fanout-1x100 streams-1000x1";
 #              also fanout-1x100-depth1: the unbatched fan-out, one publish in flight, and
 #              streams-100x1-depth1: 100 streams x 1 subscriber, 4 publishers, one in flight,
-#              and durable-64: 64 sequential publishers, durable (the gateway's default flags))
+#              durable-64: 64 sequential publishers, durable (the gateway's default flags),
+#              and fanout-1x100-depth16-durable: the fan-out, one publisher pipelining 16, durable)
 #
 # Scenarios (BENCHMARKS.md "Side by side with nginx + nchan" and "the subscriber receive path",
 # 256 B payloads, bench defaults otherwise):
@@ -23,6 +24,8 @@
 #   streams-100x1-depth1  fanout --streams 100 --subscribers-per-stream 1 --publishers 4 --pipeline-depth 1
 # each with --events-per-stream SECS*2,000,000 (a cap; --publish-secs-max SECS ends the run);
 #   durable-64      durable --publishers 64 --secs-per-run SECS, the gateway without --fsync never
+#   fanout-1x100-depth16-durable  fanout --streams 1 --subscribers-per-stream 100 --pipeline-depth 16,
+#                   the gateway without --fsync never
 # Every gateway run: a fresh temp data dir, `taskset -c SERVER_CORE BIN --listen 127.0.0.1:0
 # --cores 1 --fsync never --connections-max 200000`; the bench on BENCH_CORE with --target-pid.
 # Round r runs old then new when r is odd, new then old when r is even (order effects cancel
@@ -80,6 +83,7 @@ declare -A SCENARIO=(
   [fanout-1x100-depth1]="fanout --streams 1 --subscribers-per-stream 100 --pipeline-depth 1"
   [streams-100x1-depth1]="fanout --streams 100 --subscribers-per-stream 1 --publishers 4 --pipeline-depth 1"
   [durable-64]="durable --publishers 64"
+  [fanout-1x100-depth16-durable]="fanout --streams 1 --subscribers-per-stream 100 --pipeline-depth 16"
 )
 # shellcheck disable=SC2206 # ONLY is a word list on purpose
 SCENARIOS=(${ONLY:-fanout-1x100 streams-1000x1})
@@ -94,7 +98,7 @@ run_one() {
   data="$WORK/data-$name-$side-$round"
   log="$file.gateway.log"
   local fsync=(--fsync never)
-  if [[ $name == durable-* ]]; then fsync=(); fi
+  if [[ $name == durable-* || $name == *-durable ]]; then fsync=(); fi
   taskset -c "$SERVER_CORE" "$bin" --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 --connections-per-ip-max 0 --data-dir "$data" --cores 1 \
     "${fsync[@]}" --connections-max 200000 >"$log" 2>&1 &
   GW_PID=$!

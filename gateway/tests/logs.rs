@@ -422,11 +422,39 @@ fn delivery_lag_is_observed_for_live_subscribers() {
 
 /// `gateway_delivery_lag_seconds_count` (a series without labels).
 fn lag_count(g: &Gateway) -> u64 {
+    count(g, "gateway_delivery_lag_seconds")
+}
+
+/// `<family>_count` of a histogram without labels.
+fn count(g: &Gateway, family: &str) -> u64 {
     let (_, _, body) = request(g.admin_addr, "GET", "/metrics", &[], b"");
     let text = String::from_utf8(body).unwrap();
-    let line = text
-        .lines()
-        .find(|l| l.starts_with("gateway_delivery_lag_seconds_count "));
+    let prefix = format!("{family}_count ");
+    let line = text.lines().find(|l| l.starts_with(&prefix));
     line.and_then(|l| l.rsplit(' ').next()?.parse().ok())
         .expect("the count")
+}
+
+/// Every turn of a core's loop is observed (`gateway_turn_duration_seconds`): each request
+/// takes at least one turn (its bytes arrive in a completion), so the count grows by at least
+/// the requests made, and the sum stays within the time the gateway has been up.
+#[test]
+fn every_turn_of_the_loop_is_observed() {
+    let dir = tempfile::tempdir().unwrap();
+    let started = std::time::Instant::now();
+    let g = start(&dir, &["--cores", "1"]);
+    let before = count(&g, "gateway_turn_duration_seconds");
+    for _ in 0..5 {
+        let (status, _, _) = request(g.addr, "GET", "/healthz", &[], b"");
+        assert_eq!(status, 200);
+    }
+    let after = count(&g, "gateway_turn_duration_seconds");
+    assert!(after >= before + 5, "{before} -> {after}");
+    let (_, _, body) = request(g.admin_addr, "GET", "/metrics", &[], b"");
+    let text = String::from_utf8(body).unwrap();
+    let sum: f64 = (text.lines())
+        .find_map(|l| l.strip_prefix("gateway_turn_duration_seconds_sum "))
+        .and_then(|v| v.parse().ok())
+        .expect("the sum");
+    assert!(sum <= started.elapsed().as_secs_f64(), "{sum}");
 }

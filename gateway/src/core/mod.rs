@@ -363,6 +363,8 @@ impl Core {
             self.tick();
             self.next_tick = self.now + TICK;
         }
+        let took = self.net.io.now().saturating_duration_since(self.now);
+        self.m().turn_duration.observe(took);
         // MCP records still on their way through JetStream (cluster mode) hold the exit too:
         // they are the explicit ends of the sessions' requests.
         let done = self.shutting_down.is_some_and(|deadline| {

@@ -78,6 +78,11 @@ const HISTOGRAMS: &[HistFamily] = &[
         help: "One fdatasync of a group commit, or one syncfs of a round of them (--fsync-scope filesystem), submitted to completed.",
         series: &[("", |m| &m.fsync_duration)],
     },
+    HistFamily {
+        name: "gateway_turn_duration_seconds",
+        help: "Turns of the cores' loops, from the wake-up to the end of the turn's work (its wait for completions excluded): a long one delays every event and answer of its core.",
+        series: &[("", |m| &m.turn_duration)],
+    },
 ];
 
 /// Every histogram family, each series with cumulative `_bucket`s, `_sum` and `_count`.

@@ -165,6 +165,8 @@ pub struct CoreMetrics {
     /// `gateway_publish_duration_seconds`, by [`PUBLISH_ROUTES`].
     pub publish_duration: [Histogram; 2],
     pub fsync_duration: Histogram,
+    /// `gateway_turn_duration_seconds`: the work of each loop turn, its wait excluded.
+    pub turn_duration: Histogram,
     /// `gateway_mcp_upstream_call_seconds` (this core's MCP parts'; summed over cores at export).
     pub mcp_upstream_call: Histogram,
     /// `gateway_delivery_lag_seconds`.
