@@ -151,14 +151,15 @@ def load(name, side, r):
             lat = row.get("latency") or {}
             ms = lambda k: None if lat.get(k) is None else lat[k] * 1000
             return (row["events_per_sec"], row.get("server_cpu_us_per_event"), None,
-                    ms("p50_ms"), ms("p99_ms"))
+                    ms("p50_ms"), ms("p99_ms"), None)
         rep = doc["reports"][-1]
         server = rep.get("server") or {}
         lat = rep.get("latency") or {}
         return (rep["delivered_per_sec"], server.get("cpu_us_per_delivered_event"),
-                server.get("runqueue_wait_secs"), lat.get("p50_us"), lat.get("p99_us"))
+                server.get("runqueue_wait_secs"), lat.get("p50_us"), lat.get("p99_us"),
+                lat.get("p999_us"))
     except (OSError, ValueError, KeyError, IndexError, TypeError):
-        return None, None, None, None, None
+        return None, None, None, None, None, None
 
 def fmt(v, digits):
     return "—" if v is None else f"{v:,.{digits}f}"
@@ -177,7 +178,8 @@ for name in scenarios:
     # the rate, which the first row gives).
     for metric, idx, digits in (("delivered ev/s", 0, 0), ("server CPU µs / delivered ev", 1, 2),
                                 ("gateway run-queue wait s (noise)", 2, 2),
-                                ("latency p50 µs", 3, 0), ("latency p99 µs", 4, 0)):
+                                ("latency p50 µs", 3, 0), ("latency p99 µs", 4, 0),
+                                ("latency p99.9 µs", 5, 0)):
         med, per_round = {}, {}
         for side in ("old", "new"):
             vals = [load(name, side, r)[idx] for r in range(1, rounds + 1)]
