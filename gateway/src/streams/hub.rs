@@ -55,7 +55,7 @@ pub struct Hub {
     idle_since: HashMap<StreamKey, Instant>,
     /// Subscribers of streams not created yet (registered under `PENDING_STREAM` keys).
     unborn: Unborn,
-    /// When each shard's next group commit may start (`--group-commit-hold-us`).
+    /// When each shard's next group commit may start (`--group-commit-hold-us-max`).
     pace: Pace,
 }
 
