@@ -71,7 +71,10 @@ pub struct Config {
     /// publishes, for that many new publishes (the publishers it answered, coming back), and
     /// never longer than the commit it follows took. Without it sequential publishers split
     /// into two halves that take turns, each commit covering half of them. One sequential
-    /// publisher is never held; 0 = never hold. BENCHMARKS.md, "Session 17".
+    /// publisher is never held; 0 = never hold. Only under `--fsync group` (or `always`) with
+    /// `--fsync-scope file`: an interval batches already, and holds ending apart would split a
+    /// `syncfs` round. Only publishes count (MCP records wait for a hold like any record).
+    /// BENCHMARKS.md, "Session 17".
     #[arg(long, default_value_t = 1_000)]
     pub group_commit_hold_us_max: u64,
 

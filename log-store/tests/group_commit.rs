@@ -81,6 +81,9 @@ fn a_failed_fsync_poisons_the_log_and_is_never_retried() {
     let a = log.create_stream("a").unwrap();
     log.append(a, None, b"lost?").unwrap();
     let job = log.begin_sync().unwrap();
+    // A sync in flight: its completion is the next event, not a timer.
+    log.append(a, None, b"after").unwrap();
+    assert_eq!(log.next_sync_deadline(), None, "in flight");
     let eio = io::Error::from_raw_os_error(5); // EIO, as a failing disk reports it
     assert!(matches!(
         log.finish_sync(job, Err(eio)),
@@ -92,6 +95,11 @@ fn a_failed_fsync_poisons_the_log_and_is_never_retried() {
         Err(AppendError::Poisoned)
     ));
     assert!(!log.sync_due(Instant::now()), "no retry");
+    assert_eq!(
+        log.next_sync_deadline(),
+        None,
+        "no timer for a sync that never starts"
+    );
     assert!(log.begin_sync().is_none(), "no retry");
     assert!(matches!(log.sync_now(), Err(SyncError::Poisoned)));
     assert_eq!(log.bounds(a).unwrap().visible_tail, 0);

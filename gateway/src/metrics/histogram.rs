@@ -80,7 +80,7 @@ const HISTOGRAMS: &[HistFamily] = &[
     },
     HistFamily {
         name: "gateway_turn_duration_seconds",
-        help: "Turns of the cores' loops, from the wake-up to the end of the turn's work (its wait for completions excluded): a long one delays every event and answer of its core.",
+        help: "Turns of the cores' loops, from the wake-up to the end of the turn's work (its wait for completions excluded, and with it the submission of its operations, where io_uring may run sends inline): a long one delays every event and answer of its core.",
         series: &[("", |m| &m.turn_duration)],
     },
 ];

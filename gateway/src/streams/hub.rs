@@ -372,7 +372,7 @@ impl Hub {
     fn begin_jobs(&mut self, now: Instant) -> Vec<SyncOp> {
         let mut out = Vec::new();
         for (&s, log) in self.logs.iter_mut() {
-            if !log.sync_due(now) || self.pace.held(s, now) {
+            if !log.sync_due(now) || (holds(&self.sync_dir, log) && self.pace.held(s, now)) {
                 continue;
             }
             let Some(job) = log.begin_sync() else {
@@ -478,12 +478,18 @@ impl Hub {
     }
 
     /// The earliest sync deadline of the core's logs with no group commit in flight.
+    /// While a `syncfs` round is in flight nothing starts (its completion is the next event).
     pub fn next_sync_deadline(&self) -> Option<Instant> {
+        if self.round.is_some() {
+            return None;
+        }
         (self.logs.iter())
-            .filter(|(_, l)| !l.sync_in_flight())
             .filter_map(|(s, l)| {
                 let due = l.next_sync_deadline()?;
-                Some(self.pace.until(*s).map_or(due, |held| held.max(due)))
+                let held = holds(&self.sync_dir, l)
+                    .then(|| self.pace.until(*s))
+                    .flatten();
+                Some(held.map_or(due, |held| held.max(due)))
             })
             .min()
     }
@@ -572,6 +578,17 @@ impl Hub {
         }
         out
     }
+}
+
+/// Whether a log's commits are held by [`Pace`]: under `group` (and `always`, the same) and
+/// one `fdatasync` per file. Not under `interval:<ms>` (its interval batches already), nor with
+/// `syncfs` rounds (shards whose holds end apart would split a round into lone files).
+fn holds(sync_dir: &Option<SyncDir>, log: &Log) -> bool {
+    sync_dir.is_none()
+        && matches!(
+            log.options().fsync,
+            log_store::FsyncPolicy::Group | log_store::FsyncPolicy::Always
+        )
 }
 
 #[cfg(test)]

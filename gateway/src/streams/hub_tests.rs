@@ -150,7 +150,9 @@ fn round_numbers_wrap_within_the_bits_user_data_carries() {
 fn a_commit_that_answered_several_publishes_holds_the_next_until_they_are_back() {
     let dir = tempfile::tempdir().unwrap();
     let mut hub = hub(dir.path(), 1, None).with_commit_hold(Duration::from_millis(5));
-    let t = Instant::now();
+    // The log stamps its records with the real clock: the test's clock runs ahead of it, so
+    // a due time never passes a hold's end however slowly this thread runs.
+    let t = Instant::now() + Duration::from_secs(60);
     let waits = [append(&mut hub, 0, "a"), append(&mut hub, 0, "b")];
     assert_eq!(hub.start_syncs(t).len(), 1);
     let done = t + Duration::from_millis(2);
@@ -179,4 +181,25 @@ fn a_commit_that_answered_several_publishes_holds_the_next_until_they_are_back()
     // That commit answered one publish: the next is not held.
     append(&mut hub, 0, "f");
     assert_eq!(hub.start_syncs(at + Duration::from_millis(1)).len(), 1);
+}
+
+/// No hold with `syncfs` rounds (holds ending apart would split a round into lone files), and
+/// no timer while a round is in flight (its completion is the next event).
+#[test]
+fn syncfs_rounds_are_not_held_and_set_no_timer_while_in_flight() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut hub = hub(dir.path(), 2, Some(2)).with_commit_hold(Duration::from_millis(5));
+    let t = Instant::now() + Duration::from_secs(60);
+    for (i, name) in ["a", "b", "c", "d"].iter().enumerate() {
+        append(&mut hub, (i % 2) as u32, name);
+    }
+    let r = rounds(&hub.start_syncs(t));
+    assert_eq!(r.len(), 1);
+    append(&mut hub, 0, "e");
+    assert_eq!(hub.next_sync_deadline(), None, "a round in flight");
+    let done = t + Duration::from_millis(2);
+    assert!(hub.on_syncfs(r[0], 0, 0, done).is_some());
+    // Each shard's commit answered 2 publishes, yet the next round starts at once.
+    append(&mut hub, 1, "f");
+    assert_eq!(rounds(&hub.start_syncs(done)).len(), 1);
 }

@@ -368,8 +368,13 @@ impl Log {
         Ok(())
     }
 
-    /// When `poll_sync` next has work (for reactor timers); `None` when it has none.
+    /// When `poll_sync` next has work (for reactor timers); `None` when it has none: nothing
+    /// unsynced, a sync in flight (its completion is the next event), or a poisoned log (no
+    /// sync starts again).
     pub fn next_sync_deadline(&self) -> Option<Instant> {
+        if self.syncing.is_some() || self.poisoned {
+            return None;
+        }
         let since = self.unsynced_since?;
         match self.opts.fsync {
             FsyncPolicy::Never => None,
