@@ -291,17 +291,42 @@ pub fn discard_input(fd: BorrowedFd<'_>) -> Input {
 /// Makes the calling thread a background one (`SCHED_IDLE`): it runs only when its CPU has
 /// nothing else runnable, so it never preempts a reactor sharing that CPU (sched(7): "for
 /// running very low priority background jobs"). Under a saturated CPU it may not run at all
-/// for a while: only for work that may lag or be dropped.
+/// for a while: only for work that may lag or be dropped, or that a reactor waits for only
+/// while it sleeps (its CPU idle then).
+///
+/// Its I/O stays best-effort: a thread without an I/O priority of its own takes one from its
+/// CPU policy, and `SCHED_IDLE` maps to the idle I/O class (the kernel's `task_nice_ioclass`),
+/// which mq-deadline and BFQ serve only when nothing else is queued. Behind a steady stream of
+/// group commits a segment's preparation (its `fsync`) could then wait for seconds, and a
+/// reactor rolling onto that segment with it.
 pub fn become_background_thread() -> io::Result<()> {
     let param = libc::sched_param { sched_priority: 0 };
     // SAFETY: pid 0 names the calling thread; `param` is a plain value read during the call.
     let r = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
+    if r != 0 {
+        return Err(io::Error::last_os_error());
     }
+    // ioprio_set(2): IOPRIO_WHO_PROCESS with who 0 is the calling thread.
+    // SAFETY: plain integers; no memory is passed.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_ioprio_set,
+            IOPRIO_WHO_PROCESS,
+            0,
+            IOPRIO_BEST_EFFORT_DEFAULT,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
+
+/// ioprio_set(2)'s `which` for a thread.
+const IOPRIO_WHO_PROCESS: libc::c_int = 1;
+/// `IOPRIO_PRIO_VALUE(IOPRIO_CLASS_BE, 4)`: best effort (class 2, in the top 3 bits of 16) at
+/// the default level 4, what a thread of the normal policy gets.
+const IOPRIO_BEST_EFFORT_DEFAULT: libc::c_int = (2 << 13) | 4;
 
 /// A non-blocking, close-on-exec eventfd.
 pub fn eventfd() -> io::Result<OwnedFd> {
@@ -415,11 +440,19 @@ mod tests {
         let policy = std::thread::spawn(|| {
             super::become_background_thread().unwrap();
             // SAFETY: pid 0 names the calling thread; no memory is passed.
-            unsafe { libc::sched_getscheduler(0) }
+            let policy = unsafe { libc::sched_getscheduler(0) };
+            // SAFETY: plain integers, as above.
+            let io = unsafe { libc::syscall(libc::SYS_ioprio_get, super::IOPRIO_WHO_PROCESS, 0) };
+            (policy, io)
         })
         .join()
         .unwrap();
-        assert_eq!(policy, libc::SCHED_IDLE);
+        assert_eq!(policy.0, libc::SCHED_IDLE);
+        assert_eq!(
+            policy.1,
+            super::IOPRIO_BEST_EFFORT_DEFAULT as libc::c_long,
+            "best-effort I/O"
+        );
         // SAFETY: as above; this thread was not changed.
         assert_eq!(unsafe { libc::sched_getscheduler(0) }, libc::SCHED_OTHER);
     }
