@@ -276,26 +276,14 @@ fn core_setups(
 }
 
 /// The log's background threads: segment retirement and next-segment preparation. Without
-/// them the reactors do that work themselves (said as a warning). Both run at `SCHED_IDLE`
-/// (`sys::become_background_thread`), as the access log's writer does: a reactor that wakes
-/// takes their CPU at once instead of waiting behind a segment's pre-faulting for up to a
-/// scheduler slice (turns of 1-10 ms in the 100 x 1 plain case; BENCHMARKS.md, "Session 17").
-/// When they lag (a saturated CPU), the writer faults its pages in, or rolls, itself: slower,
-/// never wrong.
+/// them the reactors do that work themselves (said as a warning).
 fn start_log_threads() {
-    let background = |name: &'static str| {
-        move || {
-            if let Err(e) = gateway::sys::become_background_thread() {
-                tracing::warn!("{name}: not a background thread ({e}): it may delay a reactor");
-            }
-        }
-    };
     // munmap/unlink of retired segments happen on a background thread, not on a reactor.
-    if let Err(e) = log_store::retire_in_background_with(background("log-retire")) {
+    if let Err(e) = log_store::retire_in_background() {
         tracing::warn!("no segment-retirement thread ({e}); reactors retire");
     }
     // Next-segment preparation and retention checkpoints off the reactors (before open_logs).
-    if let Err(e) = log_store::prepare_in_background_with(background("log-prepare")) {
+    if let Err(e) = log_store::prepare_in_background() {
         tracing::warn!("no log-prepare thread ({e}); reactors create segments");
     }
 }

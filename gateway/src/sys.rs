@@ -296,9 +296,8 @@ pub fn discard_input(fd: BorrowedFd<'_>) -> Input {
 ///
 /// Its I/O stays best-effort: a thread without an I/O priority of its own takes one from its
 /// CPU policy, and `SCHED_IDLE` maps to the idle I/O class (the kernel's `task_nice_ioclass`),
-/// which mq-deadline and BFQ serve only when nothing else is queued. Behind a steady stream of
-/// group commits a segment's preparation (its `fsync`) could then wait for seconds, and a
-/// reactor rolling onto that segment with it.
+/// which mq-deadline and BFQ serve only when nothing else is queued: behind a steady stream of
+/// group commits its writes could wait for seconds.
 pub fn become_background_thread() -> io::Result<()> {
     let param = libc::sched_param { sched_priority: 0 };
     // SAFETY: pid 0 names the calling thread; `param` is a plain value read during the call.

@@ -49,13 +49,13 @@ pub mod resume;
 pub mod sim;
 
 pub use event_id::{EVENT_ID_BYTES_MAX, Epoch, EventId, EventIdError, Seq, StreamId};
-pub use log::retire::{retire_in_background, retire_in_background_with};
+pub use log::prepare_in_background;
+pub use log::retire::retire_in_background;
 pub use log::{
     AppendError, Appended, Bounds, KEY_BYTES_MAX, KeyRecord, Log, LogSlice, OpenError, ReadBatch,
     ReadError, RemoveError, Removed, RetentionError, RetentionReport, RollCounts, SyncError,
     SyncJob, SyncReport,
 };
-pub use log::{prepare_in_background, prepare_in_background_with};
 pub use options::{FsyncPolicy, FsyncPolicyError, LogOptions, LogOptionsError};
 pub use resume::{
     Detail, Refusal, ResumeClass, ResumeInput, ResumeOutcome, ResumePlan, WindowView, plan_resume,

@@ -1133,5 +1133,5 @@ mod segfile;
 mod streams;
 mod sync;
 
-pub use background::{prepare_in_background, prepare_in_background_with};
+pub use background::prepare_in_background;
 pub use keys::{KEY_BYTES_MAX, KeyRecord};

@@ -34,12 +34,6 @@ static THREAD: OnceLock<Sender<Job>> = OnceLock::new();
 /// thread. Logs opened before keep working inline. Idempotent. Fails only if the thread cannot
 /// be spawned (then logs keep working inline).
 pub fn prepare_in_background() -> io::Result<()> {
-    prepare_in_background_with(|| {})
-}
-
-/// [`prepare_in_background`], with `init` run first on the thread (e.g. to lower its
-/// scheduling priority, so that it never delays the thread that appends).
-pub fn prepare_in_background_with(init: impl FnOnce() + Send + 'static) -> io::Result<()> {
     if THREAD.get().is_some() {
         return Ok(());
     }
@@ -47,7 +41,6 @@ pub fn prepare_in_background_with(init: impl FnOnce() + Send + 'static) -> io::R
     std::thread::Builder::new()
         .name("log-prepare".into())
         .spawn(move || {
-            init();
             for job in rx {
                 // A panicking job must not end the thread, or every later job of every log
                 // would run nowhere; a preparation's slot is settled by its own guard

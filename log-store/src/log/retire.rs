@@ -43,12 +43,6 @@ static BACKGROUND: OnceLock<Sender<Retired>> = OnceLock::new();
 /// process. Idempotent. Fails only if the thread cannot be spawned (then retirement stays on
 /// the dropping thread).
 pub fn retire_in_background() -> std::io::Result<()> {
-    retire_in_background_with(|| {})
-}
-
-/// [`retire_in_background`], with `init` run first on the thread (e.g. to lower its
-/// scheduling priority).
-pub fn retire_in_background_with(init: impl FnOnce() + Send + 'static) -> std::io::Result<()> {
     if BACKGROUND.get().is_some() {
         return Ok(());
     }
@@ -56,7 +50,6 @@ pub fn retire_in_background_with(init: impl FnOnce() + Send + 'static) -> std::i
     std::thread::Builder::new()
         .name("log-retire".into())
         .spawn(move || {
-            init();
             for r in rx {
                 drop(r);
             }
