@@ -15,7 +15,7 @@
 # --repeat N runs every load scenario N times, alternating nchan and gateway, and the ratio
 # table quotes medians (the machine is shared and noisy). --only runs just the named scenarios
 # (latency-1x100, fanout-1x100, fanout-1x100-depth1, streams-1000x1, streams-100x1-depth1,
-# streams-100x1-depth16, resume-storm,
+# streams-100x1-depth16, streams-100x1-rate10k, resume-storm,
 # fanout-1x100-batch100, slow, idle, mcp; the gap demo always runs).
 # --tls: both servers serve the load scenarios over TLS (a P-256 self-signed certificate made
 # with openssl at start; nginx `listen ... ssl` with ssl_certificate on its own port, the
@@ -310,6 +310,11 @@ run_both streams-100x1-depth1 fanout --streams 100 --subscribers-per-stream 1 --
   --publishers 4 --publish-secs-max "$SECS" --pipeline-depth 1
 run_both streams-100x1-depth16 fanout --streams 100 --subscribers-per-stream 1 --events-per-stream "$EV" \
   --publishers 4 --publish-secs-max "$SECS" --pipeline-depth 16
+# The plain case again at a fixed 10,000 events/s, which both servers sustain: the tails at the
+# same load. Unpaced, each server runs at its own saturation, and the faster one also keeps the
+# load generator busier.
+run_both streams-100x1-rate10k fanout --streams 100 --subscribers-per-stream 1 --events-per-stream "$EV" \
+  --publishers 4 --publish-secs-max "$SECS" --pipeline-depth 1 --rate-events-per-sec 10000
 run_both resume-storm resume-storm --streams 10 --subscribers-per-stream 10 \
   --events-per-stream "$EV" --rate-events-per-sec 5000 --cuts-per-sec 200 --publish-secs-max "$SECS"
 # Gateway only (nchan has no batch publish): the same fanout with 100-event batch POSTs.
@@ -380,7 +385,7 @@ def load(name, sys_, idx=-1):
             pass
     return median_report(reps) if reps else None
 rounds = max((len(glob.glob(os.path.join(out, f"{sc}-nchan*.json")))
-              for sc in ["latency-1x100", "fanout-1x100", "fanout-1x100-depth1", "streams-1000x1", "streams-100x1-depth1", "streams-100x1-depth16", "resume-storm", "slow"]),
+              for sc in ["latency-1x100", "fanout-1x100", "fanout-1x100-depth1", "streams-1000x1", "streams-100x1-depth1", "streams-100x1-depth16", "streams-100x1-rate10k", "resume-storm", "slow"]),
              default=0)
 print(f"Medians over {rounds} round(s) per scenario and system.")
 print()
@@ -400,7 +405,7 @@ def row(sc, metric, n, g, fmt="{:.0f}"):
         r = f"{g / n:.2f}" if n else "n/a"
     f = lambda v: "n/a" if v is None else fmt.format(v)
     print(f"| {sc} | {metric} | {f(n)} | {f(g)} | {r} |")
-for sc in ["latency-1x100", "fanout-1x100", "fanout-1x100-depth1", "fanout-1x100-batch100", "streams-1000x1", "streams-100x1-depth1", "streams-100x1-depth16", "resume-storm", "slow", "idle"]:
+for sc in ["latency-1x100", "fanout-1x100", "fanout-1x100-depth1", "fanout-1x100-batch100", "streams-1000x1", "streams-100x1-depth1", "streams-100x1-depth16", "streams-100x1-rate10k", "resume-storm", "slow", "idle"]:
     n, g = load(sc, "nchan"), load(sc, "gateway")
     if n is None and g is None:
         continue
@@ -416,6 +421,7 @@ for sc in ["latency-1x100", "fanout-1x100", "fanout-1x100-depth1", "fanout-1x100
         row(sc, "latency p50 us", (n.get("latency") or {}).get("p50_us"), (g.get("latency") or {}).get("p50_us"))
         row(sc, "latency p99 us", (n.get("latency") or {}).get("p99_us"), (g.get("latency") or {}).get("p99_us"))
         row(sc, "latency p99.9 us", (n.get("latency") or {}).get("p999_us"), (g.get("latency") or {}).get("p999_us"))
+        row(sc, "load generator's CPU s (bench, one core)", n.get("bench_cpu_secs"), g.get("bench_cpu_secs"), "{:.2f}")
     if sc == "slow":
         nb, gb = load(sc, "nchan", 0) or {}, load(sc, "gateway", 0) or {}
         p99 = lambda r: (r.get("latency") or {}).get("p99_us")
