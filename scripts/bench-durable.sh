@@ -2,7 +2,8 @@
 # bench-durable.sh [GATEWAY_BIN]: the durability and kernel-floor figures of BENCHMARKS.md
 # ("Durable by default"), in one run. Gateway on core 0 (one reactor), bench on core 1.
 #  1. the gateway with its default flags (`--fsync group`): `bench durable` — the raw
-#     fdatasync of its data filesystem (on core 0 and on core 1), then 1 and 64 sequential publishers (publish p50/p99,
+#     fdatasync of its data filesystem (on core 0 and on core 1; after a 300 B overwrite, and
+#     after a 300 B append into a preallocated file, the shape a log's sync has), then 1 and 64 sequential publishers (publish p50/p99,
 #     durable events/s, server CPU per event);
 #  1b. the same with `--fsync-scope filesystem`: a round of group commits naming several files
 #     (the 8 shards' segments) is one syncfs (the data directory here is not a mount point of

@@ -1,6 +1,8 @@
 //! The `durable` scenario: what a durable publish costs as a user sees it. In one run:
-//! - the raw `fdatasync` of a 300-byte overwrite on the filesystem of the server's data
-//!   directory (p50 / p99): the floor a durable answer cannot beat;
+//! - the raw `fdatasync` on the filesystem of the server's data directory (p50 / p99), in two
+//!   shapes: a 300-byte overwrite of a written block (the cheapest sync: data and a flush), and
+//!   a 300-byte append into a fresh 4 KiB page of a preallocated file, as a log appends (its
+//!   sync also converts the extent it wrote into, which writes the inode);
 //! - for each publisher count (default 1 and 64), that many sequential publishers — each on its
 //!   own keep-alive connection and stream, one POST in flight, the next sent when the 201
 //!   arrives — for a fixed time: publish latency (request written → 201 read) p50 / p99 and
@@ -84,8 +86,11 @@ pub struct DurableRow {
 /// The whole scenario.
 #[derive(Debug, Clone, Serialize)]
 pub struct DurableReport {
-    /// Per probe: the CPU it ran on (`None`: wherever the bench runs) and its latencies.
+    /// Per probe: the CPU it ran on (`None`: wherever the bench runs) and its latencies, for
+    /// the overwrite of a written block.
     pub fdatasync: Vec<(Option<usize>, Percentiles)>,
+    /// The same for an append into a fresh page of a preallocated file.
+    pub fdatasync_append: Vec<(Option<usize>, Percentiles)>,
     pub rows: Vec<DurableRow>,
 }
 
@@ -97,11 +102,16 @@ impl DurableReport {
     /// A plain-text table.
     pub fn table(&self) -> String {
         let mut out = String::from("== durable\n");
-        for (cpu, f) in &self.fdatasync {
+        let probes = (self.fdatasync.iter().map(|p| (Shape::Overwrite, p)))
+            .chain(self.fdatasync_append.iter().map(|p| (Shape::Append, p)));
+        for (shape, (cpu, f)) in probes {
             let on = cpu.map_or(String::new(), |c| format!(" on CPU {c}"));
             out.push_str(&format!(
-                "  raw fdatasync (300 B overwrite){on}: p50 {:.3} ms, p99 {:.3} ms ({} samples)\n",
-                f.p50_ms, f.p99_ms, f.samples
+                "  raw fdatasync ({}){on}: p50 {:.3} ms, p99 {:.3} ms ({} samples)\n",
+                shape.label(),
+                f.p50_ms,
+                f.p99_ms,
+                f.samples
             ));
         }
         out.push_str(
@@ -123,6 +133,7 @@ impl DurableReport {
 /// Runs the probe and every publisher count in turn.
 pub fn run(cfg: &DurableConfig) -> Result<DurableReport, String> {
     let mut fdatasync = Vec::new();
+    let mut fdatasync_append = Vec::new();
     if let Some(dir) = &cfg.fsync_probe_dir {
         let cpus: Vec<Option<usize>> = if cfg.fsync_probe_cpus.is_empty() {
             vec![None]
@@ -142,23 +153,54 @@ pub fn run(cfg: &DurableConfig) -> Result<DurableReport, String> {
                     rustix::thread::sched_setaffinity(None, &set)
                         .map_err(|e| format!("--fsync-probe-cpus {c}: {e}"))?;
                 }
-                fdatasync_probe(&dir, n).map_err(|e| e.to_string())
+                let overwrite = fdatasync_probe(&dir, n, Shape::Overwrite);
+                let append = fdatasync_probe(&dir, n, Shape::Append);
+                Ok::<_, String>((
+                    overwrite.map_err(|e| e.to_string())?,
+                    append.map_err(|e| e.to_string())?,
+                ))
             })
             .join()
             .map_err(|_| "the fdatasync probe panicked".to_string())??;
-            fdatasync.push((cpu, p));
+            fdatasync.push((cpu, p.0));
+            fdatasync_append.push((cpu, p.1));
         }
     }
     let mut rows = Vec::new();
     for &n in &cfg.publishers {
         rows.push(run_publishers(cfg, n)?);
     }
-    Ok(DurableReport { fdatasync, rows })
+    Ok(DurableReport {
+        fdatasync,
+        fdatasync_append,
+        rows,
+    })
 }
 
-/// `fdatasync` latency of a 300-byte overwrite of a 4 KiB file in `dir`.
-fn fdatasync_probe(dir: &std::path::Path, n: usize) -> std::io::Result<Percentiles> {
+/// What the probe writes before each `fdatasync`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Shape {
+    /// 300 bytes over the start of a written 4 KiB file: nothing but the data to sync.
+    Overwrite,
+    /// 300 bytes at the start of the next 4 KiB page of a file preallocated with
+    /// `posix_fallocate` (as the log's segments are): the sync also records that the page's
+    /// block now holds data (an unwritten extent converted), which writes the inode.
+    Append,
+}
+
+impl Shape {
+    fn label(self) -> &'static str {
+        match self {
+            Shape::Overwrite => "300 B overwrite",
+            Shape::Append => "300 B append, preallocated",
+        }
+    }
+}
+
+/// `fdatasync` latency of `n` writes of `shape` to a file of its own in `dir`.
+fn fdatasync_probe(dir: &std::path::Path, n: usize, shape: Shape) -> std::io::Result<Percentiles> {
     use std::os::unix::fs::FileExt;
+    const PAGE: u64 = 4096;
     let path = dir.join(format!(".bench-fdatasync-probe-{}", std::process::id()));
     let f = std::fs::File::options()
         .read(true)
@@ -166,12 +208,18 @@ fn fdatasync_probe(dir: &std::path::Path, n: usize) -> std::io::Result<Percentil
         .create(true)
         .truncate(true)
         .open(&path)?;
-    f.write_all_at(&[0u8; 4096], 0)?;
+    match shape {
+        Shape::Overwrite => f.write_all_at(&[0u8; PAGE as usize], 0)?,
+        Shape::Append => {
+            rustix::fs::fallocate(&f, rustix::fs::FallocateFlags::empty(), 0, n as u64 * PAGE)?
+        }
+    }
     f.sync_all()?;
     let mut us = Vec::with_capacity(n);
     let data = [b'z'; 300];
-    for _ in 0..n {
-        f.write_all_at(&data, 0)?;
+    for i in 0..n as u64 {
+        let at = if shape == Shape::Append { i * PAGE } else { 0 };
+        f.write_all_at(&data, at)?;
         let t = Instant::now();
         f.sync_data()?;
         us.push(t.elapsed().as_micros() as u64);
@@ -353,15 +401,16 @@ mod tests {
             ..config(Bearer::none())
         };
         let r = run(&cfg).unwrap();
-        assert_eq!(r.fdatasync.len(), 2);
+        for probes in [&r.fdatasync, &r.fdatasync_append] {
+            assert_eq!(probes.len(), 2);
+            assert!(probes.iter().all(|(c, p)| *c == Some(0) && p.samples == 20));
+        }
+        let table = r.table();
+        assert!(table.contains("raw fdatasync (300 B overwrite) on CPU 0: p50"));
+        assert!(table.contains("raw fdatasync (300 B append, preallocated) on CPU 0: p50"));
         assert!(
-            r.fdatasync
-                .iter()
-                .all(|(c, p)| *c == Some(0) && p.samples == 20)
-        );
-        assert!(
-            r.table()
-                .contains("raw fdatasync (300 B overwrite) on CPU 0: p50")
+            std::fs::read_dir(dir.path()).unwrap().next().is_none(),
+            "the probes remove their files"
         );
         let cfg = DurableConfig {
             fsync_probe_cpus: vec![1000],

@@ -113,7 +113,8 @@ enum Cmd {
     /// `progress_stream`; each call's SSE response is cut at random byte offsets and resumed
     /// with GET + Last-Event-ID; progress must be exactly 1..count, in order, then the result.
     Mcp(McpArgs),
-    /// What a durable publish costs: the raw fdatasync of the data filesystem, then 1 and 64
+    /// What a durable publish costs: the raw fdatasync of the data filesystem (after an
+    /// overwrite, and after an append into a preallocated file, as a log's), then 1 and 64
     /// (or --publishers) sequential publishers, one POST in flight each: publish latency
     /// p50/p99 and acknowledged events/s (and server CPU per event with --target-pid).
     Durable(DurableArgs),
