@@ -116,8 +116,9 @@ pub fn start(flags: &LogArgs) -> Result<(Sink, Option<Writer>), String> {
 /// queued meanwhile goes out in one write.
 const DRAIN_INTERVAL: Duration = Duration::from_millis(20);
 
-/// Lines formatted into one buffer before it is written.
-const BATCH_LINES_MAX: usize = 512;
+/// Lines formatted into one buffer before it is written (about 14 KiB, 60 µs of work here),
+/// after which the writer yields its CPU.
+const BATCH_LINES_MAX: usize = 64;
 
 fn write_until_stopped(q: &Queue, stop: &AtomicBool, format: LogFormat) {
     // Formatting a drain's lines takes milliseconds under load: never at a reactor's expense
@@ -142,6 +143,11 @@ fn write_until_stopped(q: &Queue, stop: &AtomicBool, format: LogFormat) {
                 break;
             }
             flush(&mut buf);
+            // `SCHED_IDLE` alone does not keep the writer off a runnable reactor: a trace
+            // (BENCHMARKS.md, "Session 18") showed the scheduler switching from a runnable
+            // reactor to this thread, which then formatted and wrote for up to 3.7 ms. A
+            // reactor waits at most one batch.
+            std::thread::yield_now();
         }
         // Stopped after the last drain: the cores are gone, nothing more arrives.
         if stopping {

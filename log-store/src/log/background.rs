@@ -46,6 +46,9 @@ pub fn prepare_in_background() -> io::Result<()> {
                 // would run nowhere; a preparation's slot is settled by its own guard
                 // (`PrepareGuard`). The panic hook has reported the panic already.
                 let _ = catch_unwind(AssertUnwindSafe(|| job.run()));
+                // Jobs run back to back when several logs asked at once: a reactor sharing
+                // this CPU gets it back between them (see `pretouch`).
+                std::thread::yield_now();
             }
         })?;
     // A racing second caller's thread ends at once: its sender is dropped with it.
@@ -258,11 +261,11 @@ impl PrepareJob {
 /// writer's first chunk at both ends writable, as its first append would.
 fn pretouch(f: &mut SegFile, len: usize) {
     if len <= PRETOUCH_BYTES_MAX {
-        f.map.populate_read(0, len);
+        populate_read_yielding(f, 0, len);
     } else {
         let top = PRETOUCH_BYTES_MAX / 8;
-        f.map.populate_read(0, PRETOUCH_BYTES_MAX - top);
-        f.map.populate_read(len - top, top);
+        populate_read_yielding(f, 0, PRETOUCH_BYTES_MAX - top);
+        populate_read_yielding(f, len - top, top);
     }
     f.map.populate(HEADER_BYTES, POPULATE_AHEAD_BYTES);
     f.map.populate(
@@ -270,6 +273,30 @@ fn pretouch(f: &mut SegFile, len: usize) {
         POPULATE_AHEAD_BYTES,
     );
     f.populated = true;
+}
+
+/// [`populate_read`](crate::mmap::SharedMap::populate_read) a piece at a time, yielding the CPU between pieces. One call
+/// for a whole 16 MiB segment is milliseconds of kernel time, which a reactor on the same CPU
+/// waited out: the kernel (without preemption, as here) and the scheduler do not always hand
+/// the CPU back when the reactor becomes runnable (BENCHMARKS.md, "Session 18").
+fn populate_read_yielding(f: &SegFile, off: usize, len: usize) {
+    for (i, (at, n)) in pieces(off, len, POPULATE_PIECE_BYTES).enumerate() {
+        if i > 0 {
+            std::thread::yield_now();
+        }
+        f.map.populate_read(at, n);
+    }
+}
+
+/// What [`populate_read_yielding`] faults in per call.
+const POPULATE_PIECE_BYTES: usize = 1 << 20;
+
+/// `[off, off + len)` as consecutive `(offset, length)` pieces of at most `piece` bytes.
+fn pieces(off: usize, len: usize, piece: usize) -> impl Iterator<Item = (usize, usize)> {
+    let end = off + len;
+    (off..end)
+        .step_by(piece.max(1))
+        .map(move |at| (at, piece.min(end - at)))
 }
 
 /// What the roll found of the preparation of its segment.
@@ -593,5 +620,29 @@ impl Drop for Background {
         if let Some(slot) = self.prep.take() {
             slot.cancel_if_queued();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pieces;
+
+    #[test]
+    fn pieces_cover_the_range_once_in_order() {
+        for (off, len, piece) in [(0, 0, 4), (0, 10, 4), (3, 8, 4), (5, 4, 4), (7, 1, 1 << 20)] {
+            let got: Vec<_> = pieces(off, len, piece).collect();
+            let mut at = off;
+            for &(o, n) in &got {
+                assert_eq!(o, at, "{off} {len} {piece}: {got:?}");
+                assert!(n > 0 && n <= piece, "{off} {len} {piece}: {got:?}");
+                at += n;
+            }
+            assert_eq!(at, off + len, "{off} {len} {piece}: {got:?}");
+        }
+        assert_eq!(pieces(3, 8, 4).collect::<Vec<_>>(), [(3, 4), (7, 4)]);
+        assert_eq!(
+            pieces(0, 10, 4).collect::<Vec<_>>(),
+            [(0, 4), (4, 4), (8, 2)]
+        );
     }
 }
