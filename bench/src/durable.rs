@@ -211,7 +211,9 @@ fn fdatasync_probe(dir: &std::path::Path, n: usize, shape: Shape) -> std::io::Re
     match shape {
         Shape::Overwrite => f.write_all_at(&[0u8; PAGE as usize], 0)?,
         Shape::Append => {
-            rustix::fs::fallocate(&f, rustix::fs::FallocateFlags::empty(), 0, n as u64 * PAGE)?
+            // At least a page: a zero length is EINVAL.
+            let len = (n as u64).max(1) * PAGE;
+            rustix::fs::fallocate(&f, rustix::fs::FallocateFlags::empty(), 0, len)?
         }
     }
     f.sync_all()?;
@@ -412,6 +414,12 @@ mod tests {
             std::fs::read_dir(dir.path()).unwrap().next().is_none(),
             "the probes remove their files"
         );
+        let none = run(&DurableConfig {
+            fsync_probes: 0,
+            ..cfg.clone()
+        })
+        .unwrap();
+        assert!(none.fdatasync_append.iter().all(|(_, p)| p.samples == 0));
         let cfg = DurableConfig {
             fsync_probe_cpus: vec![1000],
             ..cfg
