@@ -113,7 +113,7 @@ pub fn start(flags: &LogArgs) -> Result<(Sink, Option<Writer>), String> {
 
 /// How often the writer wakes to drain the queue. It never blocks on the queue: a reactor's
 /// send then never wakes a sleeping thread (a futex system call per line), and what was
-/// queued meanwhile goes out in one write.
+/// queued meanwhile goes out in a few writes of [`BATCH_LINES_MAX`] lines.
 const DRAIN_INTERVAL: Duration = Duration::from_millis(20);
 
 /// Lines formatted into one buffer before it is written (about 14 KiB, 60 µs of work here),
