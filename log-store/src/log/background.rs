@@ -277,9 +277,9 @@ fn pretouch(f: &mut SegFile, len: usize) {
 
 /// [`populate_read`](crate::mmap::SharedMap::populate_read) a piece at a time, yielding the
 /// CPU between pieces. One call for a whole 16 MiB segment is milliseconds of kernel time,
-/// which a reactor on the same CPU
-/// waited out: the kernel (without preemption, as here) and the scheduler do not always hand
-/// the CPU back when the reactor becomes runnable (BENCHMARKS.md, "Session 18").
+/// which a reactor on the same CPU waited out: the kernel (without preemption, as here) and
+/// the scheduler do not always hand the CPU back when the reactor becomes runnable
+/// (BENCHMARKS.md, "Session 18").
 fn populate_read_yielding(f: &SegFile, off: usize, len: usize) {
     for (i, (at, n)) in pieces(off, len, POPULATE_PIECE_BYTES).enumerate() {
         if i > 0 {
